@@ -1,0 +1,43 @@
+# indusflow: `make demo` installs and runs the main job; `make test` installs and runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The torch build to install when the venv has none. On a machine without a GPU this is the
+# CPU build: here it lies on disk; elsewhere add TORCH_INDEX=https://download.pytorch.org/whl/cpu.
+# GPU users: install your own torch into $(VENV) first (or set TORCH_SPEC); it is kept.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PORT ?= 4200
+
+.PHONY: install demo test lint ui bench clean-home
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') already installed: keeping it"; \
+	else \
+		echo "installing $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX))"; \
+		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PY) -m flows.fraud train
+
+test: install
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check flows tasks solutions infra tests bench
+	$(VENV)/bin/lint-imports
+
+ui: install
+	@echo "Prefect UI: http://127.0.0.1:$(PORT)  (then, in the shell that runs flows: export PREFECT_API_URL=http://127.0.0.1:$(PORT)/api)"
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+
+bench: install
+	$(PY) bench/fraud_bench.py

@@ -1,0 +1,51 @@
+"""Named errors raised at the edges of the pipeline. Each message says what to fix."""
+
+from __future__ import annotations
+
+
+class IndusflowError(Exception):
+    """Base class of the project's own errors."""
+
+
+class DataValidationError(IndusflowError, ValueError):
+    """Input data does not satisfy its schema.
+
+    Attributes:
+        source: the file (or table name) that failed.
+        column: the offending column, if one.
+        rows: the first offending row numbers (0-based, in file order), if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        column: str | None = None,
+        rows: list[int] | None = None,
+    ) -> None:
+        self.source = source
+        self.column = column
+        self.rows = list(rows or [])
+        parts = []
+        if source:
+            parts.append(f"{source}")
+        if column:
+            parts.append(f"column {column!r}")
+        prefix = ": ".join([", ".join(parts)]) if parts else ""
+        text = f"{prefix}: {message}" if prefix else message
+        if self.rows:
+            text += f" (first offending rows: {self.rows})"
+        super().__init__(text)
+
+
+class QualityGateError(IndusflowError):
+    """A candidate model did not pass the promotion gate and strict mode was asked for."""
+
+
+class RegistryError(IndusflowError):
+    """The model registry is missing a model or version, or is inconsistent."""
+
+
+class PathEscapeError(IndusflowError, ValueError):
+    """A user-given relative path would leave the folder it must stay in."""

@@ -1,0 +1,333 @@
+"""A small file-based model registry under the home folder.
+
+Layout::
+
+    registry/<name>/<version>/weights.safetensors   tensors only (no pickle)
+    registry/<name>/<version>/meta.json             params, metrics, lineage
+    registry/<name>/aliases.json                    {"champion": 3, ...}
+
+A version folder appears in one atomic rename, so a failed registration leaves nothing
+half-written. The ``champion`` alias moves only through :meth:`ModelRegistry.promote`,
+which applies the champion rule (beat the current champion on the primary metric).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.errors import QualityGateError, RegistryError
+from infra.store import area, check_name, safe_join, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "weights.safetensors"
+META_FILE = "meta.json"
+CHAMPION = "champion"
+
+
+class ModelRef(BaseModel):
+    """A registered model version: what it is, where it lives, how good it was."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    version: int
+    path: str = Field(description="Folder of this version.")
+    kind: str = Field(default="torch", description="What the weights load into.")
+    params: dict[str, Any] = Field(default_factory=dict)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    primary_metric: str
+    higher_is_better: bool = True
+    data_hash: str | None = None
+    git_commit: str | None = None
+    created_at: str
+    parent: str | None = Field(default=None, description="name:version this one derives from.")
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        """``name:version``."""
+        return f"{self.name}:{self.version}"
+
+    @property
+    def weights_path(self) -> Path:
+        return Path(self.path) / WEIGHTS_FILE
+
+    def primary_value(self) -> float | None:
+        return self.metrics.get(self.primary_metric)
+
+
+class PromotionDecision(BaseModel):
+    """Why the champion alias moved, or did not."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    metric: str
+    candidate_version: int
+    candidate_value: float | None
+    champion_version: int | None
+    champion_value: float | None
+    promoted: bool
+    reason: str
+
+
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """Split ``name[:version|alias]`` into (name, version-or-alias); default ``champion``."""
+    name, _, version = spec.partition(":")
+    check_name(name, "model name")
+    return name, version or CHAMPION
+
+
+def current_git_commit() -> str | None:
+    """The git commit of the working tree, or None outside a repository."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+class ModelRegistry:
+    """File-based registry; safe for several processes on one machine (flock)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root if root is not None else area("registry")
+
+    # -- paths and locking -------------------------------------------------------------
+    def _model_dir(self, name: str) -> Path:
+        return safe_join(self.root, check_name(name, "model name"))
+
+    @contextmanager
+    def _lock(self, name: str) -> Iterator[None]:
+        model_dir = self._model_dir(name)
+        model_dir.mkdir(parents=True, exist_ok=True)
+        with open(model_dir / ".lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _aliases(self, name: str) -> dict[str, int]:
+        path = self._model_dir(name) / "aliases.json"
+        if not path.exists():
+            return {}
+        return {k: int(v) for k, v in json.loads(path.read_text()).items()}
+
+    # -- reading -----------------------------------------------------------------------
+    def models(self) -> list[str]:
+        """Names of registered models."""
+        if not self.root.exists():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self._versions(p))
+
+    @staticmethod
+    def _versions(model_dir: Path) -> list[int]:
+        return sorted(
+            int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
+        )
+
+    def versions(self, name: str) -> list[ModelRef]:
+        """All versions of a model, oldest first."""
+        model_dir = self._model_dir(name)
+        if not model_dir.exists():
+            return []
+        return [self.get(name, v) for v in self._versions(model_dir)]
+
+    def aliases(self, name: str) -> dict[str, int]:
+        """Alias -> version for a model."""
+        return self._aliases(name)
+
+    def get(self, name: str, version: int | str = CHAMPION) -> ModelRef:
+        """A version by number, ``latest``, or an alias (``champion`` by default)."""
+        model_dir = self._model_dir(name)
+        if not model_dir.exists() or not self._versions(model_dir):
+            known = ", ".join(self.models()) or "none"
+            raise RegistryError(f"no model named {name!r} in {self.root} (registered: {known})")
+        if isinstance(version, str) and not version.isdigit():
+            if version == "latest":
+                number = self._versions(model_dir)[-1]
+            else:
+                aliases = self._aliases(name)
+                if version not in aliases:
+                    raise RegistryError(
+                        f"model {name!r} has no alias {version!r} (aliases: {sorted(aliases)}; "
+                        f"versions: {self._versions(model_dir)})"
+                    )
+                number = aliases[version]
+        else:
+            number = int(version)
+        meta_path = model_dir / str(number) / META_FILE
+        if not meta_path.exists():
+            raise RegistryError(
+                f"model {name!r} has no version {number} (versions: {self._versions(model_dir)})"
+            )
+        meta = json.loads(meta_path.read_text())
+        return ModelRef(**meta, path=str(meta_path.parent))
+
+    def resolve(self, spec: str) -> ModelRef:
+        """A version from ``name[:version|alias]``."""
+        name, version = parse_model_spec(spec)
+        return self.get(name, version)
+
+    def champion(self, name: str) -> ModelRef | None:
+        """The current champion, or None."""
+        aliases = self._aliases(name) if self._model_dir(name).exists() else {}
+        return self.get(name, aliases[CHAMPION]) if CHAMPION in aliases else None
+
+    def load_state_dict(self, ref: ModelRef) -> dict[str, Any]:
+        """The version's tensors, read with safetensors (no pickle involved)."""
+        from safetensors.torch import load_file
+
+        return load_file(str(ref.weights_path))
+
+    # -- writing -----------------------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        state_dict: Mapping[str, Any],
+        *,
+        params: Mapping[str, Any],
+        metrics: Mapping[str, float],
+        primary_metric: str,
+        higher_is_better: bool = True,
+        data_hash: str | None = None,
+        parent: str | None = None,
+        kind: str = "torch",
+        tags: Mapping[str, str] | None = None,
+        extra_files: Mapping[str, Path] | None = None,
+    ) -> ModelRef:
+        """Write a new version; the folder appears atomically or not at all."""
+        from safetensors.torch import save_file
+
+        if primary_metric not in metrics:
+            raise ValueError(
+                f"primary metric {primary_metric!r} is not among the metrics {sorted(metrics)}"
+            )
+        json.dumps(dict(params))  # fail early, before writing, on non-JSON params
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+        with self._lock(name):
+            model_dir = self._model_dir(name)
+            existing = self._versions(model_dir)
+            version = (existing[-1] + 1) if existing else 1
+            staging = Path(tempfile.mkdtemp(prefix=f".staging-{version}-", dir=model_dir))
+            try:
+                save_file(tensors, str(staging / WEIGHTS_FILE))
+                for file_name, src in (extra_files or {}).items():
+                    shutil.copyfile(src, safe_join(staging, check_name(file_name, "file name")))
+                meta = {
+                    "name": name,
+                    "version": version,
+                    "kind": kind,
+                    "params": dict(params),
+                    "metrics": {k: float(v) for k, v in metrics.items()},
+                    "primary_metric": primary_metric,
+                    "higher_is_better": higher_is_better,
+                    "data_hash": data_hash,
+                    "git_commit": current_git_commit(),
+                    "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                    "parent": parent,
+                    "tags": dict(tags or {}),
+                }
+                (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+                os.rename(staging, model_dir / str(version))
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+        log.info("registered %s:%d (%s=%s)", name, version, primary_metric, metrics[primary_metric])
+        return self.get(name, version)
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        """Point an alias at a version (no quality gate: use :meth:`promote` for champion)."""
+        check_name(alias, "alias")
+        with self._lock(name):
+            self.get(name, version)
+            aliases = self._aliases(name)
+            aliases[alias] = int(version)
+            write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+
+    def promote(
+        self,
+        candidate: ModelRef,
+        *,
+        champion_value: float | None = None,
+        min_delta: float = 0.0,
+        strict: bool = False,
+    ) -> PromotionDecision:
+        """Move ``champion`` to ``candidate`` only if it beats the current champion.
+
+        Args:
+            candidate: a registered version.
+            champion_value: the champion's primary metric measured on the candidate's
+                evaluation data. Pass it when the champion was re-scored on the same data
+                (a fair comparison); otherwise the champion's stored metric is used.
+            min_delta: the margin by which the candidate must win.
+            strict: raise :class:`QualityGateError` when the candidate is not promoted.
+        """
+        metric = candidate.primary_metric
+        value = candidate.primary_value()
+        with self._lock(candidate.name):
+            aliases = self._aliases(candidate.name)
+            current = self.get(candidate.name, aliases[CHAMPION]) if CHAMPION in aliases else None
+            if current is not None and champion_value is None:
+                champion_value = current.metrics.get(metric)
+            sign = 1.0 if candidate.higher_is_better else -1.0
+            if value is None:
+                promoted, reason = False, f"candidate has no {metric}"
+            elif current is None:
+                promoted, reason = True, "no champion yet"
+            elif current.version == candidate.version:
+                promoted, reason = True, "candidate is already the champion"
+            elif champion_value is None:
+                promoted, reason = True, f"champion v{current.version} has no {metric}"
+            elif sign * (value - champion_value) > min_delta:
+                promoted = True
+                reason = (
+                    f"{metric} {value:.4f} beats champion v{current.version} "
+                    f"{champion_value:.4f} by more than {min_delta}"
+                )
+            else:
+                promoted = False
+                reason = (
+                    f"{metric} {value:.4f} does not beat champion v{current.version} "
+                    f"{champion_value:.4f} (needs a margin > {min_delta})"
+                )
+            if promoted:
+                aliases[CHAMPION] = candidate.version
+                write_json_atomic(self._model_dir(candidate.name) / "aliases.json", aliases)
+        decision = PromotionDecision(
+            name=candidate.name,
+            metric=metric,
+            candidate_version=candidate.version,
+            candidate_value=value,
+            champion_version=current.version if current else None,
+            champion_value=champion_value,
+            promoted=promoted,
+            reason=reason,
+        )
+        log.info("promotion of %s: %s", candidate.spec, reason)
+        if strict and not promoted:
+            raise QualityGateError(f"{candidate.spec} not promoted: {reason}")
+        return decision

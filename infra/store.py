@@ -1,0 +1,87 @@
+"""The artifact store: folders under the home folder, content hashes, atomic writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from infra.errors import PathEscapeError
+from infra.settings import get_core_settings
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def home() -> Path:
+    """The configured home folder (created on first use)."""
+    path = get_core_settings().resolved_home()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def area(name: str) -> Path:
+    """A top-level folder of the home (``datasets``, ``checkpoints``, ``registry``, ...)."""
+    path = safe_join(home(), name)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Validate a name used as one path component (model names, run keys)."""
+    if not _SAFE_NAME.match(name) or name in {".", ".."}:
+        raise ValueError(
+            f"invalid {what} {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def safe_join(base: Path, *parts: str) -> Path:
+    """Join ``parts`` under ``base`` and refuse any result outside ``base``."""
+    base_resolved = base.resolve()
+    candidate = base_resolved.joinpath(*parts).resolve()
+    if candidate != base_resolved and base_resolved not in candidate.parents:
+        raise PathEscapeError(f"path {'/'.join(parts)!r} escapes the folder {base_resolved}")
+    return candidate
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def stable_hash(obj: Any) -> str:
+    """Short SHA-256 of a JSON-serialisable object (keys sorted)."""
+    data = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+@contextmanager
+def atomic_path(target: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; move it into place only on success."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON so that readers never see a half-written file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,83 @@
+"""Register a trained model version and apply the champion rule."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict
+
+from infra.registry import ModelRef, ModelRegistry, PromotionDecision
+
+log = logging.getLogger(__name__)
+
+
+class RegistrationResult(BaseModel):
+    """The new version and whether it became the champion."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: ModelRef
+    decision: PromotionDecision
+
+
+def register_model(
+    name: str,
+    module: Any,
+    *,
+    params: Mapping[str, Any],
+    metrics: Mapping[str, float],
+    primary_metric: str,
+    data_hash: str | None = None,
+    parent: str | None = None,
+    champion_value: float | None = None,
+    strict: bool = False,
+    tags: Mapping[str, str] | None = None,
+) -> RegistrationResult:
+    """Write ``module``'s weights as a new version, then try to promote it to champion.
+
+    Args:
+        champion_value: the current champion's primary metric on the same evaluation
+            data, when the caller re-scored it; else its stored metric is compared.
+        strict: raise :class:`~infra.errors.QualityGateError` if it is not promoted
+            (the version stays registered, the champion does not move).
+    """
+    registry = ModelRegistry()
+    ref = registry.register(
+        name,
+        module.state_dict(),
+        params=params,
+        metrics=metrics,
+        primary_metric=primary_metric,
+        data_hash=data_hash,
+        parent=parent,
+        tags=tags,
+    )
+    decision = registry.promote(ref, champion_value=champion_value, strict=strict)
+    return RegistrationResult(model=registry.get(name, ref.version), decision=decision)
+
+
+def render_promotion(decision: PromotionDecision) -> str:
+    """Markdown of a promotion decision."""
+    def fmt(v: float | None) -> str:
+        return "—" if v is None else f"{v:.4f}"
+
+    verdict = "promoted to champion" if decision.promoted else "not promoted"
+    return (
+        f"## Promotion of {decision.name} v{decision.candidate_version}: {verdict}\n\n"
+        f"| | version | {decision.metric} |\n|---|---|---|\n"
+        f"| candidate | {decision.candidate_version} | {fmt(decision.candidate_value)} |\n"
+        f"| champion before | {decision.champion_version or '—'} | {fmt(decision.champion_value)} |\n\n"
+        f"Reason: {decision.reason}\n"
+    )
+
+
+register_model_task = task(
+    register_model,
+    name="register-model",
+    description="Register a model version and apply the champion rule.",
+    cache_policy=NONE,
+)

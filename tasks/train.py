@@ -1,0 +1,268 @@
+"""Train any LightningModule + LightningDataModule, resumably.
+
+The checkpoint folder is fixed by the run key, so re-running an interrupted training
+resumes from ``last.ckpt`` instead of starting over; a completed one is not retrained.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.hardware import auto_precision, set_cpu_threads
+from infra.settings import get_train_settings
+from infra.store import area, check_name, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "train_result.json"
+
+
+class TrainSpec(BaseModel):
+    """How to train. Hardware fields left None come from :class:`TrainSettings`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_key: str = Field(description="Fixes the checkpoint folder; same key = same run.")
+    max_epochs: int = Field(default=10, ge=1)
+    min_epochs: int = Field(default=1, ge=0)
+    patience: int = Field(default=3, ge=1, description="Early-stopping patience (epochs).")
+    monitor: str = Field(default="val/loss", description="Metric for early stopping and best.")
+    mode: Literal["min", "max"] = "min"
+    seed: int = 0
+    precision: str | None = None
+    accelerator: str | None = None
+    devices: str | int | None = None
+    strategy: str | None = None
+    gradient_clip_val: float | None = 1.0
+    limit_train_batches: float | int | None = None
+    limit_val_batches: float | int | None = None
+    fresh: bool = Field(default=False, description="Delete earlier checkpoints of this key.")
+
+
+class TrainResult(BaseModel):
+    """What a training run produced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_key: str
+    checkpoint_dir: str
+    best_checkpoint: str | None
+    last_checkpoint: str | None
+    best_score: float | None
+    monitor: str
+    epochs_completed: int = Field(description="Epochs finished in total, resumed ones included.")
+    epochs_trained_now: list[int] = Field(description="Epoch indices trained by this call.")
+    resumed_from_epoch: int | None = Field(description="First epoch of this call if resumed.")
+    reused_completed: bool = Field(default=False, description="Training had already finished.")
+    stopped_early: bool = False
+    precision: str
+    accelerator: str
+    train_seconds: float
+    samples_per_s: float | None
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+def _lightning():
+    import lightning as L
+
+    return L
+
+
+def _make_epoch_recorder():
+    from lightning.pytorch.callbacks import Callback
+
+    class EpochRecorder(Callback):
+        """Records which epochs this call trained and the training throughput."""
+
+        def __init__(self) -> None:
+            self.start_epoch: int | None = None
+            self.epochs: list[int] = []
+            self.samples = 0
+            self.seconds = 0.0
+            self._t0 = 0.0
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.start_epoch = trainer.current_epoch
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            first = batch[0] if isinstance(batch, (list, tuple)) else batch
+            if isinstance(first, dict):
+                first = next(iter(first.values()))
+            self.samples += int(getattr(first, "shape", [1])[0])
+
+        def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            self.seconds += time.perf_counter() - self._t0
+            self.epochs.append(trainer.current_epoch)
+
+    return EpochRecorder()
+
+
+def resolve_hardware(spec: TrainSpec) -> tuple[str, str | int, str, str]:
+    """(accelerator, devices, precision, strategy) from the spec, then settings, then hardware."""
+    settings = get_train_settings()
+    accelerator = spec.accelerator or settings.accelerator
+    devices: str | int = spec.devices if spec.devices is not None else settings.devices
+    if isinstance(devices, str) and devices.isdigit():
+        devices = int(devices)
+    precision = spec.precision or settings.precision
+    if precision == "auto":
+        precision = auto_precision(accelerator)
+    strategy = spec.strategy or settings.strategy
+    return accelerator, devices, precision, strategy
+
+
+def checkpoint_dir(run_key: str) -> Path:
+    """The checkpoint folder of a run key."""
+    return area("checkpoints") / check_name(run_key, "run key")
+
+
+def _show_progress() -> bool:
+    configured = get_train_settings().progress_bar
+    return sys.stderr.isatty() if configured is None else configured
+
+
+def train_model(
+    module: Any,
+    datamodule: Any,
+    spec: TrainSpec,
+    callbacks: Sequence[Any] = (),
+) -> TrainResult:
+    """Fit ``module`` on ``datamodule`` and load the best weights back into ``module``.
+
+    Args:
+        module: a LightningModule; its weights hold the best checkpoint afterwards.
+        datamodule: a LightningDataModule with train and val loaders.
+        spec: epochs, early stopping, run key, hardware overrides.
+        callbacks: extra Lightning callbacks (e.g. fine-tuning schedules).
+    """
+    import torch
+
+    L = _lightning()
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    ckpt_dir = checkpoint_dir(spec.run_key)
+    if spec.fresh and ckpt_dir.exists():
+        log.info("fresh training asked: removing %s", ckpt_dir)
+        shutil.rmtree(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    accelerator, devices, precision, strategy = resolve_hardware(spec)
+
+    done = ckpt_dir / RESULT_FILE
+    if done.exists():
+        previous = TrainResult.model_validate_json(done.read_text())
+        if previous.best_checkpoint and Path(previous.best_checkpoint).exists():
+            log.info(
+                "run %s already trained %d epochs; reusing %s",
+                spec.run_key,
+                previous.epochs_completed,
+                Path(previous.best_checkpoint).name,
+            )
+            load_checkpoint_weights(module, Path(previous.best_checkpoint))
+            return previous.model_copy(
+                update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0}
+            )
+
+    if accelerator in {"cpu", "auto"} and not torch.cuda.is_available():
+        set_cpu_threads(get_train_settings().num_threads)
+    L.seed_everything(spec.seed, workers=True, verbose=False)
+
+    checkpoint = ModelCheckpoint(
+        dirpath=ckpt_dir,
+        filename="best-{epoch:03d}",
+        monitor=spec.monitor,
+        mode=spec.mode,
+        save_top_k=1,
+        save_last=True,
+    )
+    stopper = EarlyStopping(monitor=spec.monitor, mode=spec.mode, patience=spec.patience)
+    recorder = _make_epoch_recorder()
+    trainer = L.Trainer(
+        default_root_dir=ckpt_dir,
+        max_epochs=spec.max_epochs,
+        min_epochs=spec.min_epochs,
+        accelerator=accelerator,
+        devices=devices,
+        strategy=strategy,
+        precision=precision,
+        callbacks=[checkpoint, stopper, recorder, *callbacks],
+        logger=CSVLogger(save_dir=ckpt_dir, name="logs"),
+        enable_progress_bar=_show_progress(),
+        enable_model_summary=False,
+        gradient_clip_val=spec.gradient_clip_val,
+        limit_train_batches=spec.limit_train_batches,
+        limit_val_batches=spec.limit_val_batches,
+        log_every_n_steps=10,
+        num_sanity_val_steps=0,
+    )
+    last = ckpt_dir / "last.ckpt"
+    resume = last if last.exists() else None
+    if resume:
+        log.info("resuming run %s from %s", spec.run_key, resume)
+    started = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
+    seconds = time.perf_counter() - started
+
+    best = checkpoint.best_model_path or None
+    if best:
+        load_checkpoint_weights(module, Path(best))
+    metrics = {
+        k: float(v) for k, v in trainer.callback_metrics.items() if getattr(v, "numel", lambda: 1)() == 1
+    }
+    result = TrainResult(
+        run_key=spec.run_key,
+        checkpoint_dir=str(ckpt_dir),
+        best_checkpoint=best,
+        last_checkpoint=str(last) if last.exists() else None,
+        best_score=float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
+        monitor=spec.monitor,
+        epochs_completed=trainer.current_epoch,
+        epochs_trained_now=recorder.epochs,
+        resumed_from_epoch=recorder.start_epoch if resume else None,
+        stopped_early=bool(stopper.stopped_epoch),
+        precision=str(trainer.precision),
+        accelerator=type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
+        train_seconds=seconds,
+        samples_per_s=(recorder.samples / recorder.seconds) if recorder.seconds > 0 else None,
+        metrics=metrics,
+    )
+    write_json_atomic(done, json.loads(result.model_dump_json()))
+    log.info(
+        "trained %s: epochs %s, best %s=%s, %.1f s",
+        spec.run_key,
+        recorder.epochs,
+        spec.monitor,
+        result.best_score,
+        seconds,
+    )
+    return result
+
+
+def load_checkpoint_weights(module: Any, path: Path) -> None:
+    """Load a Lightning checkpoint's weights into ``module`` without unpickling code."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    module.load_state_dict(state["state_dict"])
+
+
+train_model_task = task(
+    train_model,
+    name="train-model",
+    description="Fit a LightningModule with early stopping and resumable checkpoints.",
+    cache_policy=NONE,
+)

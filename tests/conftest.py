@@ -1,0 +1,27 @@
+"""Session-wide test set-up: a private home folder and deliberate CPU threads."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Everything the project writes goes to a throwaway home (never the user's).
+    home = tempfile.mkdtemp(prefix="indusflow-test-home-")
+    os.environ["INDUSFLOW_HOME"] = home
+    os.environ.setdefault("INDUSFLOW_TRAIN_PROGRESS_BAR", "false")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

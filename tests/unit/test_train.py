@@ -1,0 +1,143 @@
+"""The generic train and fine-tune tasks on a tiny Lightning model (CPU, no Prefect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from infra.hardware import auto_precision
+from tasks.finetune import finetune_model, freeze_all_but_top
+from tasks.train import TrainSpec, checkpoint_dir, resolve_hardware, train_model
+
+
+class Tiny(L.LightningModule):
+    def __init__(self, n_in: int = 8) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.body = nn.Sequential(nn.Linear(n_in, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU())
+        self.head = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x)).squeeze(-1)
+
+    def _step(self, batch, stage: str) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.binary_cross_entropy_with_logits(self(x), y)
+        self.log(f"{stage}/loss", loss)
+        return loss
+
+    def training_step(self, batch, i):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, i):
+        self._step(batch, "val")
+
+    def configure_optimizers(self):
+        return torch.optim.Adam([p for p in self.parameters() if p.requires_grad], lr=1e-2)
+
+
+class Data(L.LightningDataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(512, 8, generator=g)
+        y = (x[:, 0] + 0.5 * x[:, 1] > 0).float()
+        self.train, self.val = TensorDataset(x[:384], y[:384]), TensorDataset(x[384:], y[384:])
+
+    def train_dataloader(self):
+        return DataLoader(self.train, batch_size=64, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.val, batch_size=128)
+
+
+class FailAtEpoch(Callback):
+    """Simulates a crash at the start of an epoch (after the previous one was checkpointed)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            raise RuntimeError(f"simulated crash at epoch {self.epoch}")
+
+
+def test_train_returns_result_and_best_weights() -> None:
+    module = Tiny()
+    result = train_model(module, Data(), TrainSpec(run_key="tiny-basic", max_epochs=3, patience=5))
+    assert result.epochs_completed == 3 and result.epochs_trained_now == [0, 1, 2]
+    assert result.precision == "32-true" and result.accelerator == "cpu"
+    assert result.best_checkpoint and Path(result.best_checkpoint).exists()
+    assert (checkpoint_dir("tiny-basic") / "last.ckpt").exists()
+    assert result.samples_per_s and result.samples_per_s > 0
+    assert result.metrics["val/loss"] < 0.69  # learnt something
+    # a completed run with the same key is reused, not retrained
+    again = train_model(Tiny(), Data(), TrainSpec(run_key="tiny-basic", max_epochs=3, patience=5))
+    assert again.reused_completed and again.epochs_trained_now == []
+
+
+def test_interrupted_training_resumes_from_last_ckpt() -> None:
+    spec = TrainSpec(run_key="tiny-resume", max_epochs=5, patience=10)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_model(Tiny(), Data(), spec, callbacks=[FailAtEpoch(3)])
+    assert (checkpoint_dir("tiny-resume") / "last.ckpt").exists()
+    resumed = train_model(Tiny(), Data(), spec)
+    assert resumed.resumed_from_epoch == 3
+    assert resumed.epochs_trained_now == [3, 4], "epochs before the crash must not be retrained"
+    assert resumed.epochs_completed == 5
+    fresh = train_model(Tiny(), Data(), spec.model_copy(update={"fresh": True}))
+    assert fresh.epochs_trained_now == [0, 1, 2, 3, 4] and fresh.resumed_from_epoch is None
+
+
+def test_precision_follows_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert auto_precision("cpu") == "32-true"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert auto_precision("auto") == "bf16-mixed"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert auto_precision("auto") == "16-mixed"
+    assert auto_precision("cpu") == "32-true"
+    monkeypatch.setenv("INDUSFLOW_TRAIN_PRECISION", "bf16-mixed")
+    assert resolve_hardware(TrainSpec(run_key="x"))[2] == "bf16-mixed"
+    assert resolve_hardware(TrainSpec(run_key="x", precision="32-true"))[2] == "32-true"
+
+
+def test_freeze_top_fraction_counts_parameters() -> None:
+    module = Tiny()
+    report = freeze_all_but_top(module, 0.10)
+    total = sum(p.numel() for p in module.parameters())
+    assert report.total_params == total
+    assert 0 < report.trainable_params <= 0.10 * total
+    assert sorted(report.trainable_tensors) == ["head.bias", "head.weight"]
+    assert all(not p.requires_grad for p in module.body.parameters())
+
+
+def test_finetune_top_changes_only_trainable_weights() -> None:
+    module = Tiny()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    result = finetune_model(module, Data(), TrainSpec(run_key="tiny-ft", max_epochs=2, patience=5), fraction=0.1)
+    after = module.state_dict()
+    assert result.freeze.trainable_params == 65
+    assert torch.equal(before["body.0.weight"], after["body.0.weight"])
+    assert not torch.equal(before["head.weight"], after["head.weight"])
+
+
+def test_progressive_unfreezing_callback() -> None:
+    module = Tiny()
+    result = finetune_model(
+        module,
+        Data(),
+        TrainSpec(run_key="tiny-prog", max_epochs=3, patience=5),
+        mode="progressive",
+        groups=["head", "body.2", "body.0"],
+        every_n_epochs=1,
+    )
+    assert result.freeze.trainable_params == sum(p.numel() for p in module.parameters())
+    with pytest.raises(AttributeError):
+        finetune_model(Tiny(), Data(), TrainSpec(run_key="tiny-prog2"), mode="progressive", groups=["nope"])
