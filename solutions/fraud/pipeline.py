@@ -1,0 +1,186 @@
+"""Fraud pipeline steps as plain functions: features, baseline, sequence model set-up.
+
+No Prefect here: the flows wrap these steps in tasks and join them with the generic
+train / evaluate / register tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from solutions.fraud import schema as S
+from solutions.fraud.config import SequenceModelConfig
+from solutions.fraud.features import WindowFeatureBaseline, WindowFeatures
+from solutions.fraud.model import FraudDataModule, FraudSequenceModel, predict_scores
+from solutions.fraud.sequences import FraudPreprocessor
+
+log = logging.getLogger(__name__)
+
+#: Bump when feature code changes, so stored feature tables are rebuilt.
+FEATURES_VERSION = "1"
+PERIOD = "period"
+
+#: (column, kind, required, nullable) of the transactions table, for validation.
+TRANSACTION_COLUMNS: tuple[tuple[str, str, bool, bool], ...] = (
+    (S.TRANSACTION_ID, "id", True, False),
+    (S.ACCOUNT_ID, "id", True, False),
+    (S.TIMESTAMP, "datetime", True, False),
+    (S.AMOUNT, "float", True, False),
+    (S.LABEL, "binary", True, False),
+    (S.TERMINAL_ID, "id", False, True),
+    (S.CATEGORY, "category", False, True),
+    (S.CHANNEL, "category", False, True),
+    (S.AGE, "float", False, True),
+    (S.OCCUPATION, "category", False, True),
+    (S.ACCOUNT_AGE_DAYS, "float", False, True),
+    (S.SCENARIO, "str", False, True),
+)
+
+
+def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
+    """Like :data:`TRANSACTION_COLUMNS` but the label is optional (unknown when scoring)."""
+    return tuple(
+        (name, kind, False, True) if name == S.LABEL else (name, kind, req, null)
+        for name, kind, req, null in TRANSACTION_COLUMNS
+    )
+
+
+def merge_accounts(transactions: pd.DataFrame, accounts: pd.DataFrame) -> pd.DataFrame:
+    """Join static per-account attributes (age, occupation, account age) onto transactions."""
+    if S.ACCOUNT_ID not in accounts:
+        raise ValueError(f"the accounts table has no {S.ACCOUNT_ID!r} column: {list(accounts.columns)}")
+    dupes = accounts[S.ACCOUNT_ID].duplicated()
+    if dupes.any():
+        first = accounts.loc[dupes, S.ACCOUNT_ID].iloc[0]
+        raise ValueError(f"the accounts table lists account {first!r} more than once")
+    static = [c for c in (S.AGE, S.OCCUPATION, S.ACCOUNT_AGE_DAYS) if c in accounts]
+    keep = transactions.drop(columns=[c for c in static if c in transactions])
+    accounts = accounts[[S.ACCOUNT_ID, *static]].astype({S.ACCOUNT_ID: "string"})
+    return keep.merge(accounts, on=S.ACCOUNT_ID, how="left")
+
+
+def window_transformer(delay_days: float) -> WindowFeatures:
+    """The window-feature transformer used by the baseline and as model context."""
+    return WindowFeatures(delay_days=int(round(delay_days)))
+
+
+def build_features(df: pd.DataFrame, periods: np.ndarray, delay_days: float) -> pd.DataFrame:
+    """Window features of every row plus its period (history/train/val/delay/test)."""
+    wf = window_transformer(delay_days).fit(df)
+    feats = wf.transform(df)
+    feats[PERIOD] = periods
+    return feats.reset_index(drop=True)
+
+
+def context_feature_names(features: pd.DataFrame) -> tuple[str, ...]:
+    """Numeric window features fed to the sequence model (no one-hots, no statics)."""
+    skip = {PERIOD, S.AGE, S.ACCOUNT_AGE_DAYS}
+    return tuple(c for c in features.columns if "=" not in c and c not in skip)
+
+
+def fit_baseline(features: pd.DataFrame, labels: np.ndarray, seed: int = 0) -> WindowFeatureBaseline:
+    """Fit the gradient-boosting baseline on the train and val rows."""
+    rows = features[PERIOD].isin(["train", "val"]).to_numpy()
+    X = features.loc[rows].drop(columns=[PERIOD])
+    return WindowFeatureBaseline(random_state=seed).fit(X, labels[rows])
+
+
+def baseline_scores(model: WindowFeatureBaseline, features: pd.DataFrame, period: str) -> np.ndarray:
+    """Baseline fraud probabilities for one period's rows, in row order."""
+    rows = (features[PERIOD] == period).to_numpy()
+    return model.predict_proba(features.loc[rows].drop(columns=[PERIOD]))[:, 1]
+
+
+@dataclass
+class SequenceSetup:
+    """Everything the sequence model needs for one table."""
+
+    preprocessor: FraudPreprocessor
+    datamodule: FraudDataModule
+    row_index: dict[str, np.ndarray]  # period -> input-row positions, in the loaders' order
+
+
+def sequence_setup(
+    df: pd.DataFrame,
+    features: pd.DataFrame,
+    cfg: SequenceModelConfig,
+    *,
+    preprocessor: FraudPreprocessor | None = None,
+    periods: tuple[str, ...] = ("train", "val", "test"),
+) -> SequenceSetup:
+    """Fit (or reuse) the preprocessor and build a data module over ``periods``.
+
+    Targets are sorted by (account, time) inside each period; ``row_index`` maps them
+    back to the input rows so scores line up with labels and ids.
+    """
+    period = features[PERIOD].to_numpy()
+    if preprocessor is None:
+        names = context_feature_names(features) if cfg.use_window_features else ()
+        preprocessor = FraudPreprocessor(names).fit(df, period == "train", features)
+    arrays = preprocessor.transform(df, features)
+    sorted_period = period[arrays.order]
+    splits = {p: np.flatnonzero(sorted_period == p) for p in periods}
+    splits = {p: idx for p, idx in splits.items() if len(idx)}
+    row_index = {p: arrays.order[idx] for p, idx in splits.items()}
+    dm = FraudDataModule(arrays, splits, cfg.seq_len, cfg.batch_size)
+    return SequenceSetup(preprocessor, dm, row_index)
+
+
+def build_model(
+    preprocessor: FraudPreprocessor, cfg: SequenceModelConfig, pos_weight: float
+) -> FraudSequenceModel:
+    """A fresh sequence model sized for ``preprocessor``'s features."""
+    return FraudSequenceModel(
+        n_step_numeric=preprocessor.n_step_numeric(),
+        cardinalities=preprocessor.cardinalities(),
+        n_context_numeric=preprocessor.n_context_numeric(),
+        hidden=cfg.hidden,
+        mlp_hidden=cfg.mlp_hidden,
+        dropout=cfg.dropout,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        loss=cfg.loss,
+        focal_gamma=cfg.focal_gamma,
+        pos_weight=pos_weight,
+    )
+
+
+def pos_weight_for(labels: np.ndarray) -> float:
+    """sqrt(negatives / positives): a softened class weight for BCE."""
+    pos = float(np.nansum(labels))
+    neg = float(np.sum(~np.isnan(labels))) - pos
+    return float(np.sqrt(neg / pos)) if pos > 0 else 1.0
+
+
+def model_params(model: FraudSequenceModel, preprocessor: FraudPreprocessor, cfg: SequenceModelConfig, **extra: Any) -> dict[str, Any]:
+    """JSON parameters that rebuild the model and its preprocessing from the registry."""
+    return {
+        "architecture": "FraudSequenceModel",
+        "hparams": dict(model.hparams),
+        "preprocessor": preprocessor.to_dict(),
+        "seq_len": cfg.seq_len,
+        "config": cfg.model_dump(),
+        **extra,
+    }
+
+
+def model_from_params(params: dict[str, Any], state_dict: dict[str, Any]) -> tuple[FraudSequenceModel, FraudPreprocessor, SequenceModelConfig]:
+    """Rebuild a registered model (weights already read safely by the registry)."""
+    if params.get("architecture") != "FraudSequenceModel":
+        raise ValueError(f"not a fraud sequence model: {params.get('architecture')!r}")
+    model = FraudSequenceModel(**params["hparams"])
+    model.load_state_dict(state_dict)
+    model.eval()
+    return model, FraudPreprocessor.from_dict(params["preprocessor"]), SequenceModelConfig(**params["config"])
+
+
+def score_period(model: FraudSequenceModel, setup: SequenceSetup, period: str) -> np.ndarray:
+    """Sequence-model probabilities for one period, in the input-row order of that period."""
+    scores = predict_scores(model, setup.datamodule, period)
+    rows = setup.row_index[period]
+    return scores[np.argsort(rows, kind="stable")].astype("float64")
