@@ -31,6 +31,7 @@ def register_model(
     params: Mapping[str, Any],
     metrics: Mapping[str, float],
     primary_metric: str,
+    higher_is_better: bool = True,
     data_hash: str | None = None,
     parent: str | None = None,
     champion_value: float | None = None,
@@ -42,6 +43,7 @@ def register_model(
     Args:
         champion_value: the current champion's primary metric on the same evaluation
             data, when the caller re-scored it; else its stored metric is compared.
+        higher_is_better: False for errors such as RMSE (lower wins the champion rule).
         strict: raise :class:`~infra.errors.QualityGateError` if it is not promoted
             (the version stays registered, the champion does not move).
     """
@@ -52,6 +54,7 @@ def register_model(
         params=params,
         metrics=metrics,
         primary_metric=primary_metric,
+        higher_is_better=higher_is_better,
         data_hash=data_hash,
         parent=parent,
         tags=tags,
