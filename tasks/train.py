@@ -11,6 +11,7 @@ import logging
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -77,6 +78,25 @@ def _lightning():
     import lightning as L
 
     return L
+
+
+class _DropAdverts(logging.Filter):
+    """Drops Lightning's advertising tip from the logs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage().lower()
+
+
+def _quiet_lightning() -> None:
+    """Silence messages that are expected here: a reused checkpoint folder, adverts."""
+    warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in logger.filters):
+            logger.addFilter(_DropAdverts())
 
 
 def _make_epoch_recorder():
@@ -155,6 +175,7 @@ def train_model(
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
 
+    _quiet_lightning()
     ckpt_dir = checkpoint_dir(spec.run_key)
     if spec.fresh and ckpt_dir.exists():
         log.info("fresh training asked: removing %s", ckpt_dir)

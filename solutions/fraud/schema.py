@@ -1,0 +1,146 @@
+"""Canonical transaction schema of the fraud vertical.
+
+Every loader, generator and feature builder in :mod:`solutions.fraud` speaks these
+column names. Real-format data is brought to them with a :class:`ColumnMapping`
+(e.g. the ULB/Worldline simulator's ``CUSTOMER_ID``/``TX_DATETIME``/``TX_AMOUNT``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+TRANSACTION_ID = "transaction_id"
+ACCOUNT_ID = "account_id"
+TIMESTAMP = "timestamp"
+AMOUNT = "amount"
+LABEL = "label"
+TERMINAL_ID = "terminal_id"
+CATEGORY = "category"
+CHANNEL = "channel"
+AGE = "age"
+OCCUPATION = "occupation"
+ACCOUNT_AGE_DAYS = "account_age_days"
+#: Ground-truth fraud scenario of the synthetic generator ("" for legit rows).
+#: Only for analysis; it is never a model feature.
+SCENARIO = "scenario"
+
+REQUIRED: tuple[str, ...] = (TRANSACTION_ID, ACCOUNT_ID, TIMESTAMP, AMOUNT, LABEL)
+OPTIONAL: tuple[str, ...] = (
+    TERMINAL_ID,
+    CATEGORY,
+    CHANNEL,
+    AGE,
+    OCCUPATION,
+    ACCOUNT_AGE_DAYS,
+)
+#: Every canonical column a mapping may target.
+CANONICAL: tuple[str, ...] = REQUIRED + OPTIONAL + (SCENARIO,)
+
+
+@dataclass(frozen=True)
+class ColumnMapping:
+    """Maps canonical column names to the column names of a source table.
+
+    Attributes:
+        columns: canonical name -> source column name. Canonical columns that are
+            not mapped are expected under their canonical name already.
+
+    Example:
+        >>> m = ColumnMapping.parse("account_id=CUSTOMER_ID,timestamp=TX_DATETIME")
+        >>> m.columns["account_id"]
+        'CUSTOMER_ID'
+    """
+
+    columns: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.columns if k not in CANONICAL]
+        if unknown:
+            raise ValueError(
+                f"unknown canonical column(s) {unknown} in column mapping; "
+                f"valid canonical names: {', '.join(CANONICAL)}"
+            )
+        sources = list(self.columns.values())
+        dupes = sorted({s for s in sources if sources.count(s) > 1})
+        if dupes:
+            raise ValueError(
+                f"source column(s) {dupes} mapped to more than one canonical column; "
+                "map each source column once"
+            )
+        # Own a private copy so later changes to the caller's dict cannot leak in.
+        object.__setattr__(self, "columns", dict(self.columns))
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.columns.items())))
+
+    @classmethod
+    def parse(cls, spec: str) -> ColumnMapping:
+        """Parses ``"canonical=source,canonical=source"``.
+
+        Whitespace around tokens is ignored; an empty spec gives the identity mapping.
+
+        Args:
+            spec: comma-separated ``canonical=source`` pairs.
+
+        Returns:
+            The mapping.
+
+        Raises:
+            ValueError: a token lacks ``=``, has an empty side, names an unknown
+                canonical column, or repeats a canonical column. The message names
+                the bad token and lists the valid canonical names.
+        """
+        columns: dict[str, str] = {}
+        valid = ", ".join(CANONICAL)
+        for raw in spec.split(","):
+            token = raw.strip()
+            if not token:
+                continue
+            if "=" not in token:
+                raise ValueError(
+                    f"bad column mapping token {token!r}: expected canonical=source "
+                    f"(valid canonical names: {valid})"
+                )
+            key, _, value = (part.strip() for part in token.partition("="))
+            if key not in CANONICAL:
+                raise ValueError(
+                    f"bad column mapping token {token!r}: unknown canonical column "
+                    f"{key!r} (valid canonical names: {valid})"
+                )
+            if not value:
+                raise ValueError(f"bad column mapping token {token!r}: empty source column name")
+            if key in columns:
+                raise ValueError(f"bad column mapping token {token!r}: canonical column {key!r} mapped twice")
+            columns[key] = value
+        return cls(columns)
+
+    def apply(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Renames the mapped source columns of ``df`` to their canonical names.
+
+        Args:
+            df: a source table.
+
+        Returns:
+            A new frame with the mapped columns renamed; other columns unchanged.
+
+        Raises:
+            ValueError: a mapped source column is absent from ``df`` (the message
+                lists ``df``'s columns).
+        """
+        for canonical, source in self.columns.items():
+            if source not in df.columns:
+                raise ValueError(
+                    f"source column {source!r} (mapped to {canonical!r}) not found; "
+                    f"available columns: {list(map(str, df.columns))}"
+                )
+        for canonical, source in self.columns.items():
+            if canonical != source and canonical in df.columns and (canonical not in self.columns.values()):
+                raise ValueError(
+                    f"cannot rename {source!r} to {canonical!r}: the frame already has "
+                    f"a column {canonical!r}; drop it or map it elsewhere first"
+                )
+        rename = {source: canonical for canonical, source in self.columns.items()}
+        return df.rename(columns=rename)
