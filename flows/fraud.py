@@ -20,6 +20,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows._cli import add_common, parse_columns, run_command
+from infra.settings import get_train_settings
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
 from infra.store import area, atomic_path, check_name, safe_join, stable_hash
 from solutions.fraud import schema as S
@@ -201,7 +202,7 @@ def fit_baseline_step(features_ref: DatasetRef, data_ref: DatasetRef, seed: int)
     """Fit the window-feature baseline; return its val and test scores."""
     feats = features_ref.read()
     labels = pd.read_parquet(data_ref.path, columns=[S.LABEL])[S.LABEL].to_numpy(dtype="float64")
-    model = P.fit_baseline(feats, labels, seed=seed)
+    model = P.fit_baseline(feats, labels, seed=seed, n_threads=get_train_settings().num_threads)
     return {p: P.baseline_scores(model, feats, p) for p in ("val", "test")}
 
 
@@ -292,7 +293,7 @@ def fraud_train(
     mcfg = config.model
     setup = P.sequence_setup(df, feats, mcfg)
     train_labels = _period_labels(df, feats, "train").astype("float64")
-    model = P.build_model(setup.preprocessor, mcfg, P.pos_weight_for(train_labels))
+    model = P.build_model(setup.preprocessor, mcfg, P.pos_weight_for(train_labels, mcfg.negative_rate))
     run_key = "fraud-seq-" + stable_hash({"data": feats_ref.content_hash, "model": mcfg.model_dump()})
     spec = TrainSpec(
         run_key=run_key,
@@ -582,6 +583,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-epochs", type=int, default=d.max_epochs, help="default %(default)s")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="default %(default)s")
     g.add_argument("--loss", choices=["bce", "focal"], default=d.loss, help="imbalance handling (default %(default)s)")
+    g.add_argument("--negative-rate", type=float, default=d.negative_rate, help="share of legit training rows drawn afresh each epoch (default %(default)s)")
     g.add_argument("--no-window-features", action="store_true", help="sequence embedding + static attributes only")
 
 
@@ -603,6 +605,7 @@ def _config_from(args: argparse.Namespace, new_pattern: bool = False, seed_offse
             max_epochs=args.max_epochs,
             batch_size=args.batch_size,
             loss=args.loss,
+            negative_rate=args.negative_rate,
             use_window_features=not args.no_window_features,
         ),
         model_name=args.model_name,

@@ -123,10 +123,25 @@ def _make_epoch_recorder():
             if isinstance(first, dict):
                 first = next(iter(first.values()))
             self.samples += int(getattr(first, "shape", [1])[0])
+            self._t_last = time.perf_counter()
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-            self.seconds += time.perf_counter() - self._t0
+            # training batches only (validation runs before this hook in Lightning 2)
+            elapsed = max(0.0, getattr(self, "_t_last", self._t0) - self._t0)
+            self.seconds += elapsed
             self.epochs.append(trainer.current_epoch)
+            shown = {
+                k: float(v)
+                for k, v in trainer.callback_metrics.items()
+                if getattr(v, "numel", lambda: 0)() == 1 and not k.endswith("_step")
+            }
+            log.info(
+                "epoch %d/%d: %.1f s of training batches; %s",
+                trainer.current_epoch + 1,
+                trainer.max_epochs,
+                elapsed,
+                ", ".join(f"{k}={v:.4f}" for k, v in sorted(shown.items())) or "no metrics yet",
+            )
 
     return EpochRecorder()
 

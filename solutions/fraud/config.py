@@ -62,6 +62,13 @@ class SequenceModelConfig(BaseModel):
     lr: float = Field(default=2e-3, gt=0)
     weight_decay: float = Field(default=1e-4, ge=0)
     batch_size: int = Field(default=512, ge=8)
+    negative_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Share of legit training transactions drawn afresh each epoch (all frauds "
+        "are always used). Below 1 an epoch costs about that share of a full pass.",
+    )
     max_epochs: int = Field(default=12, ge=1)
     patience: int = Field(default=3, ge=1)
     seed: int = 0
@@ -87,3 +94,56 @@ class FraudTrainConfig(BaseModel):
     baseline: BaselineConfig = BaselineConfig()
     fpr_target: float = Field(default=0.01, gt=0, lt=1, description="FPR for recall@FPR.")
     model_name: str = Field(default="fraud-seq", description="Registry name of the model.")
+
+
+# ------------------------------------------------------------------------------------
+# hyper-parameter search space (checked by the tuning task before any trial runs)
+
+
+class FloatParam(BaseModel):
+    """A float drawn from [low, high], on a log scale when ``log``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["float"] = "float"
+    name: str = Field(description="A field of the config being tuned.")
+    low: float
+    high: float
+    log: bool = False
+
+
+class IntParam(BaseModel):
+    """An integer drawn from [low, high] in steps of ``step`` (log scale when ``log``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["int"] = "int"
+    name: str = Field(description="A field of the config being tuned.")
+    low: int
+    high: int
+    step: int = 1
+    log: bool = False
+
+
+class CategoricalParam(BaseModel):
+    """One of a fixed list of choices."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["categorical"] = "categorical"
+    name: str = Field(description="A field of the config being tuned.")
+    choices: tuple[str | int | float | bool, ...]
+
+
+ParamSpec = FloatParam | IntParam | CategoricalParam
+
+#: What ``flows.tune --solution fraud`` searches, over :class:`SequenceModelConfig` fields.
+SEARCH_SPACE: tuple[ParamSpec, ...] = (
+    FloatParam(name="lr", low=3e-4, high=1e-2, log=True),
+    IntParam(name="hidden", low=16, high=128, log=True),
+    IntParam(name="mlp_hidden", low=32, high=256, log=True),
+    FloatParam(name="dropout", low=0.0, high=0.4),
+    CategoricalParam(name="seq_len", choices=(8, 16, 32)),
+    FloatParam(name="weight_decay", low=1e-6, high=1e-2, log=True),
+    CategoricalParam(name="loss", choices=("bce", "focal")),
+)

@@ -83,11 +83,13 @@ def context_feature_names(features: pd.DataFrame) -> tuple[str, ...]:
     return tuple(c for c in features.columns if "=" not in c and c not in skip)
 
 
-def fit_baseline(features: pd.DataFrame, labels: np.ndarray, seed: int = 0) -> WindowFeatureBaseline:
+def fit_baseline(
+    features: pd.DataFrame, labels: np.ndarray, seed: int = 0, n_threads: int | None = None
+) -> WindowFeatureBaseline:
     """Fit the gradient-boosting baseline on the train and val rows."""
     rows = features[PERIOD].isin(["train", "val"]).to_numpy()
     X = features.loc[rows].drop(columns=[PERIOD])
-    return WindowFeatureBaseline(random_state=seed).fit(X, labels[rows])
+    return WindowFeatureBaseline(random_state=seed, n_threads=n_threads).fit(X, labels[rows])
 
 
 def baseline_scores(model: WindowFeatureBaseline, features: pd.DataFrame, period: str) -> np.ndarray:
@@ -127,7 +129,7 @@ def sequence_setup(
     splits = {p: np.flatnonzero(sorted_period == p) for p in periods}
     splits = {p: idx for p, idx in splits.items() if len(idx)}
     row_index = {p: arrays.order[idx] for p, idx in splits.items()}
-    dm = FraudDataModule(arrays, splits, cfg.seq_len, cfg.batch_size)
+    dm = FraudDataModule(arrays, splits, cfg.seq_len, cfg.batch_size, cfg.negative_rate, cfg.seed)
     return SequenceSetup(preprocessor, dm, row_index)
 
 
@@ -150,10 +152,10 @@ def build_model(
     )
 
 
-def pos_weight_for(labels: np.ndarray) -> float:
-    """sqrt(negatives / positives): a softened class weight for BCE."""
+def pos_weight_for(labels: np.ndarray, negative_rate: float = 1.0) -> float:
+    """sqrt(negatives seen / positives): a softened class weight for BCE."""
     pos = float(np.nansum(labels))
-    neg = float(np.sum(~np.isnan(labels))) - pos
+    neg = (float(np.sum(~np.isnan(labels))) - pos) * negative_rate
     return float(np.sqrt(neg / pos)) if pos > 0 else 1.0
 
 

@@ -187,3 +187,17 @@ def test_row_order_does_not_matter(tiny: pd.DataFrame) -> None:
     wf = WindowFeatures().fit(tiny)
     shuffled = tiny.sample(frac=1.0, random_state=0)
     pd.testing.assert_frame_equal(wf.transform(tiny), wf.transform(shuffled).loc[tiny.index])
+
+
+def test_negative_subsampler_keeps_all_frauds_and_redraws_legit() -> None:
+    import numpy as np
+
+    from solutions.fraud.model import NegativeSubsampler
+
+    labels = np.array([1.0] * 10 + [0.0] * 990)
+    sampler = NegativeSubsampler(labels, rate=0.2, seed=0)
+    first, second = list(sampler), list(sampler)
+    assert len(first) == len(sampler) == 10 + 198
+    assert set(range(10)) <= set(first) and set(range(10)) <= set(second)
+    assert set(first) != set(second), "each epoch draws a new subset of legit rows"
+    assert len(set(first)) == len(first)
