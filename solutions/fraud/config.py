@@ -63,7 +63,7 @@ class SequenceModelConfig(BaseModel):
     weight_decay: float = Field(default=1e-4, ge=0)
     batch_size: int = Field(default=512, ge=8)
     negative_rate: float = Field(
-        default=1.0,
+        default=0.3,
         gt=0,
         le=1,
         description="Share of legit training transactions drawn afresh each epoch (all frauds "
