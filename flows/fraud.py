@@ -45,6 +45,9 @@ from tasks.train import TrainResult, TrainSpec, train_model_task
 
 log = logging.getLogger(__name__)
 PRIMARY_METRIC = "test/auprc"
+#: Adapting happens once the new pattern has been labelled: no delay, a short recent
+#: training window that holds the pattern, then the test week.
+ADAPT_SPLIT = SplitConfig(train_days=10, val_days=3, delay_days=0, test_days=7)
 
 
 # ------------------------------------------------------------------------------------
@@ -379,7 +382,9 @@ def fraud_adapt(
     data: str | None = None,
     columns: dict[str, str] | None = None,
     model: str = "fraud-seq",
-    config: FraudTrainConfig = FraudTrainConfig(data=SyntheticDataConfig(seed=1, new_pattern=True)),
+    config: FraudTrainConfig = FraudTrainConfig(
+        data=SyntheticDataConfig(seed=1, new_pattern=True), split=ADAPT_SPLIT
+    ),
     old_data: SyntheticDataConfig | None = SyntheticDataConfig(),
     fraction: float = 0.10,
     max_epochs: int = 6,
@@ -447,9 +452,16 @@ def fraud_adapt(
     params = dict(parent.params)
     params["threshold"] = choose_threshold(y_val, P.score_period(adapted, setup, "val")) if 0 < y_val.sum() < len(y_val) else threshold
     params["finetune"] = {"fraction": fraction, "trainable_params": tuned.freeze.trainable_params, "total_params": tuned.freeze.total_params}
+    # the current champion (which may not be the parent) re-scored on the same test period
+    champion = registry.champion(name)
+    champion_value = (
+        new_before.pr_auc
+        if champion is not None and champion.version == parent.version
+        else _champion_on(name, df, feats, "test")
+    )
     registration = register_model_task(
         name, adapted, params=params, metrics=metrics, primary_metric=PRIMARY_METRIC,
-        data_hash=ref.content_hash, parent=parent.spec, champion_value=new_before.pr_auc, strict=strict,
+        data_hash=ref.content_hash, parent=parent.spec, champion_value=champion_value, strict=strict,
         tags={"kind": "adapted"},
     )
     reports = [r for r in (new_before, new_after, pattern_before, pattern_after, old_before, old_after) if r is not None]
@@ -547,8 +559,8 @@ def fraud_score(
 # command line
 
 
-def _split_args(p: argparse.ArgumentParser) -> None:
-    d = SplitConfig()
+def _split_args(p: argparse.ArgumentParser, d: SplitConfig | None = None) -> None:
+    d = d or SplitConfig()
     g = p.add_argument_group("time split (days, counted back from the end of the data)")
     g.add_argument("--train-days", type=float, default=d.train_days, help="training period, validation included (default %(default)s)")
     g.add_argument("--val-days", type=float, default=d.val_days, help="last part of training used for early stopping (default %(default)s)")
@@ -668,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
 
     a = sub.add_parser("adapt", help="fine-tune the champion on data with a new fraud pattern", description=fraud_adapt.description)
     _data_args(a)
-    _split_args(a)
+    _split_args(a, ADAPT_SPLIT)
     a.set_defaults(seed=1)
     a.add_argument("--model", default="fraud-seq", help="NAME[:VERSION] to adapt (default: the champion of %(default)s)")
     a.add_argument("--fraction", type=float, default=0.10, help="share of parameters to train (default %(default)s)")
