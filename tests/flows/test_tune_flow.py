@@ -1,0 +1,61 @@
+"""The tuning flow end to end on tiny synthetic data: trials, resume, final model, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import flows.tune as T
+from infra.store import area
+from solutions.fraud.config import FloatParam
+from tasks.tune import StudyRef, TuneConfig, ask_trial, open_study, storage_url
+
+TINY = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "2", "--seq-len", "8"]
+STUDY = "flow-tune-resume"
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.CaptureFixture) -> None:
+    args = ["--solution", "fraud", *TINY, "--study", STUDY, "--model-name", "fraud-tuned", "--max-in-flight", "2", "--json"]
+    assert T.main([*args, "--trials", "2"]) == 0
+    first = _last_json(capsys.readouterr().out)
+    s = first["summary"]
+    assert s["complete"] + s["pruned"] == 2 and len(s["ran_now"]) == 2
+    assert first["default_value"] is not None  # trial 0 ran the default parameters
+    assert s["best_value"] >= first["default_value"]
+    assert first["model"]["name"] == "fraud-tuned" and first["promotion"]["promoted"] is True
+    assert first["final"]["reused_completed"] is True  # the best trial's finished checkpoint
+    report = Path(first["report_dir"], "report.md").read_text()
+    assert "optimisation-history" in report and "param-importance" in report and "| 0 " in report
+    assert Path(first["report_dir"], "param-importance.png").exists()
+
+    # what a killed run leaves: a trial RUNNING with drawn parameters and no result
+    ref = StudyRef(name=STUDY, storage=storage_url(STUDY))
+    study = open_study(ref, TuneConfig())
+    zombie = ask_trial(study, ref, T.fraud_space(T.SequenceModelConfig(seq_len=8, max_epochs=2)))
+
+    assert T.main([*args, "--trials", "3"]) == 0
+    second = _last_json(capsys.readouterr().out)["summary"]
+    assert second["finished_before"] == 2 and second["recovered"] == [zombie.number]
+    assert second["complete"] + second["pruned"] == 3  # exactly the requested count
+    ran = second["ran_now"]
+    assert len(ran) == 1 and ran[0]["params"] == zombie.params  # finished trials were not re-run
+    assert ran[0]["run_key"] == zombie.run_key
+
+
+def test_invalid_search_space_fails_before_any_trial(monkeypatch, capsys) -> None:
+    bad = (FloatParam(name="lr", low=0.0, high=1e-2, log=True),)
+    monkeypatch.setattr(T, "SEARCH_SPACE", bad)
+    before = set(area("tuning").iterdir())
+    assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
+    assert "'lr' is on a log scale but low=0.0" in capsys.readouterr().err
+    assert set(area("tuning").iterdir()) == before  # no study was created
+
+    monkeypatch.setattr(T, "SEARCH_SPACE", (FloatParam(name="learning_rate", low=1e-4, high=1e-2),))
+    assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
+    assert "'learning_rate' is not a field of the config" in capsys.readouterr().err
