@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX))"; \
 		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[all,dev]"
 	@touch $@
 
 install: $(VENV)/.installed

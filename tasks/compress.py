@@ -1,0 +1,811 @@
+"""Model compression and export, for any ``torch.nn.Module``: INT8, pruning, distillation, ONNX.
+
+Domain-agnostic: the caller builds the model, gives example inputs and an
+``evaluate(model) -> float`` function for its primary metric; everything here works on
+modules, tensors and files.
+
+- INT8: dynamic quantization of Linear / GRU / LSTM (int8 weights, activations quantized
+  on the fly, CPU kernels), and a weight-only INT8 variant (int8 on disk, dequantized at
+  load: smaller files, runs on any device). Both are stored as plain tensors
+  (:func:`int8_state_dict`), so they load with safetensors or
+  ``torch.load(weights_only=True)``; never as pickled packed parameters.
+- Pruning: per-layer sensitivity analysis, global magnitude pruning (sparsity, masks),
+  and structured neuron pruning of MLPs that really shrinks the tensors.
+- Distillation: a caller-built student trained on the teacher's temperature-softened
+  outputs plus the hard labels (:class:`Distiller` + ``train_model``).
+- ONNX: export with a dynamic batch axis and a parity check with onnxruntime.
+- Measurement: size on disk, p50 latency per batch and throughput.
+
+Plain functions do the work; the ``*_task`` objects at the bottom are thin Prefect wrappers.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from prefect import task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+#: Layer types dynamic INT8 quantization applies to.
+DYNAMIC_INT8_TYPES: dict[str, type[nn.Module]] = {"Linear": nn.Linear, "GRU": nn.GRU, "LSTM": nn.LSTM}
+#: Layer types whose weights pruning and weight-only INT8 consider.
+WEIGHT_LAYER_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.GRU, nn.LSTM, nn.Conv1d, nn.Conv2d)
+#: Layers that may sit between two Linear layers of an MLP without changing its width.
+ELEMENTWISE_TYPES: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.LeakyReLU, nn.ELU, nn.Dropout, nn.Identity,
+)
+
+_Q = "__q"  # suffix marker of quantized tensors in a plain state dict
+
+Inputs = torch.Tensor | tuple[torch.Tensor, ...] | Mapping[str, torch.Tensor]
+
+
+# ------------------------------------------------------------------------------------
+# typed results
+
+
+class LayerSize(BaseModel):
+    """Bytes of the quantized layers' weights before and after INT8."""
+
+    model_config = ConfigDict(frozen=True)
+
+    layers: list[str]
+    fp32_bytes: int
+    int8_bytes: int
+
+    @property
+    def ratio(self) -> float:
+        return self.fp32_bytes / self.int8_bytes if self.int8_bytes else 0.0
+
+
+class SensitivityRow(BaseModel):
+    """The metric after pruning one layer alone at one ratio."""
+
+    model_config = ConfigDict(frozen=True)
+
+    layer: str = Field(description="module.param, e.g. head.0.weight")
+    ratio: float
+    metric: float
+    drop: float = Field(description="Baseline minus metric (positive = worse) for higher-is-better.")
+
+
+class PruneReport(BaseModel):
+    """What a pruning step removed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    method: str
+    ratio: float
+    params_before: int
+    params_after: int
+    zero_fraction: float = Field(description="Share of zero weights in the pruned layers.")
+    shapes: dict[str, list[int]] = Field(default_factory=dict, description="New weight shapes (structured).")
+
+
+class OnnxParity(BaseModel):
+    """ONNX Runtime vs PyTorch on the same held-out inputs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    n: int
+    max_abs_diff: float
+    atol: float
+    metric_torch: float | None = None
+    metric_onnx: float | None = None
+    metric_tol: float = 1e-4
+    passed: bool
+
+
+class Latency(BaseModel):
+    """p50 latency of one batch and the throughput it implies."""
+
+    model_config = ConfigDict(frozen=True)
+
+    device: str
+    batch_size: int
+    p50_ms: float
+    p90_ms: float
+    throughput: float = Field(description="Samples per second at p50.")
+    iters: int
+
+
+# ------------------------------------------------------------------------------------
+# inputs, sizes, latency
+
+
+def _to_device(inputs: Any, device: str | torch.device) -> Any:
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(device)
+    if isinstance(inputs, Mapping):
+        return {k: _to_device(v, device) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(_to_device(v, device) for v in inputs)
+    return inputs
+
+
+def call_model(model: nn.Module, inputs: Inputs) -> torch.Tensor:
+    """``model(inputs)``: a dict or a tensor is passed as one argument, a tuple unpacked."""
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+def batch_size_of(inputs: Inputs) -> int:
+    first = inputs
+    if isinstance(inputs, Mapping):
+        first = next(iter(inputs.values()))
+    elif isinstance(inputs, (tuple, list)):
+        first = inputs[0]
+    return int(first.shape[0])
+
+
+def predict(model: nn.Module, batches: Iterable[Inputs], device: str = "cpu") -> np.ndarray:
+    """Concatenated raw outputs of ``model`` over ``batches`` (eval mode, no grad)."""
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for batch in batches:
+            out.append(call_model(model, _to_device(batch, device)).float().cpu())
+    return torch.cat(out).numpy() if out else np.zeros(0, dtype="float32")
+
+
+def file_size(path: Path) -> int:
+    """Bytes on disk."""
+    return Path(path).stat().st_size
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_state(state: Mapping[str, torch.Tensor], path: Path) -> int:
+    """Write plain tensors with safetensors; returns the file size in bytes."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path))
+    return file_size(path)
+
+
+def measure_latency(
+    fn: Callable[[], Any],
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    warmup: int = 3,
+    iters: int = 20,
+    max_seconds: float = 10.0,
+) -> Latency:
+    """Time ``fn()`` (one batch) ``iters`` times after ``warmup``; p50/p90 and throughput."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times: list[float] = []
+    budget_end = time.perf_counter() + max_seconds
+    while len(times) < iters and (len(times) < 3 or time.perf_counter() < budget_end):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    p50 = statistics.median(times)
+    p90 = times[min(len(times) - 1, round(0.9 * (len(times) - 1)))]
+    return Latency(
+        device=device, batch_size=batch_size, p50_ms=p50 * 1e3, p90_ms=p90 * 1e3,
+        throughput=batch_size / p50 if p50 > 0 else 0.0, iters=len(times),
+    )
+
+
+def torch_runner(model: nn.Module, inputs: Inputs, device: str = "cpu") -> Callable[[], None]:
+    """A no-argument callable running ``model`` on one batch on ``device`` (moves the model)."""
+    model = model.to(device).eval()
+    batch = _to_device(inputs, device)
+
+    def run() -> None:
+        with torch.inference_mode():
+            call_model(model, batch)
+
+    return run
+
+
+def torch_latency(model: nn.Module, inputs: Inputs, device: str = "cpu", **kw: Any) -> Latency:
+    """Latency of ``model`` on one batch, on ``device``."""
+    return measure_latency(torch_runner(model, inputs, device), batch_size_of(inputs), device=device, **kw)
+
+
+def interleaved_latency(
+    runners: Mapping[str, Callable[[], Any]], batch_size: int, *, device: str = "cpu", rounds: int = 3, iters: int = 7
+) -> dict[str, Latency]:
+    """Latency of several runners measured in interleaved rounds (median of the rounds' p50s).
+
+    On a shared machine the load drifts; interleaving lets the drift hit every runner alike.
+    """
+    runs: dict[str, list[Latency]] = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, fn in runners.items():
+            runs[name].append(measure_latency(fn, batch_size, device=device, warmup=2, iters=iters))
+    out = {}
+    for name, lats in runs.items():
+        p50 = statistics.median(x.p50_ms for x in lats)
+        out[name] = Latency(
+            device=device, batch_size=batch_size, p50_ms=p50, p90_ms=statistics.median(x.p90_ms for x in lats),
+            throughput=batch_size / (p50 / 1e3) if p50 > 0 else 0.0, iters=sum(x.iters for x in lats),
+        )
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# INT8: dynamic quantization, weight-only, plain-tensor storage
+
+
+def quantize_dynamic_int8(model: nn.Module, layers: Sequence[str] = ("Linear", "GRU", "LSTM")) -> nn.Module:
+    """A copy of ``model`` with int8 weights on ``layers`` (dynamic activations, CPU)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    unknown = set(layers) - set(DYNAMIC_INT8_TYPES)
+    if unknown:
+        raise ValueError(f"cannot quantize {sorted(unknown)} dynamically; choose from {sorted(DYNAMIC_INT8_TYPES)}")
+    float_model = copy.deepcopy(model).cpu().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(float_model, {DYNAMIC_INT8_TYPES[k] for k in layers}, dtype=torch.qint8)
+
+
+def _pack(prefix: str, q: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+    """A quantized tensor as plain tensors: int8 values, scale(s), zero point(s), axis."""
+    out[f"{prefix}.{_Q}.int8"] = q.int_repr()
+    if q.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+        out[f"{prefix}.{_Q}.scale"] = q.q_per_channel_scales().float()
+        out[f"{prefix}.{_Q}.zero_point"] = q.q_per_channel_zero_points().to(torch.int64)
+        out[f"{prefix}.{_Q}.axis"] = torch.tensor(q.q_per_channel_axis(), dtype=torch.int64)
+    else:
+        out[f"{prefix}.{_Q}.scale"] = torch.tensor([q.q_scale()], dtype=torch.float32)
+        out[f"{prefix}.{_Q}.zero_point"] = torch.tensor([q.q_zero_point()], dtype=torch.int64)
+        out[f"{prefix}.{_Q}.axis"] = torch.tensor(-1, dtype=torch.int64)
+
+
+def _unpack(prefix: str, state: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The quantized tensor :func:`_pack` stored under ``prefix``."""
+    values = state[f"{prefix}.{_Q}.int8"]
+    scale, zp = state[f"{prefix}.{_Q}.scale"], state[f"{prefix}.{_Q}.zero_point"]
+    axis = int(state[f"{prefix}.{_Q}.axis"])
+    if axis < 0:
+        return torch._make_per_tensor_quantized_tensor(values, float(scale[0]), int(zp[0]))
+    return torch._make_per_channel_quantized_tensor(values, scale.double(), zp, axis)
+
+
+def _dynamic_modules(qmodel: nn.Module) -> dict[str, nn.Module]:
+    from torch.ao.nn.quantized import dynamic as nnqd
+
+    types = (nnqd.Linear, nnqd.GRU, nnqd.LSTM)
+    return {name: m for name, m in qmodel.named_modules() if isinstance(m, types)}
+
+
+def int8_state_dict(qmodel: nn.Module) -> dict[str, torch.Tensor]:
+    """A dynamically quantized model as plain tensors (int8 weights + scales + float rest).
+
+    Loads back with :func:`load_int8_state`; saves with safetensors or ``torch.save`` and
+    reads with ``torch.load(weights_only=True)`` (no packed-parameter objects).
+    """
+    from torch.ao.nn.quantized import dynamic as nnqd
+
+    qmods = _dynamic_modules(qmodel)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in qmodel.state_dict().items():
+        if isinstance(value, torch.Tensor) and not value.is_quantized and not any(
+            key.startswith(f"{name}.") for name in qmods
+        ):
+            out[key] = value.detach().cpu()
+    for name, mod in qmods.items():
+        if isinstance(mod, nnqd.Linear):
+            _pack(f"{name}.weight", mod.weight(), out)
+            if mod.bias() is not None:
+                out[f"{name}.bias"] = mod.bias().detach().float()
+        else:
+            for pname, w in mod.get_weight().items():
+                _pack(f"{name}.{pname}", w, out)
+            for pname, b in mod.get_bias().items():
+                if b is not None:
+                    out[f"{name}.{pname}"] = b.detach().float()
+    return out
+
+
+def _set_rnn_weights(mod: nn.Module, name: str, state: Mapping[str, torch.Tensor]) -> None:
+    """Rebuild a dynamic-quantized GRU/LSTM's packed cells from stored int8 weights."""
+    from torch.ao.nn.quantized.dynamic.modules.rnn import PackedParameter
+
+    cells = []
+    for layer in range(mod.num_layers):
+        for direction in range(2 if mod.bidirectional else 1):
+            sfx = f"l{layer}" + ("_reverse" if direction == 1 else "")
+            w_ih = _unpack(f"{name}.weight_ih_{sfx}", state)
+            w_hh = _unpack(f"{name}.weight_hh_{sfx}", state)
+            b_ih = state.get(f"{name}.bias_ih_{sfx}")
+            b_hh = state.get(f"{name}.bias_hh_{sfx}")
+            packed_ih = torch.ops.quantized.linear_prepack(w_ih, b_ih)
+            packed_hh = torch.ops.quantized.linear_prepack(w_hh, b_hh)
+            cell = torch.ops.quantized.make_quantized_cell_params_dynamic(
+                packed_ih, packed_hh, b_ih, b_hh, True
+            )
+            cells.append(PackedParameter(cell))
+    mod._all_weight_values = nn.ModuleList(cells)
+
+
+def load_int8_state(
+    float_model: nn.Module, state: Mapping[str, torch.Tensor], layers: Sequence[str] = ("Linear", "GRU", "LSTM")
+) -> nn.Module:
+    """Rebuild a dynamically quantized model from :func:`int8_state_dict` tensors.
+
+    Args:
+        float_model: the fp32 architecture (any weights: they are replaced).
+        state: the plain tensors (read with safetensors or ``torch.load(weights_only=True)``).
+    """
+    from torch.ao.nn.quantized import dynamic as nnqd
+
+    float_model = copy.deepcopy(float_model).cpu().eval()
+    floats = {k: v for k, v in state.items() if f".{_Q}." not in k}
+    shapes = {k: v.shape for k, v in float_model.state_dict().items()}
+    loadable = {k: v for k, v in floats.items() if k in shapes and shapes[k] == v.shape}
+    float_model.load_state_dict(loadable, strict=False)
+    qmodel = quantize_dynamic_int8(float_model, layers)
+    qmods = _dynamic_modules(qmodel)
+    for name, mod in qmods.items():
+        if isinstance(mod, nnqd.Linear):
+            mod.set_weight_bias(_unpack(f"{name}.weight", state), state.get(f"{name}.bias"))
+        else:
+            _set_rnn_weights(mod, name, state)
+    missing = [k for k in shapes if not any(k.startswith(f"{n}.") for n in qmods) and k not in floats]
+    if missing:
+        raise KeyError(f"INT8 state lacks {len(missing)} float tensors, e.g. {missing[:3]}")
+    return qmodel
+
+
+def quantized_layer_size(float_model: nn.Module, int8_state: Mapping[str, torch.Tensor]) -> LayerSize:
+    """fp32 bytes vs int8 bytes (values + scales + zero points + float biases) of the quantized layers."""
+    names = sorted({k.split(f".{_Q}.")[0].rsplit(".", 1)[0] for k in int8_state if f".{_Q}." in k})
+    float_state = float_model.state_dict()
+    fp32 = sum(
+        v.numel() * 4 for k, v in float_state.items() if any(k.startswith(f"{n}.") for n in names)
+    )
+    int8 = sum(
+        v.numel() * v.element_size() for k, v in int8_state.items()
+        if any(k.startswith(f"{n}.") for n in names) and not k.endswith(f"{_Q}.axis")
+    )
+    return LayerSize(layers=names, fp32_bytes=int(fp32), int8_bytes=int(int8))
+
+
+def weight_only_int8_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Weights of Linear/GRU/LSTM/Conv layers as per-channel int8 (+ scales); the rest as is.
+
+    On disk ~4x smaller on those layers; :func:`load_weight_only_int8` dequantizes into an
+    fp32 model, which then runs on any device (and exports to ONNX).
+    """
+    out: dict[str, torch.Tensor] = {}
+    weight_keys = {
+        f"{mname}.{pname}" if mname else pname
+        for mname, m in model.named_modules() if isinstance(m, WEIGHT_LAYER_TYPES)
+        for pname, p in m.named_parameters(recurse=False) if p.dim() >= 2
+    }
+    for key, value in model.state_dict().items():
+        if key in weight_keys:
+            w = value.detach().cpu().float()
+            scale = w.abs().amax(dim=tuple(range(1, w.dim()))).clamp(min=1e-12) / 127.0
+            q = torch.quantize_per_channel(w, scale.double(), torch.zeros_like(scale, dtype=torch.int64), 0, torch.qint8)
+            _pack(key, q, out)
+        else:
+            out[key] = value.detach().cpu()
+    return out
+
+
+def dequantize_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plain fp32 tensors from a state holding packed int8 entries."""
+    out = {k: v for k, v in state.items() if f".{_Q}." not in k}
+    for prefix in {k.split(f".{_Q}.")[0] for k in state if f".{_Q}." in k}:
+        out[prefix] = _unpack(prefix, state).dequantize()
+    return out
+
+
+def load_weight_only_int8(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
+    """An fp32 copy of ``model`` holding the dequantized weight-only INT8 weights."""
+    model = copy.deepcopy(model)
+    model.load_state_dict(dequantize_state(state))
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------
+# pruning
+
+
+def prunable_weights(model: nn.Module, types: tuple[type[nn.Module], ...] = WEIGHT_LAYER_TYPES) -> list[str]:
+    """``module.param`` names of the matrix/kernel weights of ``types`` layers."""
+    return [
+        f"{mname}.{pname}"
+        for mname, m in model.named_modules() if isinstance(m, types)
+        for pname, p in m.named_parameters(recurse=False) if p.dim() >= 2
+    ]
+
+
+def _param_ref(model: nn.Module, key: str) -> tuple[nn.Module, str]:
+    mname, _, pname = key.rpartition(".")
+    return model.get_submodule(mname), pname
+
+
+def magnitude_prune_(model: nn.Module, keys: Sequence[str], ratio: float, *, global_: bool = True, keep_masks: bool = False) -> nn.Module:
+    """Zero the smallest-|w| share ``ratio`` of the ``keys`` weights, in place.
+
+    ``global_`` ranks all weights together (layers lose different shares); otherwise each
+    layer loses ``ratio``. With ``keep_masks`` the pruning masks stay (for fine-tuning
+    without regrowth); call :func:`finalize_pruning` afterwards.
+    """
+    from torch.nn.utils import prune
+
+    targets = [_param_ref(model, k) for k in keys]
+    if global_:
+        prune.global_unstructured(targets, pruning_method=prune.L1Unstructured, amount=ratio)
+    else:
+        for module, pname in targets:
+            prune.l1_unstructured(module, pname, amount=ratio)
+    if not keep_masks:
+        finalize_pruning(model)
+    return model
+
+
+def finalize_pruning(model: nn.Module) -> nn.Module:
+    """Make pruning permanent: drop masks and re-parametrisations, keep the zeros."""
+    from torch.nn.utils import prune
+
+    for module in model.modules():
+        for pname in [h._tensor_name for h in module._forward_pre_hooks.values() if isinstance(h, prune.BasePruningMethod)]:
+            prune.remove(module, pname)
+    return model
+
+
+def zero_fraction(model: nn.Module, keys: Sequence[str]) -> float:
+    """Share of exactly-zero entries among the ``keys`` weights."""
+    tensors = [getattr(*_param_ref(model, k)) for k in keys]
+    total = sum(t.numel() for t in tensors)
+    return float(sum((t == 0).sum().item() for t in tensors) / total) if total else 0.0
+
+
+def sensitivity_analysis(
+    model: nn.Module,
+    evaluate: Callable[[nn.Module], float],
+    *,
+    ratios: Sequence[float] = (0.25, 0.5, 0.75),
+    keys: Sequence[str] | None = None,
+    higher_is_better: bool = True,
+    baseline: float | None = None,
+) -> list[SensitivityRow]:
+    """Prune each layer alone at each ratio (L1 magnitude) and measure the metric drop."""
+    keys = list(keys) if keys is not None else prunable_weights(model)
+    base = evaluate(model) if baseline is None else baseline
+    sign = 1.0 if higher_is_better else -1.0
+    rows = []
+    for key in keys:
+        for ratio in ratios:
+            pruned = magnitude_prune_(copy.deepcopy(model), [key], ratio, global_=False)
+            value = float(evaluate(pruned))
+            rows.append(SensitivityRow(layer=key, ratio=ratio, metric=value, drop=sign * (base - value)))
+    log.info("sensitivity: %d layers x %d ratios", len(keys), len(ratios))
+    return rows
+
+
+def tolerant_ratios(rows: Sequence[SensitivityRow], max_drop: float) -> dict[str, float]:
+    """Per layer, the highest ratio whose drop stays within ``max_drop`` (0 if none)."""
+    best: dict[str, float] = {}
+    for row in rows:
+        best.setdefault(row.layer, 0.0)
+        if row.drop <= max_drop and row.ratio > best[row.layer]:
+            best[row.layer] = row.ratio
+    return best
+
+
+def global_magnitude_prune(model: nn.Module, ratio: float, keys: Sequence[str] | None = None, keep_masks: bool = False) -> tuple[nn.Module, PruneReport]:
+    """A copy of ``model`` with the smallest ``ratio`` of its layer weights zeroed (globally)."""
+    pruned = copy.deepcopy(model)
+    keys = list(keys) if keys is not None else prunable_weights(pruned)
+    before = param_count(pruned)
+    magnitude_prune_(pruned, keys, ratio, global_=True, keep_masks=keep_masks)
+    frac = zero_fraction(pruned, keys) if not keep_masks else ratio
+    return pruned, PruneReport(
+        method="global-magnitude", ratio=ratio, params_before=before, params_after=before, zero_fraction=frac
+    )
+
+
+def mlp_blocks(model: nn.Module) -> list[str]:
+    """Names of ``nn.Sequential`` blocks whose Linear layers are joined only by elementwise layers."""
+    names = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Sequential):
+            continue
+        kids = list(m.children())
+        linears = [k for k in kids if isinstance(k, nn.Linear)]
+        if len(linears) >= 2 and all(isinstance(k, (nn.Linear, *ELEMENTWISE_TYPES)) for k in kids):
+            names.append(name)
+    return names
+
+
+def prune_mlp_neurons_(model: nn.Module, block: str, ratio: float, *, min_keep: int = 1) -> dict[str, list[int]]:
+    """Remove the ``ratio`` lowest-L2 hidden neurons of every inner Linear of ``block``, in place.
+
+    Each inner Linear loses output rows (weight and bias); the next Linear loses the
+    matching input columns, so the tensors really shrink. The block's input and output
+    widths stay, so the rest of the model is untouched. Returns the new weight shapes.
+    """
+    seq = model.get_submodule(block)
+    kids = list(seq.children())
+    if not all(isinstance(k, (nn.Linear, *ELEMENTWISE_TYPES)) for k in kids):
+        raise ValueError(
+            f"{block!r} holds layers other than Linear and elementwise ones "
+            f"({[type(k).__name__ for k in kids]}); structured pruning would change their widths"
+        )
+    linear_idx = [i for i, k in enumerate(kids) if isinstance(k, nn.Linear)]
+    shapes: dict[str, list[int]] = {}
+    for cur, nxt in itertools.pairwise(linear_idx):
+        layer, after = seq[cur], seq[nxt]
+        n_out = layer.out_features
+        keep_n = max(min_keep, round(n_out * (1.0 - ratio)))
+        importance = layer.weight.detach().norm(dim=1)
+        keep = torch.sort(torch.topk(importance, keep_n).indices).values
+        new = nn.Linear(layer.in_features, keep_n, bias=layer.bias is not None)
+        new_after = nn.Linear(keep_n, after.out_features, bias=after.bias is not None)
+        with torch.no_grad():
+            new.weight.copy_(layer.weight[keep])
+            if layer.bias is not None:
+                new.bias.copy_(layer.bias[keep])
+            new_after.weight.copy_(after.weight[:, keep])
+            if after.bias is not None:
+                new_after.bias.copy_(after.bias)
+        seq[cur], seq[nxt] = new.to(layer.weight.device), new_after.to(after.weight.device)
+    for i in linear_idx:
+        shapes[f"{block}.{i}.weight" if block else f"{i}.weight"] = list(seq[i].weight.shape)
+    return shapes
+
+
+def structured_prune(model: nn.Module, ratio: float, blocks: Sequence[str] | None = None) -> tuple[nn.Module, PruneReport]:
+    """A copy of ``model`` with ``ratio`` of the hidden neurons of its MLP blocks removed."""
+    pruned = copy.deepcopy(model)
+    blocks = list(blocks) if blocks is not None else mlp_blocks(pruned)
+    if not blocks:
+        raise ValueError("no MLP block (nn.Sequential of Linear + elementwise layers) to prune")
+    before = param_count(pruned)
+    shapes: dict[str, list[int]] = {}
+    for block in blocks:
+        shapes.update(prune_mlp_neurons_(pruned, block, ratio))
+    return pruned, PruneReport(
+        method="structured-neurons", ratio=ratio, params_before=before, params_after=param_count(pruned),
+        zero_fraction=0.0, shapes=shapes,
+    )
+
+
+def resize_linears_to(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
+    """Replace Linear layers whose stored weight has another shape (a structurally pruned state)."""
+    for name, m in list(model.named_modules()):
+        key = f"{name}.weight"
+        if isinstance(m, nn.Linear) and key in state and tuple(state[key].shape) != tuple(m.weight.shape):
+            out_f, in_f = state[key].shape
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, child, nn.Linear(in_f, out_f, bias=f"{name}.bias" in state))
+    return model
+
+
+# ------------------------------------------------------------------------------------
+# distillation
+
+
+def _distiller_class():
+    import lightning as L
+    import torch.nn.functional as F
+
+    class Distiller(L.LightningModule):
+        """Trains ``student`` on ``alpha`` x soft (teacher, temperature T) + (1 - alpha) x hard loss.
+
+        Binary outputs (one logit per sample) use BCE against the teacher's
+        ``sigmoid(logit / T)``; multi-class outputs use KL divergence of the softmaxes.
+        Both soft terms are scaled by T² (Hinton et al. 2015). Batches are dicts (labels
+        under ``label_key``, the model gets the whole dict) or ``(inputs, labels)`` tuples.
+        """
+
+        def __init__(
+            self, student: nn.Module, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
+            lr: float = 2e-3, label_key: str = "y", pos_weight: float = 1.0,
+        ) -> None:
+            super().__init__()
+            if temperature <= 0 or not 0.0 <= alpha <= 1.0:
+                raise ValueError(f"need temperature > 0 and 0 <= alpha <= 1, got {temperature}, {alpha}")
+            self.student, self.teacher = student, teacher
+            for p in self.teacher.parameters():
+                p.requires_grad_(False)
+            self.temperature, self.alpha, self.lr = temperature, alpha, lr
+            self.label_key, self.pos_weight = label_key, pos_weight
+
+        def _split(self, batch: Any) -> tuple[Any, torch.Tensor]:
+            if isinstance(batch, Mapping):
+                return batch, batch[self.label_key]
+            return batch[0], batch[1]
+
+        def loss(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            inputs, y = self._split(batch)
+            s = call_model(self.student, inputs).float()
+            with torch.no_grad():
+                t = call_model(self.teacher, inputs).float()
+            T = self.temperature
+            if s.dim() == 1 or s.shape[-1] == 1:
+                s, t = s.reshape(-1), t.reshape(-1)
+                soft = F.binary_cross_entropy_with_logits(s / T, torch.sigmoid(t / T)) * T * T
+                weight = torch.as_tensor(self.pos_weight, device=s.device)
+                hard = F.binary_cross_entropy_with_logits(s, y.float().reshape(-1), pos_weight=weight)
+            else:
+                soft = F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), reduction="batchmean") * T * T
+                hard = F.cross_entropy(s, y.long())
+            return self.alpha * soft + (1 - self.alpha) * hard, soft, hard
+
+        def on_train_epoch_start(self) -> None:
+            self.teacher.eval()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            total, soft, hard = self.loss(batch)
+            n = batch_size_of(self._split(batch)[0]) if not isinstance(batch, Mapping) else len(self._split(batch)[1])
+            self.log_dict({"train/loss": total, "train/soft": soft, "train/hard": hard}, batch_size=n)
+            return total
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            total, _, hard = self.loss(batch)
+            n = len(self._split(batch)[1])
+            self.log_dict({"val/loss": total, "val/hard": hard}, prog_bar=True, batch_size=n)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.student.parameters(), lr=self.lr)
+
+    return Distiller
+
+
+def make_distiller(student: nn.Module, teacher: nn.Module, **kwargs: Any) -> Any:
+    """A LightningModule that distils ``teacher`` into ``student``; fit it with ``train_model``
+    (monitor ``val/loss``, mode ``min``); ``.student`` then holds the best weights."""
+    return _distiller_class()(student, copy.deepcopy(teacher).eval(), **kwargs)
+
+
+# ------------------------------------------------------------------------------------
+# ONNX
+
+
+class _PositionalInputs(nn.Module):
+    """Presents a dict-input model to the exporter as one taking tensors positionally."""
+
+    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+        super().__init__()
+        self.model, self.names = model, list(names)
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.model(dict(zip(self.names, tensors)))
+
+
+def onnx_feed(inputs: Inputs, input_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The onnxruntime feed for one batch of inputs."""
+    if isinstance(inputs, Mapping):
+        return {k: inputs[k].cpu().numpy() for k in input_names}
+    tensors = inputs if isinstance(inputs, tuple) else (inputs,)
+    return {k: t.cpu().numpy() for k, t in zip(input_names, tensors)}
+
+
+def export_onnx(
+    model: nn.Module,
+    example_inputs: Inputs,
+    path: Path,
+    *,
+    input_names: Sequence[str] | None = None,
+    opset: int = 17,
+) -> tuple[Path, list[str]]:
+    """Export an fp32 model to ONNX with a dynamic batch axis on every input and the output.
+
+    A dict-input model is exported through a positional wrapper; ``input_names`` picks
+    (and orders) the dict keys it reads. Uses the TorchScript exporter (no onnxscript).
+    Returns the path and the ONNX input names.
+    """
+    model = copy.deepcopy(model).cpu().eval()
+    if isinstance(example_inputs, Mapping):
+        names = list(input_names or example_inputs.keys())
+        wrapped: nn.Module = _PositionalInputs(model, names)
+        args = tuple(example_inputs[k].cpu() for k in names)
+    else:
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        args = tuple(a.cpu() for a in args)
+        names = list(input_names or [f"input_{i}" for i in range(len(args))])
+        wrapped = model
+    dynamic = {n: {0: "batch"} for n in names} | {"output": {0: "batch"}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapped, args, str(path), dynamo=False, input_names=names, output_names=["output"],
+            dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
+        )
+    log.info("exported ONNX %s (%d bytes)", path, file_size(path))
+    return path, names
+
+
+def onnx_session(path: Path, threads: int | None = None, device: str = "cpu") -> Any:
+    """An onnxruntime session (CUDA provider when ``device`` is cuda and it is available)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads or torch.get_num_threads()
+    opts.inter_op_num_threads = 1
+    providers = ["CPUExecutionProvider"]
+    if device.startswith("cuda"):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+        providers = ["CUDAExecutionProvider", *providers]
+    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+
+
+def onnx_predict(session: Any, batches: Iterable[Inputs], input_names: Sequence[str]) -> np.ndarray:
+    """Concatenated ONNX outputs over ``batches``."""
+    out = [session.run(None, onnx_feed(b, input_names))[0] for b in batches]
+    return np.concatenate(out) if out else np.zeros(0, dtype="float32")
+
+
+def check_onnx_parity(
+    model: nn.Module,
+    path: Path,
+    batches: Sequence[Inputs],
+    input_names: Sequence[str],
+    *,
+    atol: float = 1e-4,
+    metric: Callable[[np.ndarray], float] | None = None,
+    metric_tol: float = 1e-4,
+) -> OnnxParity:
+    """Run PyTorch and onnxruntime on the same held-out batches; compare outputs and metric."""
+    ref = predict(copy.deepcopy(model).cpu(), batches)
+    got = onnx_predict(onnx_session(path), batches, input_names)
+    diff = float(np.max(np.abs(ref - got))) if len(ref) else 0.0
+    m_t = m_o = None
+    ok = diff <= atol
+    if metric is not None:
+        m_t, m_o = float(metric(ref)), float(metric(got))
+        ok = ok and abs(m_t - m_o) <= metric_tol
+    return OnnxParity(
+        path=str(path), n=len(ref), max_abs_diff=diff, atol=atol, metric_torch=m_t, metric_onnx=m_o,
+        metric_tol=metric_tol, passed=ok,
+    )
+
+
+def onnx_runner(session: Any, inputs: Inputs, input_names: Sequence[str]) -> Callable[[], Any]:
+    """A no-argument callable running an onnxruntime session on one batch."""
+    feed = onnx_feed(inputs, input_names)
+    return lambda: session.run(None, feed)
+
+
+def onnx_latency(session: Any, inputs: Inputs, input_names: Sequence[str], device: str = "cpu", **kw: Any) -> Latency:
+    """Latency of an onnxruntime session on one batch."""
+    return measure_latency(onnx_runner(session, inputs, input_names), batch_size_of(inputs), device=device, **kw)
+
+
+# ------------------------------------------------------------------------------------
+# Prefect wrappers (no caching: modules are not hashable inputs; the steps are cheap or
+# write their outputs to fixed paths)
+
+quantize_dynamic_task = task(quantize_dynamic_int8, name="quantize-int8", cache_policy=NONE)
+sensitivity_analysis_task = task(sensitivity_analysis, name="prune-sensitivity", cache_policy=NONE)
+structured_prune_task = task(structured_prune, name="prune-structured", cache_policy=NONE)
+global_prune_task = task(global_magnitude_prune, name="prune-global-magnitude", cache_policy=NONE)
+export_onnx_task = task(export_onnx, name="export-onnx", cache_policy=NONE)
+check_onnx_parity_task = task(check_onnx_parity, name="check-onnx-parity", cache_policy=NONE)
