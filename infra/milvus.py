@@ -1,0 +1,121 @@
+"""Milvus through ``pymilvus.MilvusClient``: an embedded Milvus Lite file by default, a server
+URI (+ token) when configured. The chunk collection holds dense vectors and a BM25 sparse
+field computed by Milvus from the text (analyzer ``jieba``, which also splits Latin words)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from infra.errors import IndusflowError
+from infra.rag_settings import MilvusSettings, get_milvus_settings
+from infra.store import area, check_name
+
+log = logging.getLogger(__name__)
+
+TEXT_MAX_CHARS = 16000  # Milvus VARCHAR counts bytes: 16k characters stay under 65535 bytes
+_VARCHAR = {"id": 128, "doc_id": 64, "content_hash": 64, "source": 2048, "source_hash": 64, "path": 2048,
+            "title": 512, "author": 512, "content_type": 128, "language": 16, "created": 32, "modified": 32}
+_INTS = ("chunk_index", "n_chunks", "n_docs", "created_ts", "modified_ts", "page", "start_char", "end_char",
+         "tokens")
+FIELDS = tuple(_VARCHAR) + _INTS + ("text",)
+MANIFEST_FIELDS = ("id", "doc_id", "source", "source_hash", "n_chunks", "n_docs")
+
+
+class VectorStoreError(IndusflowError):
+    """Milvus refused an operation or the collection does not match what is asked."""
+
+
+def lite_path(name: str = "rag") -> Path:
+    """The default Milvus Lite file under the home folder."""
+    return area("milvus") / f"{check_name(name, 'database name')}.db"
+
+
+def open_client(settings: MilvusSettings | None = None, uri: str | None = None) -> Any:
+    """A ``MilvusClient`` on the configured server, or the given/default Milvus Lite file."""
+    from pymilvus import MilvusClient
+
+    settings = settings or get_milvus_settings()
+    target = uri or settings.uri or str(lite_path())
+    token = settings.token.get_secret_value() if settings.token else ""
+    if "://" not in target:
+        Path(target).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
+    except Exception as exc:
+        raise VectorStoreError(f"cannot open Milvus at {_redact_uri(target)}: {exc}") from exc
+
+
+def _redact_uri(uri: str) -> str:
+    return uri.split("@")[-1] if "://" in uri else uri
+
+
+def ensure_collection(client: Any, name: str, dim: int, *, analyzer: str = "jieba") -> bool:
+    """Create the chunk collection if missing; check its vector size if present.
+
+    Returns:
+        True when the collection was created now.
+    """
+    from pymilvus import DataType, Function, FunctionType
+
+    check_name(name, "collection name")
+    if client.has_collection(name):
+        desc = client.describe_collection(name)
+        for f in desc.get("fields", []):
+            if f.get("name") == "vector":
+                have = int(f.get("params", {}).get("dim", dim))
+                if have != dim:
+                    raise VectorStoreError(
+                        f"collection {name!r} holds {have}-d vectors but the embedder makes {dim}-d ones; "
+                        "use another --collection or the model it was built with"
+                    )
+        client.load_collection(name)
+        return False
+    schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+    schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=_VARCHAR["id"])
+    for field, length in _VARCHAR.items():
+        if field != "id":
+            schema.add_field(field, DataType.VARCHAR, max_length=length)
+    for field in _INTS:
+        schema.add_field(field, DataType.INT64)
+    schema.add_field(
+        "text", DataType.VARCHAR, max_length=65535, enable_analyzer=True,
+        analyzer_params={"tokenizer": analyzer},
+    )
+    schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+    schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+    schema.add_function(
+        Function(name="text_bm25", function_type=FunctionType.BM25, input_field_names=["text"],
+                 output_field_names=["sparse"])
+    )
+    index = client.prepare_index_params()
+    index.add_index("vector", index_type="AUTOINDEX", metric_type="COSINE")
+    index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+    client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+    client.load_collection(name)
+    log.info("created collection %s (%d-d vectors + BM25/%s)", name, dim, analyzer)
+    return True
+
+
+def quote(value: str) -> str:
+    """A string literal for a Milvus boolean expression."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def query_all(client: Any, name: str, fields: tuple[str, ...], expr: str = "", batch: int = 4000) -> list[dict]:
+    """Every row matching ``expr`` (all rows when empty), paged by primary key."""
+    rows: list[dict] = []
+    last = ""
+    while True:
+        cond = f"id > {quote(last)}"
+        if expr:
+            cond = f"({expr}) and {cond}"
+        page = client.query(name, filter=cond, output_fields=list(fields), limit=batch)
+        if not page:
+            return rows
+        page.sort(key=lambda r: r["id"])
+        rows.extend(page)
+        last = page[-1]["id"]
+        if len(page) < batch:
+            return rows

@@ -1,0 +1,1 @@
+"""RAG knowledge base: compliance redaction, sentence rules, answers with citations, metrics."""

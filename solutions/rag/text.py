@@ -1,0 +1,53 @@
+"""Language rules of the knowledge base: sentence boundaries (Chinese 。！？； and English),
+and query terms for extractive answers (jieba for Chinese)."""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# A sentence ends after CJK terminal punctuation (closing quotes/brackets kept with it), after
+# Latin terminal punctuation followed by whitespace, or at a blank line / line break.
+_SENTENCE_END = re.compile(
+    r"[。！？；!?;]+[”’」』）)\]\"']*"
+    r"|(?<=[.])[”’\"')\]]*(?=\s)"
+    r"|\n\s*\n"
+    r"|\n"
+)
+_STOP = frozenset(
+    ["the", "a", "an", "of", "to", "in", "on", "for", "and", "or", "is", "are", "was", "were", "be", "by", "with", "as", "at", "from", "that", "this", "what", "which", "who", "whom", "how", "why", "when", "where", "does", "do", "did", "的", "了", "是", "在", "和", "与", "及", "或", "吗", "呢", "什么", "哪", "哪个", "哪些", "多少", "为什么", "怎么", "如何", "谁", "几", "是否", "被", "把", "有", "也", "就", "都", "而", "之", "其", "这", "那", "一个"]
+)
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``[start, end)`` of the sentences of ``text`` (whitespace-only ones dropped)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for m in _SENTENCE_END.finditer(text):
+        end = m.end()
+        if end > start and text[start:end].strip():
+            spans.append((start, end))
+        start = end
+    if start < len(text) and text[start:].strip():
+        spans.append((start, len(text)))
+    return spans
+
+
+def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text``, stripped."""
+    return [text[a:b].strip() for a, b in sentence_spans(text)]
+
+
+def query_terms(text: str) -> list[str]:
+    """Lower-cased content words of a question or sentence (jieba for CJK runs)."""
+    import jieba
+
+    terms: list[str] = []
+    for token in jieba.lcut_for_search(text.lower()):
+        token = token.strip()
+        if not token or token in _STOP:
+            continue
+        if all(unicodedata.category(ch)[0] in "PZS" for ch in token):
+            continue
+        terms.append(token)
+    return terms

@@ -1,0 +1,134 @@
+"""Token-window chunking with the embedding model's own tokenizer.
+
+Sliding windows of ``size`` tokens sharing ``overlap`` tokens, cut at sentence boundaries when
+a boundary falls inside the window (the caller passes the sentence splitter, e.g. one that knows
+Chinese 。！？；); a sentence longer than a window is cut at token boundaries. Each chunk keeps
+its document id, position (index, character span) and page where the format gives one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+log = logging.getLogger(__name__)
+
+SentenceSplitter = Callable[[str], list[tuple[int, int]]]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One window of a document."""
+
+    doc_id: str
+    index: int
+    text: str
+    start_char: int
+    end_char: int
+    tokens: int
+    page: int | None = None
+
+
+def token_offsets(tokenizer: Any, text: str) -> list[tuple[int, int]]:
+    """Character spans of the tokens of ``text`` (no special tokens), from a fast tokenizer."""
+    if not text:
+        return []
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
+    return [(int(a), int(b)) for a, b in enc["offset_mapping"] if b > a]
+
+
+def _windows(units: list[tuple[int, int, int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
+    """Group units ``(char_start, char_end, tok_start, tok_end)`` into windows of whole units.
+
+    Returns ``(first_unit, last_unit_exclusive)`` pairs.
+    """
+    out: list[tuple[int, int]] = []
+    i, n = 0, len(units)
+    while i < n:
+        j = i
+        while j < n and units[j][3] - units[i][2] <= size:
+            j += 1
+        j = max(j, i + 1)
+        out.append((i, j))
+        if j >= n:
+            break
+        # next window starts at the first unit whose tokens all fall in the last `overlap` tokens
+        tail_start = units[j - 1][3] - overlap
+        k = j
+        while k - 1 > i and units[k - 1][2] >= tail_start:
+            k -= 1
+        i = max(k, i + 1)
+    return out
+
+
+def chunk_text(
+    text: str,
+    offsets: Sequence[tuple[int, int]],
+    sentences: Sequence[tuple[int, int]],
+    *,
+    size: int = 512,
+    overlap: int = 256,
+) -> list[tuple[int, int, int]]:
+    """Windows over ``text`` as ``(start_char, end_char, n_tokens)``.
+
+    Args:
+        text: The document text.
+        offsets: Character span of every token (see :func:`token_offsets`).
+        sentences: Character spans of the sentences.
+        size: Tokens per window.
+        overlap: Tokens shared by consecutive windows (< size).
+    """
+    if overlap >= size:
+        raise ValueError(f"overlap ({overlap}) must be smaller than the window size ({size})")
+    if not offsets:
+        return []
+    starts = [a for a, _ in offsets]
+    units: list[tuple[int, int, int, int]] = []
+    for a, b in sentences or [(0, len(text))]:
+        t0 = bisect.bisect_left(starts, a)
+        t1 = bisect.bisect_left(starts, b)
+        if t1 <= t0:
+            continue
+        if t1 - t0 <= size:
+            units.append((a, b, t0, t1))
+            continue
+        step = max(size - overlap, 1)  # a sentence longer than a window: cut by tokens
+        for s in range(t0, t1, step):
+            e = min(s + size, t1)
+            units.append((offsets[s][0], offsets[e - 1][1], s, e))
+            if e == t1:
+                break
+    out = []
+    for i, j in _windows(units, size, overlap):
+        t0, t1 = units[i][2], max(u[3] for u in units[i:j])
+        out.append((units[i][0], offsets[t1 - 1][1], t1 - t0))
+    return out
+
+
+def chunk_document(
+    doc_id: str,
+    text: str,
+    tokenizer: Any,
+    split_sentences: SentenceSplitter,
+    *,
+    size: int = 512,
+    overlap: int = 256,
+    page_at: Callable[[int], int | None] | None = None,
+) -> list[Chunk]:
+    """The chunks of one document."""
+    spans = chunk_text(text, token_offsets(tokenizer, text), split_sentences(text), size=size, overlap=overlap)
+    return [
+        Chunk(doc_id=doc_id, index=i, text=text[a:b].strip(), start_char=a, end_char=b, tokens=n,
+              page=page_at(a) if page_at else None)
+        for i, (a, b, n) in enumerate(spans)
+        if text[a:b].strip()
+    ]
+
+
+chunk_document_task = task(name="chunk-document", cache_policy=NONE)(chunk_document)

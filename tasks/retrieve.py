@@ -1,0 +1,193 @@
+"""Retrieve chunks from Milvus: dense (cosine), BM25 full text, or hybrid, with metadata filters.
+
+Two hybrid fusions, both weighted so that a weak retriever cannot drag a strong one down:
+
+- ``score`` (default): ``bm25_weight * bm25 / max(bm25) + dense_weight * cosine``. BM25's
+  confidence (the gap between its scores) survives, so a low-weight dense retriever only
+  reorders hits BM25 is unsure about. Measured on CMRC 2018 (Chinese, English-only embedder):
+  dense weight 0.1 gave recall@5 0.987 and MRR@10 0.971 vs BM25 alone 0.986 / 0.971.
+- ``rrf``: weighted reciprocal-rank fusion ``sum_r w_r / (k + rank_r)``. Ranks drop the score
+  gaps, so even dense weight 0.05 moved BM25's rank-1 hits there (MRR@10 0.90; equal weights
+  0.61).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
+
+from infra.milvus import quote
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["dense", "bm25", "hybrid"]
+Fusion = Literal["score", "rrf"]
+OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_type", "language", "created",
+                 "chunk_index", "n_chunks", "page", "start_char", "end_char", "text"]
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    """One retrieved chunk with its fused score and per-retriever ranks."""
+
+    id: str
+    score: float
+    fields: dict[str, Any]
+    ranks: dict[str, int] = field(default_factory=dict)
+
+
+def to_timestamp(value: str | None, end_of_day: bool = False) -> int | None:
+    """Epoch seconds of an ISO date/time (``None`` stays ``None``)."""
+    if not value:
+        return None
+    text = value.strip().replace("Z", "+00:00")
+    parsed = dt.datetime.fromisoformat(text)
+    if len(text) == 10 and end_of_day:
+        parsed = parsed + dt.timedelta(days=1) - dt.timedelta(seconds=1)
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.UTC)
+    return int(parsed.timestamp())
+
+
+def build_filter(
+    *,
+    content_type: str | None = None,
+    path_prefix: str | None = None,
+    language: str | None = None,
+    created_from: str | None = None,
+    created_to: str | None = None,
+) -> str:
+    """A Milvus boolean expression from metadata filters (values are quoted, never spliced)."""
+    parts = []
+    if content_type:
+        parts.append(f"content_type like {quote(content_type.replace('%', '') + '%')}")
+    if path_prefix:
+        parts.append(f"path like {quote(path_prefix.replace('%', '') + '%')}")
+    if language:
+        parts.append(f"language == {quote(language)}")
+    lo, hi = to_timestamp(created_from), to_timestamp(created_to, end_of_day=True)
+    if lo is not None:
+        parts.append(f"created_ts >= {lo}")
+    if hi is not None:
+        parts.append(f"created_ts > 0 and created_ts <= {hi}")
+    return " and ".join(parts)
+
+
+def _hits(result: Any) -> list[list[dict]]:
+    """Search results as plain dicts (pymilvus versions differ in their hit classes)."""
+    out = []
+    for hits in result:
+        row = []
+        for h in hits:
+            try:
+                hid, dist, entity = h["id"], h["distance"], h["entity"]
+            except (KeyError, TypeError):
+                hid, dist, entity = h.id, h.distance, h.entity
+            row.append({"id": hid, "distance": float(dist), "entity": dict(entity)})
+        out.append(row)
+    return out
+
+
+def dense_search(
+    client: Any, collection: str, vectors: np.ndarray, top_k: int, expr: str = ""
+) -> list[list[Retrieved]]:
+    """Nearest chunks by cosine similarity, one list per query vector."""
+    res = client.search(collection, data=[v.astype(np.float32).tolist() for v in vectors], anns_field="vector",
+                        limit=top_k, filter=expr, output_fields=OUTPUT_FIELDS,
+                        search_params={"metric_type": "COSINE"})
+    return [[Retrieved(h["id"], h["distance"], h["entity"], {"dense": r}) for r, h in enumerate(hits, 1)]
+            for hits in _hits(res)]
+
+
+def bm25_search(client: Any, collection: str, queries: Sequence[str], top_k: int, expr: str = "") -> list[list[Retrieved]]:
+    """Best chunks by BM25 over the analysed text, one list per query."""
+    res = client.search(collection, data=list(queries), anns_field="sparse", limit=top_k, filter=expr,
+                        output_fields=OUTPUT_FIELDS, search_params={"metric_type": "BM25"})
+    return [[Retrieved(h["id"], h["distance"], h["entity"], {"bm25": r}) for r, h in enumerate(hits, 1)]
+            for hits in _hits(res)]
+
+
+def rrf_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, k: int = 60) -> list[Retrieved]:
+    """Weighted reciprocal-rank fusion: ``sum_r w_r / (k + rank_r)``."""
+    scores: dict[str, float] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    fields: dict[str, dict] = {}
+    for name, hits in lists.items():
+        w = weights.get(name, 1.0)
+        for rank, hit in enumerate(hits, 1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + (w / (k + rank) if w > 0 else 0.0)
+            ranks.setdefault(hit.id, {})[name] = rank
+            fields.setdefault(hit.id, hit.fields)
+    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
+    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+
+
+def score_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
+    """Weighted sum of max-normalised BM25 scores and raw cosine similarities."""
+    scores: dict[str, float] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    fields: dict[str, dict] = {}
+    for name, hits in lists.items():
+        if not hits:
+            continue
+        w = weights.get(name, 1.0)
+        scale = max(h.score for h in hits) if name == "bm25" else 1.0
+        scale = scale if scale > 0 else 1.0
+        for rank, hit in enumerate(hits, 1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + w * max(hit.score, 0.0) / scale
+            ranks.setdefault(hit.id, {})[name] = rank
+            fields.setdefault(hit.id, hit.fields)
+    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
+    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+
+
+def retrieve(
+    client: Any,
+    collection: str,
+    queries: Sequence[str],
+    vectors: np.ndarray | None,
+    *,
+    mode: Mode = "hybrid",
+    top_k: int = 5,
+    expr: str = "",
+    weights: dict[str, float] | None = None,
+    fusion: Fusion = "score",
+    rrf_k: int = 60,
+    depth: int | None = None,
+) -> list[list[Retrieved]]:
+    """Top-``top_k`` chunks per query with the chosen retriever."""
+    if mode in ("dense", "hybrid") and vectors is None:
+        raise ValueError("dense and hybrid retrieval need query vectors")
+    if mode == "dense":
+        return dense_search(client, collection, vectors, top_k, expr)
+    if mode == "bm25":
+        return bm25_search(client, collection, queries, top_k, expr)
+    weights = weights or {"dense": 1.0, "bm25": 1.0}
+    depth = depth or max(4 * top_k, 20)
+    dense = dense_search(client, collection, vectors, depth, expr) if weights.get("dense", 1.0) > 0 else [[] for _ in queries]
+    sparse = bm25_search(client, collection, queries, depth, expr) if weights.get("bm25", 1.0) > 0 else [[] for _ in queries]
+    if fusion == "rrf":
+        return [rrf_fuse({"dense": d, "bm25": s}, weights, top_k, rrf_k) for d, s in zip(dense, sparse, strict=True)]
+    return [score_fuse({"dense": d, "bm25": s}, weights, top_k) for d, s in zip(dense, sparse, strict=True)]
+
+
+retrieve_task = task(name="retrieve-chunks", cache_policy=NONE)(retrieve)
+
+
+def dense_weight_for(unk_share: float) -> float:
+    """Coverage-aware default weight of the dense retriever in hybrid fusion.
+
+    1.0 when the embedder knows (almost) every word piece of the query; it falls linearly to
+    0.1 at 20% unknown pieces (a Chinese query under an English-only model is ~50-60% unknown),
+    where dense only reorders hits BM25 scores alike (see the module note for measurements).
+    """
+    if unk_share <= 0.02:
+        return 1.0
+    return round(max(0.1, 1.0 - (unk_share - 0.02) / 0.18 * 0.9), 3)

@@ -1,0 +1,100 @@
+"""Answers with citations, QA loading, retrieval metrics, fusion and filters (no engines)."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from infra.errors import DataValidationError
+from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
+from solutions.rag.evaluation import Hit, QAItem, first_relevant_rank, load_qa, retrieval_metrics
+from tasks.documents import _archive_members, guess_language, normalise_text
+from tasks.retrieve import Retrieved, build_filter, dense_weight_for, rrf_fuse
+
+
+def _p(n: int, text: str) -> Passage:
+    return Passage(number=n, text=text, doc_id=f"d{n}", path=f"/docs/{n}.txt", chunk_index=0)
+
+
+def test_extractive_answer_cites_best_sentences() -> None:
+    passages = [_p(1, "Milvus stores vectors. It was released in 2019."),
+                _p(2, "北京是中国的首都。上海是最大的城市。")]
+    answer = extractive_answer("中国的首都是哪里？", passages, max_sentences=1)
+    assert answer == "北京是中国的首都。 [2]"
+    answer = extractive_answer("When was it released?", passages, max_sentences=1)
+    assert answer.endswith("[1]") and "2019" in answer
+    assert cited_numbers("see [2] and [1][2] and [9]", 3) == [2, 1]
+    system, user = build_messages("q?", passages)
+    assert "[1]" in user[1] and "[2]" in user[1] and system[0] == "system"
+
+
+def test_load_squad_and_jsonl(tmp_path: Path) -> None:
+    squad = {"version": "v", "data": [{"id": "a", "title": "T", "paragraphs": [
+        {"id": "p1", "context": "ctx one", "qas": [{"id": "q1", "question": "Q?", "answers": [{"text": "one"}]}]}]}]}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(squad))
+    qa = load_qa(f)
+    assert qa.items[0].gold_ids == ("p1",) and qa.passages[0].text == "ctx one"
+    j = tmp_path / "q.jsonl"
+    j.write_text('{"question": "A?", "answers": ["x"]}\n\n{"question": "B?", "doc_id": "/d/b.pdf"}\n')
+    qa = load_qa(j)
+    assert [i.answers for i in qa.items] == [("x",), ()] and qa.items[1].gold_ids == ("/d/b.pdf",)
+    j.write_text('{"question": "A?"}\n')
+    with pytest.raises(DataValidationError, match="neither answers nor gold"):
+        load_qa(j)
+
+
+def test_metrics() -> None:
+    item = QAItem("1", "q", answers=("needle",))
+    assert first_relevant_rank(item, [Hit("a", "hay"), Hit("b", "a needle")]) == 2
+    m = retrieval_metrics([1, 2, None, 7])
+    assert m["recall@1"] == 0.25 and m["recall@5"] == 0.5 and m["recall@10"] == 0.75
+    assert m["mrr@10"] == pytest.approx((1 + 0.5 + 1 / 7) / 4)
+
+
+def test_weighted_fusion_keeps_a_weak_retriever_from_dragging() -> None:
+    bm25 = [Retrieved(i, 0.0, {}) for i in ("good", "b2", "b3")]
+    dense = [Retrieved(i, 0.0, {}) for i in ("junk1", "junk2", "good")]
+    equal = rrf_fuse({"dense": dense, "bm25": bm25}, {"dense": 1.0, "bm25": 1.0}, 3)
+    assert equal[0].id == "good"
+    low = rrf_fuse({"dense": dense, "bm25": bm25}, {"dense": 0.05, "bm25": 1.0}, 3)
+    assert [r.id for r in low] == ["good", "b2", "b3"]  # BM25's order survives
+    assert dense_weight_for(0.0) == 1.0 and dense_weight_for(0.58) == 0.1 and 0.1 < dense_weight_for(0.1) < 1
+
+
+def test_filters_quote_user_values() -> None:
+    expr = build_filter(content_type="application/pdf", path_prefix='/x" or id != "', language="zh",
+                        created_from="2020-01-01", created_to="2020-12-31")
+    assert 'path like "/x\\" or id != \\"%"' in expr
+    assert "created_ts >= 1577836800" in expr and "created_ts <= 1609459199" in expr
+    assert build_filter() == ""
+
+
+def test_text_normalisation_and_language() -> None:
+    assert normalise_text("a\x00b\ud800c\r\n\n\n\nd  \n") == "a bc\n\nd"
+    assert guess_language("这是中文文本，包含很多汉字。" * 3) == "zh"
+    assert guess_language("plain English text") == "en"
+
+
+def test_zip_members_in_memory() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("a.txt", "hello")
+        zf.writestr("dir/", "")
+    members = list(_archive_members(buf.getvalue(), 10, 1000))
+    assert members == [("a.txt", b"hello", "")]
+    assert next(iter(_archive_members(b"PK\x03\x04broken", 10, 1000)))[2].startswith("corrupt")
+
+
+def test_score_fusion_keeps_bm25_confidence() -> None:
+    from tasks.retrieve import score_fuse
+
+    bm25 = [Retrieved("good", 20.0, {}), Retrieved("b2", 5.0, {}), Retrieved("b3", 4.9, {})]
+    dense = [Retrieved("b3", 0.9, {}), Retrieved("junk", 0.8, {}), Retrieved("good", 0.1, {})]
+    fused = score_fuse({"dense": dense, "bm25": bm25}, {"dense": 0.1, "bm25": 1.0}, 3)
+    assert fused[0].id == "good"  # a confident BM25 hit stays first
+    assert [r.id for r in fused[1:]] == ["b3", "b2"]  # dense breaks BM25's near tie

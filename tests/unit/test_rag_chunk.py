@@ -1,0 +1,62 @@
+"""Token-window chunking: window size, overlap, sentence boundaries, long sentences, pages."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from solutions.rag.text import sentence_spans, split_sentences
+from tasks.chunk import chunk_document, chunk_text
+
+
+class WordTokenizer:
+    """A stand-in fast tokenizer: one token per word or CJK character."""
+
+    def __call__(self, text: str, **_: object) -> dict:
+        spans = [(m.start(), m.end()) for m in re.finditer(r"[\u4e00-\u9fff]|[A-Za-z0-9]+|[^\sA-Za-z0-9\u4e00-\u9fff]", text)]
+        return {"offset_mapping": spans, "input_ids": list(range(len(spans)))}
+
+
+def test_sentence_boundaries_chinese_and_english() -> None:
+    text = "第一句。第二句！第三句？第四句；Fifth one. Sixth? Seventh\nEighth"
+    assert split_sentences(text) == ["第一句。", "第二句！", "第三句？", "第四句；", "Fifth one.", "Sixth?", "Seventh", "Eighth"]
+    assert "".join(text[a:b] for a, b in sentence_spans(text)).replace("\n", "") == text.replace("\n", "").replace(" ", "", 0)
+
+
+def test_windows_respect_size_overlap_and_sentences() -> None:
+    tok = WordTokenizer()
+    sentences = [f"Sentence number {i} has exactly seven tokens." for i in range(40)]  # 7 tokens each (+ '.')
+    text = " ".join(sentences)
+    chunks = chunk_document("d", text, tok, sentence_spans, size=40, overlap=16)
+    assert len(chunks) > 5
+    for c in chunks:
+        assert c.tokens <= 40
+        assert c.text.startswith("Sentence") and c.text.endswith(".")  # cut at sentence boundaries
+    for a, b in itertools.pairwise(chunks):
+        assert b.start_char < a.end_char  # consecutive windows overlap
+        assert a.end_char - b.start_char <= len(text)
+    assert chunks[0].start_char == 0 and chunks[-1].end_char == len(text)  # nothing lost at either end
+    assert [c.index for c in chunks] == list(range(len(chunks)))
+
+
+def test_sentence_longer_than_a_window_is_cut_by_tokens() -> None:
+    tok = WordTokenizer()
+    text = "短句。" + "长" * 100 + "。尾句。"
+    chunks = chunk_document("d", text, tok, sentence_spans, size=20, overlap=5)
+    assert all(c.tokens <= 20 for c in chunks)
+    covered = set()
+    for c in chunks:
+        covered.update(range(c.start_char, c.end_char))
+    assert covered >= set(range(len(text) - 1))
+
+
+def test_page_and_errors() -> None:
+    tok = WordTokenizer()
+    text = "Page one text. " * 10 + "Page two text. " * 10
+    chunks = chunk_document("d", text, tok, sentence_spans, size=12, overlap=4, page_at=lambda off: 1 if off < 150 else 2)
+    assert {c.page for c in chunks} == {1, 2}
+    with pytest.raises(ValueError, match="overlap"):
+        chunk_text(text, tok(text)["offset_mapping"], sentence_spans(text), size=10, overlap=10)
+    assert chunk_text("", [], [], size=10, overlap=2) == []
