@@ -1,0 +1,131 @@
+"""Sensor benchmarks; prints one JSON line.
+
+(a) alignment throughput: readings/s of cleaning + aligning a long table of about 1M
+    readings (the synthetic fleet's multi-rate sensors) onto one grid per asset;
+(b) training throughput (samples/s) of the generic train task vs a plain PyTorch loop on
+    the same model, windows and batch size (interleaved repeats, medians, ratio).
+
+Usage: ``python bench/sensor_bench.py [--readings N] [--repeats R] [--epochs E]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def alignment(n_readings: int) -> tuple[dict, object]:
+    from solutions.sensor.align import align_readings, clean_events, clean_readings
+    from solutions.sensor.config import AlignConfig, SyntheticFleetConfig
+    from solutions.sensor.synthetic import generate_fleet
+
+    per_asset = 7500  # readings per asset, a little below the default fleet's mean
+    n_assets = max(4, -(-n_readings // per_asset))
+    readings, events = generate_fleet(SyntheticFleetConfig(n_assets=n_assets, seed=11))
+    readings = readings.iloc[:n_readings]
+    events = events[events["asset_id"].isin(readings["asset_id"].unique())]
+    cfg = AlignConfig()
+    t0 = time.perf_counter()
+    clean, report = clean_readings(readings, cfg)
+    grid, report = align_readings(clean, clean_events(events), cfg, report)
+    seconds = time.perf_counter() - t0
+    return {
+        "align_readings": len(readings),
+        "align_assets": int(grid["asset_id"].nunique()),
+        "align_grid_rows": len(grid),
+        "align_seconds": round(seconds, 3),
+        "align_readings_per_s": round(len(readings) / seconds),
+    }, grid
+
+
+def throughput(grid, repeats: int, epochs: int) -> dict:
+    import torch
+
+    from infra.hardware import set_cpu_threads
+    from solutions.sensor import pipeline as P
+    from solutions.sensor.config import SensorConfig
+    from solutions.sensor.model import WindowDataModule
+    from tasks.train import TrainSpec, train_model
+
+    cfg = SensorConfig()
+    splits = P.split_assets(grid, cfg.split)
+    norm = P.fit_normalizer(grid, splits["train"] + splits["val"], cfg.window, "op_")
+    labelled = P.labelled_assets(grid, splits["train"], 1.0)
+    from solutions.sensor.schema import BadReadingReport
+
+    data = P.supervised_windows(grid, splits, labelled, norm, cfg.window, BadReadingReport())
+    bs = cfg.finetune.batch_size
+    dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail), bs)
+    task_rates, plain_rates = [], []
+    for r in range(repeats):
+        model = P.build_predictor(len(norm.channels_), cfg.model, cfg.window, 2e-3, data.train.fail)
+        res = train_model(model, dm, TrainSpec(run_key=f"bench-sensor-{os.getpid()}-{r}", max_epochs=epochs, patience=99,
+                                               monitor="val/rmse", fresh=True))
+        task_rates.append(res.samples_per_s)
+        set_cpu_threads()
+        torch.manual_seed(0)
+        model = P.build_predictor(len(norm.channels_), cfg.model, cfg.window, 2e-3, data.train.fail)
+        opt = model.configure_optimizers()
+        loader = dm.train_dataloader()
+        seen, seconds = 0, 0.0
+        for _ in range(epochs):
+            model.train()
+            t0 = time.perf_counter()
+            for batch in loader:
+                loss = _loss(model, batch)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                seen += len(batch[0])
+            seconds += time.perf_counter() - t0
+        plain_rates.append(seen / seconds)
+    t, p = statistics.median(task_rates), statistics.median(plain_rates)
+    return {
+        "train_windows": len(data.train),
+        "batch_size": bs,
+        "epochs": epochs,
+        "task_samples_per_s": round(t, 1),
+        "plain_samples_per_s": round(p, 1),
+        "throughput_ratio": round(t / p, 3),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _loss(model, batch):
+    import torch.nn.functional as F
+
+    x, rul, fail = batch
+    pred, logit = model(x)
+    return F.mse_loss(pred, rul / model.hparams.rul_cap) + model.hparams.fail_weight * F.binary_cross_entropy_with_logits(
+        logit, fail, pos_weight=__import__("torch").tensor(model.hparams.pos_weight)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--readings", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("INDUSFLOW_HOME", tempfile.mkdtemp(prefix="bench-sensor-"))
+    os.environ.setdefault("INDUSFLOW_TRAIN_PROGRESS_BAR", "false")
+    import logging
+
+    logging.disable(logging.WARNING)
+    result, grid = alignment(args.readings)
+    result.update(throughput(grid, args.repeats, args.epochs))
+    result["load_avg_1min"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Defaults of the sensor vertical: synthetic fleet, alignment, windows, model, training.
+
+The flows take these pydantic models as parameters, so the Prefect UI renders a form
+for them and the command line gets its ``--help`` from the same fields.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SyntheticFleetConfig(BaseModel):
+    """The seeded synthetic fleet (the embedded default data)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n_assets: int = Field(default=100, ge=4, description="Machines in the fleet.")
+    min_life: int = Field(default=150, ge=20, description="Shortest life, in grid steps (hours).")
+    max_life: int = Field(default=330, ge=20, description="Longest life, in grid steps (hours).")
+    censored_fraction: float = Field(
+        default=0.2, ge=0, lt=1, description="Share of assets observed only up to a cut before failure."
+    )
+    fast_rate: int = Field(default=16, ge=2, description="Vibration samples per grid step.")
+    noise: float = Field(default=1.0, ge=0, description="Scale of the sensor noise (1 = default).")
+    bad_reading_rate: float = Field(
+        default=0.0005, ge=0, lt=0.2, description="Share of readings corrupted (NaN, inf, spikes)."
+    )
+    seed: int = Field(default=0, description="Generator seed; same seed, same fleet.")
+
+    @model_validator(mode="after")
+    def _life_range(self) -> SyntheticFleetConfig:
+        if self.max_life < self.min_life:
+            raise ValueError(f"max_life ({self.max_life}) must be >= min_life ({self.min_life})")
+        return self
+
+
+class AlignConfig(BaseModel):
+    """How long-format readings become one time grid per asset."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step_seconds: float = Field(default=3600.0, gt=0, description="Grid step (seconds for datetimes).")
+    fast_sensors: tuple[str, ...] | None = Field(
+        default=None,
+        description="Sensors aggregated to RMS/peak/kurtosis per step. None: every sensor sampled "
+        "more often than twice per step.",
+    )
+    ffill_limit: int = Field(default=3, ge=0, description="Steps a slow sensor is carried forward.")
+    op_prefix: str = Field(default="op_", description="Sensors with this prefix are operating settings.")
+    valid_range: dict[str, tuple[float, float]] = Field(
+        default_factory=lambda: {"*": (-1e6, 1e6)},
+        description="Allowed [min, max] per sensor ('*' for all others); outside counts as bad.",
+    )
+
+
+class WindowConfig(BaseModel):
+    """Fixed-length windows over the grid."""
+
+    model_config = ConfigDict(frozen=True)
+
+    length: int = Field(default=30, ge=2, description="Steps per window (30 as for C-MAPSS FD001).")
+    stride: int = Field(default=3, ge=1, description="Steps between training windows.")
+    test_cuts: int = Field(
+        default=4, ge=1, description="Synthetic test assets are cut before failure this many times (random cuts)."
+    )
+    rul_cap: float = Field(default=125.0, gt=0, description="Piecewise-linear RUL cap.")
+    horizon: int = Field(default=30, ge=1, description="Failure within this many steps = positive.")
+    n_regimes: int | Literal["auto"] = Field(
+        default="auto", description="Operating regimes (KMeans on op settings); auto: by silhouette, 1-6."
+    )
+
+
+class ModelConfig(BaseModel):
+    """The 1D-CNN encoder and its heads."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
+    embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    fail_weight: float = Field(default=0.5, ge=0, description="Weight of the failure-in-horizon loss.")
+
+
+class PretrainConfig(BaseModel):
+    """Self-supervised masked reconstruction."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mask_time: float = Field(default=0.3, gt=0, lt=1, description="Share of time steps masked.")
+    mask_sensor: float = Field(default=0.15, ge=0, lt=1, description="Share of sensors masked whole.")
+    lr: float = Field(default=2e-3, gt=0)
+    batch_size: int = Field(default=256, ge=8)
+    max_epochs: int = Field(default=5, ge=1)
+    patience: int = Field(default=2, ge=1)
+    stride: int = Field(default=4, ge=1, description="Window stride for pre-training.")
+    seed: int = 0
+
+
+class FinetuneConfig(BaseModel):
+    """Supervised training (fine-tuning or from scratch)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label_fraction: float = Field(default=1.0, gt=0, le=1, description="Share of training assets labelled.")
+    pretrained: bool = Field(default=True, description="Start from the pre-trained encoder.")
+    mode: Literal["progressive", "top"] = Field(default="progressive", description="Fine-tuning schedule.")
+    unfreeze_every: int = Field(default=2, ge=1, description="Epochs between unfreezing steps.")
+    lr: float = Field(default=2e-3, gt=0)
+    batch_size: int = Field(default=256, ge=8)
+    max_epochs: int = Field(default=10, ge=1)
+    patience: int = Field(default=3, ge=1)
+    min_samples_per_epoch: int = Field(
+        default=4096, ge=1, description="Few-label runs resample the labelled windows up to this."
+    )
+    alert_threshold: float | None = Field(
+        default=None, gt=0, lt=1, description="Alert when P(failure) >= this; None: max F1 on validation."
+    )
+    seed: int = 0
+
+
+class SplitConfig(BaseModel):
+    """Split by asset, never by row."""
+
+    model_config = ConfigDict(frozen=True)
+
+    val_fraction: float = Field(default=0.15, gt=0, lt=0.5)
+    test_fraction: float = Field(default=0.2, gt=0, lt=0.5)
+    seed: int = 0
+
+
+class SensorConfig(BaseModel):
+    """Everything the sensor flows need besides their input data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    fleet: SyntheticFleetConfig = SyntheticFleetConfig()
+    align: AlignConfig = AlignConfig()
+    window: WindowConfig = WindowConfig()
+    model: ModelConfig = ModelConfig()
+    pretrain: PretrainConfig = PretrainConfig()
+    finetune: FinetuneConfig = FinetuneConfig()
+    split: SplitConfig = SplitConfig()
+    baseline: bool = Field(default=True, description="Fit the gradient-boosting baseline beside the CNN.")
+    encoder_name: str = Field(default="sensor-encoder", description="Registry name of the encoder.")
+    model_name: str = Field(default="sensor-rul", description="Registry name of the RUL/failure model.")

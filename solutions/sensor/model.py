@@ -1,0 +1,222 @@
+"""The 1D-CNN encoder, masked-reconstruction pre-training and the RUL / failure heads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+
+class SensorEncoder(nn.Module):
+    """Window of aligned sensors (batch, channels, time) -> ``embedding_dim`` vector.
+
+    Three dilated conv blocks keep the time axis; mean and max pooling over time are
+    projected to the embedding. ``steps`` returns the per-step features (for decoders).
+    """
+
+    def __init__(self, n_channels: int, channels: int = 64, embedding_dim: int = 256, dropout: float = 0.1) -> None:
+        super().__init__()
+        c1, c2 = channels, channels * 2
+
+        def block(i: int, o: int, k: int, d: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv1d(i, o, k, padding=d * (k // 2), dilation=d), nn.BatchNorm1d(o), nn.GELU())
+
+        self.convs = nn.Sequential(block(n_channels, c1, 5, 1), block(c1, c2, 5, 2), block(c2, c2, 3, 4))
+        self.proj = nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * c2, embedding_dim))
+        self.step_dim = c2
+
+    def steps(self, x: torch.Tensor) -> torch.Tensor:
+        return self.convs(x)
+
+    def pool(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([h.mean(dim=2), h.amax(dim=2)], dim=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.steps(x))
+
+
+def random_mask(shape: tuple[int, int, int], p_time: float, p_sensor: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Boolean mask (batch, channels, time): whole time steps and whole sensors."""
+    b, c, t = shape
+    time = torch.rand(b, 1, t, generator=generator) < p_time
+    sensor = torch.rand(b, c, 1, generator=generator) < p_sensor
+    return time | sensor
+
+
+class MaskedReconstruction(L.LightningModule):
+    """Self-supervised pre-training: mask random time steps and sensors, reconstruct them.
+
+    The decoder sees the per-step features plus the pooled 256-d embedding, so both the
+    conv trunk and the projection learn. The loss is the MSE on masked positions only.
+    """
+
+    def __init__(
+        self,
+        n_channels: int,
+        channels: int = 64,
+        embedding_dim: int = 256,
+        dropout: float = 0.1,
+        mask_time: float = 0.3,
+        mask_sensor: float = 0.15,
+        lr: float = 2e-3,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout)
+        self.lift = nn.Linear(embedding_dim, self.encoder.step_dim)
+        self.decoder = nn.Sequential(
+            nn.Conv1d(self.encoder.step_dim, channels, 3, padding=1), nn.GELU(), nn.Conv1d(channels, n_channels, 1)
+        )
+        self._val_gen: torch.Generator | None = None
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder.steps(x.masked_fill(mask, 0.0))
+        z = self.encoder.pool(h)
+        return self.decoder(h + self.lift(z).unsqueeze(-1))
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x = batch[0]
+        if stage == "train":
+            gen = None
+        else:
+            if self._val_gen is None:
+                self._val_gen = torch.Generator()
+            self._val_gen.manual_seed(0)
+            gen = self._val_gen
+        mask = random_mask(tuple(x.shape), self.hparams.mask_time, self.hparams.mask_sensor, gen).to(x.device)
+        recon = self(x, mask)
+        m = mask.float()
+        loss = ((recon - x) ** 2 * m).sum() / m.sum().clamp_min(1.0)
+        self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=1e-4)
+
+
+class SensorHeads(nn.Module):
+    """RUL regression (scaled by the cap) and failure-within-horizon logit."""
+
+    def __init__(self, embedding_dim: int, hidden: int = 64, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.shared = nn.Sequential(nn.Linear(embedding_dim, hidden), nn.GELU(), nn.Dropout(dropout))
+        self.rul = nn.Linear(hidden, 1)
+        self.fail = nn.Linear(hidden, 1)
+
+    def forward(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.shared(z)
+        return self.rul(h).squeeze(-1), self.fail(h).squeeze(-1)
+
+
+class SensorRULModel(L.LightningModule):
+    """Encoder + heads, trained on labelled windows (RUL MSE + weighted BCE)."""
+
+    def __init__(
+        self,
+        n_channels: int,
+        channels: int = 64,
+        embedding_dim: int = 256,
+        dropout: float = 0.1,
+        rul_cap: float = 125.0,
+        fail_weight: float = 0.5,
+        lr: float = 2e-3,
+        pos_weight: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout)
+        self.heads = SensorHeads(embedding_dim, dropout=dropout)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.heads(self.encoder(x))
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x, rul, fail = batch
+        pred, logit = self(x)
+        cap = self.hparams.rul_cap
+        mse = F.mse_loss(pred, rul / cap)
+        bce = F.binary_cross_entropy_with_logits(
+            logit, fail, pos_weight=torch.tensor(self.hparams.pos_weight, device=x.device)
+        )
+        loss = mse + self.hparams.fail_weight * bce
+        rmse = torch.sqrt(F.mse_loss(pred.clamp(0, 1) * cap, rul))
+        self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
+        self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        return loss
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    def configure_optimizers(self) -> Any:
+        # only trainable parameters: a fine-tuning callback adds the others as it unfreezes them
+        params = [p for p in self.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=1e-4)
+
+    def load_encoder(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy ``encoder.*`` tensors of a pre-trained state dict; returns how many."""
+        enc = {k[len("encoder."):]: v for k, v in state_dict.items() if k.startswith("encoder.")}
+        self.encoder.load_state_dict(enc)
+        return len(enc)
+
+
+class WindowDataModule(L.LightningDataModule):
+    """Train/val loaders over window arrays. Labels are optional (pre-training).
+
+    A small training set is resampled (with replacement) to ``min_samples_per_epoch``
+    per epoch, so few-label runs take enough optimiser steps.
+    """
+
+    def __init__(
+        self,
+        train: tuple[np.ndarray, ...],
+        val: tuple[np.ndarray, ...],
+        batch_size: int = 256,
+        min_samples_per_epoch: int = 0,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.train_ds = TensorDataset(*(torch.as_tensor(np.asarray(a, dtype=np.float32)) for a in train))
+        self.val_ds = TensorDataset(*(torch.as_tensor(np.asarray(a, dtype=np.float32)) for a in val))
+        self.batch_size = batch_size
+        self.min_samples = min_samples_per_epoch
+        self.seed = seed
+
+    def train_dataloader(self) -> DataLoader:
+        n = len(self.train_ds)
+        if n < self.min_samples:
+            gen = torch.Generator().manual_seed(self.seed)
+            sampler = RandomSampler(self.train_ds, replacement=True, num_samples=self.min_samples, generator=gen)
+            return DataLoader(self.train_ds, batch_size=self.batch_size, sampler=sampler, drop_last=True)
+        return DataLoader(self.train_ds, batch_size=self.batch_size, shuffle=True, drop_last=n > self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_ds, batch_size=1024)
+
+
+@torch.no_grad()
+def predict(model: SensorRULModel, x: np.ndarray, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """(RUL in steps, failure probability) for windows ``x`` (n, channels, time)."""
+    model.eval()
+    rul, prob = [], []
+    for i in range(0, len(x), batch_size):
+        xb = torch.as_tensor(x[i : i + batch_size], dtype=torch.float32, device=model.device)
+        r, logit = model(xb)
+        rul.append((r.clamp(0, 1) * model.hparams.rul_cap).float().cpu().numpy())
+        prob.append(torch.sigmoid(logit).float().cpu().numpy())
+    if not rul:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(rul).astype("float64"), np.concatenate(prob).astype("float64")

@@ -1,0 +1,93 @@
+"""The sensor flows end to end on a tiny fleet, against a real (test) Prefect API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import flows.sensor as F
+from solutions.sensor import schema as S
+
+FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--seed", "1"]
+TINY = [*FLEET, "--window", "12", "--horizon", "10"]
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_pretrain_train_score_end_to_end(capsys: pytest.CaptureFixture) -> None:
+    assert F.main(["pretrain", *TINY, "--pretrain-epochs", "1", "--encoder-name", "enc-tiny", "--json"]) == 0
+    pre = _last_json(capsys.readouterr().out)
+    assert pre["model"]["name"] == "enc-tiny" and pre["promotion"]["promoted"] is True
+    assert pre["windows"]["train"] > 0 and pre["bad_readings"]["readings_in"] > 0
+
+    args = ["train", *TINY, "--max-epochs", "2", "--encoder-name", "enc-tiny", "--model-name", "rul-tiny", "--json"]
+    assert F.main([*args, "--label-fraction", "0.5"]) == 0
+    tuned = _last_json(capsys.readouterr().out)
+    assert tuned["pretrained_from"] == "enc-tiny:1"
+    assert tuned["labelled_assets"] < tuned["assets"]["train"]
+    assert tuned["freeze"] is not None and tuned["train"]["epochs_trained_now"] == [0, 1]
+    assert tuned["rul"]["rmse"] >= 0 and "phm08" in tuned["rul"]["extra"]
+    assert tuned["baseline_rul"]["n"] == tuned["rul"]["n"]  # same test units
+    assert tuned["model"]["version"] == 1 and tuned["promotion"]["promoted"] is True
+    assert Path(tuned["report_dir"], "report.md").exists()
+    assert Path(tuned["report_dir"], "rul_pred_vs_true.png").exists()
+
+    assert F.main([*args, "--no-pretrain", "--no-baseline"]) == 0
+    scratch = _last_json(capsys.readouterr().out)
+    assert scratch["pretrained_from"] is None and scratch["baseline_rul"] is None
+    assert scratch["model"]["version"] == 2  # champion rule decides; lower test RMSE wins
+    assert scratch["promotion"]["promoted"] == (scratch["rul"]["rmse"] < tuned["rul"]["rmse"])
+
+    out_file = Path(tuned["report_dir"]).parent / "scores-tiny.parquet"
+    assert F.main(["score", *FLEET, "--model", "rul-tiny:1", "--output", str(out_file), "--json"]) == 0
+    scored = _last_json(capsys.readouterr().out)
+    frame = pd.read_parquet(out_file)
+    assert scored["assets_scored"] == len(frame) == 16
+    assert {"predicted_rul", "failure_probability", "alert", "model_version"} <= set(frame.columns)
+    assert (frame["model_version"] == 1).all() and frame["predicted_rul"].between(0, 125).all()
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    readings = tmp_path / "readings.csv"
+    pd.DataFrame({S.ASSET: ["A"] * 3, S.TIMESTAMP: [0, 1, 2], S.VALUE: [1.0, 2.0, 3.0]}).to_csv(readings, index=False)
+    assert F.main(["train", "--data", str(readings), "--no-pretrain"]) == 2
+    err = capsys.readouterr().err
+    assert "missing required column(s) ['sensor']" in err and "--columns" in err
+
+
+def _write_cmapss(folder: Path) -> None:
+    """Tiny C-MAPSS FD001-format files: space separated, no header, two trailing spaces."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+
+    def lines(lengths: tuple[int, ...]) -> str:
+        out = []
+        for unit, n in enumerate(lengths, start=1):
+            for cycle in range(1, n + 1):
+                wear = cycle / n
+                sensors = [f"{500 + 10 * wear + rng.normal(0, 0.3):.2f}" for _ in range(21)]
+                out.append(" ".join([str(unit), str(cycle), "0.0001", "-0.0002", "100.0", *sensors]) + "  \n")
+        return "".join(out)
+
+    (folder / "train_FD001.txt").write_text(lines((40, 45, 50, 42, 48, 44)))
+    (folder / "test_FD001.txt").write_text(lines((20, 8)))  # the second unit is shorter than a window
+    (folder / "RUL_FD001.txt").write_text("15 \n30 \n")
+
+
+def test_cmapss_train_and_score(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _write_cmapss(tmp_path)
+    src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
+    assert F.main(["train", *src, "--window", "10", "--no-pretrain", "--max-epochs", "1", "--model-name", "rul-cmapss", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["rul"]["n"] == 2  # the last window of each test unit, the short one padded
+    assert result["bad_readings"]["padded_assets"] == ["test-2"]
+    assert result["assets"]["test"] == 2
+    assert F.main(["score", *src, "--model", "rul-cmapss", "--json"]) == 0
+    scored = _last_json(capsys.readouterr().out)
+    assert scored["assets_scored"] == 2 and scored["input"].startswith("C-MAPSS FD001")
