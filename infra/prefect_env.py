@@ -38,6 +38,7 @@ def route_project_logs(level: str | None = None) -> None:
 def prefect_cli_settings() -> Iterator[None]:
     """Apply the project's Prefect defaults for the duration of a command-line run."""
     from prefect.settings import (
+        PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         temporary_settings,
@@ -49,6 +50,9 @@ def prefect_cli_settings() -> Iterator[None]:
         updates[PREFECT_SERVER_ANALYTICS_ENABLED] = setup.analytics_enabled
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
         updates[PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS] = setup.ephemeral_startup_timeout_s
+    if "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW" not in os.environ:
+        # project loggers also log outside flow runs (plain functions): no API, no warning
+        updates[PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW] = "ignore"
     route_project_logs()
     with temporary_settings(updates=updates):
         yield
