@@ -14,6 +14,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["INDUSFLOW_HOME"] = home
     os.environ.setdefault("INDUSFLOW_TRAIN_PROGRESS_BAR", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # CLI tests route project loggers to Prefect's API handler; plain-function tests that
+    # run after them log outside any flow run, which is fine: no warning for it.
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
