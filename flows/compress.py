@@ -31,7 +31,7 @@ from infra.store import area, stable_hash
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.train import TrainSpec, train_model_task
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flows.compress")  # not __main__ under python -m
 
 #: Registry ``kind`` of each stored variant format.
 KIND_INT8 = "torch-int8-dynamic"

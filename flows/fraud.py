@@ -43,7 +43,7 @@ from tasks.prepare import materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flows.fraud")  # not __main__ under python -m
 PRIMARY_METRIC = "test/auprc"
 #: Adapting happens once the new pattern has been labelled: no delay, a short recent
 #: training window that holds the pattern, then the test week.

@@ -39,7 +39,7 @@ from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.index import write_source_task
 from tasks.retrieve import Retrieved, build_filter, retrieve
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flows.rag")  # not __main__ under python -m
 TASK_STAGES = IngestStages(parse=parse_sources_task, embed=embed_texts_task, write=write_source_task)
 
 

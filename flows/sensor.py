@@ -62,7 +62,7 @@ from tasks.prepare import materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flows.sensor")  # not __main__ under python -m
 PRIMARY_METRIC = "test/rmse"
 ENCODER_METRIC = "val/masked_mse"
 PROGRESSIVE_GROUPS = ("heads", "encoder.proj", "encoder.convs")

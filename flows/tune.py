@@ -53,7 +53,7 @@ from tasks.tune import (
     validate_space,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flows.tune")  # not __main__ under python -m
 
 OBJECTIVE = "val/auprc"
 SOLUTIONS = ("fraud",)

@@ -27,11 +27,10 @@ def route_project_logs(level: str | None = None) -> None:
     for name in PROJECT_LOGGERS:
         logger = logging.getLogger(name)
         logger.setLevel(level_name)
-        for handler in extra.handlers:
+        for handler in extra.handlers:  # the API handler: logs show in the Prefect UI
             if handler not in logger.handlers:
                 logger.addHandler(handler)
-        if extra.handlers:
-            logger.propagate = False
+        # the console comes from the root logger's Prefect console handler (propagation)
 
 
 @contextmanager
