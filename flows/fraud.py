@@ -11,7 +11,6 @@ import datetime as dt
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows._cli import add_common, parse_columns, run_command
 from infra.settings import get_train_settings
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
-from infra.store import area, atomic_path, check_name, safe_join, stable_hash
+from infra.store import area, atomic_path, check_name, stable_hash
 from solutions.fraud import schema as S
 from solutions.fraud import pipeline as P
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SplitConfig, SyntheticDataConfig

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from tasks.train import TrainResult, TrainSpec, train_model
 
