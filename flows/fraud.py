@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -359,6 +360,12 @@ def fraud_train(
     )
 
 
+def _safe_stem(path: str) -> str:
+    """A file-name stem made of safe characters (the output lives under the home)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem).strip("._-")[:80]
+    return check_name(stem or "input", "file stem")
+
+
 def _scores_for(model_ref: ModelRef, df: pd.DataFrame, feats: pd.DataFrame, period: str) -> np.ndarray:
     registry = ModelRegistry()
     model, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
@@ -524,7 +531,7 @@ def fraud_score(
     out["model"] = ref_model.name
     out["model_version"] = ref_model.version
     target = Path(output).expanduser() if output else (
-        area("scores") / f"{check_name(Path(data).stem.replace(' ', '_')[:80] or 'input', 'file stem')}-{ref_model.name}-v{ref_model.version}.parquet"
+        area("scores") / f"{_safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
     with atomic_path(target) as tmp:
         out.to_parquet(tmp, index=False)
