@@ -179,25 +179,21 @@ def _attach_accounts(ref: DatasetRef, accounts_path: Path) -> DatasetRef:
 
 def prepare_features(ref: DatasetRef, split: SplitConfig, delay_days: float) -> tuple[DatasetRef, str]:
     """Window features and periods of every row, stored once per (data, split, code)."""
-    def build() -> pd.DataFrame:
-        frame = ref.read()
-        periods = assign_periods(frame[S.TIMESTAMP], _split_of(frame, split))
-        return P.build_features(frame, periods, delay_days)
-
-    key = {"data": ref.content_hash, "split": split.model_dump(), "delay": delay_days, "v": P.FEATURES_VERSION}
-    feats = materialize_table_task.with_options(name="prepare-features")("fraud-features", key, build)
-    ts = pd.read_parquet(ref.path, columns=[S.TIMESTAMP])[S.TIMESTAMP]
-    return feats, _split_of(pd.DataFrame({S.TIMESTAMP: ts}), split).describe()
-
-
-def _split_of(frame: pd.DataFrame, split: SplitConfig):
-    return time_split(
-        frame[S.TIMESTAMP],
+    timestamps = ref.read([S.TIMESTAMP])[S.TIMESTAMP]
+    bounds = time_split(
+        timestamps,
         train_days=split.train_days,
         delay_days=split.delay_days,
         test_days=split.test_days,
         val_days=split.val_days,
     )
+
+    def build() -> pd.DataFrame:
+        return P.build_features(ref.read(), assign_periods(timestamps, bounds), delay_days)
+
+    key = {"data": ref.content_hash, "split": split.model_dump(), "delay": delay_days, "v": P.FEATURES_VERSION}
+    feats = materialize_table_task.with_options(name="prepare-features")("fraud-features", key, build)
+    return feats, bounds.describe()
 
 
 @task(name="fit-baseline", cache_policy=NONE)
@@ -310,11 +306,11 @@ def fraud_train(
     trained = train_model_task(model, setup.datamodule, spec)
     # -- evaluate both on the same test period
     y_val, y_test = _period_labels(df, feats, "val"), _period_labels(df, feats, "test")
+    seq_test = P.score_period(model, setup, "test")
     seq_report = _evaluate_pair(
-        "sequence", y_val, P.score_period(model, setup, "val"), y_test, P.score_period(model, setup, "test"),
-        config.fpr_target, out_dir,
+        "sequence", y_val, P.score_period(model, setup, "val"), y_test, seq_test, config.fpr_target, out_dir
     )
-    curves = [("sequence", y_test, P.score_period(model, setup, "test"))]
+    curves = [("sequence", y_test, seq_test)]
     base_report = None
     if baseline_scores is not None:
         base_report = _evaluate_pair(

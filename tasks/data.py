@@ -19,6 +19,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
+from infra.tables import read_table
 from infra.store import area, atomic_path, sha256_file, stable_hash
 
 log = logging.getLogger(__name__)
@@ -72,28 +73,6 @@ class DatasetRef(BaseModel):
 
 # --------------------------------------------------------------------------------------
 # reading and validation
-
-
-def read_table(path: Path) -> pd.DataFrame:
-    """Read a CSV or Parquet file, deciding by content (Parquet magic) then by suffix."""
-    if not path.exists():
-        raise DataValidationError("file not found", source=str(path))
-    if path.stat().st_size == 0:
-        raise DataValidationError("file is empty (0 bytes)", source=str(path))
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    try:
-        if magic == b"PAR1":
-            return pd.read_parquet(path)
-        if path.suffix.lower() in {".parquet", ".pq"}:
-            raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
-        return pd.read_csv(path, low_memory=False)
-    except DataValidationError:
-        raise
-    except pd.errors.EmptyDataError as exc:
-        raise DataValidationError("file has no header and no rows", source=str(path)) from exc
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise DataValidationError(f"cannot be parsed: {exc}", source=str(path)) from exc
 
 
 def _bad_rows(mask: pd.Series) -> list[int]:

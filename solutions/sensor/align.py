@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
+from infra.tables import read_table
 from solutions.sensor import schema as S
 from solutions.sensor.config import AlignConfig
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
@@ -26,23 +27,6 @@ log = logging.getLogger(__name__)
 #: above this share of non-numeric values the value column is taken as wrongly mapped
 MAX_NON_NUMERIC_SHARE = 0.5
 FAST_STATS = ("rms", "peak", "kurtosis")
-
-
-def read_frame(path: Path) -> pd.DataFrame:
-    """Read a CSV or Parquet file (Parquet recognised by its magic bytes)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataValidationError("file not found", source=str(path))
-    if path.stat().st_size == 0:
-        raise DataValidationError("file is empty (0 bytes)", source=str(path))
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    try:
-        if magic == b"PAR1":
-            return pd.read_parquet(path)
-        return pd.read_csv(path, low_memory=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
-        raise DataValidationError(f"cannot be parsed as CSV or Parquet: {exc}", source=str(path)) from exc
 
 
 def apply_mapping(
@@ -358,11 +342,11 @@ def load_readings(
 ) -> tuple[pd.DataFrame, BadReadingReport]:
     """Read, map, clean and align a long-format readings file (plus an optional events file)."""
     source = str(path)
-    df = apply_mapping(read_frame(path), mapping, S.READING_COLUMNS, source)
+    df = apply_mapping(read_table(path), mapping, S.READING_COLUMNS, source)
     readings, report = clean_readings(df, cfg, source)
     events = None
     if events_path is not None:
         event_map = ColumnMapping({k: v for k, v in mapping.columns.items() if k in S.EVENT_COLUMNS})
-        raw = apply_mapping(read_frame(events_path), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
+        raw = apply_mapping(read_table(events_path), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
         events = clean_events(raw, str(events_path))
     return align_readings(readings, events, cfg, report)

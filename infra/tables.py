@@ -1,0 +1,35 @@
+"""Reading tabular files: CSV or Parquet, recognised by content, with named errors.
+
+Shared by the generic load task and the verticals' own readers (``solutions`` may use
+``infra``, not ``tasks``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from infra.errors import DataValidationError
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read a CSV or Parquet file, deciding by content (Parquet magic) then by suffix."""
+    if not path.exists():
+        raise DataValidationError("file not found", source=str(path))
+    if path.stat().st_size == 0:
+        raise DataValidationError("file is empty (0 bytes)", source=str(path))
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    try:
+        if magic == b"PAR1":
+            return pd.read_parquet(path)
+        if path.suffix.lower() in {".parquet", ".pq"}:
+            raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
+        return pd.read_csv(path, low_memory=False)
+    except DataValidationError:
+        raise
+    except pd.errors.EmptyDataError as exc:
+        raise DataValidationError("file has no header and no rows", source=str(path)) from exc
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
+        raise DataValidationError(f"cannot be parsed: {exc}", source=str(path)) from exc
