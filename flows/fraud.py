@@ -1,4 +1,4 @@
-"""Fraud detection flows: ``train``, ``adapt`` and ``score``.
+"""Fraud detection flows: ``train``, ``adapt``, ``score`` and ``batch`` (inbox scoring).
 
 Run ``python -m flows.fraud <command> --help``. Each command accepts ``--json`` and then
 prints the flow's typed result as one JSON object on the last line of stdout.
@@ -11,6 +11,8 @@ import datetime as dt
 import logging
 import re
 import sys
+import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +22,25 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows._cli import add_common, parse_columns, run_command
-from infra.settings import get_train_settings
+from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
+from infra.runners import make_task_runner
+from infra.settings import get_train_settings
 from infra.store import area, atomic_path, check_name, stable_hash
-from solutions.fraud import schema as S
 from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SplitConfig, SyntheticDataConfig
 from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.synthetic import generate_transactions
-from tasks.data import ColumnSpec, DatasetRef, TableSchema, assign_periods, load_table_task, time_split
+from tasks.data import (
+    ColumnSpec,
+    DatasetRef,
+    TableSchema,
+    assign_periods,
+    load_table,
+    load_table_task,
+    time_split,
+)
 from tasks.evaluate import (
     EvalReport,
     artifact_key,
@@ -39,7 +51,16 @@ from tasks.evaluate import (
     render_eval_report,
 )
 from tasks.finetune import FreezeReport, finetune_model_task
-from tasks.prepare import materialize_table_task
+from tasks.ledger import (
+    FileLedger,
+    InboxFile,
+    ScoredFile,
+    outcome_counts,
+    render_inbox_report,
+    scan_inbox,
+    score_inbox,
+)
+from tasks.prepare import materialize_table, materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
 
@@ -159,8 +180,9 @@ def obtain_transactions(
     return ref
 
 
-def _attach_accounts(ref: DatasetRef, accounts_path: Path) -> DatasetRef:
-    accounts_schema = TableSchema(
+def accounts_schema() -> TableSchema:
+    """The validation schema of the optional accounts table (static attributes)."""
+    return TableSchema(
         name="fraud-accounts",
         columns=(
             ColumnSpec(name=S.ACCOUNT_ID, kind="id"),
@@ -169,7 +191,10 @@ def _attach_accounts(ref: DatasetRef, accounts_path: Path) -> DatasetRef:
             ColumnSpec(name=S.ACCOUNT_AGE_DAYS, kind="float", required=False, nullable=True),
         ),
     )
-    acc = load_table_task(accounts_path, accounts_schema)
+
+
+def _attach_accounts(ref: DatasetRef, accounts_path: Path) -> DatasetRef:
+    acc = load_table_task(accounts_path, accounts_schema())
     return materialize_table_task.with_options(name="merge-accounts")(
         "fraud-merged",
         {"tx": ref.content_hash, "accounts": acc.content_hash},
@@ -278,8 +303,6 @@ def fraud_train(
     for period in ("train", "val", "test"):
         y = _period_labels(df, feats, period) if counts.get(period) else np.zeros(0)
         if len(y) == 0 or y.sum() == 0:
-            from infra.errors import DataValidationError
-
             raise DataValidationError(
                 f"the {period} period ({split_text}) has {len(y)} rows and {int(y.sum())} frauds; "
                 "both classes are needed: adjust --train-days/--val-days/--delay-days/--test-days",
@@ -302,6 +325,7 @@ def fraud_train(
         mode="max",
         seed=mcfg.seed,
         fresh=fresh,
+        resources="fraud-train",
     )
     trained = train_model_task(model, setup.datamodule, spec)
     # -- evaluate both on the same test period
@@ -432,7 +456,7 @@ def fraud_adapt(
     # -- fine-tune the top parameters on the new data's train period
     setup = P.sequence_setup(df, feats, mcfg, preprocessor=pre)
     run_key = "fraud-adapt-" + stable_hash({"parent": parent.spec, "data": feats_ref.content_hash, "fraction": fraction, "epochs": max_epochs})
-    spec = TrainSpec(run_key=run_key, max_epochs=max_epochs, patience=3, monitor="val/auprc", mode="max", seed=mcfg.seed, fresh=fresh)
+    spec = TrainSpec(run_key=run_key, max_epochs=max_epochs, patience=3, monitor="val/auprc", mode="max", seed=mcfg.seed, fresh=fresh, resources="fraud-adapt")
     parent_model.train()
     tuned = finetune_model_task(parent_model, setup.datamodule, spec, mode="top", fraction=fraction)
     adapted = parent_model
@@ -483,6 +507,51 @@ def fraud_adapt(
     )
 
 
+def score_transactions(ref_model: ModelRef, registry: ModelRegistry, ref: DatasetRef,
+                       since: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """Score the validated transactions of ``ref`` with one model version.
+
+    Rows before ``since`` serve only as history for sequences and window features.
+    Returns (scores table with the model version, the input rows scored, their scores).
+    """
+    net, pre, mcfg = P.model_from_params(ref_model.params, registry.load_state_dict(ref_model))
+    threshold = float(ref_model.params.get("threshold", 0.5))
+    df = ref.read()
+    delay = float(ref_model.params.get("split", {}).get("delay_days", 7))
+    periods = np.full(len(df), "score", dtype=object)
+    if since:
+        cutoff = pd.Timestamp(since)
+        periods[(df[S.TIMESTAMP] < cutoff).to_numpy()] = "history"
+    feats = P.build_features(df, periods, delay)
+    missing = [c for c in pre.window_feature_names if c not in feats]
+    if missing:
+        raise DataValidationError(
+            f"the model needs window features {missing}, which this file cannot give "
+            "(is a column such as terminal_id missing?)",
+            source=ref.source,
+        )
+    setup = P.sequence_setup(df, feats, mcfg, preprocessor=pre, periods=("score",))
+    scores = P.score_period(net, setup, "score")
+    rows = periods == "score"
+    out = df.loc[rows, [S.TRANSACTION_ID, S.ACCOUNT_ID, S.TIMESTAMP]].reset_index(drop=True)
+    out["score"] = scores
+    out["flagged"] = scores >= threshold
+    out["model"] = ref_model.name
+    out["model_version"] = ref_model.version
+    return out, df.loc[rows], scores
+
+
+def _write_scores(out: pd.DataFrame, target: Path, csv: bool) -> Path | None:
+    with atomic_path(target) as tmp:
+        out.to_parquet(tmp, index=False)
+    if not csv:
+        return None
+    csv_path = target.with_suffix(".csv")
+    with atomic_path(csv_path) as tmp:
+        out.to_csv(tmp, index=False)
+    return csv_path
+
+
 @flow(name="fraud-score", log_prints=True)
 def fraud_score(
     data: str,
@@ -497,48 +566,17 @@ def fraud_score(
     scores (Parquet, CSV on request) with the model version used, and a summary artifact.
     Rows before ``since`` serve only as history for sequences and window features."""
     registry = ModelRegistry()
-    name, _, version = model.partition(":")
-    ref_model = registry.get(name, version or "champion")
-    net, pre, mcfg = P.model_from_params(ref_model.params, registry.load_state_dict(ref_model))
+    ref_model = registry.resolve(model)
     threshold = float(ref_model.params.get("threshold", 0.5))
     ref = obtain_transactions(data, dict(columns or {}), SyntheticDataConfig(), accounts, for_scoring=True)
-    df = ref.read()
-    delay = float(ref_model.params.get("split", {}).get("delay_days", 7))
-    periods = np.full(len(df), "score", dtype=object)
-    if since:
-        cutoff = pd.Timestamp(since)
-        periods[(df[S.TIMESTAMP] < cutoff).to_numpy()] = "history"
-    feats = P.build_features(df, periods, delay)
-    missing = [c for c in pre.window_feature_names if c not in feats]
-    if missing:
-        from infra.errors import DataValidationError
-
-        raise DataValidationError(
-            f"the model needs window features {missing}, which this file cannot give "
-            "(is a column such as terminal_id missing?)",
-            source=ref.source,
-        )
-    setup = P.sequence_setup(df, feats, mcfg, preprocessor=pre, periods=("score",))
-    scores = P.score_period(net, setup, "score")
-    rows = (periods == "score")
-    out = df.loc[rows, [S.TRANSACTION_ID, S.ACCOUNT_ID, S.TIMESTAMP]].reset_index(drop=True)
-    out["score"] = scores
-    out["flagged"] = scores >= threshold
-    out["model"] = ref_model.name
-    out["model_version"] = ref_model.version
+    out, scored_rows, scores = score_transactions(ref_model, registry, ref, since)
     target = Path(output).expanduser() if output else (
         area("scores") / f"{_safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
-    with atomic_path(target) as tmp:
-        out.to_parquet(tmp, index=False)
-    csv_path = None
-    if csv:
-        csv_path = target.with_suffix(".csv")
-        with atomic_path(csv_path) as tmp:
-            out.to_csv(tmp, index=False)
+    csv_path = _write_scores(out, target, csv)
     labelled = None
-    if S.LABEL in df:
-        y = df.loc[rows, S.LABEL]
+    if S.LABEL in scored_rows:
+        y = scored_rows[S.LABEL]
         known = y.notna().to_numpy()
         if known.any() and 0 < y[known].astype(int).sum() < known.sum():
             labelled = evaluate_binary(y[known].astype(int).to_numpy(), scores[known], name=ref_model.spec, split="scored", threshold=threshold)
@@ -555,6 +593,90 @@ def fraud_score(
         model=ref_model.spec, input=str(data), rows_scored=len(out), flagged=int(out["flagged"].sum()),
         threshold=threshold, output=str(target), csv_output=str(csv_path) if csv_path else None, labelled=labelled,
     )
+
+
+class FraudBatchScoreResult(BaseModel):
+    """What one ``fraud-batch-score`` run did with the inbox."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    inbox: str
+    new_files: int
+    seen_before: int
+    scored: int
+    quarantined: int
+    failed: int
+    rows_scored: int
+    flagged: int
+    outputs: list[str]
+    quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
+    seconds: float
+
+
+def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], accounts: str | None,
+                     out_dir: str, csv: bool) -> ScoredFile:
+    """Score one inbox file with an exact model version (runs on any task-runner worker)."""
+    registry = ModelRegistry()
+    ref_model = registry.resolve(model)
+    ref = load_table(Path(file.path), transaction_schema(for_scoring=True), columns=columns)
+    if accounts:
+        acc = load_table(Path(accounts).expanduser(), accounts_schema())
+        tx = ref
+        ref = materialize_table("fraud-merged", {"tx": tx.content_hash, "accounts": acc.content_hash},
+                                lambda: P.merge_accounts(tx.read(), acc.read()))
+    out, _, _ = score_transactions(ref_model, registry, ref)
+    target = Path(out_dir) / f"{_safe_stem(file.path)}-{file.sha256[:12]}-{ref_model.name}-v{ref_model.version}.parquet"
+    _write_scores(out, target, csv)
+    return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["flagged"].sum()))
+
+
+@flow(name="fraud-batch-score", log_prints=True, task_runner=make_task_runner())
+def fraud_batch_score(
+    inbox: str | None = None,
+    model: str = "fraud-seq",
+    columns: dict[str, str] | None = None,
+    accounts: str | None = None,
+    output_dir: str | None = None,
+    csv: bool = False,
+    settle_seconds: float = 30.0,
+) -> FraudBatchScoreResult:
+    """Score every new transactions file (CSV/Parquet) in ``inbox`` with the champion.
+
+    ``inbox`` is a folder or a glob (default ``<home>/inbox/fraud``). A file whose content
+    was handled before is skipped (processed-files ledger); a file that cannot be read or
+    validated is quarantined with its reason and the others are scored. Files change in the
+    last ``settle_seconds`` are left for the next run (still being copied in)."""
+    started = time.perf_counter()
+    location = inbox or str(area("inbox") / "fraud")
+    registry = ModelRegistry()
+    ref_model = registry.resolve(model)  # one version for the whole run
+    ledger = FileLedger("fraud-batch-score")
+    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
+    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "fraud-batch"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if columns:
+        ColumnMapping(dict(columns))
+    scorer = partial(score_inbox_file, model=ref_model.spec, columns=dict(columns or {}), accounts=accounts,
+                     out_dir=str(out_dir), csv=csv)
+    log.info("inbox %s: %d new file(s), %d seen before", location, len(scan.pending), scan.seen_before)
+    outcomes = score_inbox(scan.pending, scorer, ledger)
+    counts = outcome_counts(outcomes)
+    publish_eval_report_task(render_inbox_report("fraud-batch-score", scan, outcomes, ref_model.spec),
+                             key=artifact_key("fraud-batch-score"), description="Inbox scoring: scored and quarantined files")
+    result = FraudBatchScoreResult(
+        model=ref_model.spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
+        scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
+        rows_scored=sum(o.scored.rows for o in outcomes if o.scored),
+        flagged=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
+        outputs=[o.scored.output for o in outcomes if o.scored],
+        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
+        seconds=time.perf_counter() - started,
+    )
+    if counts["failed"]:
+        raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
+                           "they stay in the inbox for the next run (see the log)")
+    return result
 
 
 # ------------------------------------------------------------------------------------
@@ -665,8 +787,15 @@ def _adapt_summary(r: FraudAdaptResult) -> str:
     return "\n".join(lines)
 
 
+def _batch_summary(r: FraudBatchScoreResult) -> str:
+    lines = [f"fraud-batch-score with {r.model}: inbox {r.inbox}: {r.new_files} new file(s), {r.seen_before} seen before; "
+             f"scored {r.scored} ({r.rows_scored} rows, {r.flagged} flagged), quarantined {r.quarantined}, failed {r.failed}"]
+    lines += [f"  quarantined {path}: {reason}" for path, reason in r.quarantine.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.fraud {train,adapt,score}``."""
+    """``python -m flows.fraud {train,adapt,score,batch}``."""
     parser = argparse.ArgumentParser(prog="python -m flows.fraud", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -701,7 +830,28 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--since", metavar="TIMESTAMP", help="score only rows at or after this time; earlier rows are history")
     add_common(s)
 
+    b = sub.add_parser("batch", help="score every new file of an inbox folder/glob (ledger + quarantine)",
+                       description=fraud_batch_score.description)
+    b.add_argument("--inbox", metavar="DIR|GLOB", help="folder or glob of CSV/Parquet files (default: <home>/inbox/fraud)")
+    b.add_argument("--model", default="fraud-seq", help="NAME[:VERSION] (default: the champion of %(default)s)")
+    b.add_argument("--columns", metavar="MAP", help="column mapping canonical=SOURCE,...")
+    b.add_argument("--accounts", metavar="FILE", help="optional accounts table joined to every file")
+    b.add_argument("--output-dir", metavar="DIR", help="where score files go (default: <home>/scores/fraud-batch)")
+    b.add_argument("--csv", action="store_true", help="also write a CSV beside each Parquet")
+    b.add_argument("--settle-seconds", type=float, default=30.0,
+                   help="skip files modified in the last N seconds (still being copied; default %(default)s)")
+    add_common(b)
+
     args = parser.parse_args(argv)
+    if args.command == "batch":
+        return run_command(
+            lambda: fraud_batch_score(
+                inbox=args.inbox, model=args.model, columns=parse_columns(args.columns), accounts=args.accounts,
+                output_dir=args.output_dir, csv=args.csv, settle_seconds=args.settle_seconds,
+            ),
+            as_json=args.json,
+            summary=_batch_summary,
+        )
     if args.command == "train":
         config = _config_from(args)
         if args.no_baseline:

@@ -301,7 +301,7 @@ def sensor_pretrain(source: SensorSource = SensorSource(), config: SensorConfig 
         "data": grid_ref.content_hash, "model": config.model.model_dump(), "pretrain": pcfg.model_dump(),
         "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
     })
-    spec = TrainSpec(run_key=run_key, max_epochs=pcfg.max_epochs, patience=pcfg.patience, monitor="val/loss", seed=pcfg.seed, fresh=fresh)
+    spec = TrainSpec(run_key=run_key, max_epochs=pcfg.max_epochs, patience=pcfg.patience, monitor="val/loss", seed=pcfg.seed, fresh=fresh, resources="sensor-pretrain")
     trained = train_model_task(module, dm, spec)
     registration = register_model_task(
         config.encoder_name,
@@ -374,7 +374,7 @@ def sensor_train(
         "data": grid_ref.content_hash, "encoder": encoder_ref.spec if encoder_ref else None, "cfg": ft.model_dump(),
         "model": config.model.model_dump(), "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
     })
-    spec = TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min", seed=ft.seed, fresh=fresh)
+    spec = TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min", seed=ft.seed, fresh=fresh, resources="sensor-train")
     freeze = None
     if state is not None:
         tuned = finetune_model_task(model, dm, spec, mode=ft.mode, groups=PROGRESSIVE_GROUPS if ft.mode == "progressive" else (),

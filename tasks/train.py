@@ -20,7 +20,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.deploy_config import resource_spec
 from infra.hardware import auto_precision, set_cpu_threads
+from infra.resources import TrainerArgs, gpu_slot, trainer_args
 from infra.settings import get_train_settings
 from infra.store import area, check_name, write_json_atomic
 
@@ -45,6 +47,9 @@ class TrainSpec(BaseModel):
     accelerator: str | None = None
     devices: str | int | None = None
     strategy: str | None = None
+    resources: str | None = Field(
+        default=None, description="Flow name whose resource spec (deployment config) applies."
+    )
     gradient_clip_val: float | None = 1.0
     limit_train_batches: float | int | None = None
     limit_val_batches: float | int | None = None
@@ -146,18 +151,29 @@ def _make_epoch_recorder():
     return EpochRecorder()
 
 
-def resolve_hardware(spec: TrainSpec) -> tuple[str, str | int, str, str]:
-    """(accelerator, devices, precision, strategy) from the spec, then settings, then hardware."""
+def resolve_hardware(spec: TrainSpec) -> TrainerArgs:
+    """Trainer hardware arguments: the spec's own fields first, then ``INDUSFLOW_TRAIN_*``
+    variables that are set, then the flow's resource spec in the deployment config
+    (``spec.resources``), then the hardware."""
     settings = get_train_settings()
-    accelerator = spec.accelerator or settings.accelerator
-    devices: str | int = spec.devices if spec.devices is not None else settings.devices
-    if isinstance(devices, str) and devices.isdigit():
-        devices = int(devices)
-    precision = spec.precision or settings.precision
+    explicit = settings.model_fields_set
+    profile = resource_spec(spec.resources) if spec.resources else None
+    hardware_forced = spec.accelerator is not None or spec.devices is not None or bool(
+        explicit & {"accelerator", "devices"}
+    )
+    if profile is not None and not hardware_forced:
+        base = trainer_args(profile)  # falls back to CPU or refuses without the GPUs
+    else:
+        accelerator = spec.accelerator or settings.accelerator
+        devices: str | int = spec.devices if spec.devices is not None else settings.devices
+        if isinstance(devices, str) and devices.isdigit():
+            devices = int(devices)
+        base = TrainerArgs(accelerator=accelerator, devices=devices, precision="auto", strategy=settings.strategy)
+    precision = spec.precision or (settings.precision if "precision" in explicit else base.precision)
     if precision == "auto":
-        precision = auto_precision(accelerator)
-    strategy = spec.strategy or settings.strategy
-    return accelerator, devices, precision, strategy
+        precision = settings.precision if settings.precision != "auto" else auto_precision(base.accelerator)
+    strategy = spec.strategy or (settings.strategy if "strategy" in explicit else base.strategy)
+    return base.model_copy(update={"precision": precision, "strategy": strategy})
 
 
 def checkpoint_dir(run_key: str) -> Path:
@@ -196,7 +212,8 @@ def train_model(
         log.info("fresh training asked: removing %s", ckpt_dir)
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    accelerator, devices, precision, strategy = resolve_hardware(spec)
+    hw = resolve_hardware(spec)
+    accelerator, devices, precision, strategy = hw.accelerator, hw.devices, hw.precision, hw.strategy
 
     done = ckpt_dir / RESULT_FILE
     if done.exists():
@@ -250,7 +267,8 @@ def train_model(
     if resume:
         log.info("resuming run %s from %s", spec.run_key, resume)
     started = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
+    with gpu_slot(hw):  # two GPU trainings never share a card (Prefect global concurrency limit)
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - started
 
     best = checkpoint.best_model_path or None

@@ -534,21 +534,17 @@ def optimize(
 
 
 def make_task_runner(max_in_flight: int, settings: TuneSettings | None = None) -> Any:
-    """The task runner of the trials: threads by default, Dask when configured."""
-    settings = settings or get_tune_settings()
-    if settings.task_runner == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError as exc:
-            raise TuningError(
-                "INDUSFLOW_TUNE_TASK_RUNNER=dask needs the prefect-dask package: pip install prefect-dask"
-            ) from exc
-        if settings.dask_address:
-            return DaskTaskRunner(address=settings.dask_address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": max_in_flight, "threads_per_worker": 1})
-    from prefect.task_runners import ThreadPoolTaskRunner
+    """The task runner of the trials: threads by default, Dask when configured
+    (``INDUSFLOW_TUNE_TASK_RUNNER``, else the project-wide ``INDUSFLOW_RUNNER_KIND``)."""
+    from infra.runners import get_runner_settings
+    from infra.runners import make_task_runner as configured_runner
 
-    return ThreadPoolTaskRunner(max_workers=max_in_flight)
+    settings = settings or get_tune_settings()
+    kind = settings.task_runner if "task_runner" in settings.model_fields_set else get_runner_settings().kind
+    try:
+        return configured_runner(kind=kind, workers=max_in_flight, dask_address=settings.dask_address)
+    except IndusflowError as exc:
+        raise TuningError(str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------------

@@ -104,8 +104,8 @@ def test_precision_follows_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
     assert auto_precision("auto") == "16-mixed"
     assert auto_precision("cpu") == "32-true"
     monkeypatch.setenv("INDUSFLOW_TRAIN_PRECISION", "bf16-mixed")
-    assert resolve_hardware(TrainSpec(run_key="x"))[2] == "bf16-mixed"
-    assert resolve_hardware(TrainSpec(run_key="x", precision="32-true"))[2] == "32-true"
+    assert resolve_hardware(TrainSpec(run_key="x")).precision == "bf16-mixed"
+    assert resolve_hardware(TrainSpec(run_key="x", precision="32-true")).precision == "32-true"
 
 
 def test_freeze_top_fraction_counts_parameters() -> None:

@@ -1,0 +1,170 @@
+"""Declarative compute resources of a flow, and what they map to.
+
+One :class:`ResourceSpec` per flow lives in the deployment config
+(``infra/deployments.yaml`` or the file named by ``INDUSFLOW_DEPLOY_CONFIG``). The same
+spec gives
+
+- the Lightning Trainer arguments (accelerator, devices, precision, strategy), with a
+  CPU fallback or a refusal when the requested GPU is not there (``on_missing_gpu``);
+- the work-pool job variables of the flow's deployment (process, docker, kubernetes);
+- the Prefect global concurrency limit that keeps two GPU trainings off one card:
+  a training on GPU occupies ``devices`` slots of the limit named after its GPU pool,
+  whose size is the number of cards in that pool.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.errors import IndusflowError
+
+log = logging.getLogger(__name__)
+
+PoolType = Literal["process", "docker", "kubernetes"]
+
+
+class ResourceError(IndusflowError):
+    """The requested hardware is not available and the spec says to refuse."""
+
+
+class ResourceSpec(BaseModel):
+    """What one flow asks of the machine that runs it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus: int | Literal["auto"] = Field(
+        default="auto",
+        description="GPUs per run: a count (0: CPU only), or auto: one GPU when the machine has "
+        "one, else CPU without a warning.",
+    )
+    gpu_type: str | None = Field(
+        default=None,
+        description="GPU type, e.g. nvidia-a100; names the GPU pool and its concurrency limit, "
+        "and becomes the Kubernetes node selector value.",
+    )
+    cpus: float | None = Field(default=None, gt=0, description="CPU cores per run (request).")
+    memory_gb: float | None = Field(default=None, gt=0, description="Memory per run, GiB.")
+    precision: str = Field(default="auto", description="Lightning precision; auto picks by hardware.")
+    devices: int | str | None = Field(
+        default=None, description="Lightning devices; default: gpus when gpus > 0, else auto."
+    )
+    strategy: str = Field(default="auto", description="Lightning strategy: auto, ddp, fsdp.")
+    on_missing_gpu: Literal["fallback", "refuse"] = Field(
+        default="fallback",
+        description="Without the requested GPU: train on CPU with a warning, or refuse to run.",
+    )
+
+    @property
+    def concurrency_name(self) -> str | None:
+        """The global concurrency limit of this spec's GPU pool (None for CPU specs)."""
+        if self.gpus == 0:
+            return None
+        return f"gpu-{self.gpu_type or 'any'}"
+
+
+class TrainerArgs(BaseModel):
+    """Lightning Trainer hardware arguments resolved for this machine."""
+
+    model_config = ConfigDict(frozen=True)
+
+    accelerator: str
+    devices: int | str
+    precision: str
+    strategy: str
+    gpu_slots: int = Field(default=0, description="Slots to occupy on the GPU pool's limit.")
+    concurrency_name: str | None = None
+    fell_back: bool = False
+
+
+def cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def trainer_args(spec: ResourceSpec, available_gpus: int | None = None) -> TrainerArgs:
+    """Map a spec to Trainer arguments on this machine (fallback or refusal without GPUs)."""
+    from infra.hardware import auto_precision
+
+    have = cuda_count() if available_gpus is None else available_gpus
+    if spec.gpus == "auto":
+        spec = spec.model_copy(update={"gpus": 1 if have else 0})
+    if spec.gpus == 0:
+        precision = "32-true" if spec.precision == "auto" else spec.precision
+        return TrainerArgs(accelerator="cpu", devices=spec.devices or "auto", precision=precision,
+                           strategy=spec.strategy)
+    if have < spec.gpus:
+        what = f"{spec.gpus} GPU(s){f' of type {spec.gpu_type}' if spec.gpu_type else ''}"
+        if spec.on_missing_gpu == "refuse":
+            raise ResourceError(
+                f"this run asks for {what} but the machine has {have}; "
+                "set on_missing_gpu: fallback in the resource spec to train on CPU instead"
+            )
+        log.warning("this run asks for %s but the machine has %d: falling back to CPU (32-true)", what, have)
+        return TrainerArgs(accelerator="cpu", devices="auto", precision="32-true", strategy="auto", fell_back=True)
+    devices = spec.devices if spec.devices is not None else spec.gpus
+    precision = auto_precision("gpu") if spec.precision == "auto" else spec.precision
+    slots = devices if isinstance(devices, int) else spec.gpus
+    return TrainerArgs(accelerator="gpu", devices=devices, precision=precision, strategy=spec.strategy,
+                       gpu_slots=slots, concurrency_name=spec.concurrency_name)
+
+
+@contextmanager
+def gpu_slot(args: TrainerArgs, timeout_s: float | None = None) -> Iterator[None]:
+    """Hold ``args.gpu_slots`` slots of the GPU pool's global concurrency limit while training.
+
+    A no-op on CPU. Without a Prefect API or without the limit (``infra.deploy apply``
+    creates it) the training proceeds unguarded, with a log line saying so.
+    """
+    if not args.gpu_slots or not args.concurrency_name:
+        yield
+        return
+    from prefect.concurrency.sync import concurrency
+
+    log.info("waiting for %d slot(s) of GPU pool limit %r", args.gpu_slots, args.concurrency_name)
+    with concurrency(args.concurrency_name, occupy=args.gpu_slots, timeout_seconds=timeout_s, strict=False):
+        yield
+
+
+def job_variables(spec: ResourceSpec, pool_type: PoolType, *, image: str | None = None,
+                  env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Work-pool job variables of a deployment with this spec.
+
+    - process: environment only (threads follow ``cpus``);
+    - docker: image, environment, ``mem_limit`` and a GPU device request
+      (``container_create_kwargs``, prefect-docker's pass-through to docker-py);
+    - kubernetes: image, environment, and ``cpu``/``memory``/``gpu`` requests plus a
+      node selector, read by the base job template shipped in ``infra/k8s-job-template.json``.
+    """
+    environment = dict(env or {})
+    if spec.cpus:
+        threads = str(max(1, int(spec.cpus)))
+        environment.setdefault("OMP_NUM_THREADS", threads)
+        environment.setdefault("INDUSFLOW_TRAIN_NUM_THREADS", threads)
+    out: dict[str, Any] = {"env": environment} if environment else {}
+    if pool_type == "process":
+        return out
+    if image:
+        out["image"] = image
+    if pool_type == "docker":
+        if spec.memory_gb:
+            out["mem_limit"] = f"{int(spec.memory_gb * 1024)}m"
+        if spec.gpus not in (0, "auto"):
+            out["container_create_kwargs"] = {
+                "device_requests": [{"Driver": "nvidia", "Count": spec.gpus, "Capabilities": [["gpu"]]}]
+            }
+        return out
+    if spec.cpus:
+        out["cpu_request"] = f"{spec.cpus:g}"
+    if spec.memory_gb:
+        out["memory_request"] = f"{int(spec.memory_gb * 1024)}Mi"
+    if spec.gpus not in (0, "auto"):
+        out["gpu_count"] = spec.gpus
+        if spec.gpu_type:
+            out["gpu_type"] = spec.gpu_type
+    return out
