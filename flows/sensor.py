@@ -1,4 +1,4 @@
-"""Sensor fault prediction flows: ``pretrain``, ``train`` and ``score``.
+"""Sensor fault prediction flows: ``pretrain``, ``train``, ``score`` and ``batch`` (inbox scoring).
 
 Run ``python -m flows.sensor <command> --help``. Input is the seeded synthetic fleet by
 default, a long-format readings file (``--data``, ``--events``, ``--columns``) or the NASA
@@ -14,6 +14,7 @@ import logging
 import math
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,9 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows._cli import add_common, parse_columns, run_command
+from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
+from infra.runners import make_task_runner
 from infra.store import area, atomic_path, check_name, sha256_file, stable_hash, write_json_atomic
 from solutions.sensor import pipeline as P
 from solutions.sensor import schema as S
@@ -58,7 +61,16 @@ from tasks.evaluate_regression import (
     render_regression_report,
 )
 from tasks.finetune import FreezeReport, finetune_model_task
-from tasks.prepare import materialize_table_task
+from tasks.ledger import (
+    FileLedger,
+    InboxFile,
+    ScoredFile,
+    outcome_counts,
+    render_inbox_report,
+    scan_inbox,
+    score_inbox,
+)
+from tasks.prepare import materialize_table, materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
 
@@ -446,6 +458,29 @@ def sensor_train(
     )
 
 
+def score_grid(ref_model: ModelRef, registry: ModelRegistry, grid: pd.DataFrame, bad: BadReadingReport | None,
+               threshold: float) -> pd.DataFrame:
+    """Predicted RUL, failure probability and alert flag of each asset's latest window."""
+    net, norm, wcfg = P.predictor_from_params(ref_model.params, registry.load_state_dict(ref_model))
+    ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
+    rul, prob = predict(net, ws.x)
+    return pd.DataFrame({
+        S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
+        "alert": prob >= threshold, "model": ref_model.name, "model_version": ref_model.version,
+    })
+
+
+def _write_scores(out: pd.DataFrame, target: Path, csv: bool) -> Path | None:
+    with atomic_path(target) as tmp:
+        out.to_parquet(tmp, index=False)
+    if not csv:
+        return None
+    csv_path = target.with_suffix(".csv")
+    with atomic_path(csv_path) as tmp:
+        out.to_csv(tmp, index=False)
+    return csv_path
+
+
 @flow(name="sensor-score", log_prints=True)
 def sensor_score(
     source: SensorSource = SensorSource(),
@@ -459,29 +494,17 @@ def sensor_score(
     predicted RUL, failure probability and an alert flag; written out with the model version."""
     registry = ModelRegistry()
     ref_model = registry.resolve(model)
-    net, norm, wcfg = P.predictor_from_params(ref_model.params, registry.load_state_dict(ref_model))
     cut = float(threshold if threshold is not None else ref_model.params.get("threshold", 0.5))
     grid_ref, bad = obtain_grid(source, config)
     grid = grid_ref.read()
     if source.cmapss_dir:
         grid = grid.loc[grid[S.SET] == "test"]
-    ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
-    rul, prob = predict(net, ws.x)
-    out = pd.DataFrame({
-        S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
-        "alert": prob >= cut, "model": ref_model.name, "model_version": ref_model.version,
-    })
+    out = score_grid(ref_model, registry, grid, bad, cut)
     stem = Path(source.data).stem if source.data else (f"cmapss-{source.subset.lower()}" if source.cmapss_dir else "synthetic-fleet")
     target = Path(output).expanduser() if output else (
         area("scores") / f"{check_name(stem.replace(' ', '_')[:80] or 'input', 'file stem')}-{ref_model.name}-v{ref_model.version}.parquet"
     )
-    with atomic_path(target) as tmp:
-        out.to_parquet(tmp, index=False)
-    csv_path = None
-    if csv:
-        csv_path = target.with_suffix(".csv")
-        with atomic_path(csv_path) as tmp:
-            out.to_csv(tmp, index=False)
+    csv_path = _write_scores(out, target, csv)
     markdown = (
         f"## sensor-score with {ref_model.spec}\n\n| | |\n|---|---|\n| input | {source.describe()} |\n"
         f"| assets scored | {len(out)} |\n| alerts (P ≥ {cut:.3g}) | {int(out['alert'].sum())} |\n"
@@ -492,6 +515,99 @@ def sensor_score(
         model=ref_model.spec, input=source.describe(), assets_scored=len(out), alerts=int(out["alert"].sum()),
         threshold=cut, output=str(target), csv_output=str(csv_path) if csv_path else None, bad_readings=bad,
     )
+
+
+class SensorBatchScoreResult(BaseModel):
+    """What one ``sensor-batch-score`` run did with the inbox."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    inbox: str
+    new_files: int
+    seen_before: int
+    scored: int
+    quarantined: int
+    failed: int
+    assets_scored: int
+    alerts: int
+    outputs: list[str]
+    quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
+    seconds: float
+
+
+def score_readings_file(file: InboxFile, *, model: str, columns: dict[str, str], threshold: float | None,
+                        config: SensorConfig, out_dir: str, csv: bool) -> ScoredFile:
+    """Score the latest window of every asset in one long-format readings file."""
+    registry = ModelRegistry()
+    ref_model = registry.resolve(model)
+    cut = float(threshold if threshold is not None else ref_model.params.get("threshold", 0.5))
+    path = Path(file.path)
+    key = {"file": file.sha256, "events": None, "columns": columns, "align": config.align.model_dump(), "v": P.GRID_VERSION}
+    reports: list[BadReadingReport] = []
+
+    def build() -> pd.DataFrame:
+        grid, report = load_readings(path, ColumnMapping(columns), config.align, None)
+        reports.append(report)
+        return grid
+
+    grid = materialize_table("sensor-grid", key, build).read()
+    out = score_grid(ref_model, registry, grid, reports[0] if reports else None, cut)
+    if out.empty:
+        raise DataValidationError("no asset has a complete window of readings", source=str(path))
+    stem = check_name(path.stem.replace(" ", "_")[:80] or "input", "file stem")
+    target = Path(out_dir) / f"{stem}-{file.sha256[:12]}-{ref_model.name}-v{ref_model.version}.parquet"
+    _write_scores(out, target, csv)
+    return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["alert"].sum()))
+
+
+@flow(name="sensor-batch-score", log_prints=True, task_runner=make_task_runner())
+def sensor_batch_score(
+    inbox: str | None = None,
+    model: str = "sensor-rul",
+    columns: dict[str, str] | None = None,
+    threshold: float | None = None,
+    output_dir: str | None = None,
+    csv: bool = False,
+    settle_seconds: float = 30.0,
+    config: SensorConfig = SensorConfig(),
+) -> SensorBatchScoreResult:
+    """Score every new long-format readings file (CSV/Parquet) in ``inbox`` with the champion:
+    each asset's latest window gets predicted RUL, failure probability and an alert flag.
+
+    ``inbox`` is a folder or a glob (default ``<home>/inbox/sensor``). Files are fanned out
+    on the configured task runner (threads or Dask). A file handled before is skipped
+    (processed-files ledger); an unreadable file is quarantined with its reason."""
+    started = time.perf_counter()
+    location = inbox or str(area("inbox") / "sensor")
+    registry = ModelRegistry()
+    ref_model = registry.resolve(model)
+    if columns:
+        ColumnMapping(dict(columns))
+    ledger = FileLedger("sensor-batch-score")
+    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
+    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "sensor-batch"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scorer = partial(score_readings_file, model=ref_model.spec, columns=dict(columns or {}), threshold=threshold,
+                     config=config, out_dir=str(out_dir), csv=csv)
+    log.info("inbox %s: %d new file(s), %d seen before", location, len(scan.pending), scan.seen_before)
+    outcomes = score_inbox(scan.pending, scorer, ledger)
+    counts = outcome_counts(outcomes)
+    publish_eval_report_task(render_inbox_report("sensor-batch-score", scan, outcomes, ref_model.spec),
+                             key=artifact_key("sensor-batch-score"), description="Inbox scoring: scored and quarantined files")
+    result = SensorBatchScoreResult(
+        model=ref_model.spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
+        scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
+        assets_scored=sum(o.scored.rows for o in outcomes if o.scored),
+        alerts=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
+        outputs=[o.scored.output for o in outcomes if o.scored],
+        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
+        seconds=time.perf_counter() - started,
+    )
+    if counts["failed"]:
+        raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
+                           "they stay in the inbox for the next run (see the log)")
+    return result
 
 
 # ------------------------------------------------------------------------------------
@@ -602,7 +718,33 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--csv", action="store_true", help="also write a CSV beside the Parquet")
     s.add_argument("--threshold", type=float, help="alert when P(failure) >= this (default: the model's)")
 
+    b = sub.add_parser("batch", help="score every new readings file of an inbox folder/glob (ledger + quarantine)",
+                       description=sensor_batch_score.description)
+    b.add_argument("--inbox", metavar="DIR|GLOB", help="folder or glob of long-format CSV/Parquet files (default: <home>/inbox/sensor)")
+    b.add_argument("--model", default="sensor-rul", help="NAME[:VERSION] (default: the champion of %(default)s)")
+    b.add_argument("--columns", metavar="MAP", help="column mapping canonical=SOURCE,..., e.g. asset_id=machine,timestamp=ts")
+    b.add_argument("--threshold", type=float, help="alert when P(failure) >= this (default: the model's)")
+    b.add_argument("--output-dir", metavar="DIR", help="where score files go (default: <home>/scores/sensor-batch)")
+    b.add_argument("--csv", action="store_true", help="also write a CSV beside each Parquet")
+    b.add_argument("--settle-seconds", type=float, default=30.0,
+                   help="skip files modified in the last N seconds (still being copied; default %(default)s)")
+    add_common(b)
+
     args = parser.parse_args(argv)
+    if args.command == "batch":
+        return run_command(
+            lambda: sensor_batch_score(
+                inbox=args.inbox, model=args.model, columns=parse_columns(args.columns), threshold=args.threshold,
+                output_dir=args.output_dir, csv=args.csv, settle_seconds=args.settle_seconds,
+            ),
+            as_json=args.json,
+            summary=lambda r: "\n".join([
+                f"sensor-batch-score with {r.model}: inbox {r.inbox}: {r.new_files} new file(s), {r.seen_before} seen "
+                f"before; scored {r.scored} ({r.assets_scored} assets, {r.alerts} alerts), quarantined {r.quarantined}, "
+                f"failed {r.failed}",
+                *(f"  quarantined {path}: {reason}" for path, reason in r.quarantine.items()),
+            ]),
+        )
     try:
         source, config = _source_from(args), _config_from(args)
     except ValueError as exc:

@@ -91,3 +91,28 @@ def test_cmapss_train_and_score(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert F.main(["score", *src, "--model", "rul-cmapss", "--json"]) == 0
     scored = _last_json(capsys.readouterr().out)
     assert scored["assets_scored"] == 2 and scored["input"].startswith("C-MAPSS FD001")
+
+
+def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from solutions.sensor.config import SyntheticFleetConfig
+    from solutions.sensor.synthetic import generate_fleet
+
+    args = ["train", *TINY, "--no-pretrain", "--no-baseline", "--max-epochs", "1", "--model-name", "rul-batch"]
+    assert F.main(args) == 0
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for seed in (3, 4):
+        readings, _ = generate_fleet(SyntheticFleetConfig(n_assets=5, min_life=45, max_life=60, seed=seed))
+        readings.to_parquet(inbox / f"site-{seed}.parquet", index=False)
+    (inbox / "garbled.csv").write_text("asset_id;timestamp;sensor;value\nA;x;y;z\n")
+    capsys.readouterr()
+    batch = ["batch", "--inbox", str(inbox), "--model", "rul-batch", "--settle-seconds", "0", "--json"]
+    assert F.main(batch) == 0
+    first = _last_json(capsys.readouterr().out)
+    assert first["scored"] == 2 and first["quarantined"] == 1 and first["assets_scored"] == 10
+    assert "garbled.csv" in " ".join(first["quarantine"])
+    frame = pd.read_parquet(first["outputs"][0])
+    assert (frame["model_version"] == 1).all() and len(frame) == 5
+    assert F.main(batch) == 0
+    again = _last_json(capsys.readouterr().out)
+    assert again["new_files"] == 0 and again["seen_before"] == 3
