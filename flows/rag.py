@@ -28,7 +28,7 @@ from infra.embeddings import embedder_from_settings
 from infra.llm import ChatClient, ChatMessage
 from infra.milvus import open_client
 from infra.rag_settings import get_llm_settings, get_tika_settings
-from infra.store import stable_hash
+from infra.store import area, stable_hash
 from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.evaluation import Hit, first_relevant_rank, load_qa, render_eval_table, retrieval_metrics
@@ -123,11 +123,16 @@ class EvalResult(BaseModel):
 
 
 @flow(name="rag-ingest", log_prints=True)
-def rag_ingest(sources: list[str], params: IngestParams = IngestParams()) -> IngestResult:
+def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams()) -> IngestResult:
     """Parse documents with Apache Tika, redact personal data, chunk by tokens, embed and write
     them to Milvus (dense + BM25). Incremental: unchanged files are skipped, changed ones
     replaced, and with ``prune`` files gone from the sources are removed. Broken, encrypted,
-    empty or unsupported documents are quarantined with a reason."""
+    empty or unsupported documents are quarantined with a reason. Without ``sources`` the
+    watched folder ``<home>/inbox/docs`` is ingested (the scheduled re-ingest)."""
+    if not sources:
+        watched = area("inbox") / "docs"
+        watched.mkdir(parents=True, exist_ok=True)
+        sources = [str(watched)]
     client = open_client()
     embedder = embedder_from_settings()
     result = run_ingest(sources, params, client=client, embedder=embedder, tika_settings=get_tika_settings(),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +37,7 @@ class ResourceSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gpus: int | Literal["auto"] = Field(
+    gpus: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         default="auto",
         description="GPUs per run: a count (0: CPU only), or auto: one GPU when the machine has "
         "one, else CPU without a warning.",
@@ -165,6 +165,6 @@ def job_variables(spec: ResourceSpec, pool_type: PoolType, *, image: str | None 
         out["memory_request"] = f"{int(spec.memory_gb * 1024)}Mi"
     if spec.gpus not in (0, "auto"):
         out["gpu_count"] = spec.gpus
-        if spec.gpu_type:
+        if spec.gpu_type and spec.gpu_type != "any":
             out["gpu_type"] = spec.gpu_type
     return out

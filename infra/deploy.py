@@ -1,0 +1,294 @@
+"""Register and run the scheduled deployments defined in the deployment config.
+
+    python -m infra.deploy list                      # what the config resolves to
+    python -m infra.deploy serve                     # serve all with their schedules (no work pool)
+    python -m infra.deploy apply --pool NAME         # register all to a work pool (process/docker/kubernetes)
+    python -m infra.deploy run fraud-batch-score/hourly-batch-score --param inbox=/data/in --wait
+
+``serve`` and ``apply`` talk to the Prefect API in ``PREFECT_API_URL`` (``make ui`` starts
+a local server). Flows are loaded from their ``module:function`` entrypoints, so this
+module, like the rest of ``infra``, never imports the flows at import time. The GPU pools
+of the config become Prefect global concurrency limits (``gpu-<pool>``) on both paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from infra.deploy_config import DeployConfig, DeployConfigError, DeploymentSpec, load_deploy_config
+from infra.errors import IndusflowError
+from infra.resources import PoolType, ResourceSpec, job_variables
+
+log = logging.getLogger(__name__)
+
+
+class DeployError(IndusflowError):
+    """A deployment cannot be built or registered."""
+
+
+def load_flow(spec: DeploymentSpec) -> Any:
+    """The Prefect flow object named by ``spec.flow`` (``module:function``)."""
+    import importlib
+
+    from prefect import Flow
+
+    module_name, _, attr = spec.flow.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise DeployError(f"deployment {spec.name}: cannot import {module_name}: {exc}") from exc
+    obj = getattr(module, attr, None)
+    if not isinstance(obj, Flow):
+        raise DeployError(f"deployment {spec.name}: {spec.flow} is not a Prefect flow")
+    return obj
+
+
+def full_name(flow_obj: Any, spec: DeploymentSpec) -> str:
+    """Prefect's ``flow-name/deployment-name``."""
+    return f"{flow_obj.name}/{spec.name}"
+
+
+def _schedules(spec: DeploymentSpec, config: DeployConfig) -> list[Any] | None:
+    from prefect.schedules import Cron
+
+    if not spec.cron:
+        return None
+    return [Cron(spec.cron, timezone=config.timezone)]
+
+
+def _check_parameters(flow_obj: Any, spec: DeploymentSpec) -> None:
+    try:
+        flow_obj.validate_parameters(dict(spec.parameters))
+    except Exception as exc:  # Prefect raises ParameterTypeError / SignatureMismatchError
+        raise DeployError(f"deployment {spec.name}: parameters {spec.parameters} do not fit {spec.flow}: {exc}") from None
+
+
+def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
+                      pool: str | None = None, pool_type: PoolType = "process",
+                      image: str | None = None) -> list[Any]:
+    """RunnerDeployments for the config (all, or the ``only`` names), for ``serve`` or a pool."""
+    from prefect.deployments.runner import EntrypointType
+
+    wanted = set(only or [])
+    unknown = wanted - {d.name for d in config.deployments}
+    if unknown:
+        raise DeployError(f"no deployment named {sorted(unknown)} in the config (have {[d.name for d in config.deployments]})")
+    out = []
+    for spec in config.deployments:
+        if wanted and spec.name not in wanted:
+            continue
+        flow_obj = load_flow(spec)
+        _check_parameters(flow_obj, spec)
+        resources = config.resource_for(flow_obj.name) or ResourceSpec()
+        kwargs: dict[str, Any] = {}
+        if pool:
+            kwargs["work_pool_name"] = pool
+            variables = job_variables(resources, pool_type, image=image, env=_forwarded_env(pool_type))
+            if variables:
+                kwargs["job_variables"] = variables
+        deployment = flow_obj.to_deployment(
+            name=spec.name,
+            schedules=_schedules(spec, config),
+            paused=spec.paused,
+            parameters=dict(spec.parameters),
+            description=spec.description or flow_obj.description,
+            tags=[*spec.tags, "indusflow"],
+            concurrency_limit=spec.concurrency,
+            entrypoint_type=EntrypointType.MODULE_PATH,
+            **kwargs,
+        )
+        out.append(deployment)
+    return out
+
+
+def _forwarded_env(pool_type: PoolType) -> dict[str, str]:
+    """Environment of the pool's flow runs: logging set-up, and for a process pool on this
+    machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys or tokens)."""
+    keep = dict(RUN_ENV)
+    if pool_type != "process":
+        return keep
+    for key, value in os.environ.items():
+        if key.startswith(("INDUSFLOW_",)) and not any(s in key for s in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
+            keep[key] = value
+    return keep
+
+
+def ensure_gpu_limits(config: DeployConfig) -> dict[str, int]:
+    """Create or resize one global concurrency limit per GPU pool (``gpu-<pool>``)."""
+    from prefect.client.orchestration import get_client
+
+    made: dict[str, int] = {}
+    if not config.gpu_pools:
+        return made
+    with get_client(sync_client=True) as client:
+        for pool, cards in config.gpu_pools.items():
+            name = f"gpu-{pool}"
+            client.upsert_global_concurrency_limit_by_name(name, cards)
+            made[name] = cards
+    return made
+
+
+def _api_url() -> str | None:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+def describe(config: DeployConfig) -> list[dict[str, Any]]:
+    """One row per deployment: what ``list`` prints."""
+    rows = []
+    for spec in config.deployments:
+        flow_obj = load_flow(spec)
+        resources = config.resource_for(flow_obj.name)
+        rows.append({
+            "deployment": full_name(flow_obj, spec),
+            "cron": spec.cron,
+            "timezone": config.timezone,
+            "parameters": spec.parameters,
+            "concurrency": spec.concurrency,
+            "resources": resources.model_dump() if resources else None,
+            "tags": spec.tags,
+        })
+    return rows
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    config = load_deploy_config()
+    rows = describe(config)
+    if args.json:
+        print(json.dumps({"timezone": config.timezone, "gpu_pools": config.gpu_pools, "deployments": rows}))
+        return 0
+    print(f"time zone {config.timezone}; GPU pools {config.gpu_pools or 'none'}")
+    for row in rows:
+        res = row["resources"] or {}
+        res_text = ", ".join(f"{k}={v}" for k, v in res.items() if v not in (None, "auto")) or "defaults"
+        print(f"  {row['deployment']:<45} cron {row['cron'] or '-':<14} params {json.dumps(row['parameters'])}  resources {res_text}")
+    return 0
+
+
+#: Served and pool-run flow runs route the project's loggers to Prefect (console + UI).
+RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "infra,tasks,solutions,flows", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from prefect import serve
+
+    for key, value in RUN_ENV.items():  # inherited by the flow-run subprocesses
+        os.environ.setdefault(key, value)
+    config = load_deploy_config()
+    if not _api_url():
+        print("warning: PREFECT_API_URL is not set: serving against a temporary in-process API that the UI "
+              "cannot see. Start a server first (make ui) and export PREFECT_API_URL=http://127.0.0.1:4200/api",
+              file=sys.stderr)
+    deployments = build_deployments(config, args.only)
+    limits = ensure_gpu_limits(config)
+    if limits:
+        print(f"GPU concurrency limits: {limits}")
+    serve(*deployments, limit=args.limit)
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    config = load_deploy_config()
+    image = args.image
+    if args.pool_type in ("docker", "kubernetes") and not image:
+        from infra.deploy_config import DeploySettings
+
+        image = DeploySettings().image
+        if not image:
+            raise DeployError(f"a {args.pool_type} pool needs --image (or INDUSFLOW_DEPLOY_IMAGE): build it from the Dockerfile")
+    if args.create_pool:
+        _ensure_pool(args.pool, args.pool_type)
+    deployments = build_deployments(config, args.only, pool=args.pool, pool_type=args.pool_type, image=image)
+    limits = ensure_gpu_limits(config)
+    ids = {}
+    for deployment in deployments:
+        ids[f"{deployment.flow_name}/{deployment.name}"] = str(deployment.apply())
+    if args.json:
+        print(json.dumps({"pool": args.pool, "deployments": ids, "gpu_limits": limits}))
+    else:
+        for name, dep_id in ids.items():
+            print(f"registered {name} ({dep_id}) to pool {args.pool}")
+        print(f"start a worker: prefect worker start --pool {args.pool}")
+    return 0
+
+
+def _ensure_pool(name: str, pool_type: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=name, type=pool_type))
+            print(f"created {pool_type} work pool {name}")
+        except ObjectAlreadyExists:
+            pass
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--param {text!r} is not KEY=VALUE")
+    key, value = text.split("=", 1)
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from prefect.deployments import run_deployment
+
+    params = dict(args.param or [])
+    run = run_deployment(args.name, parameters=params, timeout=args.timeout if args.wait else 0)
+    state = run.state
+    print(f"flow run {run.name} ({run.id}) of {args.name}: {state.name if state else 'scheduled'}")
+    if args.json:
+        print(json.dumps({"flow_run_id": str(run.id), "name": run.name, "state": state.type.value if state else None}))
+    if args.wait and (state is None or not state.is_completed()):
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", help="show the deployments the config defines")
+    p.add_argument("--json", action="store_true", help="print them as one JSON object")
+    p.set_defaults(fn=cmd_list)
+    p = sub.add_parser("serve", help="serve the deployments with their schedules (no work pool; Ctrl-C stops)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="serve only these deployments")
+    p.add_argument("--limit", type=int, help="at most this many flow runs at once")
+    p.set_defaults(fn=cmd_serve)
+    p = sub.add_parser("apply", help="register the deployments to a work pool")
+    p.add_argument("--pool", required=True, help="work pool name")
+    p.add_argument("--pool-type", choices=["process", "docker", "kubernetes"], default="process",
+                   help="type of the pool: decides the job variables (default %(default)s)")
+    p.add_argument("--image", help="worker image for docker/kubernetes pools (default INDUSFLOW_DEPLOY_IMAGE)")
+    p.add_argument("--create-pool", action="store_true", help="create the pool if it does not exist")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="register only these deployments")
+    p.add_argument("--json", action="store_true", help="print the registered ids as one JSON object")
+    p.set_defaults(fn=cmd_apply)
+    p = sub.add_parser("run", help="trigger a run of a deployment (flow-name/deployment-name)")
+    p.add_argument("name", help="e.g. fraud-batch-score/hourly-batch-score")
+    p.add_argument("--param", action="append", type=_parse_param, metavar="KEY=VALUE",
+                   help="a parameter (JSON values allowed); repeat for more")
+    p.add_argument("--wait", action="store_true", help="wait for the run to finish; exit 1 unless Completed")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds to wait with --wait (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the run as one JSON object on the last line")
+    p.set_defaults(fn=cmd_run)
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (DeployConfigError, DeployError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Deployments against a real (test) Prefect API: registration, a served run, GPU limits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import flows.fraud as F
+from infra.deploy import build_deployments, ensure_gpu_limits
+from infra.deploy_config import load_deploy_config
+from infra.resources import TrainerArgs, gpu_slot
+from solutions.fraud.synthetic import generate_transactions
+from tasks.ledger import FileLedger
+
+REPO = Path(__file__).resolve().parents[2]
+EXPECTED = {
+    "fraud-train/nightly-retrain": "0 2 * * *",
+    "fraud-batch-score/hourly-batch-score": "0 * * * *",
+    "sensor-batch-score/every-10-min-score": "*/10 * * * *",
+    "sensor-train/weekly-retrain": "0 3 * * 0",
+    "rag-ingest/reingest-watched-folder": "*/15 * * * *",
+}
+
+
+def _api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the test harness sets a Prefect API URL"
+    return url
+
+
+def test_every_deployment_registers_with_schedule_and_parameter_schema() -> None:
+    from prefect.client.orchestration import get_client
+
+    config = load_deploy_config()
+    deployments = build_deployments(config)
+    for deployment in deployments:
+        deployment.apply()
+    with get_client(sync_client=True) as client:
+        for name, cron in EXPECTED.items():
+            registered = client.read_deployment_by_name(name)
+            schedule = registered.schedules[0].schedule
+            assert (schedule.cron, schedule.timezone) == (cron, "UTC"), name
+            assert registered.global_concurrency_limit is not None and registered.global_concurrency_limit.limit == 1
+            assert registered.entrypoint.startswith(("flows.fraud.", "flows.sensor.", "flows.rag."))
+            assert "indusflow" in registered.tags
+        scoring = client.read_deployment_by_name("fraud-batch-score/hourly-batch-score")
+        props = scoring.parameter_openapi_schema["properties"]
+        assert {"inbox", "model", "columns", "settle_seconds"} <= set(props)  # the UI's form
+        assert props["settle_seconds"]["default"] == 30.0
+        ingest = client.read_deployment_by_name("rag-ingest/reingest-watched-folder")
+        assert ingest.parameters == {"params": {"prune": True}}
+        assert "params" in ingest.parameter_openapi_schema["properties"]
+
+
+def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
+    """`python -m infra.deploy serve` in a subprocess; a run triggered through the API completes."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    tiny = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1", "--seq-len", "8"]
+    assert F.main(["train", *tiny, "--no-baseline", "--model-name", "fraud-served"]) == 0
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    generate_transactions(n_accounts=60, n_terminals=30, n_days=4, seed=7).to_csv(inbox / "batch.csv", index=False)
+
+    env = {**os.environ, "PREFECT_API_URL": _api_url(), "OMP_NUM_THREADS": "1"}
+    log_file = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "infra.deploy", "serve", "--only", "hourly-batch-score"],
+                              cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+    try:
+        run = run_deployment(
+            "fraud-batch-score/hourly-batch-score",
+            parameters={"inbox": str(inbox), "model": "fraud-served", "settle_seconds": 0},
+            timeout=300,
+        )
+        log_file.flush()
+        assert run.state is not None and run.state.is_completed(), (run.state, (tmp_path / "serve.log").read_text()[-3000:])
+        # the served run scored the file with the champion and recorded it in the ledger
+        entries = [e for e in FileLedger("fraud-batch-score").entries().values() if e.path == str(inbox / "batch.csv")]
+        assert len(entries) == 1 and entries[0].status == "scored" and entries[0].model == "fraud-served:1"
+        assert Path(entries[0].output).exists()
+        with get_client(sync_client=True) as client:
+            assert client.read_global_concurrency_limit_by_name("gpu-any").limit == 1
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log_file.close()
+
+
+def test_two_trainings_never_share_one_gpu_slot() -> None:
+    """The GPU pool's global concurrency limit holds a second training until the first ends."""
+    from prefect.concurrency._asyncio import AcquireConcurrencySlotTimeoutError
+
+    config = load_deploy_config()
+    ensure_gpu_limits(config.model_copy(update={"gpu_pools": {"unit-test": 1}}))
+    args = TrainerArgs(accelerator="gpu", devices=1, precision="32-true", strategy="auto", gpu_slots=1,
+                       concurrency_name="gpu-unit-test")
+    holding, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with gpu_slot(args):
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert holding.wait(30)
+        started = time.perf_counter()
+        with pytest.raises(AcquireConcurrencySlotTimeoutError), gpu_slot(args, timeout_s=2):
+            pass
+        assert time.perf_counter() - started >= 1.5
+    finally:
+        release.set()
+        thread.join(30)
+    with gpu_slot(args, timeout_s=10):  # free again once the first training ended
+        pass
