@@ -24,7 +24,7 @@ from infra.milvus import ensure_collection
 from infra.rag_settings import TikaSettings
 from infra.store import area, check_name, safe_join, stable_hash, write_json_atomic
 from solutions.rag.config import ChunkParams, HybridWeights, IngestParams, RedactionParams
-from solutions.rag.redact import RedactionConfig, redact
+from solutions.rag.redact import RedactionConfig, redact, redaction_fingerprint
 from solutions.rag.text import sentence_spans
 from tasks.chunk import Chunk, chunk_document
 from tasks.documents import (
@@ -88,8 +88,10 @@ class IngestResult(BaseModel):
 
 
 def pipeline_key(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str) -> str:
-    """Hash of everything that changes the stored rows of an unchanged file."""
-    return stable_hash({"chunk": chunk.model_dump(), "redaction": redaction.model_dump(),
+    """Hash of everything that changes the stored rows of an unchanged file: chunking, the
+    redaction kinds switched on and their rules (:func:`redaction_fingerprint`), the embedder."""
+    rules = redaction_fingerprint(RedactionConfig(**redaction.model_dump()))
+    return stable_hash({"chunk": chunk.model_dump(), "redaction": redaction.model_dump(), "redaction_rules": rules,
                         "embedder": embedder_name, "v": PIPELINE_VERSION})
 
 
@@ -249,11 +251,14 @@ def run_ingest(
     for f in files:
         h = hashes[f.path]
         state = manifest.get(f.path)
+        cached = qcache.get(f.path, {})
         if state is not None and state.complete(h):
+            unchanged += 1  # an archive may hold documents and quarantined members side by side
+            if cached.get("hash") == h:
+                quarantined.extend(Quarantined(**q) for q in cached["items"])
+        elif state is None and cached.get("hash") == h:
             unchanged += 1
-        elif state is None and qcache.get(f.path, {}).get("hash") == h:
-            unchanged += 1
-            quarantined.extend(Quarantined(**q) for q in qcache[f.path]["items"])
+            quarantined.extend(Quarantined(**q) for q in cached["items"])
         else:
             todo.append(f)
     if todo or not exists:

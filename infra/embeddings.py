@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
@@ -163,6 +164,37 @@ class OpenAIEmbedder:
         base = (self.settings.url or "").rstrip("/")
         return base + ("/embeddings" if base.endswith("/v1") else "/v1/embeddings")
 
+    def _shown_url(self) -> str:
+        """The endpoint for messages: no user:password part, no query string."""
+        parts = urlsplit(self._url())
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    def _batch(self, client: Any, batch: list[str]) -> list[list[float]]:
+        import httpx
+
+        where = self._shown_url()
+        try:
+            resp = client.post(self._url(), json={"model": self.settings.model, "input": batch})
+        except httpx.HTTPError as exc:
+            raise EmbeddingError(f"embeddings endpoint {where} could not be reached: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            body = resp.text[:200]
+            if self.settings.api_key:  # an endpoint echoing the request must not leak the key into logs
+                body = body.replace(self.settings.api_key.get_secret_value(), "***")
+            raise EmbeddingError(f"embeddings endpoint {where} answered HTTP {resp.status_code}: {body!r}")
+        try:
+            data = sorted(resp.json()["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in d["embedding"]] for d in data]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EmbeddingError(f"embeddings endpoint {where} answered without an OpenAI 'data' list of "
+                                 f"{{index, embedding}} ({type(exc).__name__}: {exc})"[:400]) from exc
+        if len(vectors) != len(batch) or len({len(v) for v in vectors}) > 1 or not vectors[0]:
+            raise EmbeddingError(f"embeddings endpoint {where} returned {len(vectors)} vectors of sizes "
+                                 f"{sorted({len(v) for v in vectors})} for {len(batch)} texts")
+        return vectors
+
     def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
         import httpx
         from tqdm.auto import tqdm
@@ -173,12 +205,12 @@ class OpenAIEmbedder:
         out: list[list[float]] = []
         with httpx.Client(timeout=self.settings.timeout_s, headers=headers) as client:
             for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="embed"):
-                batch = texts[start : start + batch_size]
-                resp = client.post(self._url(), json={"model": self.settings.model, "input": batch})
-                if resp.status_code != 200:
-                    raise EmbeddingError(f"embeddings endpoint answered HTTP {resp.status_code}")
-                data = sorted(resp.json()["data"], key=lambda d: d["index"])
-                out.extend(d["embedding"] for d in data)
+                out.extend(self._batch(client, texts[start : start + batch_size]))
+        if out and len({len(v) for v in out}) > 1:
+            raise EmbeddingError(f"embeddings endpoint {self._shown_url()} changed the vector size between batches")
+        if self._dim is not None and out and len(out[0]) != self._dim:
+            raise EmbeddingError(f"embeddings endpoint {self._shown_url()} returned {len(out[0])}-d vectors, "
+                                 f"expected {self._dim}")
         arr = np.asarray(out, dtype=np.float32).reshape(len(texts), -1) if out else np.zeros((0, 0), np.float32)
         norms = np.linalg.norm(arr, axis=1, keepdims=True)
         return arr / np.maximum(norms, 1e-12)

@@ -41,6 +41,15 @@ class TikaSettings(BaseSettings):
     max_chars: int = Field(default=5_000_000, ge=1000, description="Extracted text is cut at this many characters.")
     min_chars: int = Field(default=20, ge=0, description="Documents with less text than this are quarantined as empty.")
     timeout_s: float = Field(default=120.0, gt=0, description="Tika server request timeout.")
+    max_archive_bytes: int = Field(
+        default=512 * 1024 * 1024, ge=1,
+        description="Bytes one source file may expand to across all its archive members (nested ones included).",
+    )
+    max_archive_depth: int = Field(default=3, ge=0, description="Archives nested deeper than this are quarantined.")
+    max_compression_ratio: float = Field(
+        default=200.0, gt=1, description="Archive members expanding more than this many times their compressed "
+        "size (over 1 MiB) are quarantined as archive bombs.",
+    )
 
 
 class EmbeddingSettings(BaseSettings):

@@ -1,21 +1,21 @@
 """Find and parse documents with Apache Tika; quarantine what can't become text.
 
-Domain-agnostic: a source is a file on disk; archives (zip, tar, tgz) yield their inner
-documents, other containers (7z, mbox, msg, e-mail) yield the text Tika extracts from their
-embedded documents. The type comes from the content, never from the extension. Every failure
-becomes a :class:`Quarantined` record with a reason; nothing is embedded as raw bytes.
+Domain-agnostic: a source is a file on disk. Containers yield their inner documents, each a
+document of its own (``archive!/member`` path and id, own hash, metadata and quarantine entry):
+zip, tar/tgz, 7z (PyPI ``py7zr``), mbox, e-mail attachments and Outlook .msg attachments (PyPI
+``olefile``), expanded in memory with guards (see :mod:`tasks.containers`); with a Tika server
+the containers are split by Tika's ``/rmeta`` instead. The type comes from the content, never
+from the extension. Every failure becomes a :class:`Quarantined` record with a reason; nothing
+is embedded as raw bytes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
 import logging
 import re
-import tarfile
-import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,11 +24,28 @@ from prefect.cache_policies import NONE
 
 from infra.errors import DataValidationError
 from infra.rag_settings import TikaSettings, get_tika_settings
-from infra.tika import TikaClient, TikaParseError, tika_client
+from infra.tika import TikaClient, TikaParseError, TikaResult, tika_client
+from tasks.containers import (
+    ARCHIVE_TYPES,
+    MESSAGE_TYPES,
+    ArchiveLimits,
+    Budget,
+    Expansion,
+    expand_7z,
+    expand_email,
+    expand_mbox,
+    expand_msg,
+    expand_tar,
+    expand_zip,
+    looks_like_mbox,
+    looks_like_msg,
+    safe_member_name,
+)
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_REASONS = ("encrypted", "corrupt", "empty", "unsupported", "too_large", "undecodable", "unreadable")
+QUARANTINE_REASONS = ("encrypted", "corrupt", "empty", "unsupported", "too_large", "undecodable", "unreadable",
+                      "archive_bomb", "too_deep", "unsafe_path")
 
 
 @dataclass(frozen=True)
@@ -240,99 +257,167 @@ def _failure_reason(meta: dict[str, list[str]], text: str, min_chars: int) -> tu
 
 
 # ------------------------------------------------------------------------------------
-# archives (zip, tar, tgz) expanded in memory
+# documents and containers
 
 
-def _archive_members(data: bytes, max_members: int, max_bytes: int) -> Iterator[tuple[str, bytes | None, str]]:
-    """``(member name, bytes or None, failure reason)`` of a zip or (gzipped) tar; nothing otherwise."""
-    if data[:4] == b"PK\x03\x04":
-        try:
-            zf = zipfile.ZipFile(io.BytesIO(data))
-            infos = [i for i in zf.infolist() if not i.is_dir()][:max_members]
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
-            yield "", None, f"corrupt: {exc}"
-            return
-        if not infos:
-            return
-        for info in infos:
-            if info.flag_bits & 0x1:
-                yield info.filename, None, "encrypted"
-            elif info.file_size > max_bytes:
-                yield info.filename, None, "too_large"
-            else:
-                try:
-                    yield info.filename, zf.read(info), ""
-                except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, EOFError) as exc:
-                    yield info.filename, None, f"corrupt: {exc}"
-        return
-    if data[:2] == b"\x1f\x8b" or (len(data) > 262 and data[257:262] == b"ustar"):
-        try:
-            tf = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")  # noqa: SIM115 (closed with the bytes)
-            members = [m for m in tf.getmembers() if m.isfile()][:max_members]
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            if data[:2] == b"\x1f\x8b":
-                return  # a gzip of a single file: Tika reads it
-            yield "", None, f"corrupt: {exc}"
-            return
-        for m in members:
-            if m.size > max_bytes:
-                yield m.name, None, "too_large"
-                continue
-            handle = tf.extractfile(m)
-            if handle is not None:
-                yield m.name, handle.read(), ""
-
-
-_ARCHIVE_TYPES = ("application/zip", "application/x-tar", "application/gzip", "application/x-gzip",
-                  "application/x-gtar", "application/x-compress")
-
-
-def _tika(client: TikaClient, data: bytes, path: str) -> tuple[str, dict[str, list[str]]] | Quarantined:
+def _tika(client: TikaClient, data: bytes, path: str) -> TikaResult | Quarantined:
     if not data:
         return Quarantined(path, "empty", "0 bytes")
     on_disk = path if "!/" not in path else None
     try:
-        result = client.parse(data, path.rsplit("/", 1)[-1], on_disk)
+        return client.parse(data, path.rsplit("/", 1)[-1], on_disk)
     except TikaParseError as exc:
         reason = "encrypted" if "ncrypt" in str(exc) else "corrupt"
         return Quarantined(path, reason, str(exc)[:300])
-    return result.text, result.metadata
 
 
 def _document(
-    data: bytes, text: str, meta: dict[str, list[str]], path: str, source: str, settings: TikaSettings
+    content: bytes, text: str, meta: dict[str, list[str]], path: str, source: str, settings: TikaSettings
 ) -> ParsedDocument | Quarantined:
     text = normalise_text(text)
     failure = _failure_reason(meta, text, settings.min_chars)
     if failure:
         return Quarantined(path, failure[0], failure[1])
     return ParsedDocument(
-        doc_id=doc_id_for(path), source=source, path=path, content_hash=sha256_bytes(data)[:32], text=text,
+        doc_id=doc_id_for(path), source=source, path=path, content_hash=sha256_bytes(content)[:32], text=text,
         meta=doc_meta(meta, text), page_starts=page_starts(meta, len(text)),
     )
 
 
-def _parse_one(
-    client: TikaClient, data: bytes, path: str, source: str, settings: TikaSettings, max_members: int, depth: int = 0
-) -> list[ParsedDocument | Quarantined]:
-    parsed = _tika(client, data, path)
-    if isinstance(parsed, Quarantined):
-        return [parsed]
-    text, meta = parsed
-    ctype = _first(meta, "Content-Type").split(";")[0].strip().lower()
-    if ctype in _ARCHIVE_TYPES and depth < 2:
-        members = list(_archive_members(data, max_members, settings.max_file_bytes))
-        if members:
-            items: list[ParsedDocument | Quarantined] = []
-            for name, blob, failure in members:
-                inner = f"{path}!/{name}" if name else path
-                if blob is None:
-                    reason, _, detail = failure.partition(": ")
-                    items.append(Quarantined(inner, reason, detail))
-                else:
-                    items.extend(_parse_one(client, blob, inner, source, settings, max_members, depth + 1))
-            return items
-    return [_document(data, text, meta, path, source, settings)]
+def _ctype(meta: dict[str, list[str]]) -> str:
+    return _first(meta, "Content-Type").split(";")[0].strip().lower()
+
+
+Item = ParsedDocument | Quarantined
+
+
+class _Walker:
+    """Parses one source file, expanding the containers in it under one byte budget."""
+
+    def __init__(self, client: TikaClient, settings: TikaSettings, limits: ArchiveLimits, source: str) -> None:
+        self.client = client
+        self.settings = settings
+        self.limits = limits
+        self.source = source
+        self.budget = Budget(limits.max_total_bytes)
+
+    def parse(self, data: bytes, path: str, depth: int = 0) -> list[Item]:
+        if getattr(self.client, "lists_embedded", False):
+            return self._tika_first(data, path, depth)
+        expansion = self._sniffed(data)
+        if expansion is not None:
+            return self._expanded(expansion, data, path, depth)
+        parsed = _tika(self.client, data, path)
+        if isinstance(parsed, Quarantined):
+            if data[:4] == b"PK\x03\x04":  # a zip Tika gave up on (e.g. a bomb) still gets our guards
+                expansion = expand_zip(data, self.limits, self.budget)
+                if expansion.members:
+                    return self._expanded(expansion, data, path, depth)
+            return [parsed]
+        ctype = _ctype(parsed.metadata)
+        if ctype == "application/zip":
+            expansion = expand_zip(data, self.limits, self.budget)
+        elif ctype == "message/rfc822":
+            expansion = expand_email(data, self.limits, self.budget)
+        if expansion is not None:
+            return self._expanded(expansion, data, path, depth, parsed)
+        return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings)]
+
+    def _sniffed(self, data: bytes) -> Expansion | None:
+        """Containers recognised from their bytes alone (tar, 7z, mbox, Outlook .msg with attachments)."""
+        if data[:6] == b"7z\xbc\xaf\x27\x1c":
+            return expand_7z(data, self.limits, self.budget)
+        if data[:2] in (b"\x1f\x8b", b"BZ") or data[:6] == b"\xfd7zXZ\x00" or data[257:262] == b"ustar":
+            return expand_tar(data, self.limits, self.budget)  # None for a gzip of one file: Tika reads it
+        if looks_like_mbox(data):
+            return expand_mbox(data, self.limits, self.budget)
+        if looks_like_msg(data):
+            return expand_msg(data, self.limits, self.budget)
+        return None
+
+    def _expanded(
+        self, exp: Expansion, data: bytes, path: str, depth: int, parsed: TikaResult | None = None
+    ) -> list[Item]:
+        if depth >= self.limits.max_depth:
+            return [Quarantined(path, "too_deep", f"containers nested deeper than {self.limits.max_depth} levels")]
+        if exp.failure:
+            return [Quarantined(path, *exp.failure)]
+        items: list[Item] = []
+        if exp.body is not None:  # an e-mail: its body (attachments removed) is a document of its own
+            body = _tika(self.client, exp.body, path)
+            items.append(body if isinstance(body, Quarantined) else
+                         _document(exp.body, body.text, parsed.metadata if parsed else body.metadata, path,
+                                   self.source, self.settings))
+        elif exp.body_text is not None:  # an Outlook message: its own text, Tika's metadata
+            whole = parsed or _tika(self.client, data, path)
+            meta = {} if isinstance(whole, Quarantined) else whole.metadata
+            items.append(_document(data, exp.body_text, meta, path, self.source, self.settings))
+        for m in exp.members:
+            inner = f"{path}!/{m.name}" if m.name else path
+            if m.data is None:
+                items.append(Quarantined(inner, m.reason, m.detail))
+            else:
+                items.extend(self.parse(m.data, inner, depth + 1))
+        return items
+
+    def _tika_first(self, data: bytes, path: str, depth: int) -> list[Item]:
+        """A client that lists embedded documents (Tika server ``/rmeta``): containers split by Tika."""
+        parsed = _tika(self.client, data, path)
+        if isinstance(parsed, Quarantined):
+            return [parsed]
+        ctype = _ctype(parsed.metadata)
+        splits = ctype in ARCHIVE_TYPES or ctype in MESSAGE_TYPES
+        if not splits or not parsed.embedded:
+            return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings)]
+        if depth >= self.limits.max_depth:
+            return [Quarantined(path, "too_deep", f"containers nested deeper than {self.limits.max_depth} levels")]
+        # every embedded entry whose nearest listed ancestor is a container is a document of its own;
+        # entries inside a non-container document (an image in a .docx) add their text to it
+        docs: dict[str, list] = {}  # resource path -> [text parts, metadata]
+        failures: list[Item] = []
+        containers = {""}
+        taken = skipped = 0
+        for e in sorted(parsed.embedded, key=lambda e: e.resource_path):
+            rp = "/" + e.resource_path.strip("/")
+            parent = max((p for p in list(docs) + list(containers) if rp.startswith(p + "/")), key=len, default="")
+            if parent not in containers:
+                docs[parent][0].append(e.text)
+                continue
+            etype = _ctype(e.metadata)
+            if etype in ARCHIVE_TYPES or etype in MESSAGE_TYPES and not e.text.strip():
+                containers.add(rp)
+                continue
+            name = safe_member_name(rp[1:])  # Tika roots resource paths at "/"
+            if name is None:
+                failures.append(Quarantined(f"{path}!/{rp.lstrip('/')[:200]}", "unsafe_path",
+                                            "member name escapes the archive or holds control characters"))
+                continue
+            if e.depth > self.limits.max_depth:
+                failures.append(Quarantined(f"{path}!/{name}", "too_deep",
+                                            f"containers nested deeper than {self.limits.max_depth} levels"))
+                continue
+            if taken >= self.limits.max_members:
+                skipped += 1
+                continue
+            taken += 1
+            error = " ".join(e.metadata.get("X-TIKA:EXCEPTION:embedded_exception", [])
+                             + e.metadata.get("X-TIKA:EXCEPTION:container_exception", []))
+            if error and not e.text.strip():
+                reason = "encrypted" if "ncrypt" in error else "corrupt"
+                failures.append(Quarantined(f"{path}!/{name}", reason, error.strip().splitlines()[0][:300]))
+                continue
+            docs[rp] = [[e.text], e.metadata]
+        items: list[Item] = []
+        if ctype in MESSAGE_TYPES:
+            items.append(_document(data, parsed.own_text or "", parsed.metadata, path, self.source, self.settings))
+        for rp, (parts, meta) in docs.items():
+            text = "\n".join(p for p in parts if p)
+            items.append(_document(text.encode("utf-8", "surrogatepass"), text, meta,
+                                   f"{path}!/{safe_member_name(rp[1:])}", self.source, self.settings))
+        if skipped:
+            failures.append(Quarantined(path, "too_large", f"{skipped} more members over the limit of "
+                                        f"{self.limits.max_members} per archive were skipped"))
+        return items + failures
 
 
 def parse_sources(
@@ -342,9 +427,12 @@ def parse_sources(
     client: TikaClient | None = None,
     max_archive_members: int = 1000,
 ) -> ParseResult:
-    """Parse each source (archives into their members); quarantine failures with a reason."""
+    """Parse each source (containers into their inner documents); quarantine failures with a reason."""
     settings = settings or get_tika_settings()
     client = client or tika_client(settings)
+    limits = ArchiveLimits(max_members=max_archive_members, max_member_bytes=settings.max_file_bytes,
+                           max_total_bytes=settings.max_archive_bytes, max_ratio=settings.max_compression_ratio,
+                           max_depth=settings.max_archive_depth)
     out = ParseResult()
     for src in sources:
         if src.size > settings.max_file_bytes:
@@ -357,7 +445,7 @@ def parse_sources(
             out.quarantined.append(Quarantined(src.path, "unreadable", type(exc).__name__))
             out.docs_per_source[src.path] = 0
             continue
-        items = _parse_one(client, data, src.path, src.path, settings, max_archive_members)
+        items = _Walker(client, settings, limits, src.path).parse(data, src.path)
         docs = [i for i in items if isinstance(i, ParsedDocument)]
         out.documents.extend(docs)
         out.quarantined.extend(i for i in items if isinstance(i, Quarantined))

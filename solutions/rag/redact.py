@@ -7,9 +7,11 @@ Applied to every text before it is embedded or stored, and to every answer.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import inspect
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -108,6 +110,15 @@ def _sub(pattern: re.Pattern, text: str, kind: Kind, check, counts: Counter) -> 
     return pattern.sub(repl, text)
 
 
+def _rules() -> dict[Kind, tuple[re.Pattern, Callable[[str], bool] | None]]:
+    return {
+        "email": (_EMAIL, None),
+        "cn_id": (_CN_ID, cn_id_valid),
+        "bank_card": (_CARD, bank_card_valid),
+        "mobile": (_MOBILE, None),
+    }
+
+
 def redact(text: str, config: RedactionConfig = RedactionConfig()) -> tuple[str, Counter]:
     """Replace every enabled kind by its placeholder.
 
@@ -115,16 +126,30 @@ def redact(text: str, config: RedactionConfig = RedactionConfig()) -> tuple[str,
         The redacted text and a ``Counter`` of replacements per kind.
     """
     counts: Counter = Counter()
-    rules = {
-        "email": (_EMAIL, None),
-        "cn_id": (_CN_ID, cn_id_valid),
-        "bank_card": (_CARD, bank_card_valid),
-        "mobile": (_MOBILE, None),
-    }
+    rules = _rules()
     for kind in config.enabled():
         pattern, check = rules[kind]
         text = _sub(pattern, text, kind, check, counts)
     return text, counts
+
+
+def redaction_fingerprint(config: RedactionConfig = RedactionConfig()) -> str:
+    """Hash of what redaction does to a text under ``config``: the enabled kinds in order, and
+    for each its pattern, flags, placeholder and validator code (``luhn_valid`` included).
+
+    Part of the ingest fingerprint, so switching a kind on/off or editing a rule re-processes
+    the stored documents without a manual version bump.
+    """
+    rules = _rules()
+    parts = []
+    for kind in config.enabled():
+        pattern, check = rules[kind]
+        code = inspect.getsource(check) if check else ""
+        if check is bank_card_valid:
+            code += inspect.getsource(luhn_valid)
+        parts.append(f"{kind}\x1f{pattern.pattern}\x1f{pattern.flags}\x1f{PLACEHOLDER[kind]}\x1f{code}")
+    parts.append(inspect.getsource(_sub))
+    return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:16]
 
 
 # ------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ import pytest
 from infra.errors import DataValidationError
 from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
 from solutions.rag.evaluation import Hit, QAItem, first_relevant_rank, load_qa, retrieval_metrics
-from tasks.documents import _archive_members, guess_language, normalise_text
+from tasks.containers import ArchiveLimits, Budget, expand_zip
+from tasks.documents import guess_language, normalise_text
 from tasks.retrieve import Retrieved, build_filter, dense_weight_for, rrf_fuse
 
 
@@ -85,9 +86,10 @@ def test_zip_members_in_memory() -> None:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr("a.txt", "hello")
         zf.writestr("dir/", "")
-    members = list(_archive_members(buf.getvalue(), 10, 1000))
-    assert members == [("a.txt", b"hello", "")]
-    assert next(iter(_archive_members(b"PK\x03\x04broken", 10, 1000)))[2].startswith("corrupt")
+    limits = ArchiveLimits(max_members=10, max_member_bytes=1000)
+    members = expand_zip(buf.getvalue(), limits, Budget(1000)).members
+    assert [(m.name, m.data, m.reason) for m in members] == [("a.txt", b"hello", "")]
+    assert expand_zip(b"PK\x03\x04broken", limits, Budget(1000)).failure[0] == "corrupt"
 
 
 def test_score_fusion_keeps_bm25_confidence() -> None:

@@ -53,3 +53,18 @@ def test_stream_redactor_catches_values_split_across_pieces() -> None:
 def test_table_numbers_do_not_join_into_a_card() -> None:
     text = "Year 2013 2014 1234 5678 90 and totals 4111 1111-1111 1111"
     assert redact(text)[1].get("bank_card", 0) == 0
+
+
+def test_redaction_fingerprint_follows_kinds_and_rules(monkeypatch) -> None:
+    import re
+
+    from solutions.rag import redact as redact_mod
+    from solutions.rag.redact import RedactionConfig, redaction_fingerprint
+
+    base = redaction_fingerprint(RedactionConfig())
+    assert base == redaction_fingerprint(RedactionConfig())
+    assert len({base, redaction_fingerprint(RedactionConfig(email=False)),
+                redaction_fingerprint(RedactionConfig(mobile=False))}) == 3
+    monkeypatch.setattr(redact_mod, "_EMAIL", re.compile(r"\S+@\S+"))
+    assert redaction_fingerprint(RedactionConfig()) != base
+    assert redaction_fingerprint(RedactionConfig(email=False)) == redaction_fingerprint(RedactionConfig(email=False))
