@@ -649,10 +649,17 @@ def fraud_batch_score(
     last ``settle_seconds`` are left for the next run (still being copied in)."""
     started = time.perf_counter()
     location = inbox or str(area("inbox") / "fraud")
-    registry = ModelRegistry()
-    ref_model = registry.resolve(model)  # one version for the whole run
     ledger = FileLedger("fraud-batch-score")
     scan = scan_inbox(location, ledger, settle_s=settle_seconds)
+    if not scan.pending:  # nothing new: no model needed (a schedule may run before the first training)
+        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
+        return FraudBatchScoreResult(
+            model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0, failed=0,
+            rows_scored=0, flagged=0, outputs=[], quarantine={},
+            seconds=time.perf_counter() - started,
+        )
+    registry = ModelRegistry()
+    ref_model = registry.resolve(model)  # one version for the whole run
     out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "fraud-batch"
     out_dir.mkdir(parents=True, exist_ok=True)
     if columns:

@@ -580,12 +580,19 @@ def sensor_batch_score(
     (processed-files ledger); an unreadable file is quarantined with its reason."""
     started = time.perf_counter()
     location = inbox or str(area("inbox") / "sensor")
+    ledger = FileLedger("sensor-batch-score")
+    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
+    if not scan.pending:  # nothing new: no model needed (a schedule may run before the first training)
+        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
+        return SensorBatchScoreResult(
+            model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0, failed=0,
+            assets_scored=0, alerts=0, outputs=[], quarantine={},
+            seconds=time.perf_counter() - started,
+        )
     registry = ModelRegistry()
     ref_model = registry.resolve(model)
     if columns:
         ColumnMapping(dict(columns))
-    ledger = FileLedger("sensor-batch-score")
-    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
     out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "sensor-batch"
     out_dir.mkdir(parents=True, exist_ok=True)
     scorer = partial(score_readings_file, model=ref_model.spec, columns=dict(columns or {}), threshold=threshold,

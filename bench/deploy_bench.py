@@ -1,0 +1,182 @@
+"""Orchestration overhead and batch-scoring throughput, side by side in one run.
+
+    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 60000]
+
+Prints one JSON line:
+- ``ms_per_task_ephemeral`` / ``ms_per_task_server``: median over repeats of
+  (flow of N trivial tasks - the same N calls without Prefect) / N, on Prefect's ephemeral
+  API and on a local ``prefect server start`` (each in its own process, fresh home, after
+  one warm-up flow so start-up is reported apart as ``*_start_s``);
+- ``score_rows_per_s_flow`` vs ``score_rows_per_s_direct``: the ``fraud-batch-score`` flow
+  on one inbox file vs calling its scoring function on the same file; ``score_ratio``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _tasks_worker(n: int, repeats: int) -> None:
+    """Run in a child process: time flows of n trivial tasks."""
+    from prefect import flow, task
+
+    @task
+    def noop(i: int) -> int:
+        return i
+
+    @flow
+    def many(n: int) -> int:
+        return sum(noop(i) for i in range(n))
+
+    started = time.perf_counter()
+    many(1)  # warm-up: the API (ephemeral: starts here), flow registration
+    start_s = time.perf_counter() - started
+    flows, plain = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        many(n)
+        flows.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        sum(noop.fn(i) for i in range(n))
+        plain.append(time.perf_counter() - t0)
+    print(json.dumps({"start_s": start_s, "flow_s": flows, "plain_s": plain}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(args: list[str], env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    if out.returncode != 0:
+        raise SystemExit(f"bench child failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _overhead(result: dict, n: int) -> float:
+    per = [(f - p) / n * 1000 for f, p in zip(result["flow_s"], result["plain_s"])]
+    return statistics.median(per)
+
+
+def orchestration(n: int, repeats: int) -> dict:
+    base = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    base.pop("PREFECT_API_URL", None)
+    with tempfile.TemporaryDirectory() as home:
+        eph = _child(["--worker-tasks", str(n), "--repeats", str(repeats)], {**base, "PREFECT_HOME": home})
+    with tempfile.TemporaryDirectory() as home:
+        port = _free_port()
+        env = {**base, "PREFECT_HOME": home}
+        server = subprocess.Popen([str(Path(sys.executable).with_name("prefect")), "server", "start", "--host", "127.0.0.1",
+                                   "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            import urllib.request
+
+            t0 = time.perf_counter()
+            for _ in range(240):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            server_start = time.perf_counter() - t0
+            srv = _child(["--worker-tasks", str(n), "--repeats", str(repeats)],
+                         {**env, "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"})
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    return {
+        "tasks": n, "repeats": repeats,
+        "ms_per_task_ephemeral": round(_overhead(eph, n), 1),
+        "ms_per_task_server": round(_overhead(srv, n), 1),
+        "flow_s_ephemeral_median": round(statistics.median(eph["flow_s"]), 2),
+        "flow_s_server_median": round(statistics.median(srv["flow_s"]), 2),
+        "ephemeral_api_start_s": round(eph["start_s"], 1),
+        "server_start_s": round(server_start, 1),
+    }
+
+
+def _scoring_worker(rows: int, repeats: int) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import flows.fraud as F
+    from infra.prefect_env import prefect_cli_settings
+    from infra.registry import ModelRegistry
+    from infra.store import sha256_file
+    from solutions.fraud.synthetic import generate_transactions
+    from tasks.ledger import InboxFile
+
+    with prefect_cli_settings():
+        F.main(["train", "--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1",
+                "--seq-len", "8", "--no-baseline", "--model-name", "bench-score"])
+        spec = ModelRegistry().resolve("bench-score").spec
+        work = Path(os.environ["INDUSFLOW_HOME"])
+        df = generate_transactions(n_accounts=max(50, rows // 60), n_terminals=max(30, rows // 120), n_days=10, seed=9)
+        df = df.drop(columns=["label", "scenario"], errors="ignore").head(rows)
+        flow_s, direct_s = [], []
+        for r in range(repeats):
+            inbox = work / f"inbox-{r}"
+            inbox.mkdir()
+            path = inbox / "batch.parquet"
+            df.assign(amount=df["amount"] + r * 1e-6).to_parquet(path, index=False)  # new content each repeat
+            t0 = time.perf_counter()
+            result = F.fraud_batch_score(inbox=str(inbox), model=spec, settle_seconds=0)
+            flow_s.append(time.perf_counter() - t0)
+            assert result.scored == 1, result
+            # a new table hash so the direct call validates the file again, like the flow did
+            df.assign(amount=df["amount"] + r * 1e-6 + 5e-7).to_parquet(path, index=False)
+            file = InboxFile(path=str(path), sha256=sha256_file(path), size=path.stat().st_size)
+            t0 = time.perf_counter()
+            scored = F.score_inbox_file(file, model=spec, columns={}, accounts=None, out_dir=str(work / "direct"), csv=False)
+            direct_s.append(time.perf_counter() - t0)
+            assert scored.rows == len(df)
+    print(json.dumps({"rows": len(df), "flow_s": flow_s, "direct_s": direct_s}))
+
+
+def scoring(rows: int, repeats: int) -> dict:
+    with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as phome:
+        env = {**os.environ, "INDUSFLOW_HOME": home, "PREFECT_HOME": phome, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_LOGGING_LEVEL": "WARNING", "INDUSFLOW_LOG_LEVEL": "WARNING"}
+        env.pop("PREFECT_API_URL", None)
+        res = _child(["--worker-score", str(rows), "--repeats", str(repeats)], env)
+    flow = statistics.median(res["flow_s"])
+    direct = statistics.median(res["direct_s"])
+    return {
+        "score_rows": res["rows"],
+        "score_rows_per_s_flow": round(res["rows"] / flow, 1),
+        "score_rows_per_s_direct": round(res["rows"] / direct, 1),
+        "score_ratio": round(direct / flow, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", type=int, default=60000)
+    p.add_argument("--worker-tasks", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--worker-score", type=int, help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker_tasks:
+        _tasks_worker(a.worker_tasks, a.repeats)
+        return
+    if a.worker_score:
+        _scoring_worker(a.worker_score, a.repeats)
+        return
+    figures = {**orchestration(a.tasks, a.repeats), **scoring(a.rows, a.repeats)}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
