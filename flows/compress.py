@@ -47,7 +47,9 @@ class CompressConfig(BaseModel):
     tolerance: float = Field(default=0.01, ge=0, lt=1, description="Largest relative drop of the primary metric accepted.")
     try_all: bool = Field(default=False, description="Run every stage even when an earlier one is within tolerance.")
     sensitivity_ratios: tuple[float, ...] = Field(default=(0.3, 0.6, 0.9), description="Pruning ratios of the per-layer analysis.")
-    prune_ratio: float = Field(default=0.5, gt=0, lt=1, description="Share of MLP neurons (structured) / weights (global) removed.")
+    prune_ratio: float = Field(
+        default=0.5, gt=0, lt=1, description="Share of neurons / channels (structured) and of weights (global) removed."
+    )
     finetune_epochs: int = Field(default=3, ge=0, description="Fine-tuning epochs after pruning (0: none).")
     distill_epochs: int = Field(default=5, ge=1, description="Student training epochs.")
     temperature: float = Field(default=4.0, gt=0, description="Distillation temperature.")
@@ -72,9 +74,10 @@ class Candidate(BaseModel):
     gpu: C.Latency | None = None
     metric: float
     delta: float = Field(description="Metric minus the original's.")
-    rel_drop: float = Field(description="Relative drop (positive = worse).")
+    rel_drop: float = Field(description="Relative drop (positive = worse, whichever way the metric points).")
     within_tolerance: bool
     note: str = ""
+    secondary: dict[str, float] = Field(default_factory=dict, description="Other metrics (not used to choose).")
 
 
 class CompressResult(BaseModel):
@@ -84,12 +87,14 @@ class CompressResult(BaseModel):
 
     source: str
     primary_metric: str
+    higher_is_better: bool = True
     original_metric: float
     tolerance: float
     data_note: str
     candidates: list[Candidate]
     int8_layers: C.LayerSize
     onnx: C.OnnxParity
+    output_columns: list[str] = Field(default_factory=list, description="Names of the model output's columns.")
     sensitivity: list[C.SensitivityRow]
     prune: list[C.PruneReport]
     chosen: str | None
@@ -103,7 +108,7 @@ class CompressResult(BaseModel):
 
 
 def _latency_batch(target: CompressTarget, n: int) -> Any:
-    first = target.test_batches[0]
+    first = target.test_batches[0] if target.bench_inputs is None else target.bench_inputs
     if isinstance(first, dict):
         return {k: v[:n] for k, v in first.items() if k in target.input_names}
     return first[:n]
@@ -112,6 +117,20 @@ def _latency_batch(target: CompressTarget, n: int) -> Any:
 def _rel_drop(value: float, base: float, higher_is_better: bool) -> float:
     sign = 1.0 if higher_is_better else -1.0
     return sign * (base - value) / abs(base) if base else 0.0
+
+
+def _rel_change(delta: float, base: float) -> float:
+    """The metric's relative change in percent (its sign is the metric's, not better / worse)."""
+    return 100 * delta / abs(base) if base else 0.0
+
+
+def _merge_parity(a: C.OnnxParity, b: C.OnnxParity) -> C.OnnxParity:
+    """One parity record over two checks of the same ONNX file (the metric is ``a``'s)."""
+    per = [max(x, y) for x, y in zip(a.max_abs_diff_per_output, b.max_abs_diff_per_output, strict=True)]
+    return a.model_copy(update={
+        "n": a.n + b.n, "max_abs_diff": max(a.max_abs_diff, b.max_abs_diff), "passed": a.passed and b.passed,
+        "max_abs_diff_per_output": per,
+    })
 
 
 class _Bench:
@@ -142,11 +161,13 @@ class _Bench:
         if gpu_runner is not None:
             self.gpu_runners[name] = gpu_runner
         rel = _rel_drop(value, self.base, self.t.higher_is_better)
+        note = "; ".join(x for x in (note, self.t.notes.get(name, "")) if x)
+        secondary = self.t.secondary(module) if self.t.secondary is not None and module is not None else {}
         row = Candidate(
             name=name, stage=stage, kind=kind, file=str(file), size_bytes=C.file_size(file),
             params=params or (C.param_count(module) if module is not None else self.rows[0].params),
             cpu=None, gpu=None, metric=value, delta=value - self.base, rel_drop=rel,
-            within_tolerance=rel <= self.cfg.tolerance, note=note,
+            within_tolerance=rel <= self.cfg.tolerance, note=note, secondary=secondary,
         )
         self.rows.append(row)
         log.info("candidate %s: %s=%.4f (rel drop %.2f%%), %d bytes", name, self.t.primary_metric, value, 100 * rel, row.size_bytes)
@@ -165,11 +186,13 @@ class _Bench:
 
 
 def _finetune(module: nn.Module, target: CompressTarget, run_key: str, epochs: int) -> nn.Module:
+    """Train ``module`` further, in place: on its own loss, or on the adapter's ``loss_fn``."""
     if epochs <= 0:
         return module
     spec = TrainSpec(run_key=run_key, max_epochs=epochs, patience=max(1, epochs), monitor="val/loss", mode="min", fresh=True)
-    module.train()
-    train_model_task(module, target.datamodule, spec)
+    trainable = module if target.loss_fn is None else C.make_trainable(module, target.loss_fn, lr=target.lr)
+    trainable.train()
+    train_model_task(trainable, target.datamodule, spec)
     return module.cpu().eval()
 
 
@@ -183,29 +206,40 @@ def render_candidates(result: CompressResult) -> str:
 
     base = result.candidates[0]
     batch = base.cpu.batch_size if base.cpu else 0
+    others = list(dict.fromkeys(k for r in result.candidates for k in r.secondary))
+
+    def other(r: Candidate) -> str:
+        return "".join(f" {r.secondary[k]:.4f} |" if k in r.secondary else " — |" for k in others)
+
+    direction = "higher" if result.higher_is_better else "lower"
     lines = [
         f"# Compression of {result.source}",
         "",
         (
-            f"Primary metric `{result.primary_metric}` on {result.data_note}; tolerance {result.tolerance:.1%} "
-            f"relative. Latency: p50 per batch of {batch}."
+            f"Primary metric `{result.primary_metric}` ({direction} is better) on {result.data_note}; tolerance "
+            f"{result.tolerance:.1%} relative. Latency: p50 per batch of {batch}."
         ),
         "",
         (
             "| candidate | stage | kind | size on disk | vs original | params | p50 ms CPU | samples/s CPU "
-            f"| p50 ms GPU | samples/s GPU | {result.primary_metric} | delta | within tol. | note |"
+            f"| p50 ms GPU | samples/s GPU | {result.primary_metric} | delta | within tol. |"
+            + "".join(f" {k} (not used to choose) |" for k in others) + " note |"
         ),
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(others) + "---|",
     ]
     for r in result.candidates:
         chosen = " **(chosen)**" if r.name == result.chosen else ""
         lines.append(
             f"| {r.name}{chosen} | {r.stage} | {r.kind} | {r.size_bytes / 1024:,.1f} KiB | "
             f"{base.size_bytes / r.size_bytes:.2f}x | {r.params:,} | {lat(r.cpu)} | {thr(r.cpu)} | {lat(r.gpu)} | "
-            f"{thr(r.gpu)} | {r.metric:.4f} | {r.delta:+.4f} ({-100 * r.rel_drop:+.2f}%) | "
-            f"{'yes' if r.within_tolerance else 'no'} | {r.note} |"
+            f"{thr(r.gpu)} | {r.metric:.4f} | {r.delta:+.4f} ({_rel_change(r.delta, base.metric):+.2f}%) | "
+            f"{'yes' if r.within_tolerance else 'no'} |{other(r)} {r.note} |"
         )
     L8, ox = result.int8_layers, result.onnx
+    per_output = ""
+    if ox.max_abs_diff_per_output:
+        names = result.output_columns or [str(i) for i in range(len(ox.max_abs_diff_per_output))]
+        per_output = " (" + ", ".join(f"{n}: {d:.2e}" for n, d in zip(names, ox.max_abs_diff_per_output, strict=False)) + ")"
     lines += [
         "",
         (
@@ -215,7 +249,7 @@ def render_candidates(result: CompressResult) -> str:
         "",
         (
             f"ONNX parity ({ox.n} held-out samples, onnxruntime vs PyTorch): max abs diff "
-            f"**{ox.max_abs_diff:.2e}** (tolerance {ox.atol:g}); metric {ox.metric_torch:.6f} vs "
+            f"**{ox.max_abs_diff:.2e}**{per_output} (tolerance {ox.atol:g}); metric {ox.metric_torch:.6f} vs "
             f"{ox.metric_onnx:.6f}: {'passed' if ox.passed else 'FAILED'}."
         ),
         "",
@@ -224,7 +258,7 @@ def render_candidates(result: CompressResult) -> str:
     ]
     if result.sensitivity:
         ratios = sorted({r.ratio for r in result.sensitivity})
-        lines += ["", "## Pruning sensitivity (each layer pruned alone; metric drop)", "",
+        lines += ["", f"## Pruning sensitivity (each layer pruned alone; {result.primary_metric} change towards worse)", "",
                   "| layer | " + " | ".join(f"{x:.0%}" for x in ratios) + " |",
                   "|---|" + "---:|" * len(ratios)]
         for layer in dict.fromkeys(r.layer for r in result.sensitivity):
@@ -259,12 +293,15 @@ def _pruning_stage(target: CompressTarget, bench: _Bench, cfg: CompressConfig, s
     )
     reports, modules = [], {}
     key = stable_hash({"src": source, "ratio": cfg.prune_ratio, "epochs": cfg.finetune_epochs})
-    structured, rep = C.structured_prune(target.model, cfg.prune_ratio)
+    if target.prune_plan is not None:
+        structured, rep = C.prune_channels(target.model, cfg.prune_ratio, target.prune_plan)
+    else:
+        structured, rep = C.structured_prune(target.model, cfg.prune_ratio)
     structured = _finetune(structured, target, f"compress-structured-{key}", cfg.finetune_epochs)
     path = bench.out / "pruned-structured.safetensors"
     C.save_state(structured.state_dict(), path)
     bench.add("pruned-structured", "pruning", KIND_FP32, path, structured,
-              note=f"{cfg.prune_ratio:.0%} of MLP neurons removed, then {cfg.finetune_epochs} fine-tuning epochs "
+              note=f"{cfg.prune_ratio:.0%} {target.prune_note}, then {cfg.finetune_epochs} fine-tuning epochs "
               "(extra training: compare with care)")
     reports.append(rep)
     modules["pruned-structured"] = structured
@@ -288,8 +325,11 @@ def _distill_stage(target: CompressTarget, bench: _Bench, cfg: CompressConfig, s
         log.info("no student defined for this model type; distillation skipped")
         return None
     student, params = target.make_student()
+    losses: dict[str, Any] = {}
+    if target.loss_fn is not None:
+        losses = {"hard_loss": target.loss_fn, "soft_loss": target.soft_loss, "lr": target.lr}
     distiller = C.make_distiller(student, target.model, temperature=cfg.temperature, alpha=cfg.alpha,
-                                 label_key=target.label_key, pos_weight=target.pos_weight)
+                                 label_key=target.label_key, pos_weight=target.pos_weight, **losses)
     key = stable_hash({"src": source, "T": cfg.temperature, "a": cfg.alpha, "e": cfg.distill_epochs, "hp": params.get("hparams")})
     spec = TrainSpec(run_key=f"compress-distill-{key}", max_epochs=cfg.distill_epochs, patience=3, monitor="val/loss", mode="min", fresh=True)
     train_model_task(distiller, target.datamodule, spec)
@@ -347,6 +387,8 @@ def model_compress(
                                           input_names=target.input_names)
     parity = C.check_onnx_parity_task(target.model, onnx_path, target.test_batches, names, atol=config.onnx_atol,
                                       metric=lambda out: target.metric(target.labels, out))
+    if target.bench_inputs is not None:  # the latency batch too: more held-out rows than the metric's
+        parity = _merge_parity(parity, C.check_onnx_parity(target.model, onnx_path, [bench.batch], names, atol=config.onnx_atol))
     session = C.onnx_session(onnx_path)
     gpu_onnx = None
     if bench.gpu:
@@ -392,7 +434,7 @@ def model_compress(
         variant = registry.register(
             f"{ref.name}-{slug}", state,
             params={**params, "compression": {"method": chosen.name, "source": ref.spec, "tolerance": config.tolerance}},
-            metrics={ref.primary_metric: chosen.metric, f"{ref.primary_metric}_source": bench.base or 0.0,
+            metrics={**chosen.secondary, ref.primary_metric: chosen.metric, f"{ref.primary_metric}_source": bench.base or 0.0,
                      "size_bytes": float(chosen.size_bytes),
                      "latency_p50_ms_cpu": chosen.cpu.p50_ms if chosen.cpu else float("nan")},
             primary_metric=ref.primary_metric, higher_is_better=ref.higher_is_better,
@@ -400,10 +442,10 @@ def model_compress(
             tags={"compression": chosen.name, "source": ref.spec}, extra_files=extra,
         )
     result = CompressResult(
-        source=ref.spec, primary_metric=ref.primary_metric, original_metric=bench.base or 0.0,
-        tolerance=config.tolerance, data_note=target.data_note, candidates=bench.rows, int8_layers=layer_size,
-        onnx=parity, sensitivity=sens, prune=prune_reports, chosen=chosen.name if chosen else None,
-        variant=variant, report_dir=str(out_dir), seconds=(dt.datetime.now() - started).total_seconds(),
+        source=ref.spec, primary_metric=ref.primary_metric, higher_is_better=ref.higher_is_better,
+        original_metric=bench.base or 0.0, tolerance=config.tolerance, data_note=target.data_note,
+        candidates=bench.rows, int8_layers=layer_size, onnx=parity, output_columns=target.output_columns,
+        sensitivity=sens, prune=prune_reports, chosen=chosen.name if chosen else None, variant=variant, report_dir=str(out_dir), seconds=(dt.datetime.now() - started).total_seconds(),
     )
     markdown = render_candidates(result)
     (out_dir / "report.md").write_text(markdown)
@@ -420,8 +462,9 @@ def _summary(r: CompressResult) -> str:
     for c in r.candidates:
         cpu = f"{c.cpu.p50_ms:8.2f} ms" if c.cpu else "       —"
         lines.append(
-            f"  {c.name:18s} {c.size_bytes / 1024:9.1f} KiB  {cpu}  {c.metric:.4f} ({-100 * c.rel_drop:+.2f}%)"
-            f"{'' if c.within_tolerance else '  over tolerance'}"
+            f"  {c.name:18s} {c.size_bytes / 1024:9.1f} KiB  {cpu}  {c.metric:.4f} ({_rel_change(c.delta, r.original_metric):+.2f}%)"
+            + "".join(f"  {k} {v:.4f}" for k, v in c.secondary.items())
+            + f"{'' if c.within_tolerance else '  over tolerance'}"
         )
     lines += [
         (
@@ -438,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m flows.compress --model NAME[:VERSION]``."""
     from flows.fraud import _data_args
     from solutions.fraud.config import SyntheticDataConfig
+    from solutions.sensor.config import SyntheticFleetConfig
 
     d = CompressConfig()
     p = argparse.ArgumentParser(prog="python -m flows.compress", description=model_compress.description)
@@ -451,6 +495,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-batch", type=int, default=d.latency_batch, help="default %(default)s")
     p.add_argument("--no-register", action="store_true", help="do not register the chosen candidate")
     _data_args(p)
+    f = SyntheticFleetConfig()
+    s = p.add_argument_group(
+        "sensor data (sensor models; --data is then a long-format readings file, --columns and --seed apply too)"
+    )
+    s.add_argument("--events", metavar="FILE", help="failure events CSV/Parquet beside --data")
+    s.add_argument("--cmapss-dir", metavar="DIR", help="folder with the NASA C-MAPSS files")
+    s.add_argument("--subset", default="FD001", help="C-MAPSS subset (default %(default)s)")
+    s.add_argument("--n-assets", type=int, default=f.n_assets, help="synthetic fleet (default %(default)s)")
+    s.add_argument("--min-life", type=int, default=f.min_life, help="default %(default)s")
+    s.add_argument("--max-life", type=int, default=f.max_life, help="default %(default)s")
     add_common(p)
     args = p.parse_args(argv)
     config = CompressConfig(
@@ -464,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
             n_accounts=args.n_accounts, n_terminals=args.n_terminals, n_days=args.n_days,
             fraud_rate=args.fraud_rate, seed=args.seed,
         ).model_dump(),
+        "events": args.events, "cmapss_dir": args.cmapss_dir, "subset": args.subset,
+        "fleet": {"n_assets": args.n_assets, "min_life": args.min_life, "max_life": args.max_life, "seed": args.seed},
     }
     return run_command(lambda: model_compress(model=args.model, config=config, data_options=options),
                        as_json=args.json, summary=_summary)

@@ -10,9 +10,12 @@ modules, tensors and files.
   (:func:`int8_state_dict`), so they load with safetensors or
   ``torch.load(weights_only=True)``; never as pickled packed parameters.
 - Pruning: per-layer sensitivity analysis, global magnitude pruning (sparsity, masks),
-  and structured neuron pruning of MLPs that really shrinks the tensors.
+  structured neuron pruning of MLPs, and structured channel pruning along a caller-given
+  plan (Conv1d channels with their BatchNorm, Linear neurons); both really shrink tensors.
 - Distillation: a caller-built student trained on the teacher's temperature-softened
-  outputs plus the hard labels (:class:`Distiller` + ``train_model``).
+  outputs plus the hard labels (:class:`Distiller` + ``train_model``); the caller may
+  supply both losses (e.g. for regression or multi-head outputs).
+- Fine-tuning of a plain module with a caller-given loss (:func:`make_trainable`).
 - ONNX: export with a dynamic batch axis and a parity check with onnxruntime.
 - Measurement: size on disk, p50 latency per batch and throughput.
 
@@ -109,6 +112,9 @@ class OnnxParity(BaseModel):
     metric_onnx: float | None = None
     metric_tol: float = 1e-4
     passed: bool
+    max_abs_diff_per_output: list[float] = Field(
+        default_factory=list, description="Per output column, for (batch, k) outputs (e.g. one column per head)."
+    )
 
 
 class Latency(BaseModel):
@@ -160,8 +166,21 @@ def predict(model: nn.Module, batches: Iterable[Inputs], device: str = "cpu") ->
     out = []
     with torch.inference_mode():
         for batch in batches:
-            out.append(call_model(model, _to_device(batch, device)).float().cpu())
+            y = call_model(model, _to_device(batch, device))
+            if not isinstance(y, torch.Tensor):
+                raise TypeError(
+                    f"{type(model).__name__} returns {type(y).__name__}, not one tensor; wrap it so it does "
+                    "(e.g. stack the heads' outputs into columns)"
+                )
+            out.append(y.float().cpu())
     return torch.cat(out).numpy() if out else np.zeros(0, dtype="float32")
+
+
+def batch_inputs(batch: Any) -> Any:
+    """The model inputs of a training batch: a dict batch whole, else its first element."""
+    if isinstance(batch, Mapping):
+        return batch
+    return batch[0]
 
 
 def file_size(path: Path) -> int:
@@ -596,14 +615,153 @@ def structured_prune(model: nn.Module, ratio: float, blocks: Sequence[str] | Non
 
 def resize_linears_to(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
     """Replace Linear layers whose stored weight has another shape (a structurally pruned state)."""
+    return resize_to_state(model, state, types=(nn.Linear,))
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace submodule ``name``; the new one keeps the old one's train / eval mode."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    module.train(getattr(parent, child).training)
+    setattr(parent, child, module)
+
+
+def _conv1d_like(conv: nn.Conv1d, in_channels: int, out_channels: int) -> nn.Conv1d:
+    if conv.groups != 1:
+        raise ValueError(f"cannot resize a grouped Conv1d (groups={conv.groups})")
+    return nn.Conv1d(
+        in_channels, out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
+        dilation=conv.dilation, bias=conv.bias is not None, padding_mode=conv.padding_mode,
+    )
+
+
+def _batchnorm_like(bn: nn.BatchNorm1d, n: int) -> nn.BatchNorm1d:
+    return nn.BatchNorm1d(n, eps=bn.eps, momentum=bn.momentum, affine=bn.affine,
+                          track_running_stats=bn.track_running_stats)
+
+
+def resize_to_state(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    types: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv1d, nn.BatchNorm1d),
+) -> nn.Module:
+    """Replace Linear / Conv1d / BatchNorm1d layers whose stored tensors have another shape.
+
+    A structurally pruned state then loads into a fresh full-size model of the same
+    architecture (:func:`structured_prune`, :func:`prune_channels`). In place; returns ``model``.
+    """
     for name, m in list(model.named_modules()):
-        key = f"{name}.weight"
-        if isinstance(m, nn.Linear) and key in state and tuple(state[key].shape) != tuple(m.weight.shape):
-            out_f, in_f = state[key].shape
-            parent_name, _, child = name.rpartition(".")
-            parent = model.get_submodule(parent_name) if parent_name else model
-            setattr(parent, child, nn.Linear(in_f, out_f, bias=f"{name}.bias" in state))
+        if not isinstance(m, types):
+            continue
+        attr = "weight" if getattr(m, "weight", None) is not None else "running_mean"
+        key = f"{name}.{attr}"
+        if key not in state or tuple(state[key].shape) == tuple(getattr(m, attr).shape):
+            continue
+        shape = tuple(state[key].shape)
+        if isinstance(m, nn.Linear):
+            _set_module(model, name, nn.Linear(shape[1], shape[0], bias=f"{name}.bias" in state))
+        elif isinstance(m, nn.Conv1d):
+            _set_module(model, name, _conv1d_like(m, shape[1], shape[0]))
+        else:
+            _set_module(model, name, _batchnorm_like(m, shape[0]))
     return model
+
+
+class ChannelGroup(BaseModel):
+    """One structured-pruning step: the output channels (or neurons) of ``producer``.
+
+    ``norm`` (a BatchNorm1d right after the producer) loses the same channels; each
+    consumer (Linear or Conv1d) loses the matching input columns. ``repeats``: the
+    consumers' input is that many copies of the channels concatenated (e.g. mean and
+    max pooling side by side: 2).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    producer: str
+    consumers: tuple[str, ...]
+    norm: str | None = None
+    repeats: int = Field(default=1, ge=1)
+
+
+def _channel_importance(producer: nn.Module, norm: nn.Module | None) -> torch.Tensor:
+    """|BatchNorm scale| when a norm follows (network slimming), else the L2 norm of each output's weights."""
+    if norm is not None and getattr(norm, "weight", None) is not None:
+        return norm.weight.detach().abs()
+    w = producer.weight.detach()
+    return w.reshape(w.shape[0], -1).norm(dim=1)
+
+
+def prune_channels_(model: nn.Module, group: ChannelGroup, ratio: float, *, min_keep: int = 1) -> dict[str, list[int]]:
+    """Remove the ``ratio`` least important output channels of ``group.producer``, in place.
+
+    The producer, its norm and its consumers are replaced by smaller layers holding the
+    kept slices, so the tensors really shrink. Returns the new weight shapes.
+    """
+    producer = model.get_submodule(group.producer)
+    if not isinstance(producer, (nn.Linear, nn.Conv1d)):
+        raise TypeError(f"{group.producer!r} is a {type(producer).__name__}; only Linear and Conv1d outputs can be pruned")
+    norm = model.get_submodule(group.norm) if group.norm else None
+    if norm is not None and not isinstance(norm, nn.BatchNorm1d):
+        raise TypeError(f"{group.norm!r} is a {type(norm).__name__}, not a BatchNorm1d")
+    consumers = {name: model.get_submodule(name) for name in group.consumers}
+    n_out = producer.weight.shape[0]
+    for name, c in consumers.items():
+        n_in = c.weight.shape[1] if isinstance(c, (nn.Linear, nn.Conv1d)) else None
+        if n_in != n_out * group.repeats:
+            raise ValueError(
+                f"consumer {name!r} ({type(c).__name__}, {n_in} inputs) does not read {group.repeats} x {n_out} "
+                f"outputs of {group.producer!r}; fix the ChannelGroup"
+            )
+    keep_n = max(min_keep, round(n_out * (1.0 - ratio)))
+    keep = torch.sort(torch.topk(_channel_importance(producer, norm), keep_n).indices).values
+    cols = torch.cat([keep + r * n_out for r in range(group.repeats)])
+    shapes: dict[str, list[int]] = {}
+    with torch.no_grad():
+        if isinstance(producer, nn.Linear):
+            new: nn.Module = nn.Linear(producer.in_features, keep_n, bias=producer.bias is not None)
+        else:
+            new = _conv1d_like(producer, producer.in_channels, keep_n)
+        new.weight.copy_(producer.weight[keep])
+        if producer.bias is not None:
+            new.bias.copy_(producer.bias[keep])
+        _set_module(model, group.producer, new.to(producer.weight.device))
+        shapes[f"{group.producer}.weight"] = list(new.weight.shape)
+        if norm is not None:
+            bn = _batchnorm_like(norm, keep_n)
+            for attr in ("weight", "bias", "running_mean", "running_var"):
+                src, dst = getattr(norm, attr), getattr(bn, attr)
+                if src is not None and dst is not None:
+                    dst.copy_(src[keep])
+            if norm.num_batches_tracked is not None:
+                bn.num_batches_tracked.copy_(norm.num_batches_tracked)
+            _set_module(model, group.norm, bn.to(producer.weight.device))
+        for name, c in consumers.items():
+            if isinstance(c, nn.Linear):
+                new_c: nn.Module = nn.Linear(len(cols), c.out_features, bias=c.bias is not None)
+            else:
+                new_c = _conv1d_like(c, len(cols), c.out_channels)
+            new_c.weight.copy_(c.weight[:, cols])
+            if c.bias is not None:
+                new_c.bias.copy_(c.bias)
+            _set_module(model, name, new_c.to(c.weight.device))
+            shapes[f"{name}.weight"] = list(new_c.weight.shape)
+    return shapes
+
+
+def prune_channels(model: nn.Module, ratio: float, plan: Sequence[ChannelGroup]) -> tuple[nn.Module, PruneReport]:
+    """A copy of ``model`` with ``ratio`` of the output channels of every ``plan`` step removed (in order)."""
+    if not plan:
+        raise ValueError("an empty pruning plan: give at least one ChannelGroup")
+    pruned = copy.deepcopy(model)
+    before = param_count(pruned)
+    shapes: dict[str, list[int]] = {}
+    for group in plan:
+        shapes.update(prune_channels_(pruned, group, ratio))
+    return pruned, PruneReport(
+        method="structured-channels", ratio=ratio, params_before=before, params_after=param_count(pruned),
+        zero_fraction=0.0, shapes=shapes,
+    )
 
 
 # ------------------------------------------------------------------------------------
@@ -620,12 +778,16 @@ def _distiller_class():
         Binary outputs (one logit per sample) use BCE against the teacher's
         ``sigmoid(logit / T)``; multi-class outputs use KL divergence of the softmaxes.
         Both soft terms are scaled by T² (Hinton et al. 2015). Batches are dicts (labels
-        under ``label_key``, the model gets the whole dict) or ``(inputs, labels)`` tuples.
+        under ``label_key``, the model gets the whole dict) or ``(inputs, labels, ...)`` tuples.
+        Other outputs (regression, several heads) need the caller's losses:
+        ``hard_loss(student_out, batch)`` and ``soft_loss(student_out, teacher_out, T)``.
         """
 
         def __init__(
             self, student: nn.Module, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
             lr: float = 2e-3, label_key: str = "y", pos_weight: float = 1.0,
+            hard_loss: Callable[[torch.Tensor, Any], torch.Tensor] | None = None,
+            soft_loss: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None,
         ) -> None:
             super().__init__()
             if temperature <= 0 or not 0.0 <= alpha <= 1.0:
@@ -635,6 +797,9 @@ def _distiller_class():
                 p.requires_grad_(False)
             self.temperature, self.alpha, self.lr = temperature, alpha, lr
             self.label_key, self.pos_weight = label_key, pos_weight
+            if (hard_loss is None) != (soft_loss is None):
+                raise ValueError("give both hard_loss and soft_loss, or neither (binary / multi-class defaults)")
+            self.hard_loss, self.soft_loss = hard_loss, soft_loss
 
         def _split(self, batch: Any) -> tuple[Any, torch.Tensor]:
             if isinstance(batch, Mapping):
@@ -647,7 +812,9 @@ def _distiller_class():
             with torch.no_grad():
                 t = call_model(self.teacher, inputs).float()
             T = self.temperature
-            if s.dim() == 1 or s.shape[-1] == 1:
+            if self.hard_loss is not None and self.soft_loss is not None:
+                soft, hard = self.soft_loss(s, t, T), self.hard_loss(s, batch)
+            elif s.dim() == 1 or s.shape[-1] == 1:
                 s, t = s.reshape(-1), t.reshape(-1)
                 soft = F.binary_cross_entropy_with_logits(s / T, torch.sigmoid(t / T)) * T * T
                 weight = torch.as_tensor(self.pos_weight, device=s.device)
@@ -681,6 +848,45 @@ def make_distiller(student: nn.Module, teacher: nn.Module, **kwargs: Any) -> Any
     """A LightningModule that distils ``teacher`` into ``student``; fit it with ``train_model``
     (monitor ``val/loss``, mode ``min``); ``.student`` then holds the best weights."""
     return _distiller_class()(student, copy.deepcopy(teacher).eval(), **kwargs)
+
+
+def _loss_module_class():
+    import lightning as L
+
+    class LossModule(L.LightningModule):
+        """Trains a plain ``module`` on ``loss_fn(module(inputs), batch)``; logs ``{stage}/loss``."""
+
+        def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Tensor, Any], torch.Tensor], lr: float) -> None:
+            super().__init__()
+            self.module, self.loss_fn, self.lr = module, loss_fn, lr
+
+        def _step(self, batch: Any, stage: str) -> torch.Tensor:
+            inputs = batch_inputs(batch)
+            loss = self.loss_fn(call_model(self.module, inputs), batch)
+            self.log(f"{stage}/loss", loss, prog_bar=stage == "val", on_epoch=True, on_step=False,
+                     batch_size=batch_size_of(inputs))
+            return loss
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            return self._step(batch, "train")
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self._step(batch, "val")
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=self.lr, weight_decay=1e-4)
+
+    return LossModule
+
+
+def make_trainable(module: nn.Module, loss_fn: Callable[[torch.Tensor, Any], torch.Tensor], lr: float = 1e-3) -> Any:
+    """A LightningModule that fine-tunes the plain ``module`` in place on ``loss_fn(outputs, batch)``.
+
+    Fit it with ``train_model`` (monitor ``val/loss``, mode ``min``); ``module`` then holds
+    the best weights. Training batches are dicts (the module gets the whole dict) or tuples
+    whose first element is the input.
+    """
+    return _loss_module_class()(module, loss_fn, lr)
 
 
 # ------------------------------------------------------------------------------------
@@ -776,7 +982,10 @@ def check_onnx_parity(
     """Run PyTorch and onnxruntime on the same held-out batches; compare outputs and metric."""
     ref = predict(copy.deepcopy(model).cpu(), batches)
     got = onnx_predict(onnx_session(path), batches, input_names)
+    if ref.shape != got.shape:
+        raise ValueError(f"ONNX output shape {got.shape} differs from PyTorch's {ref.shape}")
     diff = float(np.max(np.abs(ref - got))) if len(ref) else 0.0
+    per_output = np.abs(ref - got).reshape(len(ref), -1).max(axis=0).tolist() if len(ref) and ref.ndim > 1 else []
     m_t = m_o = None
     ok = diff <= atol
     if metric is not None:
@@ -784,7 +993,7 @@ def check_onnx_parity(
         ok = ok and abs(m_t - m_o) <= metric_tol
     return OnnxParity(
         path=str(path), n=len(ref), max_abs_diff=diff, atol=atol, metric_torch=m_t, metric_onnx=m_o,
-        metric_tol=metric_tol, passed=ok,
+        metric_tol=metric_tol, passed=ok, max_abs_diff_per_output=[float(x) for x in per_output],
     )
 
 

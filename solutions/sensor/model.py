@@ -119,6 +119,16 @@ class SensorHeads(nn.Module):
         return self.rul(h).squeeze(-1), self.fail(h).squeeze(-1)
 
 
+def rul_fail_loss(
+    pred: torch.Tensor, logit: torch.Tensor, rul: torch.Tensor, fail: torch.Tensor, *,
+    rul_cap: float, fail_weight: float, pos_weight: float,
+) -> torch.Tensor:
+    """The training loss of the two heads: MSE of RUL / cap + ``fail_weight`` x weighted BCE of the logit."""
+    mse = F.mse_loss(pred, rul / rul_cap)
+    bce = F.binary_cross_entropy_with_logits(logit, fail, pos_weight=torch.tensor(pos_weight, device=logit.device))
+    return mse + fail_weight * bce
+
+
 class SensorRULModel(L.LightningModule):
     """Encoder + heads, trained on labelled windows (RUL MSE + weighted BCE)."""
 
@@ -145,11 +155,8 @@ class SensorRULModel(L.LightningModule):
         x, rul, fail = batch
         pred, logit = self(x)
         cap = self.hparams.rul_cap
-        mse = F.mse_loss(pred, rul / cap)
-        bce = F.binary_cross_entropy_with_logits(
-            logit, fail, pos_weight=torch.tensor(self.hparams.pos_weight, device=x.device)
-        )
-        loss = mse + self.hparams.fail_weight * bce
+        loss = rul_fail_loss(pred, logit, rul, fail, rul_cap=cap, fail_weight=self.hparams.fail_weight,
+                             pos_weight=self.hparams.pos_weight)
         rmse = torch.sqrt(F.mse_loss(pred.clamp(0, 1) * cap, rul))
         self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
         self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
@@ -171,6 +178,23 @@ class SensorRULModel(L.LightningModule):
         enc = {k[len("encoder."):]: v for k, v in state_dict.items() if k.startswith("encoder.")}
         self.encoder.load_state_dict(enc)
         return len(enc)
+
+
+class SensorOutputs(nn.Module):
+    """A :class:`SensorRULModel` as a plain module with one output tensor (for export and compression).
+
+    ``forward(x)`` returns ``(batch, 2)``: column 0 the RUL head (RUL / ``rul_cap``, not
+    clamped), column 1 the failure logit. It shares the model's encoder and heads, so its
+    state dict has the same keys as the model's.
+    """
+
+    def __init__(self, model: SensorRULModel) -> None:
+        super().__init__()
+        self.encoder, self.heads = model.encoder, model.heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rul, logit = self.heads(self.encoder(x))
+        return torch.stack([rul, logit], dim=-1)
 
 
 class WindowDataModule(L.LightningDataModule):

@@ -1,4 +1,4 @@
-"""The compress flow end to end on a tiny fraud model, against a real (test) Prefect API."""
+"""The compress flow end to end on tiny fraud and sensor models, against a real (test) Prefect API."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import flows.compress as FC
 import flows.fraud as F
+import flows.sensor as FS
+import tasks.compress as C
 from flows._compress_models import adapter_for
 from infra.registry import ModelRegistry
 
@@ -53,3 +56,67 @@ def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> Non
     target = adapter_for(ref).prepare(registry.resolve(result["source"]), {"synthetic": {"n_accounts": 300, "n_terminals": 150, "n_days": 40}})
     assert target.score(module) == pytest.approx(rows[chosen]["metric"], abs=1e-6)
     assert isinstance(module, torch.nn.Module)
+
+
+SENSOR_FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--seed", "1"]
+
+
+def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> None:
+    train = ["train", *SENSOR_FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline",
+             "--max-epochs", "1", "--model-name", "rul-cmp", "--json"]
+    assert FS.main(train) == 0
+    trained = _last_json(capsys.readouterr().out)
+    source = trained["model"]
+    assert FC.main(["--model", "rul-cmp", *SENSOR_FLEET, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
+                    "--latency-batch", "32", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    rows = {c["name"]: c for c in result["candidates"]}
+    assert list(rows) == ["fp32", "fp32-onnx", "int8-dynamic", "int8-weight-only", "pruned-structured", "pruned-global", "distilled"]
+    # the registry's primary metric, scored on the same test cuts: test RMSE, lower is better
+    assert result["primary_metric"] == "test/rmse" and result["higher_is_better"] is False
+    assert rows["fp32"]["metric"] == pytest.approx(source["metrics"]["test/rmse"], rel=1e-9)
+    base = rows["fp32"]["metric"]
+    # the failure head is reported beside it (sensor-train's test PR-AUC), for every torch candidate
+    assert rows["fp32"]["secondary"]["test/pr_auc"] == pytest.approx(source["metrics"]["test/pr_auc"], abs=1e-9)
+    assert all("test/pr_auc" in r["secondary"] for r in rows.values() if r["kind"] != "onnx")
+    for r in rows.values():  # a higher RMSE is a positive (worse) relative drop
+        assert r["rel_drop"] == pytest.approx((r["metric"] - base) / base, abs=1e-12)
+        assert r["within_tolerance"] == (r["rel_drop"] <= result["tolerance"])
+    fits = [r for r in rows.values() if r["stage"] not in {"original", "export"} and r["within_tolerance"]]
+    assert result["chosen"] == (min(fits, key=lambda r: r["size_bytes"])["name"] if fits else None)
+    # the latency batch comes from the other test windows, not the few metric rows
+    assert all(c["cpu"]["batch_size"] == 32 for c in rows.values())
+    # INT8: the Linear layers only (convs stay fp32, and the table says so)
+    assert set(result["int8_layers"]["layers"]) == {"encoder.proj.1", "heads.shared.0", "heads.rul", "heads.fail"}
+    assert "Conv1d layers stay fp32" in rows["int8-dynamic"]["note"]
+    assert rows["int8-weight-only"]["size_bytes"] * 3 < rows["fp32"]["size_bytes"]
+    # ONNX: both heads checked, on the metric rows plus the latency batch
+    onnx = result["onnx"]
+    assert onnx["passed"] and len(onnx["max_abs_diff_per_output"]) == 2 and onnx["max_abs_diff"] < 1e-4
+    assert onnx["n"] == trained["windows"]["test_last"] + 32
+    # structured pruning shrank conv channels and neurons; the student is smaller
+    shapes = result["prune"][0]["shapes"]
+    assert result["prune"][0]["method"] == "structured-channels"
+    assert shapes["encoder.convs.0.0.weight"][0] == 16 and shapes["encoder.proj.1.weight"] == [128, 64]
+    assert rows["pruned-structured"]["params"] < rows["fp32"]["params"] / 2
+    assert rows["distilled"]["params"] < rows["fp32"]["params"] / 2
+    assert len(result["sensitivity"]) == 3 * 7  # 3 convs + 4 Linear weights x 3 ratios
+    report = Path(result["report_dir"], "report.md").read_text()
+    assert "(lower is better)" in report and "rul/cap:" in report and "fail_logit:" in report
+    # every stored sensor candidate rebuilds from plain tensors and scores as in the table
+    registry = ModelRegistry()
+    ref = registry.resolve(result["source"])
+    adapter = adapter_for(ref)
+    target = adapter.prepare(ref, {"fleet": {"n_assets": 16, "min_life": 45, "max_life": 70, "seed": 1}})
+    out = Path(result["report_dir"])
+    for name in ("fp32", "int8-weight-only", "pruned-structured", "pruned-global"):
+        state = load_file(str(out / f"{name}.safetensors"))
+        module = adapter.build(ref.params, C.dequantize_state(state))
+        assert target.score(module) == pytest.approx(rows[name]["metric"], abs=1e-6), name
+    state = load_file(str(out / "int8-dynamic.safetensors"))
+    module = C.load_int8_state(adapter.build(ref.params, C.dequantize_state(state)), state)
+    assert target.score(module) == pytest.approx(rows["int8-dynamic"]["metric"], abs=1e-6)
+    if result["variant"] is not None:  # the registered variant loads through the registry (safetensors)
+        variant = registry.resolve(f"{result['variant']['name']}:{result['variant']['version']}")
+        assert variant.metrics["test/pr_auc"] == rows[result["chosen"]]["secondary"]["test/pr_auc"]
+        assert target.score(FC.load_variant(variant, registry)) == pytest.approx(rows[result["chosen"]]["metric"], abs=1e-6)

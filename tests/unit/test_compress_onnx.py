@@ -52,3 +52,17 @@ def test_distiller_moves_student_towards_teacher() -> None:
     assert float(distiller.loss(batch)[1]) < first
     assert all(not p.requires_grad for p in distiller.teacher.parameters())
     assert C.param_count(student) < C.param_count(teacher)
+
+
+def test_onnx_two_head_sensor_model_parity_per_output(tmp_path: Path) -> None:
+    from tests.unit.test_compress_quant import _sensor_batch, tiny_sensor
+
+    torch.manual_seed(0)
+    model = tiny_sensor()  # conv + BatchNorm + GELU encoder, (batch, 2) output: RUL head, failure logit
+    path, names = C.export_onnx(model, _sensor_batch(2), tmp_path / "sensor.onnx", input_names=["x"])
+    held_out = [_sensor_batch(1, seed=3), _sensor_batch(45, seed=4)]  # other batch sizes than the export's
+    parity = C.check_onnx_parity(model, path, held_out, names, atol=1e-5)
+    assert parity.passed and parity.n == 46
+    assert len(parity.max_abs_diff_per_output) == 2 and max(parity.max_abs_diff_per_output) == parity.max_abs_diff
+    got = C.onnx_predict(C.onnx_session(path), held_out, names)
+    assert got.shape == (46, 2)

@@ -55,17 +55,67 @@ def test_dynamic_int8_shrinks_quantized_layers_at_least_3x(model: TinySeq, tmp_p
         C.quantize_dynamic_int8(model, ["Conv1d"])
 
 
-def test_int8_variant_loads_with_weights_only_and_safetensors(model: TinySeq, tmp_path: Path) -> None:
+def tiny_sensor() -> nn.Module:
+    """The sensor 1D-CNN (convs + BatchNorm + Linear heads) seen as one (batch, 2) output."""
+    from solutions.sensor.model import SensorOutputs, SensorRULModel
+
+    return SensorOutputs(SensorRULModel(n_channels=3, channels=8, embedding_dim=16)).eval()
+
+
+def _sensor_batch(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, 3, 12, generator=torch.Generator().manual_seed(seed))
+
+
+def _trained_stats(model: nn.Module) -> nn.Module:
+    """Non-default BatchNorm statistics, so a loader that skips them is caught."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm1d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+    return model
+
+
+VARIANTS = {
+    "seq": (TinySeq, _batch),
+    "sensor": (tiny_sensor, _sensor_batch),
+}
+
+
+@pytest.mark.parametrize("arch", list(VARIANTS))
+def test_int8_variant_loads_with_weights_only_and_safetensors(arch: str, tmp_path: Path) -> None:
+    make, batch = VARIANTS[arch]
+    torch.manual_seed(0)
+    model = _trained_stats(make().eval())
     qmodel = C.quantize_dynamic_int8(model)
     state = C.int8_state_dict(qmodel)
     torch.save(state, tmp_path / "int8.pt")
     loaded = torch.load(tmp_path / "int8.pt", weights_only=True)  # plain tensors: no pickled code
     C.save_state(state, tmp_path / "int8.safetensors")
-    b = _batch(33, seed=1)
+    b = batch(33, seed=1)
     expected = C.call_model(qmodel, b)
+    assert isinstance(expected, torch.Tensor)  # one output tensor (the sensor heads stacked)
     for st in (loaded, load_file(str(tmp_path / "int8.safetensors"))):
-        rebuilt = C.load_int8_state(TinySeq(), st)  # fresh random skeleton: every weight comes from st
+        rebuilt = C.load_int8_state(make(), st)  # fresh random skeleton: every weight comes from st
         assert torch.equal(C.call_model(rebuilt, b), expected)
+    # weight-only INT8 (conv kernels included) reloads the same way, without pickle
+    wo = C.weight_only_int8_state(model)
+    torch.save(wo, tmp_path / "wo.pt")
+    for st in (torch.load(tmp_path / "wo.pt", weights_only=True), wo):
+        rebuilt = C.load_weight_only_int8(make(), st).eval()
+        assert (C.call_model(rebuilt, b) - C.call_model(model, b)).abs().max() < 0.05
+
+
+def test_sensor_int8_quantizes_linears_only(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = tiny_sensor()
+    state = C.int8_state_dict(C.quantize_dynamic_int8(model))
+    size = C.quantized_layer_size(model, state)
+    assert set(size.layers) == {"encoder.proj.1", "heads.shared.0", "heads.rul", "heads.fail"}
+    assert state["encoder.convs.0.0.weight"].dtype == torch.float32  # convs stay fp32 under dynamic INT8
+    wo = C.weight_only_int8_state(model)
+    assert wo["encoder.convs.0.0.weight.__q.int8"].dtype == torch.int8  # weight-only covers the convs
 
 
 def test_packed_quantized_state_dict_would_not_load_safely(model: TinySeq, tmp_path: Path) -> None:
