@@ -72,7 +72,8 @@ def _overhead(result: dict, n: int) -> float:
 
 
 def orchestration(n: int, repeats: int) -> dict:
-    base = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    base = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING",
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     base.pop("PREFECT_API_URL", None)
     with tempfile.TemporaryDirectory() as home:
         eph = _child(["--worker-tasks", str(n), "--repeats", str(repeats)], {**base, "PREFECT_HOME": home})
@@ -147,7 +148,8 @@ def _scoring_worker(rows: int, repeats: int) -> None:
 def scoring(rows: int, repeats: int) -> dict:
     with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as phome:
         env = {**os.environ, "INDUSFLOW_HOME": home, "PREFECT_HOME": phome, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "PREFECT_LOGGING_LEVEL": "WARNING", "INDUSFLOW_LOG_LEVEL": "WARNING"}
+               "PREFECT_LOGGING_LEVEL": "WARNING", "INDUSFLOW_LOG_LEVEL": "WARNING",
+               "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
         env.pop("PREFECT_API_URL", None)
         res = _child(["--worker-score", str(rows), "--repeats", str(repeats)], env)
     flow = statistics.median(res["flow_s"])

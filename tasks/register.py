@@ -78,9 +78,20 @@ def render_promotion(decision: PromotionDecision) -> str:
     )
 
 
+def register_and_publish(*args: Any, **kwargs: Any) -> RegistrationResult:
+    """:func:`register_model`, then the promotion decision (both metrics and the reason) as
+    its own artifact ``<model>-promotion``, so scheduled retrains leave a record per run."""
+    from tasks.evaluate import artifact_key, publish_eval_report
+
+    result = register_model(*args, **kwargs)
+    publish_eval_report(render_promotion(result.decision), key=artifact_key(f"{result.decision.name}-promotion"),
+                        description="Champion rule: challenger vs champion on the same test data")
+    return result
+
+
 register_model_task = task(
-    register_model,
+    register_and_publish,
     name="register-model",
-    description="Register a model version and apply the champion rule.",
+    description="Register a model version, apply the champion rule and publish the decision.",
     cache_policy=NONE,
 )

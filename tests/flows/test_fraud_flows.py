@@ -44,6 +44,16 @@ def test_train_cli_json_registers_and_reuses_prepared_data(capsys: pytest.Captur
     assert again["dataset"]["content_hash"] == result["dataset"]["content_hash"]
     # the same weights do not beat themselves: the champion stays at v1
     assert again["model"]["version"] == 2 and again["promotion"]["promoted"] is False
+    # each decision is its own artifact: both metrics and the reason
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["fraud-cli-promotion"])))
+    texts = sorted(str(a.data) for a in arts)
+    assert len(texts) == 2
+    latest = next(t for t in texts if "v2: not promoted" in t)
+    assert "| candidate | 2 |" in latest and "| champion before | 1 |" in latest and "Reason:" in latest
 
 
 def test_interrupted_training_flow_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
