@@ -1,6 +1,6 @@
 """Orchestration overhead and batch-scoring throughput, side by side in one run.
 
-    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 60000]
+    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 100000]
 
 Prints one JSON line:
 - ``ms_per_task_ephemeral`` / ``ms_per_task_server``: median over repeats of
@@ -123,7 +123,7 @@ def _scoring_worker(rows: int, repeats: int) -> None:
                 "--seq-len", "8", "--no-baseline", "--model-name", "bench-score"])
         spec = ModelRegistry().resolve("bench-score").spec
         work = Path(os.environ["INDUSFLOW_HOME"])
-        df = generate_transactions(n_accounts=max(50, rows // 60), n_terminals=max(30, rows // 120), n_days=10, seed=9)
+        df = generate_transactions(n_accounts=max(50, rows // 18), n_terminals=max(30, rows // 40), n_days=10, seed=9)
         df = df.drop(columns=["label", "scenario"], errors="ignore").head(rows)
         flow_s, direct_s = [], []
         for r in range(repeats):
@@ -166,7 +166,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--rows", type=int, default=60000)
+    p.add_argument("--rows", type=int, default=100000)
     p.add_argument("--worker-tasks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-score", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()

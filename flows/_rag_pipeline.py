@@ -8,10 +8,11 @@ generic tasks (parse, chunk, embed, index, retrieve).
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import logging
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,31 @@ class IngestStages:
     parse: Callable[..., Any] = parse_sources
     embed: Callable[..., np.ndarray] = embed_texts
     write: Callable[..., WriteCounts] = write_source
+    #: Submits a parse batch to the flow's task runner (threads or Dask) and returns a future;
+    #: None parses in line. Batches are parsed ``parse_ahead`` ahead of embedding and writing.
+    submit_parse: Callable[..., Any] | None = None
+    parse_ahead: int = 2
+
+
+def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestStages,
+                   **parse_kwargs: Any) -> Iterator[tuple[list[SourceFile], Any]]:
+    """``(batch, parse result)`` in order; with ``stages.submit_parse`` the next batches are
+    parsed on the task runner while the current one is embedded and written."""
+    batches = [list(todo[i : i + batch_docs]) for i in range(0, len(todo), batch_docs)]
+    if stages.submit_parse is None:
+        for batch in batches:
+            yield batch, stages.parse(batch, **parse_kwargs)
+        return
+    waiting = iter(batches)
+    in_flight: deque[tuple[list[SourceFile], Any]] = deque()
+    for batch in itertools.islice(waiting, max(1, stages.parse_ahead)):
+        in_flight.append((batch, stages.submit_parse(batch, **parse_kwargs)))
+    while in_flight:
+        batch, future = in_flight.popleft()
+        following = next(waiting, None)
+        if following is not None:
+            in_flight.append((following, stages.submit_parse(following, **parse_kwargs)))
+        yield batch, future.result()
 
 
 class QuarantineItem(BaseModel):
@@ -265,9 +291,8 @@ def run_ingest(
         ensure_collection(client, collection, embedder.dim)
     progress = _Progress(written=WriteCounts(), redactions=Counter(), chunk_texts=[])
     parsed = 0
-    for start in range(0, len(todo), params.batch_docs):
-        batch = todo[start : start + params.batch_docs]
-        result = stages.parse(batch, settings=tika_settings, max_archive_members=params.max_archive_members)
+    for batch, result in parsed_batches(todo, params.batch_docs, stages, settings=tika_settings,
+                                        max_archive_members=params.max_archive_members):
         parsed += len(result.documents)
         quarantined.extend(result.quarantined)
         by_source: dict[str, list[ParsedDocument]] = {f.path: [] for f in batch}

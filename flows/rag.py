@@ -28,6 +28,7 @@ from infra.embeddings import embedder_from_settings
 from infra.llm import ChatClient, ChatMessage
 from infra.milvus import open_client
 from infra.rag_settings import get_llm_settings, get_tika_settings
+from infra.runners import make_task_runner
 from infra.store import area, stable_hash
 from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
@@ -40,7 +41,8 @@ from tasks.index import write_source_task
 from tasks.retrieve import Retrieved, build_filter, retrieve
 
 log = logging.getLogger("flows.rag")  # not __main__ under python -m
-TASK_STAGES = IngestStages(parse=parse_sources_task, embed=embed_texts_task, write=write_source_task)
+TASK_STAGES = IngestStages(parse=parse_sources_task, embed=embed_texts_task, write=write_source_task,
+                           submit_parse=parse_sources_task.submit)
 
 
 # ------------------------------------------------------------------------------------
@@ -122,7 +124,7 @@ class EvalResult(BaseModel):
 # flows
 
 
-@flow(name="rag-ingest", log_prints=True)
+@flow(name="rag-ingest", log_prints=True, task_runner=make_task_runner())
 def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams()) -> IngestResult:
     """Parse documents with Apache Tika, redact personal data, chunk by tokens, embed and write
     them to Milvus (dense + BM25). Incremental: unchanged files are skipped, changed ones

@@ -56,3 +56,24 @@ def test_help_for_every_command(capsys: pytest.CaptureFixture) -> None:
             R.main([command, "--help"])
         assert exit_info.value.code == 0
         assert "--json" in capsys.readouterr().out
+
+
+def test_parse_batches_fan_out_on_a_local_dask_cluster(tmp_path: Path, monkeypatch) -> None:
+    """Parse batches run ahead on the configured task runner; the result equals in-line parsing."""
+    pytest.importorskip("prefect_dask")
+    from infra.runners import make_task_runner
+    from solutions.rag.config import IngestParams
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("INDUSFLOW_MILVUS_URI", str(tmp_path / "fanout.db"))
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    for i, topic in enumerate(["pump seals", "gearbox oil", "belt tension", "motor current", "valve leaks"]):
+        (corpus / f"note-{i}.txt").write_text(f"Maintenance note {i} about {topic}. " * 20)
+    (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 not a pdf")
+    fanned = R.rag_ingest.with_options(task_runner=make_task_runner("dask", workers=2))(
+        [str(corpus)], params=IngestParams(collection="kb_dask", batch_docs=2))
+    inline = R.rag_ingest([str(corpus)], params=IngestParams(collection="kb_inline", batch_docs=6))
+    assert fanned.chunked_documents == inline.chunked_documents == 5
+    assert fanned.total_chunks == inline.total_chunks > 0
+    assert [q.path for q in fanned.quarantined] == [q.path for q in inline.quarantined] == [str(corpus / "broken.pdf")]
