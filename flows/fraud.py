@@ -514,7 +514,13 @@ def score_transactions(ref_model: ModelRef, registry: ModelRegistry, ref: Datase
     Rows before ``since`` serve only as history for sequences and window features.
     Returns (scores table with the model version, the input rows scored, their scores).
     """
-    net, pre, mcfg = P.model_from_params(ref_model.params, registry.load_state_dict(ref_model))
+    if "compression" in ref_model.params:  # an INT8 / pruned / distilled variant (flows.compress)
+        from flows.compress import load_variant
+
+        net = load_variant(ref_model, registry)
+        pre, mcfg = P.preprocessing_from_params(ref_model.params)
+    else:
+        net, pre, mcfg = P.model_from_params(ref_model.params, registry.load_state_dict(ref_model))
     threshold = float(ref_model.params.get("threshold", 0.5))
     df = ref.read()
     delay = float(ref_model.params.get("split", {}).get("delay_days", 7))

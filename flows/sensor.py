@@ -41,7 +41,7 @@ from solutions.sensor.config import (
     WindowConfig,
 )
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
-from solutions.sensor.model import WindowDataModule, predict
+from solutions.sensor.model import WindowDataModule, predict, predict_outputs
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.synthetic import generate_fleet
 from tasks.data import DatasetRef
@@ -461,9 +461,17 @@ def sensor_train(
 def score_grid(ref_model: ModelRef, registry: ModelRegistry, grid: pd.DataFrame, bad: BadReadingReport | None,
                threshold: float) -> pd.DataFrame:
     """Predicted RUL, failure probability and alert flag of each asset's latest window."""
-    net, norm, wcfg = P.predictor_from_params(ref_model.params, registry.load_state_dict(ref_model))
-    ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
-    rul, prob = predict(net, ws.x)
+    if "compression" in ref_model.params:  # an INT8 / pruned / distilled variant (flows.compress)
+        from flows.compress import load_variant
+
+        norm, wcfg = P.preprocessing_from_params(ref_model.params)
+        ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
+        rul, prob = predict_outputs(load_variant(ref_model, registry), ws.x,
+                                    float(ref_model.params["hparams"].get("rul_cap", wcfg.rul_cap)))
+    else:
+        net, norm, wcfg = P.predictor_from_params(ref_model.params, registry.load_state_dict(ref_model))
+        ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
+        rul, prob = predict(net, ws.x)
     return pd.DataFrame({
         S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
         "alert": prob >= threshold, "model": ref_model.name, "model_version": ref_model.version,

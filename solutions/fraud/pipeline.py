@@ -181,6 +181,11 @@ def model_from_params(params: dict[str, Any], state_dict: dict[str, Any]) -> tup
     return model, FraudPreprocessor.from_dict(params["preprocessor"]), SequenceModelConfig(**params["config"])
 
 
+def preprocessing_from_params(params: dict[str, Any]) -> tuple[FraudPreprocessor, SequenceModelConfig]:
+    """The preprocessor and sequence settings a registered model (or a variant of it) was trained with."""
+    return FraudPreprocessor.from_dict(params["preprocessor"]), SequenceModelConfig(**params["config"])
+
+
 def score_period(model: FraudSequenceModel, setup: SequenceSetup, period: str) -> np.ndarray:
     """Sequence-model probabilities for one period, in the input-row order of that period."""
     scores = predict_scores(model, setup.datamodule, period)

@@ -180,6 +180,21 @@ class SensorRULModel(L.LightningModule):
         return len(enc)
 
 
+def predict_outputs(module: nn.Module, x: np.ndarray, rul_cap: float, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`predict` for a single-output module (``SensorOutputs`` or a compressed variant of
+    it): column 0 is RUL / cap, column 1 the failure logit."""
+    module.eval()
+    rul, prob = [], []
+    with torch.inference_mode():
+        for i in range(0, len(x), batch_size):
+            out = module(torch.as_tensor(x[i : i + batch_size], dtype=torch.float32)).float()
+            rul.append((out[:, 0].clamp(0, 1) * rul_cap).cpu().numpy())
+            prob.append(torch.sigmoid(out[:, 1]).cpu().numpy())
+    if not rul:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(rul).astype("float64"), np.concatenate(prob).astype("float64")
+
+
 class SensorOutputs(nn.Module):
     """A :class:`SensorRULModel` as a plain module with one output tensor (for export and compression).
 

@@ -182,6 +182,11 @@ def model_params(model: SensorRULModel, normalizer: RegimeNormalizer, wcfg: Wind
     }
 
 
+def preprocessing_from_params(params: dict[str, Any]) -> tuple[RegimeNormalizer, WindowConfig]:
+    """The normaliser and window settings a registered model (or a variant of it) was trained with."""
+    return RegimeNormalizer.from_dict(params["normalizer"]), WindowConfig(**params["window"])
+
+
 def predictor_from_params(params: dict[str, Any], state_dict: dict[str, Any]) -> tuple[SensorRULModel, RegimeNormalizer, WindowConfig]:
     """Rebuild a registered RUL model (weights already read safely by the registry)."""
     if params.get("architecture") != "SensorRULModel":

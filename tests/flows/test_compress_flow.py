@@ -56,6 +56,25 @@ def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> Non
     target = adapter_for(ref).prepare(registry.resolve(result["source"]), {"synthetic": {"n_accounts": 300, "n_terminals": 150, "n_days": 40}})
     assert target.score(module) == pytest.approx(rows[chosen]["metric"], abs=1e-6)
     assert isinstance(module, torch.nn.Module)
+    # the variant scores a transactions file like the original does (same rows, close scores)
+    from solutions.fraud.synthetic import generate_transactions
+
+    new = Path(result["report_dir"]) / "new-transactions.csv"
+    generate_transactions(n_accounts=60, n_terminals=30, n_days=5, seed=8).to_csv(new, index=False)
+    capsys.readouterr()
+    spec = f"{variant['name']}:{variant['version']}"
+    assert F.main(["score", str(new), "--model", spec, "--json"]) == 0
+    by_variant = _last_json(capsys.readouterr().out)
+    assert F.main(["score", str(new), "--model", result["source"], "--json"]) == 0
+    by_source = _last_json(capsys.readouterr().out)
+    import pandas as pd
+
+    a, b = pd.read_parquet(by_variant["output"]), pd.read_parquet(by_source["output"])
+    assert by_variant["model"] == spec and len(a) == len(b) > 0
+    assert (a["model"] == variant["name"]).all()
+    assert a["score"].between(0, 1).all() and a["score"].nunique() > 1
+    corr = a["score"].rank().corr(b["score"].rank())
+    assert corr > 0.5, (chosen, corr)  # a compressed copy of the same model ranks rows alike
 
 
 SENSOR_FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--seed", "1"]
@@ -120,3 +139,14 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
         variant = registry.resolve(f"{result['variant']['name']}:{result['variant']['version']}")
         assert variant.metrics["test/pr_auc"] == rows[result["chosen"]]["secondary"]["test/pr_auc"]
         assert target.score(FC.load_variant(variant, registry)) == pytest.approx(rows[result["chosen"]]["metric"], abs=1e-6)
+        # and scores assets through the sensor score command like the original
+        capsys.readouterr()
+        assert FS.main(["score", *SENSOR_FLEET, "--model", variant.spec, "--json"]) == 0
+        by_variant = _last_json(capsys.readouterr().out)
+        assert FS.main(["score", *SENSOR_FLEET, "--model", ref.spec, "--json"]) == 0
+        by_source = _last_json(capsys.readouterr().out)
+        import pandas as pd
+
+        a, b = pd.read_parquet(by_variant["output"]), pd.read_parquet(by_source["output"])
+        assert by_variant["model"] == variant.spec and len(a) == len(b) == 16
+        assert float((a["predicted_rul"] - b["predicted_rul"]).abs().median()) < 30
