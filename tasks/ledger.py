@@ -47,6 +47,7 @@ class InboxFile(BaseModel):
     path: str
     sha256: str
     size: int
+    mtime_ns: int | None = None
 
     @property
     def name(self) -> str:
@@ -78,6 +79,7 @@ class LedgerEntry(BaseModel):
     sha256: str
     path: str
     size: int
+    mtime_ns: int | None = Field(default=None, description="Lets the next scan skip re-hashing an untouched file.")
     status: Literal["scored", "quarantined"]
     reason: str | None = None
     output: str | None = None
@@ -168,6 +170,8 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
                suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> InboxScan:
     """New files of the inbox: content not in the ledger, not modified in the last ``settle_s``."""
     known = ledger.entries()
+    # files untouched since they were recorded (same path, size and mtime) are not re-hashed
+    stamps = {(e.path, e.size, e.mtime_ns): e.sha256 for e in known.values() if e.mtime_ns is not None}
     now = time.time()
     pending: list[InboxFile] = []
     seen = settling = duplicates = 0
@@ -177,7 +181,7 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
         if settle_s and now - stat.st_mtime < settle_s:
             settling += 1  # probably still being copied in; the next run takes it
             continue
-        digest = sha256_file(path)
+        digest = stamps.get((str(path), stat.st_size, stat.st_mtime_ns)) or sha256_file(path)
         if digest in known:
             seen += 1
             continue
@@ -185,7 +189,7 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
             duplicates += 1
             continue
         hashes.add(digest)
-        pending.append(InboxFile(path=str(path), sha256=digest, size=stat.st_size))
+        pending.append(InboxFile(path=str(path), sha256=digest, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return InboxScan(location=str(location), pending=pending, seen_before=seen, settling=settling,
                      duplicates=duplicates)
 
@@ -227,7 +231,8 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     except OSError as exc:  # the original stays where it is; the reason is what matters
         log.warning("could not copy %s to quarantine: %s", file.path, exc)
     write_json_atomic(folder / f"{stem}.reason.json", {"path": file.path, "sha256": file.sha256, "reason": reason})
-    entry = LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, status="quarantined", reason=reason)
+    entry = LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+                        status="quarantined", reason=reason)
     ledger.record(entry)
     log.warning("quarantined %s: %s", file.path, reason)
     return entry
@@ -247,7 +252,8 @@ def score_inbox(files: list[InboxFile], score: Callable[[InboxFile], ScoredFile]
             outcomes.append(FileOutcome(file=file, status="failed", reason=f"{type(exc).__name__}: {exc}"))
             continue
         if outcome.status == "scored" and outcome.scored is not None:
-            ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, status="scored",
+            ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+                                      status="scored",
                                       output=outcome.scored.output, rows=outcome.scored.rows,
                                       model=outcome.scored.model))
         else:
