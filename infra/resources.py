@@ -14,9 +14,13 @@ spec gives
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -114,21 +118,79 @@ def trainer_args(spec: ResourceSpec, available_gpus: int | None = None) -> Train
                        gpu_slots=slots, concurrency_name=spec.concurrency_name)
 
 
-@contextmanager
-def gpu_slot(args: TrainerArgs, timeout_s: float | None = None) -> Iterator[None]:
-    """Hold ``args.gpu_slots`` slots of the GPU pool's global concurrency limit while training.
+def _lock_dir() -> Path:
+    """Machine-wide folder of the per-card locks (all homes and users of this machine)."""
+    path = Path(tempfile.gettempdir()) / "indusflow-gpu-locks"
+    path.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    return path
 
-    A no-op on CPU. Without a Prefect API or without the limit (``infra.deploy apply``
-    creates it) the training proceeds unguarded, with a log line saying so.
+
+@contextmanager
+def claim_cards(count: int, total: int, timeout_s: float | None = None, poll_s: float = 2.0) -> Iterator[list[int]]:
+    """Hold ``count`` of this machine's ``total`` GPUs exclusively (one lock file per card).
+
+    The pool's concurrency limit admits a training cluster-wide; this picks *which* cards on
+    the machine, so two trainings with ``devices: 1`` on a 4-GPU box get cards 0 and 1
+    rather than both landing on card 0.
+    """
+    if count > total:
+        raise ResourceError(f"asked for {count} GPU(s) but the machine has {total}")
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        held: list[tuple[int, Any]] = []
+        for index in range(total):
+            handle = open(_lock_dir() / f"cuda-{index}.lock", "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            held.append((index, handle))
+            if len(held) == count:
+                break
+        if len(held) == count:
+            try:
+                yield [index for index, _ in held]
+            finally:
+                for _, handle in held:
+                    fcntl.flock(handle, fcntl.LOCK_UN)
+                    handle.close()
+            return
+        for _, handle in held:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            handle.close()
+        if deadline is not None and time.monotonic() > deadline:
+            raise ResourceError(f"no {count} free GPU(s) of {total} on this machine within {timeout_s} s")
+        time.sleep(poll_s)
+
+
+@contextmanager
+def gpu_slot(args: TrainerArgs, timeout_s: float | None = None,
+             total_cards: int | None = None) -> Iterator[list[int] | None]:
+    """Hold the GPUs of one training: ``args.gpu_slots`` slots of the GPU pool's Prefect
+    global concurrency limit (inside a flow or task run), then that many free cards of this
+    machine. Yields the card indices for the Trainer's ``devices`` (None on CPU).
+
+    Outside a Prefect run (plain function calls) only the cards are claimed. Without the
+    limit on the server (``infra.deploy serve/apply`` creates it) Prefect admits the run.
     """
     if not args.gpu_slots or not args.concurrency_name:
-        yield
+        yield None
+        return
+    total = cuda_count() if total_cards is None else total_cards
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        with claim_cards(args.gpu_slots, total, timeout_s) as cards:
+            yield cards
         return
     from prefect.concurrency.sync import concurrency
 
     log.info("waiting for %d slot(s) of GPU pool limit %r", args.gpu_slots, args.concurrency_name)
-    with concurrency(args.concurrency_name, occupy=args.gpu_slots, timeout_seconds=timeout_s, strict=False):
-        yield
+    with concurrency(args.concurrency_name, occupy=args.gpu_slots, timeout_seconds=timeout_s, strict=False), \
+            claim_cards(args.gpu_slots, total, timeout_s) as cards:
+        log.info("training on GPU(s) %s", cards)
+        yield cards
 
 
 def job_variables(spec: ResourceSpec, pool_type: PoolType, *, image: str | None = None,

@@ -244,30 +244,32 @@ def train_model(
     )
     stopper = EarlyStopping(monitor=spec.monitor, mode=spec.mode, patience=spec.patience)
     recorder = _make_epoch_recorder()
-    trainer = L.Trainer(
-        default_root_dir=ckpt_dir,
-        max_epochs=spec.max_epochs,
-        min_epochs=spec.min_epochs,
-        accelerator=accelerator,
-        devices=devices,
-        strategy=strategy,
-        precision=precision,
-        callbacks=[checkpoint, stopper, recorder, *callbacks],
-        logger=CSVLogger(save_dir=ckpt_dir, name="logs"),
-        enable_progress_bar=_show_progress(),
-        enable_model_summary=False,
-        gradient_clip_val=spec.gradient_clip_val,
-        limit_train_batches=spec.limit_train_batches,
-        limit_val_batches=spec.limit_val_batches,
-        log_every_n_steps=10,
-        num_sanity_val_steps=0,
-    )
-    last = ckpt_dir / "last.ckpt"
-    resume = last if last.exists() else None
-    if resume:
-        log.info("resuming run %s from %s", spec.run_key, resume)
-    started = time.perf_counter()
-    with gpu_slot(hw):  # two GPU trainings never share a card (Prefect global concurrency limit)
+    # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
+    # two trainings never share one card
+    with gpu_slot(hw) as cards:
+        trainer = L.Trainer(
+            default_root_dir=ckpt_dir,
+            max_epochs=spec.max_epochs,
+            min_epochs=spec.min_epochs,
+            accelerator=accelerator,
+            devices=cards if cards is not None else devices,
+            strategy=strategy,
+            precision=precision,
+            callbacks=[checkpoint, stopper, recorder, *callbacks],
+            logger=CSVLogger(save_dir=ckpt_dir, name="logs"),
+            enable_progress_bar=_show_progress(),
+            enable_model_summary=False,
+            gradient_clip_val=spec.gradient_clip_val,
+            limit_train_batches=spec.limit_train_batches,
+            limit_val_batches=spec.limit_val_batches,
+            log_every_n_steps=10,
+            num_sanity_val_steps=0,
+        )
+        last = ckpt_dir / "last.ckpt"
+        resume = last if last.exists() else None
+        if resume:
+            log.info("resuming run %s from %s", spec.run_key, resume)
+        started = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - started
 

@@ -9,8 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import flows.fraud as F
 from infra.deploy import build_deployments, ensure_gpu_limits
 from infra.deploy_config import load_deploy_config
@@ -99,30 +97,42 @@ def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
 
 
 def test_two_trainings_never_share_one_gpu_slot() -> None:
-    """The GPU pool's global concurrency limit holds a second training until the first ends."""
-    from prefect.concurrency._asyncio import AcquireConcurrencySlotTimeoutError
+    """Inside flow runs, the GPU pool's global concurrency limit holds a second training
+    until the first ends, even though the machine has a second card."""
+    from prefect import flow
 
     config = load_deploy_config()
     ensure_gpu_limits(config.model_copy(update={"gpu_pools": {"unit-test": 1}}))
     args = TrainerArgs(accelerator="gpu", devices=1, precision="32-true", strategy="auto", gpu_slots=1,
                        concurrency_name="gpu-unit-test")
     holding, release = threading.Event(), threading.Event()
+    seen: dict[str, object] = {}
 
-    def first() -> None:
-        with gpu_slot(args):
+    @flow
+    def first_training() -> None:
+        with gpu_slot(args, total_cards=2) as cards:
+            seen["first"] = cards
             holding.set()
-            release.wait(30)
+            release.wait(60)
 
-    thread = threading.Thread(target=first)
+    @flow
+    def second_training(timeout_s: float) -> str:
+        try:
+            with gpu_slot(args, timeout_s=timeout_s, total_cards=2) as cards:
+                seen["second"] = cards
+                return "ran"
+        except TimeoutError as exc:  # prefect's AcquireConcurrencySlotTimeoutError
+            return type(exc).__name__
+
+    thread = threading.Thread(target=first_training)
     thread.start()
     try:
-        assert holding.wait(30)
+        assert holding.wait(60)
         started = time.perf_counter()
-        with pytest.raises(AcquireConcurrencySlotTimeoutError), gpu_slot(args, timeout_s=2):
-            pass
-        assert time.perf_counter() - started >= 1.5
+        assert second_training(2.0) == "AcquireConcurrencySlotTimeoutError"
+        assert time.perf_counter() - started >= 1.5 and "second" not in seen
     finally:
         release.set()
-        thread.join(30)
-    with gpu_slot(args, timeout_s=10):  # free again once the first training ended
-        pass
+        thread.join(60)
+    assert seen["first"] == [0]
+    assert second_training(30.0) == "ran" and seen["second"] == [0]  # free again once the first ended

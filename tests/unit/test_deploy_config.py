@@ -110,3 +110,27 @@ def test_job_variables_per_pool_type_match_the_templates() -> None:
     cpu_container = cpu_only["spec"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in cpu_container["resources"]["limits"]
     assert cpu_only["spec"]["template"]["spec"]["nodeSelector"] == {}
+
+
+def test_trainings_claim_distinct_cards_of_the_machine() -> None:
+    import threading
+
+    from infra.resources import claim_cards
+
+    with claim_cards(1, total=2) as first, claim_cards(1, total=2) as second:
+        assert first != second and sorted(first + second) == [0, 1]
+        with pytest.raises(ResourceError, match="no 1 free GPU"), claim_cards(1, total=2, timeout_s=0.2, poll_s=0.05):
+            pass
+        released = threading.Event()
+
+        def wait_for_a_card() -> None:
+            with claim_cards(1, total=2, timeout_s=10, poll_s=0.05) as got:
+                assert got in ([0], [1])
+                released.set()
+
+        waiter = threading.Thread(target=wait_for_a_card)
+        waiter.start()
+    waiter.join(10)
+    assert released.is_set()  # it got a card once the others let go
+    with pytest.raises(ResourceError, match="asked for 3"), claim_cards(3, total=2):
+        pass
