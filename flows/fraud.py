@@ -11,7 +11,6 @@ import datetime as dt
 import logging
 import re
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -51,15 +50,7 @@ from tasks.evaluate import (
     render_eval_report,
 )
 from tasks.finetune import FreezeReport, finetune_model_task
-from tasks.ledger import (
-    FileLedger,
-    InboxFile,
-    ScoredFile,
-    outcome_counts,
-    render_inbox_report,
-    scan_inbox,
-    score_inbox,
-)
+from tasks.ledger import InboxFile, InboxRun, ScoredFile, inbox_summary, process_inbox
 from tasks.prepare import materialize_table, materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
@@ -601,23 +592,9 @@ def fraud_score(
     )
 
 
-class FraudBatchScoreResult(BaseModel):
-    """What one ``fraud-batch-score`` run did with the inbox."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    inbox: str
-    new_files: int
-    seen_before: int
-    scored: int
-    quarantined: int
-    failed: int
-    rows_scored: int
-    flagged: int
-    outputs: list[str]
-    quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
-    seconds: float
+class FraudBatchScoreResult(InboxRun):
+    """What one ``fraud-batch-score`` run did with the inbox: ``rows`` transactions scored,
+    ``flagged`` of them at or above the model's threshold."""
 
 
 def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], accounts: str | None,
@@ -653,43 +630,17 @@ def fraud_batch_score(
     was handled before is skipped (processed-files ledger); a file that cannot be read or
     validated is quarantined with its reason and the others are scored. Files change in the
     last ``settle_seconds`` are left for the next run (still being copied in)."""
-    started = time.perf_counter()
     location = inbox or str(area("inbox") / "fraud")
-    ledger = FileLedger("fraud-batch-score")
-    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
-    if not scan.pending:  # nothing new: no model needed (a schedule may run before the first training)
-        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
-        return FraudBatchScoreResult(
-            model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0, failed=0,
-            rows_scored=0, flagged=0, outputs=[], quarantine={},
-            seconds=time.perf_counter() - started,
-        )
-    registry = ModelRegistry()
-    ref_model = registry.resolve(model)  # one version for the whole run
-    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "fraud-batch"
-    out_dir.mkdir(parents=True, exist_ok=True)
     if columns:
         ColumnMapping(dict(columns))
-    scorer = partial(score_inbox_file, model=ref_model.spec, columns=dict(columns or {}), accounts=accounts,
-                     out_dir=str(out_dir), csv=csv)
-    log.info("inbox %s: %d new file(s), %d seen before", location, len(scan.pending), scan.seen_before)
-    outcomes = score_inbox(scan.pending, scorer, ledger)
-    counts = outcome_counts(outcomes)
-    publish_eval_report_task(render_inbox_report("fraud-batch-score", scan, outcomes, ref_model.spec),
-                             key=artifact_key("fraud-batch-score"), description="Inbox scoring: scored and quarantined files")
-    result = FraudBatchScoreResult(
-        model=ref_model.spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
-        scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
-        rows_scored=sum(o.scored.rows for o in outcomes if o.scored),
-        flagged=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
-        outputs=[o.scored.output for o in outcomes if o.scored],
-        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
-        seconds=time.perf_counter() - started,
+    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "fraud-batch"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run = process_inbox(
+        "fraud-batch-score", location, model, settle_s=settle_seconds,
+        make_scorer=lambda spec: partial(score_inbox_file, model=spec, columns=dict(columns or {}), accounts=accounts,
+                                         out_dir=str(out_dir), csv=csv),
     )
-    if counts["failed"]:
-        raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
-                           "they stay in the inbox for the next run (see the log)")
-    return result
+    return FraudBatchScoreResult(**run.model_dump())
 
 
 # ------------------------------------------------------------------------------------
@@ -800,13 +751,6 @@ def _adapt_summary(r: FraudAdaptResult) -> str:
     return "\n".join(lines)
 
 
-def _batch_summary(r: FraudBatchScoreResult) -> str:
-    lines = [f"fraud-batch-score with {r.model}: inbox {r.inbox}: {r.new_files} new file(s), {r.seen_before} seen before; "
-             f"scored {r.scored} ({r.rows_scored} rows, {r.flagged} flagged), quarantined {r.quarantined}, failed {r.failed}"]
-    lines += [f"  quarantined {path}: {reason}" for path, reason in r.quarantine.items()]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.fraud {train,adapt,score,batch}``."""
     parser = argparse.ArgumentParser(prog="python -m flows.fraud", description=__doc__.splitlines()[0])
@@ -863,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
                 output_dir=args.output_dir, csv=args.csv, settle_seconds=args.settle_seconds,
             ),
             as_json=args.json,
-            summary=_batch_summary,
+            summary=lambda r: inbox_summary("fraud-batch-score", r, rows="rows"),
         )
     if args.command == "train":
         config = _config_from(args)

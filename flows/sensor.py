@@ -61,15 +61,7 @@ from tasks.evaluate_regression import (
     render_regression_report,
 )
 from tasks.finetune import FreezeReport, finetune_model_task
-from tasks.ledger import (
-    FileLedger,
-    InboxFile,
-    ScoredFile,
-    outcome_counts,
-    render_inbox_report,
-    scan_inbox,
-    score_inbox,
-)
+from tasks.ledger import InboxFile, InboxRun, ScoredFile, inbox_summary, process_inbox
 from tasks.prepare import materialize_table, materialize_table_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import TrainResult, TrainSpec, train_model_task
@@ -525,23 +517,9 @@ def sensor_score(
     )
 
 
-class SensorBatchScoreResult(BaseModel):
-    """What one ``sensor-batch-score`` run did with the inbox."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    inbox: str
-    new_files: int
-    seen_before: int
-    scored: int
-    quarantined: int
-    failed: int
-    assets_scored: int
-    alerts: int
-    outputs: list[str]
-    quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
-    seconds: float
+class SensorBatchScoreResult(InboxRun):
+    """What one ``sensor-batch-score`` run did with the inbox: ``rows`` assets scored (their
+    latest window), ``flagged`` of them alerting (P(failure) at or above the threshold)."""
 
 
 def score_readings_file(file: InboxFile, *, model: str, columns: dict[str, str], threshold: float | None,
@@ -586,43 +564,17 @@ def sensor_batch_score(
     ``inbox`` is a folder or a glob (default ``<home>/inbox/sensor``). Files are fanned out
     on the configured task runner (threads or Dask). A file handled before is skipped
     (processed-files ledger); an unreadable file is quarantined with its reason."""
-    started = time.perf_counter()
     location = inbox or str(area("inbox") / "sensor")
-    ledger = FileLedger("sensor-batch-score")
-    scan = scan_inbox(location, ledger, settle_s=settle_seconds)
-    if not scan.pending:  # nothing new: no model needed (a schedule may run before the first training)
-        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
-        return SensorBatchScoreResult(
-            model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0, failed=0,
-            assets_scored=0, alerts=0, outputs=[], quarantine={},
-            seconds=time.perf_counter() - started,
-        )
-    registry = ModelRegistry()
-    ref_model = registry.resolve(model)
     if columns:
         ColumnMapping(dict(columns))
     out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "sensor-batch"
     out_dir.mkdir(parents=True, exist_ok=True)
-    scorer = partial(score_readings_file, model=ref_model.spec, columns=dict(columns or {}), threshold=threshold,
-                     config=config, out_dir=str(out_dir), csv=csv)
-    log.info("inbox %s: %d new file(s), %d seen before", location, len(scan.pending), scan.seen_before)
-    outcomes = score_inbox(scan.pending, scorer, ledger)
-    counts = outcome_counts(outcomes)
-    publish_eval_report_task(render_inbox_report("sensor-batch-score", scan, outcomes, ref_model.spec),
-                             key=artifact_key("sensor-batch-score"), description="Inbox scoring: scored and quarantined files")
-    result = SensorBatchScoreResult(
-        model=ref_model.spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
-        scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
-        assets_scored=sum(o.scored.rows for o in outcomes if o.scored),
-        alerts=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
-        outputs=[o.scored.output for o in outcomes if o.scored],
-        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
-        seconds=time.perf_counter() - started,
+    run = process_inbox(
+        "sensor-batch-score", location, model, settle_s=settle_seconds,
+        make_scorer=lambda spec: partial(score_readings_file, model=spec, columns=dict(columns or {}),
+                                         threshold=threshold, config=config, out_dir=str(out_dir), csv=csv),
     )
-    if counts["failed"]:
-        raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
-                           "they stay in the inbox for the next run (see the log)")
-    return result
+    return SensorBatchScoreResult(**run.model_dump())
 
 
 # ------------------------------------------------------------------------------------
@@ -753,12 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                 output_dir=args.output_dir, csv=args.csv, settle_seconds=args.settle_seconds,
             ),
             as_json=args.json,
-            summary=lambda r: "\n".join([
-                f"sensor-batch-score with {r.model}: inbox {r.inbox}: {r.new_files} new file(s), {r.seen_before} seen "
-                f"before; scored {r.scored} ({r.assets_scored} assets, {r.alerts} alerts), quarantined {r.quarantined}, "
-                f"failed {r.failed}",
-                *(f"  quarantined {path}: {reason}" for path, reason in r.quarantine.items()),
-            ]),
+            summary=lambda r: inbox_summary("sensor-batch-score", r, rows="assets", flagged="alerts"),
         )
     try:
         source, config = _source_from(args), _config_from(args)

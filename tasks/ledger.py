@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from prefect import task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import IndusflowError
 from infra.store import area, check_name, safe_join, sha256_file, write_json_atomic
@@ -283,4 +283,72 @@ def render_inbox_report(title: str, scan: InboxScan, outcomes: list[FileOutcome]
 
 def outcome_counts(outcomes: list[FileOutcome]) -> dict[str, Any]:
     return {s: sum(o.status == s for o in outcomes) for s in ("scored", "quarantined", "failed")}
+
+
+class InboxRun(BaseModel):
+    """What one batch-scoring run did with its inbox (a vertical's flow result extends it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str = Field(description="The exact version used (the requested name when nothing was new).")
+    inbox: str
+    new_files: int
+    seen_before: int
+    scored: int
+    quarantined: int
+    failed: int
+    rows: int = Field(description="Rows written over all scored files.")
+    flagged: int = Field(description="Rows flagged (above the model's threshold) over all scored files.")
+    outputs: list[str]
+    quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
+    seconds: float
+
+
+def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[str], Callable[[InboxFile], ScoredFile]],
+                  *, settle_s: float = 30.0) -> InboxRun:
+    """One batch-scoring run: scan the inbox against the job's ledger, resolve ``model`` to one
+    exact version (only when there is something to score: a schedule may fire before the first
+    training), fan the files out, record outcomes, publish the report artifact.
+
+    ``make_scorer(model_spec)`` returns the vertical's per-file scoring function (picklable,
+    e.g. a ``functools.partial`` of a module-level function, so it can run on Dask workers).
+    Raises after scoring the others when a file failed for a reason other than bad input.
+    """
+    from infra.registry import ModelRegistry
+    from tasks.evaluate import artifact_key, publish_eval_report
+
+    started = time.perf_counter()
+    ledger = FileLedger(job)
+    scan = scan_inbox(location, ledger, settle_s=settle_s)
+    if not scan.pending:
+        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
+        return InboxRun(model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0,
+                        failed=0, rows=0, flagged=0, outputs=[], quarantine={}, seconds=time.perf_counter() - started)
+    spec = ModelRegistry().resolve(model).spec  # one version for the whole run
+    log.info("inbox %s: %d new file(s), %d seen before; scoring with %s", location, len(scan.pending), scan.seen_before, spec)
+    outcomes = score_inbox(scan.pending, make_scorer(spec), ledger)
+    counts = outcome_counts(outcomes)
+    publish_eval_report(render_inbox_report(job, scan, outcomes, spec), key=artifact_key(job),
+                        description="Inbox scoring: scored, quarantined and failed files")
+    if counts["failed"]:
+        raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
+                           "they stay in the inbox for the next run (see the log)")
+    return InboxRun(
+        model=spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
+        scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
+        rows=sum(o.scored.rows for o in outcomes if o.scored),
+        flagged=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
+        outputs=[o.scored.output for o in outcomes if o.scored],
+        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
+        seconds=time.perf_counter() - started,
+    )
+
+
+def inbox_summary(job: str, run: InboxRun, rows: str = "rows", flagged: str = "flagged") -> str:
+    """The command line's summary of a batch-scoring run."""
+    lines = [f"{job} with {run.model}: inbox {run.inbox}: {run.new_files} new file(s), {run.seen_before} seen before; "
+             f"scored {run.scored} ({run.rows} {rows}, {run.flagged} {flagged}), quarantined {run.quarantined}, "
+             f"failed {run.failed}"]
+    lines += [f"  quarantined {path}: {reason}" for path, reason in run.quarantine.items()]
+    return "\n".join(lines)
 

@@ -49,7 +49,7 @@ def test_same_file_twice_is_scored_once_and_bad_files_are_quarantined(tmp_path: 
     assert first["model"] == champion
     assert first["new_files"] == 4  # day1 (its copy is a duplicate), day2, broken, no-amount
     assert first["scored"] == 2 and first["quarantined"] == 2 and first["failed"] == 0
-    assert first["rows_scored"] == len(good) + 500
+    assert first["rows"] == len(good) + 500
     reasons = {Path(k).name: v for k, v in first["quarantine"].items()}
     assert set(reasons) == {"broken.parquet", "no-amount.csv"}
     assert "amount" in reasons["no-amount.csv"]
@@ -72,7 +72,7 @@ def test_same_file_twice_is_scored_once_and_bad_files_are_quarantined(tmp_path: 
     good.head(300).to_csv(inbox / "no-amount.csv", index=False)
     assert F.main(["batch", "--inbox", str(inbox / "*.csv"), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert third["scored"] == 1 and third["rows_scored"] == 300
+    assert third["scored"] == 1 and third["rows"] == 300
     statuses = [e.status for e in FileLedger("fraud-batch-score").entries().values()]
     assert sorted(statuses) == ["quarantined", "quarantined", "scored", "scored", "scored"]
 

@@ -109,7 +109,7 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
     batch = ["batch", "--inbox", str(inbox), "--model", "rul-batch", "--settle-seconds", "0", "--json"]
     assert F.main(batch) == 0
     first = _last_json(capsys.readouterr().out)
-    assert first["scored"] == 2 and first["quarantined"] == 1 and first["assets_scored"] == 10
+    assert first["scored"] == 2 and first["quarantined"] == 1 and first["rows"] == 10
     assert "garbled.csv" in " ".join(first["quarantine"])
     frame = pd.read_parquet(first["outputs"][0])
     assert (frame["model_version"] == 1).all() and len(frame) == 5
