@@ -58,6 +58,27 @@ def test_every_deployment_registers_with_schedule_and_parameter_schema() -> None
         assert "params" in ingest.parameter_openapi_schema["properties"]
 
 
+def test_apply_registers_the_same_definitions_to_a_process_pool(monkeypatch) -> None:
+    from prefect.client.orchestration import get_client
+
+    from infra.deploy import main as deploy_main
+
+    monkeypatch.setenv("INDUSFLOW_DEPLOY_TIMEZONE", "Europe/Berlin")
+    assert deploy_main(["apply", "--pool", "test-process", "--create-pool", "--only", "nightly-retrain",
+                        "every-10-min-score", "--json"]) == 0
+    with get_client(sync_client=True) as client:
+        train = client.read_deployment_by_name("fraud-train/nightly-retrain")
+        score = client.read_deployment_by_name("sensor-batch-score/every-10-min-score")
+        assert client.read_work_pool("test-process").type == "process"
+    assert train.work_pool_name == "test-process" and score.work_pool_name == "test-process"
+    assert train.schedules[0].schedule.timezone == "Europe/Berlin"
+    # the flow's resource spec became job variables: threads follow its cpus
+    assert train.job_variables["env"]["OMP_NUM_THREADS"] == "2"
+    assert score.job_variables["env"]["INDUSFLOW_TRAIN_NUM_THREADS"] == "1"
+    assert train.job_variables["env"]["PREFECT_LOGGING_EXTRA_LOGGERS"] == "infra,tasks,solutions,flows"
+    assert "INDUSFLOW_HOME" in train.job_variables["env"]  # a process pool on this machine shares the home
+
+
 def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
     """`python -m infra.deploy serve` in a subprocess; a run triggered through the API completes."""
     from prefect.client.orchestration import get_client
