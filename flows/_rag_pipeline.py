@@ -319,7 +319,7 @@ def run_ingest(
             qcache.pop(s)
         write_json_atomic(_quarantine_cache_path(collection), qcache)
     coverage = None
-    if progress.chunk_texts:
+    if progress.chunk_texts and getattr(embedder, "exact_tokenizer", True):
         coverage = coverage_report(embedder.tokenizer, progress.chunk_texts, embedder.max_tokens, embedder.name)
     reasons = Counter(q.reason for q in quarantined)
     return IngestResult(
@@ -372,6 +372,8 @@ def query_weights(embedder: Embedder, question: str, weights: HybridWeights) -> 
     """Fusion weights for one query (``auto`` dense weight from the embedder's coverage of it)."""
     if weights.dense != "auto":
         return {"dense": float(weights.dense), "bm25": weights.bm25}
+    if not getattr(embedder, "exact_tokenizer", True):  # no evidence about a remote model's vocabulary
+        return {"dense": 1.0, "bm25": weights.bm25}
     tok = embedder.tokenizer
     ids = tok(question, add_special_tokens=False, verbose=False)["input_ids"]
     unk = getattr(tok, "unk_token_id", None)

@@ -76,11 +76,17 @@ class Embedder(Protocol):
     @property
     def tokenizer(self) -> Any: ...
 
+    #: False when ``tokenizer`` is only a stand-in for counting chunk tokens (a remote model
+    #: without INDUSFLOW_EMBED_TOKENIZER): its unknown-piece share says nothing of the model.
+    exact_tokenizer: bool
+
     def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray: ...
 
 
 class LocalEmbedder:
     """A sentence-transformers model from a local folder; vectors are L2-normalised."""
+
+    exact_tokenizer = True
 
     def __init__(self, model: str = DEFAULT_EMBEDDING_MODEL, device: str | None = None) -> None:
         self.name = model if model == DEFAULT_EMBEDDING_MODEL else Path(model).name
@@ -139,6 +145,7 @@ class OpenAIEmbedder:
         self.settings = settings
         self._tokenizer: Any = None
         self._dim: int | None = None
+        self.exact_tokenizer = settings.tokenizer is not None
 
     def warm_up(self) -> None:
         if self._tokenizer is None:

@@ -100,3 +100,27 @@ def test_score_fusion_keeps_bm25_confidence() -> None:
     fused = score_fuse({"dense": dense, "bm25": bm25}, {"dense": 0.1, "bm25": 1.0}, 3)
     assert fused[0].id == "good"  # a confident BM25 hit stays first
     assert [r.id for r in fused[1:]] == ["b3", "b2"]  # dense breaks BM25's near tie
+
+
+def test_auto_fusion_weight_trusts_only_the_model_own_tokenizer(tmp_path) -> None:
+    """A remote model counted with a stand-in tokenizer gets no coverage-based down-weighting."""
+    from flows._rag_pipeline import query_weights
+    from infra.embeddings import OpenAIEmbedder
+    from infra.rag_settings import EmbeddingSettings
+    from solutions.rag.config import HybridWeights
+
+    class _Tok:
+        unk_token_id = 0
+
+        def __call__(self, text, **_):
+            return {"input_ids": [0 if ord(ch) > 127 else 5 for ch in text if not ch.isspace()]}
+
+    stand_in = OpenAIEmbedder(EmbeddingSettings(url="http://127.0.0.1:9/v1", model="remote-m"))
+    stand_in._tokenizer = _Tok()
+    assert stand_in.exact_tokenizer is False
+    assert query_weights(stand_in, "轴承故障的特征是什么", HybridWeights())["dense"] == 1.0
+    own = OpenAIEmbedder(EmbeddingSettings(url="http://127.0.0.1:9/v1", model="remote-m", tokenizer=tmp_path))
+    own._tokenizer = _Tok()
+    assert own.exact_tokenizer is True
+    assert query_weights(own, "轴承故障的特征是什么", HybridWeights())["dense"] == 0.1
+    assert query_weights(own, "bearing fault", HybridWeights())["dense"] == 1.0
