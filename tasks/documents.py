@@ -291,6 +291,20 @@ def _ctype(meta: dict[str, list[str]]) -> str:
 Item = ParsedDocument | Quarantined
 
 
+
+def _office_package(data: bytes) -> bool:
+    """A zip that is an office document (OOXML incl. Strict, ODF, iWork), not an archive: its
+    parts are never documents of their own, whatever Tika made of the package."""
+    import io
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names = set(z.namelist()[:2000])
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return False
+    return bool(names & {"[Content_Types].xml", "mimetype", "Index/Document.iwa", "index.xml"})
+
 class _Walker:
     """Parses one source file, expanding the containers in it under one byte budget."""
 
@@ -309,13 +323,13 @@ class _Walker:
             return self._expanded(expansion, data, path, depth)
         parsed = _tika(self.client, data, path)
         if isinstance(parsed, Quarantined):
-            if data[:4] == b"PK\x03\x04":  # a zip Tika gave up on (e.g. a bomb) still gets our guards
+            if data[:4] == b"PK\x03\x04" and not _office_package(data):  # a zip Tika gave up on (e.g. a bomb)
                 expansion = expand_zip(data, self.limits, self.budget)
                 if expansion.members:
                     return self._expanded(expansion, data, path, depth)
             return [parsed]
         ctype = _ctype(parsed.metadata)
-        if ctype == "application/zip":
+        if ctype == "application/zip" and not _office_package(data):
             expansion = expand_zip(data, self.limits, self.budget)
         elif ctype == "message/rfc822":
             expansion = expand_email(data, self.limits, self.budget)

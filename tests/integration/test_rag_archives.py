@@ -153,3 +153,18 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
     pruned = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
     assert pruned.pruned_sources == 1 and not pruned.quarantined
     assert not any(r["source"] == str(archive) for r in query_all(milvus, "it_archives", ("id", "source")))
+
+
+def test_office_packages_are_documents_not_archives(tmp_path: Path) -> None:
+    """OOXML/ODF files are zips, but their parts are never documents of their own, even when
+    Tika cannot read the package (OOXML Strict): one entry for the file, no member paths."""
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "docs"
+    package = tmp_path / "book.xlsx"
+    package.write_bytes(_zip_bytes([("[Content_Types].xml", b"<Types/>"), ("xl/sharedStrings.xml", _text("pumps"))]))
+    sources = discover([str(package)])
+    if (shared / "testEXCEL.strict.xlsx").exists():
+        sources += discover([str(shared / "testEXCEL.strict.xlsx")])
+    result = parse_sources(sources)
+    paths = [d.path for d in result.documents] + [q.path for q in result.quarantined]
+    assert paths and not any("!/" in p for p in paths)
+    assert sorted(set(paths)) == sorted(s.path for s in sources)
