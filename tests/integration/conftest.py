@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "docs"
+DOCS = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "docs").resolve()
 
 
 @pytest.fixture(scope="session")

@@ -158,7 +158,7 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
 def test_office_packages_are_documents_not_archives(tmp_path: Path) -> None:
     """OOXML/ODF files are zips, but their parts are never documents of their own, even when
     Tika cannot read the package (OOXML Strict): one entry for the file, no member paths."""
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data" / "docs"
+    shared = (Path(__file__).resolve().parents[3] / "shared" / "data" / "docs").resolve()
     package = tmp_path / "book.xlsx"
     package.write_bytes(_zip_bytes([("[Content_Types].xml", b"<Types/>"), ("xl/sharedStrings.xml", _text("pumps"))]))
     sources = discover([str(package)])
