@@ -6,6 +6,7 @@ Shared by the generic load task and the verticals' own readers (``solutions`` ma
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -33,3 +34,25 @@ def read_table(path: Path) -> pd.DataFrame:
         raise DataValidationError("file has no header and no rows", source=str(path)) from exc
     except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
         raise DataValidationError(f"cannot be parsed: {exc}", source=str(path)) from exc
+
+
+def check_column_mapping(columns: Mapping[str, str], canonical: Iterable[str]) -> dict[str, str]:
+    """Validate a canonical -> source column mapping; returns a private copy.
+
+    Raises ``ValueError`` naming unknown canonical columns (with the valid names) or source
+    columns mapped to more than one canonical column.
+    """
+    valid = tuple(canonical)
+    unknown = [k for k in columns if k not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown canonical column(s) {unknown} in the column mapping; "
+            f"valid canonical names: {', '.join(valid)}"
+        )
+    sources = list(columns.values())
+    dupes = sorted({s for s in sources if sources.count(s) > 1})
+    if dupes:
+        raise ValueError(
+            f"source column(s) {dupes} mapped to more than one canonical column; map each source column once"
+        )
+    return dict(columns)

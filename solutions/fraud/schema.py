@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from infra.tables import check_column_mapping
+
 TRANSACTION_ID = "transaction_id"
 ACCOUNT_ID = "account_id"
 TIMESTAMP = "timestamp"
@@ -57,21 +59,8 @@ class ColumnMapping:
     columns: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = [k for k in self.columns if k not in CANONICAL]
-        if unknown:
-            raise ValueError(
-                f"unknown canonical column(s) {unknown} in column mapping; "
-                f"valid canonical names: {', '.join(CANONICAL)}"
-            )
-        sources = list(self.columns.values())
-        dupes = sorted({s for s in sources if sources.count(s) > 1})
-        if dupes:
-            raise ValueError(
-                f"source column(s) {dupes} mapped to more than one canonical column; "
-                "map each source column once"
-            )
-        # Own a private copy so later changes to the caller's dict cannot leak in.
-        object.__setattr__(self, "columns", dict(self.columns))
+        # a private copy, so later changes to the caller's dict cannot leak in
+        object.__setattr__(self, "columns", check_column_mapping(self.columns, CANONICAL))
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.columns.items())))
