@@ -343,14 +343,23 @@ def _safe_filename(stem: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("_") or "model"
 
 
-def _new_figure() -> Figure:
-    """Create a figure bound to the Agg canvas, without touching pyplot state."""
+def new_figure(size: tuple[float, float] = _FIG_SIZE) -> Figure:
+    """Create a figure bound to the Agg canvas, without touching pyplot state (thread-safe)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=_FIG_SIZE, dpi=_FIG_DPI)
+    fig = Figure(figsize=size, dpi=_FIG_DPI)
     FigureCanvasAgg(fig)
     return fig
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Lay out and write ``fig`` as PNG, creating the folder."""
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
 
 
 def _draw_roc(ax: Axes, curves: Sequence[tuple[str, np.ndarray, np.ndarray]]) -> None:
@@ -409,14 +418,13 @@ def _save_curves(
         (roc_path, _draw_roc, "ROC", "lower right"),
         (pr_path, _draw_pr, "Precision-recall", "upper right"),
     ):
-        fig = _new_figure()
+        fig = new_figure()
         ax = fig.add_subplot()
         draw(ax, curves)
         ax.set_title(f"{kind}: {title}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(loc=loc, fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
+        save_figure(fig, path)
     logger.info("Saved curves to %s and %s", roc_path, pr_path)
     return roc_path, pr_path
 

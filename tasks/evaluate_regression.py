@@ -16,11 +16,10 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
+from tasks.evaluate import new_figure, save_figure
 
 log = logging.getLogger(__name__)
 
-_FIG_SIZE = (5.0, 4.0)
-_FIG_DPI = 80
 
 
 class RegressionReport(BaseModel):
@@ -86,20 +85,11 @@ def evaluate_regression(
     return report
 
 
-def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=_FIG_SIZE, dpi=_FIG_DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def plot_pred_vs_true(
     series: Sequence[tuple[str, np.ndarray, np.ndarray]], path: Path, *, title: str = "predicted vs true"
 ) -> Path:
     """Scatter of predicted against true values, one colour per model, with the diagonal."""
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     hi = 1.0
     for label, y, p in series:
@@ -110,17 +100,14 @@ def plot_pred_vs_true(
     ax.set(xlabel="true", ylabel="predicted", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def plot_trajectories(
     trajectories: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], path: Path, *, xlabel: str = "step"
 ) -> Path:
     """True (dashed) and predicted (solid) values over ``x`` for a few groups (e.g. units)."""
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for label, (x, y, p) in trajectories.items():
         (line,) = ax.plot(x, p, lw=1.2, label=label)
@@ -128,10 +115,7 @@ def plot_trajectories(
     ax.set(xlabel=xlabel, ylabel="value (dashed: true)", title="trajectories")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return Path(path)
+    return save_figure(fig, path)
 
 
 def render_regression_report(

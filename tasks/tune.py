@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infra.errors import IndusflowError
 from infra.store import area, check_name
 from infra.tune_settings import TuneSettings, get_tune_settings
+from tasks.evaluate import new_figure, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -603,18 +604,9 @@ def render_trial_table(rows: Sequence[TrialRow], metric: str, best_number: int |
     return "\n".join(lines) + "\n"
 
 
-def _figure(size: tuple[float, float] = (6, 4)) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=80)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def plot_history(rows: Sequence[TrialRow], metric: str, path: Path, maximize: bool = True) -> Path:
     """Optimisation history: each trial's value (pruned ones at their last report) and the best so far."""
-    fig = _figure()
+    fig = new_figure((6, 4))
     ax = fig.add_subplot(1, 1, 1)
     for state, marker, color in (("COMPLETE", "o", "tab:blue"), ("PRUNED", "x", "tab:gray")):
         pts = [(r.number, r.value) for r in rows if r.state == state and r.value is not None]
@@ -633,10 +625,7 @@ def plot_history(rows: Sequence[TrialRow], metric: str, path: Path, maximize: bo
     ax.set_ylabel(metric)
     ax.set_title("Optimisation history")
     ax.legend(loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def param_importances(study: Any) -> dict[str, float]:
@@ -652,7 +641,7 @@ def param_importances(study: Any) -> dict[str, float]:
 
 def plot_importance(importances: Mapping[str, float], path: Path) -> Path:
     """Horizontal bar chart of parameter importances."""
-    fig = _figure()
+    fig = new_figure((6, 4))
     ax = fig.add_subplot(1, 1, 1)
     if importances:
         names = list(importances)[::-1]
@@ -662,10 +651,7 @@ def plot_importance(importances: Mapping[str, float], path: Path) -> Path:
         ax.text(0.5, 0.5, "too few complete trials", ha="center", va="center")
         ax.set_axis_off()
     ax.set_title("Parameter importance")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    return path
+    return save_figure(fig, path)
 
 
 def render_tuning_report(
