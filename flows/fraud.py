@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
-import re
 import sys
 from functools import partial
 from pathlib import Path
@@ -25,7 +24,7 @@ from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
 from infra.runners import make_task_runner
 from infra.settings import get_train_settings
-from infra.store import area, atomic_path, check_name, stable_hash
+from infra.store import area, atomic_path, safe_stem, stable_hash
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SplitConfig, SyntheticDataConfig
@@ -371,12 +370,6 @@ def fraud_train(
     )
 
 
-def _safe_stem(path: str) -> str:
-    """A file-name stem made of safe characters (the output lives under the home)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem).strip("._-")[:80]
-    return check_name(stem or "input", "file stem")
-
-
 def _scores_for(model_ref: ModelRef, df: pd.DataFrame, feats: pd.DataFrame, period: str) -> np.ndarray:
     registry = ModelRegistry()
     model, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
@@ -568,7 +561,7 @@ def fraud_score(
     ref = obtain_transactions(data, dict(columns or {}), SyntheticDataConfig(), accounts, for_scoring=True)
     out, scored_rows, scores = score_transactions(ref_model, registry, ref, since)
     target = Path(output).expanduser() if output else (
-        area("scores") / f"{_safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
+        area("scores") / f"{safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
     csv_path = _write_scores(out, target, csv)
     labelled = None
@@ -609,7 +602,7 @@ def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], ac
         ref = materialize_table("fraud-merged", {"tx": tx.content_hash, "accounts": acc.content_hash},
                                 lambda: P.merge_accounts(tx.read(), acc.read()))
     out, _, _ = score_transactions(ref_model, registry, ref)
-    target = Path(out_dir) / f"{_safe_stem(file.path)}-{file.sha256[:12]}-{ref_model.name}-v{ref_model.version}.parquet"
+    target = Path(out_dir) / f"{safe_stem(file.path)}-{file.sha256[:12]}-{ref_model.name}-v{ref_model.version}.parquet"
     _write_scores(out, target, csv)
     return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["flagged"].sum()))
 

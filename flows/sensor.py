@@ -27,7 +27,7 @@ from flows._cli import add_common, parse_columns, run_command
 from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
 from infra.runners import make_task_runner
-from infra.store import area, atomic_path, check_name, sha256_file, stable_hash, write_json_atomic
+from infra.store import area, atomic_path, safe_stem, sha256_file, stable_hash, write_json_atomic
 from solutions.sensor import pipeline as P
 from solutions.sensor import schema as S
 from solutions.sensor.align import load_readings
@@ -500,9 +500,9 @@ def sensor_score(
     if source.cmapss_dir:
         grid = grid.loc[grid[S.SET] == "test"]
     out = score_grid(ref_model, registry, grid, bad, cut)
-    stem = Path(source.data).stem if source.data else (f"cmapss-{source.subset.lower()}" if source.cmapss_dir else "synthetic-fleet")
+    named = source.data or (f"cmapss-{source.subset.lower()}" if source.cmapss_dir else "synthetic-fleet")
     target = Path(output).expanduser() if output else (
-        area("scores") / f"{check_name(stem.replace(' ', '_')[:80] or 'input', 'file stem')}-{ref_model.name}-v{ref_model.version}.parquet"
+        area("scores") / f"{safe_stem(named)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
     csv_path = _write_scores(out, target, csv)
     markdown = (
@@ -541,7 +541,7 @@ def score_readings_file(file: InboxFile, *, model: str, columns: dict[str, str],
     out = score_grid(ref_model, registry, grid, reports[0] if reports else None, cut)
     if out.empty:
         raise DataValidationError("no asset has a complete window of readings", source=str(path))
-    stem = check_name(path.stem.replace(" ", "_")[:80] or "input", "file stem")
+    stem = safe_stem(path)
     target = Path(out_dir) / f"{stem}-{file.sha256[:12]}-{ref_model.name}-v{ref_model.version}.parquet"
     _write_scores(out, target, csv)
     return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["alert"].sum()))

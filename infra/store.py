@@ -42,6 +42,12 @@ def check_name(name: str, what: str = "name") -> str:
     return name
 
 
+def safe_stem(path: str | Path) -> str:
+    """A file-name stem of ``path`` made of safe characters (for outputs under the home)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem).strip("._-")[:80]
+    return check_name(stem or "input", "file stem")
+
+
 def safe_join(base: Path, *parts: str) -> Path:
     """Join ``parts`` under ``base`` and refuse any result outside ``base``."""
     base_resolved = base.resolve()
