@@ -99,9 +99,10 @@ class _Plain:
 
 
 def flow_overhead(n_accounts: int) -> dict:
+    from prefect import flow
+
     import flows.fraud as F
     from infra.prefect_env import prefect_cli_settings
-    from prefect import flow
     from solutions.fraud.config import FraudTrainConfig, SyntheticDataConfig
 
     config = FraudTrainConfig(data=SyntheticDataConfig(n_accounts=n_accounts, n_terminals=max(50, n_accounts // 3)))

@@ -21,9 +21,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.embeddings import Embedder
+from infra.home import home_layout
 from infra.milvus import ensure_collection
-from infra.rag_settings import TikaSettings
-from infra.store import area, check_name, safe_join, stable_hash, write_json_atomic
+from infra.settings import TikaSettings
+from infra.store import check_name, safe_join, stable_hash, write_json_atomic
 from solutions.rag.config import ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.redact import RedactionConfig, redact, redaction_fingerprint
 from solutions.rag.text import sentence_spans
@@ -122,7 +123,7 @@ def pipeline_key(chunk: ChunkParams, redaction: RedactionParams, embedder_name: 
 
 
 def _quarantine_cache_path(collection: str) -> Path:
-    return safe_join(area("rag"), f"{check_name(collection, 'collection name')}-quarantine.json")
+    return safe_join(home_layout().rag(), f"{check_name(collection, 'collection name')}-quarantine.json")
 
 
 def _load_quarantine_cache(collection: str) -> dict[str, dict]:
@@ -232,7 +233,7 @@ def write_documents(
 
 
 def _batch_size() -> int:
-    from infra.rag_settings import get_embedding_settings
+    from infra.settings import get_embedding_settings
 
     return get_embedding_settings().batch_size
 

@@ -25,9 +25,10 @@ import tasks.compress as C
 from flows._cli import add_common, parse_columns, run_command
 from flows._compress_models import CompressTarget, adapter_for
 from infra.hardware import set_cpu_threads
+from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry
 from infra.settings import get_train_settings
-from infra.store import area, stable_hash
+from infra.store import stable_hash
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.train import TrainSpec, train_model_task
 
@@ -376,7 +377,7 @@ def model_compress(
     ref = registry.resolve(model)
     adapter = adapter_for(ref)
     target = adapter.prepare(ref, dict(data_options or {}))
-    out_dir = area("reports") / f"compress-{ref.name}-v{ref.version}-{started:%Y%m%d-%H%M%S-%f}"
+    out_dir = home_layout().new_report(f"compress-{ref.name}-v{ref.version}")
     out_dir.mkdir(parents=True, exist_ok=True)
     bench = _Bench(target, config, out_dir)
     # -- original and its ONNX export (same graph, another runtime)

@@ -20,11 +20,13 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows._cli import add_common, parse_columns, run_command
+from infra.compute import resolve_training
 from infra.errors import DataValidationError
+from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
-from infra.runners import make_task_runner
+from infra.runners import ConfiguredTaskRunner
 from infra.settings import get_train_settings
-from infra.store import area, atomic_path, safe_stem, stable_hash
+from infra.store import atomic_path, safe_stem, stable_hash
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SplitConfig, SyntheticDataConfig
@@ -226,7 +228,7 @@ def _period_labels(data: pd.DataFrame, feats: pd.DataFrame, period: str) -> np.n
 
 def _report_dir(kind: str) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    path = area("reports") / f"{kind}-{stamp}"
+    path = home_layout().new_report(kind)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -315,7 +317,7 @@ def fraud_train(
         mode="max",
         seed=mcfg.seed,
         fresh=fresh,
-        resources="fraud-train",
+        hardware=resolve_training("fraud-train"),
     )
     trained = train_model_task(model, setup.datamodule, spec)
     # -- evaluate both on the same test period
@@ -440,7 +442,7 @@ def fraud_adapt(
     # -- fine-tune the top parameters on the new data's train period
     setup = P.sequence_setup(df, feats, mcfg, preprocessor=pre)
     run_key = "fraud-adapt-" + stable_hash({"parent": parent.spec, "data": feats_ref.content_hash, "fraction": fraction, "epochs": max_epochs})
-    spec = TrainSpec(run_key=run_key, max_epochs=max_epochs, patience=3, monitor="val/auprc", mode="max", seed=mcfg.seed, fresh=fresh, resources="fraud-adapt")
+    spec = TrainSpec(run_key=run_key, max_epochs=max_epochs, patience=3, monitor="val/auprc", mode="max", seed=mcfg.seed, fresh=fresh, hardware=resolve_training("fraud-adapt"))
     parent_model.train()
     tuned = finetune_model_task(parent_model, setup.datamodule, spec, mode="top", fraction=fraction)
     adapted = parent_model
@@ -561,7 +563,7 @@ def fraud_score(
     ref = obtain_transactions(data, dict(columns or {}), SyntheticDataConfig(), accounts, for_scoring=True)
     out, scored_rows, scores = score_transactions(ref_model, registry, ref, since)
     target = Path(output).expanduser() if output else (
-        area("scores") / f"{safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
+        home_layout().scores() / f"{safe_stem(data)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
     csv_path = _write_scores(out, target, csv)
     labelled = None
@@ -607,7 +609,7 @@ def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], ac
     return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["flagged"].sum()))
 
 
-@flow(name="fraud-batch-score", log_prints=True, task_runner=make_task_runner())
+@flow(name="fraud-batch-score", log_prints=True, task_runner=ConfiguredTaskRunner())
 def fraud_batch_score(
     inbox: str | None = None,
     model: str = "fraud-seq",
@@ -623,10 +625,10 @@ def fraud_batch_score(
     was handled before is skipped (processed-files ledger); a file that cannot be read or
     validated is quarantined with its reason and the others are scored. Files change in the
     last ``settle_seconds`` are left for the next run (still being copied in)."""
-    location = inbox or str(area("inbox") / "fraud")
+    location = inbox or str(home_layout().inbox("fraud"))
     if columns:
         ColumnMapping(dict(columns))
-    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "fraud-batch"
+    out_dir = Path(output_dir).expanduser() if output_dir else home_layout().scores("fraud-batch")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = process_inbox(
         "fraud-batch-score", location, model, settle_s=settle_seconds,

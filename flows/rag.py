@@ -25,11 +25,12 @@ from flows._rag_pipeline import (
     text_documents,
 )
 from infra.embeddings import embedder_from_settings
+from infra.home import home_layout
 from infra.llm import ChatClient, ChatMessage
 from infra.milvus import open_client
-from infra.rag_settings import get_llm_settings, get_tika_settings
-from infra.runners import make_task_runner
-from infra.store import area, stable_hash
+from infra.runners import ConfiguredTaskRunner
+from infra.settings import get_llm_settings, get_tika_settings
+from infra.store import stable_hash
 from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.evaluation import Hit, first_relevant_rank, load_qa, render_eval_table, retrieval_metrics
@@ -124,7 +125,7 @@ class EvalResult(BaseModel):
 # flows
 
 
-@flow(name="rag-ingest", log_prints=True, task_runner=make_task_runner())
+@flow(name="rag-ingest", log_prints=True, task_runner=ConfiguredTaskRunner())
 def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams()) -> IngestResult:
     """Parse documents with Apache Tika, redact personal data, chunk by tokens, embed and write
     them to Milvus (dense + BM25). Incremental: unchanged files are skipped, changed ones
@@ -132,7 +133,7 @@ def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestPa
     empty or unsupported documents are quarantined with a reason. Without ``sources`` the
     watched folder ``<home>/inbox/docs`` is ingested (the scheduled re-ingest)."""
     if not sources:
-        watched = area("inbox") / "docs"
+        watched = home_layout().inbox("docs")
         watched.mkdir(parents=True, exist_ok=True)
         sources = [str(watched)]
     client = open_client()

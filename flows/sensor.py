@@ -9,7 +9,6 @@ then prints the flow's typed result as one JSON object on the last line of stdou
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import math
 import sys
@@ -24,10 +23,12 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows._cli import add_common, parse_columns, run_command
+from infra.compute import resolve_training
 from infra.errors import DataValidationError
+from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
-from infra.runners import make_task_runner
-from infra.store import area, atomic_path, safe_stem, sha256_file, stable_hash, write_json_atomic
+from infra.runners import ConfiguredTaskRunner
+from infra.store import atomic_path, safe_stem, sha256_file, stable_hash, write_json_atomic
 from solutions.sensor import pipeline as P
 from solutions.sensor import schema as S
 from solutions.sensor.align import load_readings
@@ -172,7 +173,7 @@ def _readings_grid(data: Path, events: Path | None, columns: dict[str, str], con
         "align": config.align.model_dump(),
         "v": P.GRID_VERSION,
     }
-    report_path = area("prepared") / f"sensor-bad-readings-{stable_hash(key)}.json"
+    report_path = home_layout().prepared() / f"sensor-bad-readings-{stable_hash(key)}.json"
 
     def build() -> pd.DataFrame:
         grid, report = load_readings(data, mapping, config.align, events)
@@ -239,7 +240,7 @@ def fit_baseline_step(train: WindowSet, seed: int) -> WindowGBM:
 
 
 def _report_dir(kind: str) -> Path:
-    path = area("reports") / f"{kind}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+    path = home_layout().new_report(kind)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -305,7 +306,7 @@ def sensor_pretrain(source: SensorSource = SensorSource(), config: SensorConfig 
         "data": grid_ref.content_hash, "model": config.model.model_dump(), "pretrain": pcfg.model_dump(),
         "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
     })
-    spec = TrainSpec(run_key=run_key, max_epochs=pcfg.max_epochs, patience=pcfg.patience, monitor="val/loss", seed=pcfg.seed, fresh=fresh, resources="sensor-pretrain")
+    spec = TrainSpec(run_key=run_key, max_epochs=pcfg.max_epochs, patience=pcfg.patience, monitor="val/loss", seed=pcfg.seed, fresh=fresh, hardware=resolve_training("sensor-pretrain"))
     trained = train_model_task(module, dm, spec)
     registration = register_model_task(
         config.encoder_name,
@@ -378,7 +379,7 @@ def sensor_train(
         "data": grid_ref.content_hash, "encoder": encoder_ref.spec if encoder_ref else None, "cfg": ft.model_dump(),
         "model": config.model.model_dump(), "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
     })
-    spec = TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min", seed=ft.seed, fresh=fresh, resources="sensor-train")
+    spec = TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min", seed=ft.seed, fresh=fresh, hardware=resolve_training("sensor-train"))
     freeze = None
     if state is not None:
         tuned = finetune_model_task(model, dm, spec, mode=ft.mode, groups=PROGRESSIVE_GROUPS if ft.mode == "progressive" else (),
@@ -502,7 +503,7 @@ def sensor_score(
     out = score_grid(ref_model, registry, grid, bad, cut)
     named = source.data or (f"cmapss-{source.subset.lower()}" if source.cmapss_dir else "synthetic-fleet")
     target = Path(output).expanduser() if output else (
-        area("scores") / f"{safe_stem(named)}-{ref_model.name}-v{ref_model.version}.parquet"
+        home_layout().scores() / f"{safe_stem(named)}-{ref_model.name}-v{ref_model.version}.parquet"
     )
     csv_path = _write_scores(out, target, csv)
     markdown = (
@@ -547,7 +548,7 @@ def score_readings_file(file: InboxFile, *, model: str, columns: dict[str, str],
     return ScoredFile(output=str(target), rows=len(out), model=ref_model.spec, flagged=int(out["alert"].sum()))
 
 
-@flow(name="sensor-batch-score", log_prints=True, task_runner=make_task_runner())
+@flow(name="sensor-batch-score", log_prints=True, task_runner=ConfiguredTaskRunner())
 def sensor_batch_score(
     inbox: str | None = None,
     model: str = "sensor-rul",
@@ -564,10 +565,10 @@ def sensor_batch_score(
     ``inbox`` is a folder or a glob (default ``<home>/inbox/sensor``). Files are fanned out
     on the configured task runner (threads or Dask). A file handled before is skipped
     (processed-files ledger); an unreadable file is quarantined with its reason."""
-    location = inbox or str(area("inbox") / "sensor")
+    location = inbox or str(home_layout().inbox("sensor"))
     if columns:
         ColumnMapping(dict(columns))
-    out_dir = Path(output_dir).expanduser() if output_dir else area("scores") / "sensor-batch"
+    out_dir = Path(output_dir).expanduser() if output_dir else home_layout().scores("sensor-batch")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = process_inbox(
         "sensor-batch-score", location, model, settle_s=settle_seconds,

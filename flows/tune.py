@@ -23,6 +23,7 @@ import flows.fraud as F
 from flows._cli import add_common, parse_columns, run_command
 from infra.errors import DataValidationError
 from infra.registry import ModelRef, PromotionDecision
+from infra.runners import ConfiguredTaskRunner
 from infra.store import check_name, stable_hash
 from solutions.fraud import pipeline as P
 from solutions.fraud.config import SEARCH_SPACE, FraudTrainConfig, SequenceModelConfig
@@ -41,7 +42,6 @@ from tasks.tune import (
     StudyRef,
     TuneConfig,
     TuneSummary,
-    make_task_runner,
     open_study,
     optimize,
     param_importances,
@@ -100,7 +100,7 @@ def _check_both_classes(df, feats, split_text: str, source: str) -> None:
             )
 
 
-@flow(name="fraud-tune", log_prints=True)
+@flow(name="fraud-tune", log_prints=True, task_runner=ConfiguredTaskRunner())
 def fraud_tune(
     data: str | None = None,
     columns: dict[str, str] | None = None,
@@ -257,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     config = F._config_from(args)
 
     def run() -> TuneResult:
-        from infra.tune_settings import get_tune_settings
-
-        runner = make_task_runner(tune.max_in_flight or get_tune_settings().max_in_flight)
-        return fraud_tune.with_options(task_runner=runner)(
+        return fraud_tune(
             data=args.data, columns=parse_columns(args.columns), accounts=args.accounts,
             config=config, tune=tune, strict=args.strict,
         )

@@ -197,9 +197,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
     config = load_deploy_config()
     image = args.image
     if args.pool_type in ("docker", "kubernetes") and not image:
-        from infra.deploy_config import DeploySettings
+        from infra.settings import get_deploy_settings
 
-        image = DeploySettings().image
+        image = get_deploy_settings().image
         if not image:
             raise DeployError(f"a {args.pool_type} pool needs --image (or INDUSFLOW_DEPLOY_IMAGE): build it from the Dockerfile")
     if args.create_pool:

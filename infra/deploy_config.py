@@ -16,10 +16,10 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from infra.errors import IndusflowError
 from infra.resources import ResourceSpec
+from infra.settings import get_deploy_settings
 
 DEFAULT_CONFIG = Path(__file__).with_name("deployments.yaml")
 _ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -28,16 +28,6 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 class DeployConfigError(IndusflowError):
     """The deployment config file is missing or invalid."""
-
-
-class DeploySettings(BaseSettings):
-    """Which deployment config to read, and overrides of it."""
-
-    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_DEPLOY_", extra="ignore")
-
-    config: Path | None = Field(default=None, description="Deployment config file (YAML).")
-    timezone: str | None = Field(default=None, description="Time zone of every cron schedule.")
-    image: str | None = Field(default=None, description="Worker image for docker/kubernetes pools.")
 
 
 def _check_cron(text: str) -> str:
@@ -129,14 +119,14 @@ class DeployConfig(BaseModel):
 
 
 def config_path() -> Path:
-    return (DeploySettings().config or DEFAULT_CONFIG).expanduser()
+    return (get_deploy_settings().config or DEFAULT_CONFIG).expanduser()
 
 
 def load_deploy_config(path: Path | None = None) -> DeployConfig:
     """Read and validate the deployment config (errors name the file and the field)."""
     import yaml
 
-    settings = DeploySettings()
+    settings = get_deploy_settings()
     path = (path or settings.config or DEFAULT_CONFIG).expanduser()
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -169,4 +159,4 @@ def resource_spec(flow_name: str) -> ResourceSpec | None:
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         raise DeployConfigError(f"deployment config {path} does not exist (INDUSFLOW_DEPLOY_CONFIG)") from None
-    return _cached(str(path), mtime, DeploySettings().timezone).resource_for(flow_name)
+    return _cached(str(path), mtime, get_deploy_settings().timezone).resource_for(flow_name)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from infra.errors import IndusflowError
-from infra.rag_settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
+from infra.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
 
 log = logging.getLogger(__name__)
 

@@ -39,14 +39,3 @@ def auto_precision(accelerator: str = "auto") -> str:
     if torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "16-mixed"
-
-
-def describe_hardware() -> dict[str, object]:
-    """A small description of the hardware, for reports."""
-    import torch
-
-    info: dict[str, object] = {"cpus": usable_cpus(), "cuda": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-        info["gpus"] = torch.cuda.device_count()
-    return info

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from infra.errors import IndusflowError
-from infra.rag_settings import LLMSettings
+from infra.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import IndusflowError
-from infra.rag_settings import MilvusSettings, get_milvus_settings
-from infra.store import area, check_name
+from infra.home import home_layout
+from infra.settings import MilvusSettings, get_milvus_settings
+from infra.store import check_name
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ class VectorStoreError(IndusflowError):
 
 def lite_path(name: str = "rag") -> Path:
     """The default Milvus Lite file under the home folder."""
-    return area("milvus") / f"{check_name(name, 'database name')}.db"
+    return home_layout().milvus() / f"{check_name(name, 'database name')}.db"
 
 
 def open_client(settings: MilvusSettings | None = None, uri: str | None = None) -> Any:

@@ -29,7 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import QualityGateError, RegistryError
-from infra.store import area, check_name, safe_join, write_json_atomic
+from infra.home import home_layout
+from infra.store import check_name, safe_join, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class ModelRegistry:
     """File-based registry; safe for several processes on one machine (flock)."""
 
     def __init__(self, root: Path | None = None) -> None:
-        self.root = root if root is not None else area("registry")
+        self.root = root if root is not None else home_layout().registry()
 
     # -- paths and locking -------------------------------------------------------------
     def _model_dir(self, name: str) -> Path:

@@ -83,6 +83,7 @@ class TrainerArgs(BaseModel):
     gpu_slots: int = Field(default=0, description="Slots to occupy on the GPU pool's limit.")
     concurrency_name: str | None = None
     fell_back: bool = False
+    num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None: leave torch's).")
 
 
 def cuda_count() -> int:

@@ -1,42 +1,22 @@
-"""Task runners of the parallel stages, chosen by configuration.
+"""Task runners of the parallel stages, chosen by configuration when a flow run starts.
 
 Parallel stages (batch-scoring files, parsing document batches, tuning trials) fan out on
-Prefect's default thread pool or on Dask through ``prefect-dask`` — a local cluster by
-default, or an existing scheduler at ``INDUSFLOW_RUNNER_DASK_ADDRESS``. No home-made pool.
+Prefect's thread pool or on Dask through ``prefect-dask`` — a local cluster by default, or
+an existing scheduler at ``INDUSFLOW_RUNNER_DASK_ADDRESS``. No home-made pool.
+
+Flows declare ``task_runner=ConfiguredTaskRunner()``: the ``INDUSFLOW_RUNNER_*`` settings are
+read when the run starts, in the process that runs the flow, so a run from the CLI, the UI
+or a deployment behaves the same and importing a flow module reads nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from prefect.task_runners import TaskRunner
 
 from infra.errors import IndusflowError
-
-RunnerKind = Literal["threads", "dask"]
-
-
-class RunnerSettings(BaseSettings):
-    """The task runner of the parallel stages."""
-
-    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_RUNNER_", extra="ignore")
-
-    kind: RunnerKind = Field(
-        default="threads",
-        description="'threads' (Prefect's ThreadPoolTaskRunner) or 'dask' (prefect-dask's DaskTaskRunner).",
-    )
-    workers: int = Field(default=2, ge=1, description="Threads, or local Dask workers, at once.")
-    dask_address: str | None = Field(
-        default=None,
-        description="An existing Dask scheduler (tcp://host:8786). Default: a local cluster "
-        "of `workers` single-threaded worker processes, started for the run.",
-    )
-    dask_processes: bool = Field(default=True, description="Local Dask workers as processes (else threads).")
-
-
-def get_runner_settings() -> RunnerSettings:
-    return RunnerSettings()
+from infra.settings import RunnerKind, RunnerSettings, get_runner_settings
 
 
 def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
@@ -62,3 +42,37 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
     from prefect.task_runners import ThreadPoolTaskRunner
 
     return ThreadPoolTaskRunner(max_workers=workers)
+
+
+class ConfiguredTaskRunner(TaskRunner):
+    """Delegates to the runner that ``INDUSFLOW_RUNNER_*`` names, read when the run starts."""
+
+    def __init__(self) -> None:
+        self._inner: Any = None
+        super().__init__()
+
+    @property
+    def name(self) -> str:
+        return f"configured-{self._inner.name}" if self._inner is not None else "configured"
+
+    def duplicate(self) -> ConfiguredTaskRunner:
+        return type(self)()
+
+    def __enter__(self) -> ConfiguredTaskRunner:
+        self._inner = make_task_runner()
+        self._inner.__enter__()
+        self._started = True
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            if self._inner is not None:
+                self._inner.__exit__(*exc_info)
+        finally:
+            self._started = False
+
+    def submit(self, task: Any, parameters: dict[str, Any], wait_for: Any = None, dependencies: Any = None) -> Any:
+        return self._inner.submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+
+    def map(self, task: Any, parameters: dict[str, Any], wait_for: Any = None) -> Any:
+        return self._inner.map(task, parameters, wait_for=wait_for)

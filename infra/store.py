@@ -1,4 +1,4 @@
-"""The artifact store: folders under the home folder, content hashes, atomic writes."""
+"""The artifact store: safe names and paths, content hashes, atomic writes (folders: infra.home)."""
 
 from __future__ import annotations
 
@@ -13,23 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import PathEscapeError
-from infra.settings import get_core_settings
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def home() -> Path:
-    """The configured home folder (created on first use)."""
-    path = get_core_settings().resolved_home()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def area(name: str) -> Path:
-    """A top-level folder of the home (``datasets``, ``checkpoints``, ``registry``, ...)."""
-    path = safe_join(home(), name)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def check_name(name: str, what: str = "name") -> str:

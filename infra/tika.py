@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from infra.errors import IndusflowError
-from infra.rag_settings import TikaSettings, get_tika_settings
+from infra.settings import TikaSettings, get_tika_settings
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,9 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
+from infra.home import home_layout
+from infra.store import atomic_path, sha256_file, stable_hash
 from infra.tables import read_table
-from infra.store import area, atomic_path, sha256_file, stable_hash
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def load_table(
     key = stable_hash(
         {"file": sha256_file(path), "schema": schema.fingerprint(), "columns": mapping}
     )
-    target = area("datasets") / f"{schema.name}-{key}.parquet"
+    target = home_layout().datasets() / f"{schema.name}-{key}.parquet"
     meta_path = target.with_suffix(".json")
     if target.exists() and meta_path.exists():
         log.info("reusing validated %s for %s (content hash %s)", target.name, path, key)

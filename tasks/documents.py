@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from infra.errors import DataValidationError
-from infra.rag_settings import TikaSettings, get_tika_settings
+from infra.settings import TikaSettings, get_tika_settings
 from infra.tika import TikaClient, TikaParseError, TikaResult, tika_client
 from tasks.containers import (
     ARCHIVE_TYPES,

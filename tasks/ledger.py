@@ -34,7 +34,8 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import IndusflowError
-from infra.store import area, check_name, safe_join, sha256_file, write_json_atomic
+from infra.home import home_layout
+from infra.store import check_name, safe_join, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class FileLedger:
 
     def __init__(self, name: str, root: Path | None = None) -> None:
         self.name = check_name(name, "ledger name")
-        self.path = safe_join(root or area("ledgers"), f"{self.name}.jsonl")
+        self.path = safe_join(root or home_layout().ledgers(), f"{self.name}.jsonl")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -222,7 +223,7 @@ def score_file_task(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -
 
 def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     """Copy a bad file and its reason to ``<home>/quarantine/<ledger>/``; record it."""
-    folder = area("quarantine") / ledger.name
+    folder = home_layout().quarantine(ledger.name)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{file.sha256[:12]}-{file.name}"
     target = safe_join(folder, stem)

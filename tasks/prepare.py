@@ -15,7 +15,8 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NONE
 
-from infra.store import area, check_name, stable_hash
+from infra.home import home_layout
+from infra.store import check_name, stable_hash
 from tasks.data import DatasetRef, store_table
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def materialize_table(
         build: computes the table when it is not stored yet.
     """
     digest = stable_hash(dict(key))
-    target = area("prepared") / f"{check_name(name)}-{digest}.parquet"
+    target = home_layout().prepared() / f"{check_name(name)}-{digest}.parquet"
     meta = target.with_suffix(".json")
     if target.exists() and meta.exists():
         log.info("reusing prepared %s (key %s)", target.name, digest)

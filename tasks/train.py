@@ -20,11 +20,12 @@ from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.deploy_config import resource_spec
-from infra.hardware import auto_precision, set_cpu_threads
-from infra.resources import TrainerArgs, gpu_slot, trainer_args
+from infra.compute import resolve_training
+from infra.hardware import set_cpu_threads
+from infra.home import home_layout
+from infra.resources import TrainerArgs, gpu_slot
 from infra.settings import get_train_settings
-from infra.store import area, check_name, write_json_atomic
+from infra.store import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ RESULT_FILE = "train_result.json"
 
 
 class TrainSpec(BaseModel):
-    """How to train. Hardware fields left None come from :class:`TrainSettings`."""
+    """How to train. ``hardware`` comes resolved from :func:`infra.compute.resolve_training`."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -43,12 +44,8 @@ class TrainSpec(BaseModel):
     monitor: str = Field(default="val/loss", description="Metric for early stopping and best.")
     mode: Literal["min", "max"] = "min"
     seed: int = 0
-    precision: str | None = None
-    accelerator: str | None = None
-    devices: str | int | None = None
-    strategy: str | None = None
-    resources: str | None = Field(
-        default=None, description="Flow name whose resource spec (deployment config) applies."
+    hardware: TrainerArgs | None = Field(
+        default=None, description="Resolved hardware (None: resolved from settings and the machine)."
     )
     gradient_clip_val: float | None = 1.0
     limit_train_batches: float | int | None = None
@@ -151,34 +148,9 @@ def _make_epoch_recorder():
     return EpochRecorder()
 
 
-def resolve_hardware(spec: TrainSpec) -> TrainerArgs:
-    """Trainer hardware arguments: the spec's own fields first, then ``INDUSFLOW_TRAIN_*``
-    variables that are set, then the flow's resource spec in the deployment config
-    (``spec.resources``), then the hardware."""
-    settings = get_train_settings()
-    explicit = settings.model_fields_set
-    profile = resource_spec(spec.resources) if spec.resources else None
-    hardware_forced = spec.accelerator is not None or spec.devices is not None or bool(
-        explicit & {"accelerator", "devices"}
-    )
-    if profile is not None and not hardware_forced:
-        base = trainer_args(profile)  # falls back to CPU or refuses without the GPUs
-    else:
-        accelerator = spec.accelerator or settings.accelerator
-        devices: str | int = spec.devices if spec.devices is not None else settings.devices
-        if isinstance(devices, str) and devices.isdigit():
-            devices = int(devices)
-        base = TrainerArgs(accelerator=accelerator, devices=devices, precision="auto", strategy=settings.strategy)
-    precision = spec.precision or (settings.precision if "precision" in explicit else base.precision)
-    if precision == "auto":
-        precision = settings.precision if settings.precision != "auto" else auto_precision(base.accelerator)
-    strategy = spec.strategy or (settings.strategy if "strategy" in explicit else base.strategy)
-    return base.model_copy(update={"precision": precision, "strategy": strategy})
-
-
 def checkpoint_dir(run_key: str) -> Path:
     """The checkpoint folder of a run key."""
-    return area("checkpoints") / check_name(run_key, "run key")
+    return home_layout().checkpoints(run_key)
 
 
 def _show_progress() -> bool:
@@ -212,7 +184,7 @@ def train_model(
         log.info("fresh training asked: removing %s", ckpt_dir)
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    hw = resolve_hardware(spec)
+    hw = spec.hardware or resolve_training()
     accelerator, devices, precision, strategy = hw.accelerator, hw.devices, hw.precision, hw.strategy
 
     done = ckpt_dir / RESULT_FILE
@@ -231,7 +203,7 @@ def train_model(
             )
 
     if accelerator in {"cpu", "auto"} and not torch.cuda.is_available():
-        set_cpu_threads(get_train_settings().num_threads)
+        set_cpu_threads(hw.num_threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
 
     checkpoint = ModelCheckpoint(

@@ -3,7 +3,7 @@
 Domain-agnostic: a flow hands over a search space (plain pydantic specs declared by a
 solution, checked here before any trial runs) and an objective that trains one model.
 A study lives in a storage under the home folder (one SQLite file per study) or in a
-database URL from :class:`~infra.tune_settings.TuneSettings`, so a killed tuning run
+database URL from :class:`~infra.settings.TuneSettings`, so a killed tuning run
 resumes: finished trials (complete or pruned) are kept, trials left running by the
 killed process are marked failed and re-enqueued with the same parameters.
 """
@@ -23,8 +23,9 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import IndusflowError
-from infra.store import area, check_name
-from infra.tune_settings import TuneSettings, get_tune_settings
+from infra.home import home_layout
+from infra.settings import TuneSettings, get_tune_settings
+from infra.store import check_name
 from tasks.evaluate import new_figure, save_figure
 
 log = logging.getLogger(__name__)
@@ -224,7 +225,7 @@ def storage_url(study_name: str, settings: TuneSettings | None = None) -> str:
     settings = settings or get_tune_settings()
     if settings.storage_url:
         return CONFIGURED_STORAGE
-    return f"sqlite:///{area('tuning') / (check_name(study_name, 'study name') + '.db')}"
+    return f"sqlite:///{home_layout().tuning() / (check_name(study_name, 'study name') + '.db')}"
 
 
 def _storage(url: str) -> Any:
@@ -234,7 +235,7 @@ def _storage(url: str) -> Any:
         configured = get_tune_settings().storage_url
         if not configured:
             raise ValueError("INDUSFLOW_TUNE_STORAGE_URL is not set on this worker")
-        url = configured
+        url = configured.get_secret_value()
 
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
@@ -532,20 +533,6 @@ def optimize(
         seconds=time.perf_counter() - started,
     )
 
-
-
-def make_task_runner(max_in_flight: int, settings: TuneSettings | None = None) -> Any:
-    """The task runner of the trials: threads by default, Dask when configured
-    (``INDUSFLOW_TUNE_TASK_RUNNER``, else the project-wide ``INDUSFLOW_RUNNER_KIND``)."""
-    from infra.runners import get_runner_settings
-    from infra.runners import make_task_runner as configured_runner
-
-    settings = settings or get_tune_settings()
-    kind = settings.task_runner if "task_runner" in settings.model_fields_set else get_runner_settings().kind
-    try:
-        return configured_runner(kind=kind, workers=max_in_flight, dask_address=settings.dask_address)
-    except IndusflowError as exc:
-        raise TuningError(str(exc)) from exc
 
 
 # ------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 import flows.fraud as F
+from infra.home import home_layout
 from infra.registry import ModelRegistry
 from infra.runners import make_task_runner
-from infra.store import area
 from solutions.fraud.synthetic import generate_transactions
 from tasks.ledger import FileLedger
 
@@ -57,7 +57,7 @@ def test_same_file_twice_is_scored_once_and_bad_files_are_quarantined(tmp_path: 
     out = pd.read_parquet(first["outputs"][0])
     assert set(out["model_version"]) == {int(champion.split(":")[1])} and out["score"].between(0, 1).all()
     # quarantine keeps a copy and the reason
-    qdir = area("quarantine") / "fraud-batch-score"
+    qdir = home_layout().quarantine("fraud-batch-score")
     assert any(p.name.endswith("broken.parquet") for p in qdir.iterdir())
     assert any(p.name.endswith("no-amount.csv.reason.json") for p in qdir.iterdir())
 

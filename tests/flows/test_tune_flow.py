@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import flows.tune as T
-from infra.store import area
+from infra.home import home_layout
 from solutions.fraud.config import FloatParam
 from tasks.tune import StudyRef, TuneConfig, ask_trial, open_study, storage_url
 
@@ -51,10 +51,10 @@ def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.
 def test_invalid_search_space_fails_before_any_trial(monkeypatch, capsys) -> None:
     bad = (FloatParam(name="lr", low=0.0, high=1e-2, log=True),)
     monkeypatch.setattr(T, "SEARCH_SPACE", bad)
-    before = set(area("tuning").iterdir())
+    before = set(home_layout().tuning().iterdir())
     assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
     assert "'lr' is on a log scale but low=0.0" in capsys.readouterr().err
-    assert set(area("tuning").iterdir()) == before  # no study was created
+    assert set(home_layout().tuning().iterdir()) == before  # no study was created
 
     monkeypatch.setattr(T, "SEARCH_SPACE", (FloatParam(name="learning_rate", low=1e-4, high=1e-2),))
     assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2

@@ -76,7 +76,7 @@ def test_each_archive_kind_yields_inner_documents(tmp_path: Path) -> None:
     with py7zr.SevenZipFile(root / "seven.7z", "w") as sz:
         sz.writestr(_text("seven zip"), "notes/seven.txt")
 
-    from infra.rag_settings import TikaSettings
+    from infra.settings import TikaSettings
 
     result = parse_sources(discover([root]), settings=TikaSettings(max_archive_depth=2))
     docs = {_rel(d.path, root): d for d in result.documents}

@@ -16,7 +16,7 @@ import pytest
 from flows._rag_pipeline import run_ingest
 from flows.rag import answer_question
 from infra.llm import ChatClient, ChatMessage, LLMError
-from infra.rag_settings import LLMSettings
+from infra.settings import LLMSettings
 from solutions.rag.config import AskParams, ChunkParams, IngestParams
 
 ZH_DOCS = {

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from infra.embeddings import EmbeddingError, OpenAIEmbedder
-from infra.rag_settings import EmbeddingSettings, TikaSettings
+from infra.settings import EmbeddingSettings, TikaSettings
 from infra.tika import EmbeddedTika, TikaServer
 from tasks.documents import discover, parse_sources
 

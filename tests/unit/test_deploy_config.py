@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from infra.compute import resolve_training
 from infra.deploy_config import DeployConfigError, load_deploy_config, resource_spec
 from infra.resources import ResourceError, ResourceSpec, job_variables, trainer_args
-from tasks.train import TrainSpec, resolve_hardware
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "k8s-job-template.json"
 
@@ -77,12 +77,12 @@ def test_training_reads_the_flow_resource_spec(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(path))
     assert resource_spec("my-train").on_missing_gpu == "refuse"
     with pytest.raises(ResourceError):
-        resolve_hardware(TrainSpec(run_key="x", resources="my-train"))
-    assert resolve_hardware(TrainSpec(run_key="x", resources="cpu-train")).precision == "64-true"
+        resolve_training("my-train")
+    assert resolve_training("cpu-train").precision == "64-true"
     # an explicit setting for this run wins over the config
     monkeypatch.setenv("INDUSFLOW_TRAIN_ACCELERATOR", "cpu")
-    assert resolve_hardware(TrainSpec(run_key="x", resources="my-train")).accelerator == "cpu"
-    assert resolve_hardware(TrainSpec(run_key="x", resources="no-entry")).accelerator == "cpu"
+    assert resolve_training("my-train").accelerator == "cpu"
+    assert resolve_training("no-entry").accelerator == "cpu"
 
 
 def test_job_variables_per_pool_type_match_the_templates() -> None:

@@ -106,7 +106,7 @@ def test_auto_fusion_weight_trusts_only_the_model_own_tokenizer(tmp_path) -> Non
     """A remote model counted with a stand-in tokenizer gets no coverage-based down-weighting."""
     from flows._rag_pipeline import query_weights
     from infra.embeddings import OpenAIEmbedder
-    from infra.rag_settings import EmbeddingSettings
+    from infra.settings import EmbeddingSettings
     from solutions.rag.config import HybridWeights
 
     class _Tok:

@@ -152,7 +152,7 @@ def test_rmeta_listing_is_split_with_the_same_guards(tmp_path: Path) -> None:
     """A client that lists embedded documents (Tika server /rmeta): members, nesting, failures, path tricks."""
     import json
 
-    from infra.rag_settings import TikaSettings
+    from infra.settings import TikaSettings
     from infra.tika import rmeta_result
     from tasks.documents import discover, parse_sources
 

@@ -11,9 +11,10 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from infra.compute import HardwareRequest, resolve_training
 from infra.hardware import auto_precision
 from tasks.finetune import finetune_model, freeze_all_but_top
-from tasks.train import TrainSpec, checkpoint_dir, resolve_hardware, train_model
+from tasks.train import TrainSpec, checkpoint_dir, train_model
 
 
 class Tiny(L.LightningModule):
@@ -104,8 +105,8 @@ def test_precision_follows_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
     assert auto_precision("auto") == "16-mixed"
     assert auto_precision("cpu") == "32-true"
     monkeypatch.setenv("INDUSFLOW_TRAIN_PRECISION", "bf16-mixed")
-    assert resolve_hardware(TrainSpec(run_key="x")).precision == "bf16-mixed"
-    assert resolve_hardware(TrainSpec(run_key="x", precision="32-true")).precision == "32-true"
+    assert resolve_training().precision == "bf16-mixed"
+    assert resolve_training(request=HardwareRequest(precision="32-true")).precision == "32-true"
 
 
 def test_freeze_top_fraction_counts_parameters() -> None:

@@ -1,0 +1,432 @@
+"""One command-line generator for every flow: flags, defaults and help come from the flow.
+
+A vertical's ``__main__`` lists its :class:`Command` s; :func:`make_main` turns them into a
+``main(argv) -> int``. For each parameter of a flow, a pydantic model contributes one flag
+per field (recursively; help = the field's description, default = the flow's default
+value), and a plain typed argument one flag (help = the ``Args:`` entry of the flow's
+docstring). The conventions every command shares:
+
+- ``--data`` names the input file, ``--model NAME[:VERSION|@alias]`` a registered model;
+- ``--json`` prints the flow's typed result as one JSON object on the last line of stdout;
+- a user error (bad value, unknown name, bad mapping) exits 2 with one ``error: ...`` line
+  on stderr and no traceback, and is caught before a flow run starts wherever the
+  parameters alone can tell (pydantic validation, then the command's ``check``).
+
+The generator is plain ``argparse`` (stdlib): it adds nothing to the start-up time, which
+the Prefect import dominates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from infra.errors import IndusflowError
+from infra.prefect_env import prefect_cli_settings
+
+_PREFIX = "p__"
+
+
+@dataclass(frozen=True)
+class Command:
+    """One sub-command: a flow and how its parameters appear on the command line.
+
+    Attributes:
+        name: sub-command name (``train``); None for a single-command module.
+        flow: the Prefect flow it runs.
+        summary: renders the flow's result for people (printed before ``--json``'s line).
+        help: one line for the command list (default: the flow docstring's first line).
+        flags: parameter path (``config.data.seed``) -> flag name without dashes, where the
+            field name alone would be unclear or would collide.
+        hidden: parameter paths (or prefixes) not offered on the command line.
+        positional: the one parameter path taken as a positional argument, if any.
+        defaults: command-line defaults that differ from the flow's (path -> value).
+        check: pre-flight check of the validated keyword arguments; raises
+            :class:`~infra.errors.IndusflowError` or ``ValueError`` for a user error.
+        prepare: maps the validated keyword arguments to the flow's (e.g. derived values).
+    """
+
+    name: str | None
+    flow: Any
+    summary: Callable[[Any], str]
+    help: str | None = None
+    flags: Mapping[str, str] = field(default_factory=dict)
+    hidden: Collection[str] = ()
+    positional: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    check: Callable[[dict[str, Any]], None] | None = None
+    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    path: tuple[str, ...]
+    annotation: Any
+    default: Any
+    required: bool
+    help: str
+    group: str | None
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+    @property
+    def dest(self) -> str:
+        return _PREFIX + "__".join(self.path)
+
+
+class UserError(IndusflowError):
+    """A command-line mistake: reported as one ``error:`` line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one ``error:`` line (exit 2)."""
+
+    def error(self, message: str) -> typing.NoReturn:  # noqa: D102
+        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+# ------------------------------------------------------------------------------------
+# parameters -> leaves
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    """(inner type, allows None) of ``X | None``."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        optional = len(inner) < len(get_args(annotation))
+        if len(inner) == 1:
+            return inner[0], optional
+        return typing.Union[tuple(inner)], optional  # noqa: UP007 - runtime construction
+    return annotation, False
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    inner, _ = _unwrap_optional(annotation)
+    return inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
+
+
+def docstring_args(fn: Callable[..., Any]) -> dict[str, str]:
+    """The ``Args:`` entries of a Google-style docstring (name -> one-line text)."""
+    doc = inspect.getdoc(fn) or ""
+    out: dict[str, str] = {}
+    in_args, current = False, None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in {"Args:", "Arguments:", "Parameters:"}:
+            in_args = True
+            continue
+        if not in_args:
+            continue
+        if stripped.endswith(":") and not line.startswith(" ") and stripped[:-1].isalpha():
+            break  # the next section (Returns:, Raises:)
+        if not stripped:
+            continue
+        indent = len(line) - len(line.lstrip())
+        name, sep, text = stripped.partition(":")
+        if sep and indent <= 4 and name.split(" ")[0].isidentifier():
+            current = name.split(" ")[0]
+            out[current] = text.strip()
+        elif current:
+            out[current] += " " + stripped
+    return out
+
+
+def description_of(flow: Any) -> str:
+    """A flow's docstring without its ``Args:`` section (the command's description)."""
+    doc = inspect.getdoc(flow.fn) or ""
+    kept = []
+    for line in doc.splitlines():
+        if line.strip() in {"Args:", "Arguments:", "Parameters:", "Returns:"}:
+            break
+        kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def _walk(path: tuple[str, ...], annotation: Any, default: Any, required: bool, help_: str,
+          group: str | None, hidden: Collection[str]) -> list[_Leaf]:
+    dotted = ".".join(path)
+    if any(dotted == h or dotted.startswith(h + ".") for h in hidden):
+        return []
+    model = _model_of(annotation)
+    if model is None:
+        return [_Leaf(path, annotation, default, required, help_, group)]
+    if default is None or not isinstance(default, model):
+        return []  # a model parameter with no instance to start from is not offered
+    title = (inspect.getdoc(model) or model.__name__).splitlines()[0].rstrip(".")
+    leaves: list[_Leaf] = []
+    for name, info in type(default).model_fields.items():
+        leaves += _walk(path + (name,), info.annotation, getattr(default, name), False,
+                        info.description or "", title, hidden)
+    return leaves
+
+
+def _leaves(command: Command) -> list[_Leaf]:
+    fn = command.flow.fn
+    hints = typing.get_type_hints(fn)
+    docs = docstring_args(fn)
+    leaves: list[_Leaf] = []
+    for name, param in inspect.signature(fn).parameters.items():
+        required = param.default is inspect.Parameter.empty
+        default = None if required else param.default
+        leaves += _walk((name,), hints.get(name, Any), default, required, docs.get(name, ""), None, command.hidden)
+    return leaves
+
+
+def _flag_name(leaf: _Leaf, command: Command) -> str:
+    if leaf.dotted in command.flags:
+        return command.flags[leaf.dotted]
+    base = leaf.path[-1].replace("_", "-")
+    inner, _ = _unwrap_optional(leaf.annotation)
+    if inner is bool and leaf.default is True:
+        return "no-" + base
+    return base
+
+
+# ------------------------------------------------------------------------------------
+# leaves -> argparse
+
+
+def parse_mapping(text: str) -> dict[str, str]:
+    """``canonical=SOURCE,...`` into a dict."""
+    out: dict[str, str] = {}
+    for token in (t.strip() for t in text.split(",")):
+        if not token:
+            continue
+        key, sep, value = token.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise argparse.ArgumentTypeError(f"{token!r} is not of the form name=VALUE")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _fmt_default(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
+def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_override: Any) -> None:
+    inner, optional = _unwrap_optional(leaf.annotation)
+    default = default_override
+    help_ = leaf.help.rstrip(".") if leaf.help else ""
+    kwargs: dict[str, Any] = {"default": argparse.SUPPRESS}
+    origin = get_origin(inner)
+    if inner is bool:
+        if default is None or optional:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["action"] = "store_false" if default else "store_true"
+            help_ = help_ + (" (turns it off)" if default else "")
+            default = None
+    elif origin is Literal:
+        choices = list(get_args(inner))
+        kwargs.update(choices=choices, type=type(choices[0]))
+    elif inner in (int, float):
+        kwargs["type"] = inner
+    elif origin in (dict, Mapping) or inner is dict:
+        kwargs.update(type=parse_mapping, metavar="NAME=VALUE,...")
+    elif origin in (list, tuple, Sequence):
+        item = get_args(inner)[0] if get_args(inner) else str
+        kwargs.update(nargs="*" if positional else "+", type=item if item in (int, float) else str)
+    elif inner is Path:
+        kwargs["metavar"] = "PATH"
+    if default is not None and kwargs.get("action") not in ("store_true", "store_false"):
+        help_ = f"{help_} (default: {_fmt_default(default)})" if help_ else f"default: {_fmt_default(default)}"
+    elif kwargs.get("action") is argparse.BooleanOptionalAction and default is not None:
+        help_ = f"{help_} (default: {'on' if default else 'off'})"
+    if positional:
+        kwargs.pop("default")
+        if leaf.required:
+            pass
+        elif "nargs" not in kwargs:
+            kwargs.update(nargs="?", default=argparse.SUPPRESS)
+        else:
+            kwargs["default"] = argparse.SUPPRESS
+        target.add_argument(leaf.dest, metavar=flag.upper().replace("-", "_"), help=help_ or None, **kwargs)
+        return
+    if leaf.required:
+        kwargs.pop("default")
+        kwargs["required"] = True
+    if "metavar" not in kwargs and kwargs.get("action") is None:
+        kwargs["metavar"] = flag.upper().replace("-", "_")
+    target.add_argument(f"--{flag}", dest=leaf.dest, help=help_.replace("%", "%%") or None, **kwargs)
+
+
+@dataclass
+class _Built:
+    command: Command
+    leaves: list[_Leaf]
+    flags: dict[str, str]  # dotted path -> --flag
+
+
+def _configure(parser: argparse.ArgumentParser, command: Command) -> _Built:
+    leaves = _leaves(command)
+    flags: dict[str, str] = {}
+    seen: dict[str, str] = {"json": "(--json)", "help": "(--help)"}
+    groups: dict[str, Any] = {}
+    for leaf in leaves:
+        flag = _flag_name(leaf, command)
+        if flag in seen:
+            raise RuntimeError(
+                f"command {command.name!r}: parameters {seen[flag]} and {leaf.dotted} both want --{flag}; "
+                "name one of them in Command.flags"
+            )
+        seen[flag] = leaf.dotted
+        flags[leaf.dotted] = flag if leaf.dotted == command.positional else f"--{flag}"
+        target = parser
+        if leaf.group:
+            target = groups.setdefault(leaf.group, parser.add_argument_group(leaf.group))
+        default = command.defaults.get(leaf.dotted, leaf.default)
+        _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default)
+    unknown = (set(command.flags) | set(command.defaults) | ({command.positional} - {None})) - {
+        leaf.dotted for leaf in leaves
+    }
+    if unknown:
+        raise RuntimeError(f"command {command.name!r}: no parameter {sorted(unknown)} to name")
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print the flow's typed result as one JSON object on the last line of stdout",
+    )
+    return _Built(command, leaves, flags)
+
+
+# ------------------------------------------------------------------------------------
+# parsed values -> flow keyword arguments
+
+
+def _set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
+    for part in path[:-1]:
+        tree = tree.setdefault(part, {})
+    tree[path[-1]] = value
+
+
+def _merge(base: Any, overrides: Any) -> Any:
+    if isinstance(base, dict) and isinstance(overrides, dict):
+        out = dict(base)
+        for key, value in overrides.items():
+            out[key] = _merge(base.get(key), value)
+        return out
+    return overrides
+
+
+def _explain(exc: ValidationError, prefix: tuple[str, ...], built: _Built) -> str:
+    problems = []
+    for err in exc.errors():
+        path = prefix + tuple(str(p) for p in err["loc"])
+        flag = None
+        for cut in range(len(path), 0, -1):
+            flag = built.flags.get(".".join(path[:cut]))
+            if flag:
+                break
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if flag:
+            problems.append(f"{flag}: {message}")
+        else:  # a check across fields of a model: name the model's flags
+            related = [f for d, f in built.flags.items() if d.startswith(".".join(path) + ".")]
+            problems.append(f"{message}" + (f" ({', '.join(related)})" if related else ""))
+    return "; ".join(problems)
+
+
+def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
+    """Validated keyword arguments of the flow from the parsed command line."""
+    command = built.command
+    overrides: dict[str, Any] = {}
+    for dotted, value in command.defaults.items():
+        _set_path(overrides, dotted.split("."), value)
+    for key, value in vars(namespace).items():
+        if key.startswith(_PREFIX):
+            _set_path(overrides, key[len(_PREFIX):].split("__"), value)
+    fn = command.flow.fn
+    hints = typing.get_type_hints(fn)
+    kwargs: dict[str, Any] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        if name not in overrides:
+            continue
+        annotation = hints.get(name, Any)
+        model = _model_of(annotation)
+        try:
+            if model is not None and isinstance(overrides[name], dict):
+                base = param.default if isinstance(param.default, BaseModel) else model()
+                merged = _merge(base.model_dump(mode="python"), overrides[name])
+                kwargs[name] = type(base).model_validate(merged)
+            else:
+                kwargs[name] = TypeAdapter(annotation).validate_python(overrides[name])
+        except ValidationError as exc:
+            raise UserError(_explain(exc, (name,), built)) from None
+    if command.check is not None:
+        try:
+            command.check(kwargs)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    return command.prepare(kwargs) if command.prepare else kwargs
+
+
+# ------------------------------------------------------------------------------------
+# running
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str]) -> int:
+    """Run a flow under the project's Prefect defaults; print a summary and the JSON result."""
+    try:
+        with prefect_cli_settings():
+            result = fn()
+    except IndusflowError as exc:
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    print(summary(result))
+    if as_json:
+        sys.stdout.flush()
+        print(json.dumps(json.loads(result.model_dump_json()), separators=(",", ":")))
+    return 0
+
+
+def make_main(prog: str, description: str, commands: Sequence[Command]) -> Callable[[list[str] | None], int]:
+    """``main(argv) -> exit code`` of a module's commands (one unnamed command: no sub-commands)."""
+
+    def build() -> tuple[argparse.ArgumentParser, dict[str | None, _Built]]:
+        parser = _Parser(prog=prog, description=description,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+        built: dict[str | None, _Built] = {}
+        if len(commands) == 1 and commands[0].name is None:
+            built[None] = _configure(parser, commands[0])
+            return parser, built
+        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        for command in commands:
+            text = description_of(command.flow)
+            p = sub.add_parser(command.name, help=command.help or text.splitlines()[0] if text else None,
+                               description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
+            built[command.name] = _configure(p, command)
+        return parser, built
+
+    def main(argv: list[str] | None = None) -> int:
+        parser, built = build()
+        args = parser.parse_args(argv)
+        chosen = built[getattr(args, "command", None)]
+        try:
+            kwargs = flow_kwargs(chosen, args)
+        except IndusflowError as exc:
+            print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+            return 2
+        return run_flow(lambda: chosen.command.flow(**kwargs), as_json=args.json, summary=chosen.command.summary)
+
+    main.build_parser = lambda: build()[0]  # type: ignore[attr-defined]
+    return main
