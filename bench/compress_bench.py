@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
         registry = ModelRegistry()
         ref = registry.resolve(args.model)
-        model = adapter_for(ref).build(ref.params, registry.load_state_dict(ref))
+        model = C.load_variant(ref, registry, adapter_for(ref).build)
         seq_len, source = int(ref.params["seq_len"]), ref.spec
         P, cfg, setup = _inputs(args.accounts, seq_len)
     else:

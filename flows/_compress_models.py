@@ -27,10 +27,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+import tasks.compress as C
 from infra.registry import ModelRef, ModelRegistry
 from solutions.fraud.config import SequenceModelConfig, SplitConfig, SyntheticDataConfig
 from solutions.sensor.config import SyntheticFleetConfig
-from tasks.compress import ChannelGroup, resize_linears_to, resize_to_state
+from tasks.compress import ChannelGroup
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class ModelAdapter:
     """How the compress flow handles one model type."""
 
     architecture: str
-    build: Callable[[Mapping[str, Any], Mapping[str, torch.Tensor]], nn.Module]
+    build: Callable[[Mapping[str, Any]], nn.Module]  # fresh fp32 module from params
     prepare: Callable[[ModelRef, Mapping[str, Any]], CompressTarget]
 
 
@@ -118,15 +119,10 @@ class FraudEvalData(BaseModel):
     synthetic: SyntheticDataConfig = SyntheticDataConfig()
 
 
-def _fraud_build(params: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> nn.Module:
-    from solutions.fraud.model import FraudSequenceModel
+def _fraud_build(params: Mapping[str, Any]) -> nn.Module:
+    from solutions.fraud.model import build_module
 
-    if params.get("architecture") != "FraudSequenceModel":
-        raise ValueError(f"not a fraud sequence model: {params.get('architecture')!r}")
-    model = FraudSequenceModel(**params["hparams"])
-    resize_linears_to(model, state)
-    model.load_state_dict(dict(state))
-    return model.eval()
+    return build_module(dict(params))
 
 
 def _fraud_prepare(ref: ModelRef, options: Mapping[str, Any]) -> CompressTarget:
@@ -139,7 +135,7 @@ def _fraud_prepare(ref: ModelRef, options: Mapping[str, Any]) -> CompressTarget:
 
     opts = FraudEvalData.model_validate(dict(options))
     registry = ModelRegistry()
-    model = _fraud_build(ref.params, registry.load_state_dict(ref))
+    model = C.load_variant(ref, registry, _fraud_build)
     pre = FraudPreprocessor.from_dict(ref.params["preprocessor"])
     cfg = SequenceModelConfig(**ref.params["config"])
     split = SplitConfig(**ref.params.get("split", {}))
@@ -213,15 +209,10 @@ SENSOR_PRUNE_PLAN = [
 ]
 
 
-def _sensor_build(params: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> nn.Module:
-    from solutions.sensor.model import SensorOutputs, SensorRULModel
+def _sensor_build(params: Mapping[str, Any]) -> nn.Module:
+    from solutions.sensor.model import build_module
 
-    if params.get("architecture") != "SensorRULModel":
-        raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
-    model = SensorOutputs(SensorRULModel(**params["hparams"]))
-    resize_to_state(model, state)
-    model.load_state_dict(dict(state))
-    return model.eval()
+    return build_module(dict(params))
 
 
 def sensor_rmse(y: np.ndarray, out: np.ndarray, rul_cap: float) -> float:
@@ -247,7 +238,7 @@ def _sensor_prepare(ref: ModelRef, options: Mapping[str, Any]) -> CompressTarget
         )
     opts = SensorEvalData.model_validate(dict(options))
     registry = ModelRegistry()
-    model = _sensor_build(ref.params, registry.load_state_dict(ref))
+    model = C.load_variant(ref, registry, _sensor_build)
     hp = dict(ref.params["hparams"])
     cap, fail_weight, pos_weight = float(hp["rul_cap"]), float(hp["fail_weight"]), float(hp["pos_weight"])
     norm = RegimeNormalizer.from_dict(ref.params["normalizer"])

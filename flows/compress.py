@@ -35,9 +35,7 @@ from tasks.train import TrainSpec, train_model_task
 log = logging.getLogger("flows.compress")  # not __main__ under python -m
 
 #: Registry ``kind`` of each stored variant format.
-KIND_INT8 = "torch-int8-dynamic"
-KIND_INT8_WO = "torch-int8-weight-only"
-KIND_FP32 = "torch"
+from tasks.compress import KIND_FP32, KIND_INT8, KIND_INT8_WO  # noqa: E402
 
 
 class CompressConfig(BaseModel):
@@ -344,15 +342,8 @@ def _distill_stage(target: CompressTarget, bench: _Bench, cfg: CompressConfig, s
 
 def load_variant(ref: ModelRef, registry: ModelRegistry | None = None) -> nn.Module:
     """A registered model or compressed variant, rebuilt from safetensors (no pickle)."""
-    registry = registry or ModelRegistry()
     adapter = adapter_for(ref)
-    state = registry.load_state_dict(ref)
-    if ref.kind == KIND_INT8:
-        skeleton = adapter.build(ref.params, C.dequantize_state(state))
-        return C.load_int8_state(skeleton, state)
-    if ref.kind == KIND_INT8_WO:
-        return adapter.build(ref.params, C.dequantize_state(state))
-    return adapter.build(ref.params, state)
+    return C.load_variant(ref, registry or ModelRegistry(), lambda params: adapter.build(params))
 
 
 # ------------------------------------------------------------------------------------

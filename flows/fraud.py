@@ -30,8 +30,10 @@ from infra.store import atomic_path, safe_stem, stable_hash
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.model import build_module
 from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.synthetic import generate_transactions
+from tasks.compress import load_variant
 from tasks.data import (
     ColumnSpec,
     DatasetRef,
@@ -227,7 +229,6 @@ def _period_labels(data: pd.DataFrame, feats: pd.DataFrame, period: str) -> np.n
 
 
 def _report_dir(kind: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     path = home_layout().new_report(kind)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -501,9 +502,7 @@ def score_transactions(ref_model: ModelRef, registry: ModelRegistry, ref: Datase
     Returns (scores table with the model version, the input rows scored, their scores).
     """
     if "compression" in ref_model.params:  # an INT8 / pruned / distilled variant (flows.compress)
-        from flows.compress import load_variant
-
-        net = load_variant(ref_model, registry)
+        net = load_variant(ref_model, registry, build_module)
         pre, mcfg = P.preprocessing_from_params(ref_model.params)
     else:
         net, pre, mcfg = P.model_from_params(ref_model.params, registry.load_state_dict(ref_model))

@@ -42,9 +42,10 @@ from solutions.sensor.config import (
     WindowConfig,
 )
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
-from solutions.sensor.model import WindowDataModule, predict, predict_outputs
+from solutions.sensor.model import WindowDataModule, build_module, predict, predict_outputs
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.synthetic import generate_fleet
+from tasks.compress import load_variant
 from tasks.data import DatasetRef
 from tasks.evaluate import (
     EvalReport,
@@ -455,11 +456,9 @@ def score_grid(ref_model: ModelRef, registry: ModelRegistry, grid: pd.DataFrame,
                threshold: float) -> pd.DataFrame:
     """Predicted RUL, failure probability and alert flag of each asset's latest window."""
     if "compression" in ref_model.params:  # an INT8 / pruned / distilled variant (flows.compress)
-        from flows.compress import load_variant
-
         norm, wcfg = P.preprocessing_from_params(ref_model.params)
         ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon, last_only=True, pad=True, report=bad)
-        rul, prob = predict_outputs(load_variant(ref_model, registry), ws.x,
+        rul, prob = predict_outputs(load_variant(ref_model, registry, build_module), ws.x,
                                     float(ref_model.params["hparams"].get("rul_cap", wcfg.rul_cap)))
     else:
         net, norm, wcfg = P.predictor_from_params(ref_model.params, registry.load_state_dict(ref_model))

@@ -1018,3 +1018,28 @@ structured_prune_task = task(structured_prune, name="prune-structured", cache_po
 global_prune_task = task(global_magnitude_prune, name="prune-global-magnitude", cache_policy=NONE)
 export_onnx_task = task(export_onnx, name="export-onnx", cache_policy=NONE)
 check_onnx_parity_task = task(check_onnx_parity, name="check-onnx-parity", cache_policy=NONE)
+
+
+#: Registry ``kind`` of the compressed variants (``torch`` = plain fp32 weights).
+KIND_FP32 = "torch"
+KIND_INT8 = "torch-int8-dynamic"
+KIND_INT8_WO = "torch-int8-weight-only"
+
+
+def load_variant(ref: Any, registry: Any, build: Callable[[Mapping[str, Any]], nn.Module]) -> nn.Module:
+    """A registered model or compressed variant (INT8, pruned, distilled), rebuilt from
+    safetensors without pickle.
+
+    Args:
+        ref: the registry's ``ModelRef`` of the version.
+        registry: the ``ModelRegistry`` holding it.
+        build: the solution's constructor of a fresh fp32 module from the version's params;
+            structurally pruned layers are resized to the stored tensors here.
+    """
+    state = registry.load_state_dict(ref)
+    plain = dequantize_state(state) if ref.kind in (KIND_INT8, KIND_INT8_WO) else state
+    module = resize_to_state(build(ref.params), plain)
+    if ref.kind == KIND_INT8:
+        return load_int8_state(module.eval(), state)
+    module.load_state_dict(dict(plain))
+    return module.eval()

@@ -219,3 +219,10 @@ def predict_scores(model: FraudSequenceModel, dm: FraudDataModule, stage: str, b
             batch = {k: v.to(model.device) for k, v in batch.items()}
             out.append(torch.sigmoid(model(batch).float()).cpu())
     return torch.cat(out).numpy() if out else np.zeros(0, dtype="float32")
+
+
+def build_module(params: dict) -> FraudSequenceModel:
+    """A fresh fp32 fraud sequence model from registry params (weights loaded by the caller)."""
+    if params.get("architecture") != "FraudSequenceModel":
+        raise ValueError(f"not a fraud sequence model: {params.get('architecture')!r}")
+    return FraudSequenceModel(**params["hparams"])

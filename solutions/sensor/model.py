@@ -259,3 +259,10 @@ def predict(model: SensorRULModel, x: np.ndarray, batch_size: int = 2048) -> tup
     if not rul:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(rul).astype("float64"), np.concatenate(prob).astype("float64")
+
+
+def build_module(params: dict) -> SensorOutputs:
+    """A fresh fp32 sensor model (RUL and failure heads as one output) from registry params."""
+    if params.get("architecture") != "SensorRULModel":
+        raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
+    return SensorOutputs(SensorRULModel(**params["hparams"]))

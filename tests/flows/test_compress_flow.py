@@ -130,10 +130,13 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     out = Path(result["report_dir"])
     for name in ("fp32", "int8-weight-only", "pruned-structured", "pruned-global"):
         state = load_file(str(out / f"{name}.safetensors"))
-        module = adapter.build(ref.params, C.dequantize_state(state))
+        plain = C.dequantize_state(state)
+        module = C.resize_to_state(adapter.build(ref.params), plain)
+        module.load_state_dict(plain)
+        module.eval()
         assert target.score(module) == pytest.approx(rows[name]["metric"], abs=1e-6), name
     state = load_file(str(out / "int8-dynamic.safetensors"))
-    module = C.load_int8_state(adapter.build(ref.params, C.dequantize_state(state)), state)
+    module = C.load_int8_state(C.resize_to_state(adapter.build(ref.params), C.dequantize_state(state)), state)
     assert target.score(module) == pytest.approx(rows["int8-dynamic"]["metric"], abs=1e-6)
     if result["variant"] is not None:  # the registered variant loads through the registry (safetensors)
         variant = registry.resolve(f"{result['variant']['name']}:{result['variant']['version']}")
