@@ -87,8 +87,11 @@ class PromotionDecision(BaseModel):
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:
-    """Split ``name[:version|alias]`` into (name, version-or-alias); default ``champion``."""
-    name, _, version = spec.partition(":")
+    """Split ``name[:version|alias]`` or ``name@alias`` into (name, version-or-alias);
+    default ``champion``."""
+    name, sep, version = spec.partition(":")
+    if not sep and "@" in spec:
+        name, _, version = spec.partition("@")
     check_name(name, "model name")
     return name, version or CHAMPION
 
