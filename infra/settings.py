@@ -258,3 +258,37 @@ def get_embedding_settings() -> EmbeddingSettings:
 def get_llm_settings() -> LLMSettings:
     """Read the LLM settings from the environment now."""
     return LLMSettings()
+
+
+# ------------------------------------------------------------------------------------
+# the configuration table of the README is generated from these classes
+
+
+ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
+    CoreSettings, TrainSettings, PrefectSetupSettings, RunnerSettings, TuneSettings, DeploySettings,
+    MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings,
+)
+
+
+def environment_variables() -> list[tuple[str, str, str]]:
+    """(variable, default, description) of every setting, in class order."""
+    rows = []
+    for cls in ALL_SETTINGS:
+        prefix = cls.model_config.get("env_prefix", "")
+        for name, info in cls.model_fields.items():
+            default = info.default
+            shown = "unset" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
+            rows.append((f"{prefix}{name}".upper(), shown, " ".join((info.description or "").split())))
+    return rows
+
+
+def markdown_table() -> str:
+    """The README's configuration table."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for var, default, text in environment_variables():
+        lines.append(f"| `{var}` | `{default}` | {text.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m infra.settings: print the README table
+    print(markdown_table())
