@@ -262,7 +262,7 @@ def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_ove
     if leaf.required:
         kwargs.pop("default")
         kwargs["required"] = True
-    if "metavar" not in kwargs and kwargs.get("action") is None:
+    if "metavar" not in kwargs and kwargs.get("action") is None and "choices" not in kwargs:
         kwargs["metavar"] = flag.upper().replace("-", "_")
     target.add_argument(f"--{flag}", dest=leaf.dest, help=help_.replace("%", "%%") or None, **kwargs)
 
