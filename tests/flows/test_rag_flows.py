@@ -121,7 +121,7 @@ def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["eval"], "--data"),
         (["eval", "--data", str(tmp_path / "missing.jsonl")], "--data: QA file not found"),
         (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
-        (["eval", "--qa", str(qa)], "unrecognized arguments"),
+        (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
     ]
 
 
