@@ -53,7 +53,7 @@ class IngestParams(BaseModel):
 
     collection: str | None = Field(
         default=None,
-        description="Milvus collection of the knowledge base (default: INDUSFLOW_MILVUS_COLLECTION, rag_chunks).",
+        description="Milvus collection of the knowledge base (default: INDUSFLOW_MILVUS_COLLECTION).",
     )
     chunk: ChunkParams = ChunkParams()
     redaction: RedactionParams = RedactionParams()
@@ -91,7 +91,7 @@ class AskParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     collection: str | None = Field(
-        default=None, description="Milvus collection to ask (default: INDUSFLOW_MILVUS_COLLECTION, rag_chunks)."
+        default=None, description="Milvus collection to ask (default: INDUSFLOW_MILVUS_COLLECTION)."
     )
     mode: RetrieverMode = Field(default="hybrid", description="Retriever: dense, bm25 or hybrid.")
     top_k: int = Field(default=5, ge=1, le=100, description="Chunks retrieved.")
