@@ -52,7 +52,7 @@ def ingest_sources(
     client: Any,
     embedder: Embedder,
     tika_settings: TikaSettings | None = None,
-    stages: IngestStages = IngestStages(),
+    stages: IngestStages | None = None,
     show_progress: bool = False,
     on_source_written: Callable[[str], None] | None = None,
 ) -> IngestResult:
@@ -61,7 +61,8 @@ def ingest_sources(
         sources, document_rules(params.chunk, params.redaction, embedder.name),
         collection=default_collection(params.collection), client=client, embedder=embedder,
         batch_docs=params.batch_docs, max_archive_members=params.max_archive_members, prune=params.prune,
-        tika_settings=tika_settings, stages=stages, show_progress=show_progress, on_source_written=on_source_written,
+        tika_settings=tika_settings, stages=stages or IngestStages(), show_progress=show_progress,
+        on_source_written=on_source_written,
     )
 
 
@@ -120,9 +121,8 @@ def ingest_qa_passages(qa: QASet, collection: str, chunk: ChunkParams, *, client
     return written, coverage
 
 
-def evaluate_qa(qa_path: Path, *, collection: str | None = None, chunk: ChunkParams = ChunkParams(),
-                weights: HybridWeights = HybridWeights(), client: Any = None,
-                embedder: Embedder | None = None) -> EvalResult:
+def evaluate_qa(qa_path: Path, *, collection: str | None, chunk: ChunkParams, weights: HybridWeights,
+                client: Any = None, embedder: Embedder | None = None) -> EvalResult:
     """recall@1/5/10 and MRR@10 of dense, BM25 and hybrid retrieval on a QA set."""
     started = time.perf_counter()
     qa = load_qa(qa_path)
