@@ -45,7 +45,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     home = Path(tempfile.mkdtemp(prefix="rag-bench-"))
     os.environ["INDUSFLOW_HOME"] = str(home)
-    from flows._rag_pipeline import run_ingest
+    from flows.rag.steps import ingest_sources
     from infra.embeddings import LocalEmbedder
     from infra.milvus import ensure_collection, open_client, query_all
     from solutions.rag.config import IngestParams
@@ -62,8 +62,8 @@ def main() -> None:
 
     # -- ingestion
     params = IngestParams(collection="bench_docs")
-    first = run_ingest([args.docs], params, client=client, embedder=embedder)
-    again = run_ingest([args.docs], params, client=client, embedder=embedder)
+    first = ingest_sources([args.docs], params, client=client, embedder=embedder)
+    again = ingest_sources([args.docs], params, client=client, embedder=embedder)
     out["ingest"] = {
         "files": first.files, "parsed": first.parsed, "quarantined": len(first.quarantined),
         "quarantine_counts": first.quarantine_counts, "chunked_documents": first.chunked_documents,

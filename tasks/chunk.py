@@ -14,9 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-
 log = logging.getLogger(__name__)
 
 SentenceSplitter = Callable[[str], list[tuple[int, int]]]
@@ -130,5 +127,3 @@ def chunk_document(
         if text[a:b].strip()
     ]
 
-
-chunk_document_task = task(name="chunk-document", cache_policy=NONE)(chunk_document)

@@ -31,7 +31,6 @@ MESSAGE_TYPES = ("message/rfc822", "application/vnd.ms-outlook")
 BOMB_MIN_BYTES = 1 << 20  # below this a high ratio is just a very compressible small file
 
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
-_SEVEN_Z_MAGIC = b"7z\xbc\xaf\x27\x1c"
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 _MBOX_FROM = re.compile(rb"(?:\A|\n)From [^\n]*\n")
 

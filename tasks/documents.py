@@ -44,10 +44,6 @@ from tasks.containers import (
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_REASONS = ("encrypted", "corrupt", "empty", "unsupported", "too_large", "undecodable", "unreadable",
-                      "archive_bomb", "too_deep", "unsafe_path")
-
-
 @dataclass(frozen=True)
 class SourceFile:
     """A file named by the user (or found under a folder they named)."""

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NONE
 
 from infra.milvus import quote
 
@@ -178,16 +176,13 @@ def retrieve(
     return [score_fuse({"dense": d, "bm25": s}, weights, top_k) for d, s in zip(dense, sparse, strict=True)]
 
 
-retrieve_task = task(name="retrieve-chunks", cache_policy=NONE)(retrieve)
 
 
-def dense_weight_for(unk_share: float) -> float:
-    """Coverage-aware default weight of the dense retriever in hybrid fusion.
-
-    1.0 when the embedder knows (almost) every word piece of the query; it falls linearly to
-    0.1 at 20% unknown pieces (a Chinese query under an English-only model is ~50-60% unknown),
-    where dense only reorders hits BM25 scores alike (see the module note for measurements).
-    """
-    if unk_share <= 0.02:
-        return 1.0
-    return round(max(0.1, 1.0 - (unk_share - 0.02) / 0.18 * 0.9), 3)
+def retrieve_batched(client: Any, collection: str, queries: Sequence[str], vectors: np.ndarray | None, *,
+                     batch: int = 64, **options: Any) -> list[list[Retrieved]]:
+    """:func:`retrieve` over many queries, ``batch`` queries per call (same options)."""
+    out: list[list[Retrieved]] = []
+    for start in range(0, len(queries), batch):
+        part = None if vectors is None else vectors[start : start + batch]
+        out += retrieve(client, collection, queries[start : start + batch], part, **options)
+    return out

@@ -1,5 +1,9 @@
 """Answers with citations: the numbered context for an LLM, the citations [n] mapped back to
-document and position, and the offline extractive answer (best-matching sentences)."""
+document and position, and the offline extractive answer (best-matching sentences).
+
+:func:`generate_answer` asks the LLM (or answers extractively) and redacts the answer;
+:func:`ask_result` turns the retrieved chunks and the answer into the typed result.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,11 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
 
+from infra.llm import ChatClient, ChatMessage
+from solutions.rag.redact import RedactionConfig, StreamRedactor, redact
+from solutions.rag.results import AskHit, AskResult, Citation
 from solutions.rag.text import query_terms, sentence_spans
 
 SYSTEM_PROMPT = (
@@ -103,3 +111,83 @@ def extractive_answer(question: str, passages: Sequence[Passage], max_sentences:
             break
     picked = sorted(chosen, key=lambda c: (c[1], c[2]))
     return " ".join(f"{sent} [{number}]" for _, number, _, sent in picked)
+
+
+class RetrievedChunk(Protocol):
+    """A retrieved chunk as the retriever hands it over (``tasks.retrieve.Retrieved``)."""
+
+    @property
+    def score(self) -> float: ...
+
+    @property
+    def ranks(self) -> dict[str, int]: ...
+
+    @property
+    def fields(self) -> dict[str, Any]: ...
+
+
+def passages_from(hits: Sequence[RetrievedChunk]) -> list[Passage]:
+    """The retrieved chunks as numbered passages (1 = best)."""
+    return [
+        Passage(number=n, text=h.fields.get("text", ""), doc_id=h.fields.get("doc_id", ""),
+                path=h.fields.get("path", ""), chunk_index=int(h.fields.get("chunk_index", 0)),
+                page=int(h.fields.get("page") or 0) or None, title=h.fields.get("title") or None)
+        for n, h in enumerate(hits, 1)
+    ]
+
+
+def _streamed(chat: ChatClient, messages: list[ChatMessage], out: TextIO) -> str:
+    """The LLM's answer, written to ``out`` piece by piece (redacted on the fly) as it comes."""
+    pieces: list[str] = []
+    guard = StreamRedactor(RedactionConfig())
+    for piece in chat.stream(messages):
+        pieces.append(piece)
+        shown = guard.feed(piece)
+        if shown:
+            out.write(shown)
+            out.flush()
+    out.write(guard.flush())
+    out.flush()
+    return "".join(pieces)
+
+
+def generate_answer(question: str, passages: Sequence[Passage], chat: ChatClient | None = None,
+                    stream_to: TextIO | None = None) -> tuple[str, str]:
+    """The redacted answer and its kind (``"llm"`` or ``"extractive"``).
+
+    Args:
+        question: The (already redacted or harmless) question.
+        passages: The numbered passages to answer from.
+        chat: The chat endpoint; None (or no passage) answers extractively.
+        stream_to: Where to write the LLM's answer as it is generated (None: ask for it whole).
+    """
+    if chat is None or not passages:
+        text, kind = extractive_answer(question, passages), "extractive"
+    else:
+        messages = [ChatMessage(role, content) for role, content in build_messages(question, passages)]
+        text = _streamed(chat, messages, stream_to) if stream_to is not None else chat.complete(messages)
+        kind = "llm"
+    return redact(text, RedactionConfig())[0], kind
+
+
+def ask_result(question: str, mode: str, weights: dict[str, float], answer: tuple[str, str],
+               hits: Sequence[RetrievedChunk], *, seconds: float, streamed: bool = False) -> AskResult:
+    """The typed result of one question: the answer, its citations and the hits."""
+    text, kind = answer
+    passages = passages_from(hits)
+    citations = [
+        Citation(number=n, path=passages[n - 1].path, title=passages[n - 1].title or "",
+                 chunk_index=passages[n - 1].chunk_index, page=passages[n - 1].page,
+                 start_char=int(hits[n - 1].fields.get("start_char", 0)),
+                 end_char=int(hits[n - 1].fields.get("end_char", 0)))
+        for n in cited_numbers(text, len(passages))
+    ]
+    views = [
+        AskHit(number=p.number, score=round(h.score, 6), ranks=h.ranks, path=p.path, title=p.title or "",
+               content_type=h.fields.get("content_type", ""), chunk_index=p.chunk_index, page=p.page,
+               snippet=p.text[:240])
+        for p, h in zip(passages, hits, strict=True)
+    ]
+    return AskResult(question=question, mode=mode, weights=weights, answer=text, answer_kind=kind,
+                     citations=citations, hits=views, seconds=seconds, streamed=streamed and kind == "llm")
+

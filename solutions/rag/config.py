@@ -1,12 +1,23 @@
-"""Defaults of the RAG vertical (flow parameters), one pydantic model per flow."""
+"""Defaults of the RAG vertical (flow parameters), one pydantic model per flow.
+
+Every field has a description: it is the help of its command-line flag and of the field in
+the Prefect UI's run form.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra.store import check_name
 
 RetrieverMode = Literal["dense", "bm25", "hybrid"]
+
+
+def _collection(value: str | None) -> str | None:
+    return None if value is None else check_name(value, "collection name")
 
 
 class RedactionParams(BaseModel):
@@ -14,10 +25,10 @@ class RedactionParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    email: bool = True
-    cn_id: bool = Field(default=True, description="Mainland China resident ID numbers (checksum verified).")
-    bank_card: bool = Field(default=True, description="Bank card numbers (Luhn verified).")
-    mobile: bool = True
+    email: bool = Field(default=True, description="Redact e-mail addresses.")
+    cn_id: bool = Field(default=True, description="Redact mainland China resident ID numbers (checksum verified).")
+    bank_card: bool = Field(default=True, description="Redact bank card numbers (Luhn verified).")
+    mobile: bool = Field(default=True, description="Redact mobile phone numbers.")
 
 
 class ChunkParams(BaseModel):
@@ -26,7 +37,13 @@ class ChunkParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     tokens: int = Field(default=512, ge=16, le=8192, description="Window size in tokens.")
-    overlap: int = Field(default=256, ge=0, description="Tokens shared by consecutive windows.")
+    overlap: int = Field(default=256, ge=0, description="Tokens shared by consecutive windows (< the window size).")
+
+    @model_validator(mode="after")
+    def _overlap_below_window(self) -> ChunkParams:
+        if self.overlap >= self.tokens:
+            raise ValueError(f"the chunk overlap ({self.overlap}) must be smaller than the window ({self.tokens} tokens)")
+        return self
 
 
 class IngestParams(BaseModel):
@@ -34,12 +51,20 @@ class IngestParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    collection: str = Field(default="rag_chunks", description="Milvus collection of the knowledge base.")
+    collection: str | None = Field(
+        default=None,
+        description="Milvus collection of the knowledge base (default: INDUSFLOW_MILVUS_COLLECTION).",
+    )
     chunk: ChunkParams = ChunkParams()
     redaction: RedactionParams = RedactionParams()
     prune: bool = Field(default=False, description="Remove chunks of documents no longer under the sources.")
-    batch_docs: int = Field(default=16, ge=1, description="Documents per parse/embed/write batch.")
+    batch_docs: int = Field(default=16, ge=1, description="Source files per parse/embed/write batch.")
     max_archive_members: int = Field(default=1000, ge=1, description="Inner documents taken from one archive.")
+
+    @field_validator("collection")
+    @classmethod
+    def _valid_collection(cls, value: str | None) -> str | None:
+        return _collection(value)
 
 
 class HybridWeights(BaseModel):
@@ -47,13 +72,17 @@ class HybridWeights(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    dense: float | Literal["auto"] = "auto"
-    bm25: float = 1.0
+    dense: float | Literal["auto"] = Field(
+        default="auto",
+        description="Hybrid weight of dense retrieval: a number, or 'auto' (lowered when the embedder "
+        "covers the question poorly).",
+    )
+    bm25: float = Field(default=1.0, ge=0, description="Hybrid weight of BM25.")
     fusion: Literal["score", "rrf"] = Field(
         default="score",
         description="'score': weighted sum of max-normalised BM25 and cosine; 'rrf': weighted reciprocal-rank fusion.",
     )
-    rrf_k: int = Field(default=60, ge=1)
+    rrf_k: int = Field(default=60, ge=1, description="The k of reciprocal-rank fusion.")
 
 
 class AskParams(BaseModel):
@@ -61,14 +90,32 @@ class AskParams(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    collection: str = "rag_chunks"
-    mode: RetrieverMode = "hybrid"
-    top_k: int = Field(default=5, ge=1, le=100)
+    collection: str | None = Field(
+        default=None, description="Milvus collection to ask (default: INDUSFLOW_MILVUS_COLLECTION)."
+    )
+    mode: RetrieverMode = Field(default="hybrid", description="Retriever: dense, bm25 or hybrid.")
+    top_k: int = Field(default=5, ge=1, le=100, description="Chunks retrieved.")
     weights: HybridWeights = HybridWeights()
     content_type: str | None = Field(default=None, description="Keep chunks whose content type starts with this.")
     path_prefix: str | None = Field(default=None, description="Keep chunks whose document path starts with this.")
-    language: str | None = None
+    language: str | None = Field(default=None, description="Keep chunks of this language (zh, en, ...).")
     created_from: str | None = Field(default=None, description="ISO date: documents created on/after.")
     created_to: str | None = Field(default=None, description="ISO date: documents created on/before.")
     llm: bool = Field(default=True, description="Use the configured chat endpoint when there is one.")
-    stream: bool = Field(default=False, description="Stream the LLM answer to stdout as it comes.")
+    stream: bool = Field(default=False, description="Print the LLM answer to stdout as it is generated.")
+
+    @field_validator("collection")
+    @classmethod
+    def _valid_collection(cls, value: str | None) -> str | None:
+        return _collection(value)
+
+    @field_validator("created_from", "created_to")
+    @classmethod
+    def _iso_date(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise ValueError(f"{value!r} is not an ISO date (YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS)") from None
+        return value

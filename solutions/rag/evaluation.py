@@ -1,13 +1,18 @@
-"""Retrieval evaluation: QA sets (JSONL or SQuAD JSON) and recall@k / MRR@k."""
+"""Retrieval evaluation: QA sets (JSONL or SQuAD JSON), the retrievers compared on them, and
+recall@k / MRR@k."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infra.errors import DataValidationError
+from infra.store import stable_hash
+from solutions.rag.config import HybridWeights
+from solutions.rag.results import EvalResult, RetrieverScores
 
 KS = (1, 5, 10)
 
@@ -123,3 +128,54 @@ def render_eval_table(results: dict[str, dict[str, float]], title: str, notes: S
         lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in metrics) + " |")
     lines.extend(["", *[f"- {n}" for n in notes]])
     return "\n".join(lines)
+
+
+def qa_collection(qa: QASet) -> str:
+    """The collection a QA set's own passages are ingested into (stable per set)."""
+    return "eval_" + stable_hash({"qa": qa.name, "n": len(qa.passages)})[:12]
+
+
+def retriever_configs(weights: HybridWeights, auto: dict[str, float]) -> dict[str, tuple[str, dict[str, float], str]]:
+    """The retrievers compared: ``name -> (mode, fusion weights, fusion)``; the hybrid runs with
+    the configured fusion and, beside it, with the other one."""
+    other = "rrf" if weights.fusion == "score" else "score"
+    return {
+        "dense": ("dense", {}, weights.fusion), "bm25": ("bm25", {}, weights.fusion),
+        "hybrid": ("hybrid", auto, weights.fusion), f"hybrid-{other}": ("hybrid", auto, other),
+    }
+
+
+def dedupe_docs(chunks: Sequence[Mapping[str, Any]], k: int) -> list[Hit]:
+    """The first ``k`` distinct documents among retrieved chunks (their stored fields), as hits;
+    a QA set's own passages (``qa://set/pid``) are named by their passage id."""
+    seen, out = set(), []
+    for fields in chunks:
+        path = fields.get("path", "")
+        if path in seen:
+            continue
+        seen.add(path)
+        out.append(Hit(source_id=path.rsplit("/", 1)[-1] if path.startswith("qa://") else path,
+                       text=fields.get("text", "")))
+        if len(out) == k:
+            break
+    return out
+
+
+def retriever_scores(items: Sequence[QAItem], retrieved: Sequence[Sequence[Mapping[str, Any]]]) -> RetrieverScores:
+    """recall@1/5/10 and MRR@10 of one retriever from the chunks it returned per question."""
+    ranks = [first_relevant_rank(item, dedupe_docs(chunks, 10)) for item, chunks in zip(items, retrieved, strict=True)]
+    m = retrieval_metrics(ranks)
+    return RetrieverScores(recall_at_1=m["recall@1"], recall_at_5=m["recall@5"], recall_at_10=m["recall@10"],
+                           mrr_at_10=m["mrr@10"])
+
+
+def render_eval(r: EvalResult) -> str:
+    """Markdown table of an evaluation."""
+    rows = {name: {"recall@1": s.recall_at_1, "recall@5": s.recall_at_5, "recall@10": s.recall_at_10,
+                   "MRR@10": s.mrr_at_10} for name, s in r.scores.items()}
+    notes = [f"{r.questions} questions; collection {r.collection}; hybrid weights {r.hybrid_weights}",
+             "hybrid = the configured fusion (default: score fusion); the other fusion is shown beside it"]
+    if r.coverage:
+        notes.append(f"embedder {r.coverage.model}: unknown pieces {r.coverage.unk_share:.1%}, passages over its "
+                     f"window {r.coverage.truncated_share:.1%}")
+    return render_eval_table(rows, f"rag-eval: {Path(r.qa_file).name}", notes)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -11,13 +14,42 @@ pytest.importorskip("milvus_lite")
 pytest.importorskip("iscc_tika")
 
 import flows.rag as R
+from flows.rag.cli import main
 
 
 def _last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+class _StreamingChat(BaseHTTPRequestHandler):
+    """A chat-completions endpoint that streams a fixed answer in three pieces."""
+
+    bodies: list[dict] = []  # noqa: RUF012 - shared by the handler instances of one test
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for piece in ("Bearing faults show ", "as vibration at twice the shaft speed", " [1]."):
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@pytest.fixture()
+def chat_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StreamingChat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch, chat_url: str) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("INDUSFLOW_MILVUS_URI", str(tmp_path / "flows.db"))
     corpus = tmp_path / "kb"
@@ -27,24 +59,39 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     (corpus / "b.txt").write_text("Invoices are paid within thirty days of receipt by bank transfer.")
     (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
 
-    assert R.main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
+    assert main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
     first = _last_json(capsys.readouterr().out)
     assert first["chunked_documents"] == 2 and first["redactions"] == {"mobile": 1}
     assert [q["reason"] for q in first["quarantined"]] in (["corrupt"], ["empty"])
-    assert R.main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
+    assert main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
     again = _last_json(capsys.readouterr().out)
     assert again["writes"] == 0 and again["unchanged"] == 3
 
-    assert R.main(["ask", "what does a bearing fault look like?", "--collection", "kb_cli", "--top-k", "2", "--json"]) == 0
+    assert main(["ask", "what does a bearing fault look like?", "--collection", "kb_cli", "--top-k", "2", "--json"]) == 0
     out = capsys.readouterr().out
     ask = _last_json(out)
     assert Path(ask["hits"][0]["path"]).name == "a.txt" and ask["answer_kind"] == "extractive"
     assert "[1]" in ask["answer"] and ask["citations"][0]["number"] == 1
     assert "13812345678" not in out
 
+    # --stream goes through the rag-ask flow: the tokens are printed as they come, once
+    monkeypatch.setenv("INDUSFLOW_LLM_URL", chat_url)
+    monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "tiny")
+    _StreamingChat.bodies.clear()
+    assert main(["ask", "what does a bearing fault look like?", "--collection", "kb_cli", "--top-k", "2",
+                 "--stream", "--json"]) == 0
+    out = capsys.readouterr().out
+    streamed = _last_json(out)
+    answer = "Bearing faults show as vibration at twice the shaft speed [1]."
+    assert streamed["answer"] == answer and streamed["answer_kind"] == "llm" and streamed["streamed"] is True
+    assert out.count(answer) == 2  # once streamed, once inside the JSON line; the summary does not repeat it
+    assert _StreamingChat.bodies[-1]["stream"] is True
+    assert "bearing fault" in _StreamingChat.bodies[-1]["messages"][1]["content"]
+    monkeypatch.delenv("INDUSFLOW_LLM_URL")
+
     qa = tmp_path / "qa.jsonl"
     qa.write_text(json.dumps({"question": "when are invoices paid?", "answers": ["thirty days"]}) + "\n")
-    assert R.main(["eval", "--qa", str(qa), "--collection", "kb_cli", "--json"]) == 0
+    assert main(["eval", "--data", str(qa), "--collection", "kb_cli", "--json"]) == 0
     ev = _last_json(capsys.readouterr().out)
     assert set(ev["scores"]) >= {"dense", "bm25", "hybrid"}
     assert ev["scores"]["bm25"]["recall_at_1"] == 1.0
@@ -53,9 +100,57 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
 def test_help_for_every_command(capsys: pytest.CaptureFixture) -> None:
     for command in ("ingest", "ask", "eval"):
         with pytest.raises(SystemExit) as exit_info:
-            R.main([command, "--help"])
+            main([command, "--help"])
         assert exit_info.value.code == 0
         assert "--json" in capsys.readouterr().out
+
+
+def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"question": "q?", "answers": ["a"]}\n')
+    return [
+        (["ingest", str(tmp_path / "missing")], "source not found"),
+        (["ingest", str(tmp_path), "--chunk-tokens", "64", "--chunk-overlap", "64"], "must be smaller"),
+        (["ingest", str(tmp_path), "--collection", "a/b"], "--collection: invalid collection name"),
+        (["ingest", str(tmp_path), "--batch-docs", "0"], "--batch-docs"),
+        (["ask"], "QUESTION"),
+        (["ask", "q?", "--created-from", "yesterday"], "--created-from: 'yesterday' is not an ISO date"),
+        (["ask", "q?", "--mode", "sparse"], "invalid choice"),
+        (["ask", "q?", "--dense-weight", "heavy"], "--dense-weight"),
+        (["ask", "q?", "--top-k", "0"], "--top-k"),
+        (["eval"], "--data"),
+        (["eval", "--data", str(tmp_path / "missing.jsonl")], "--data: QA file not found"),
+        (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
+        (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
+    ]
+
+
+def test_bad_invocations_exit_2_with_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for argv, expected in _bad_invocations(tmp_path):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        captured = capsys.readouterr()
+        assert code == 2, argv
+        lines = captured.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], (argv, captured.err)
+        assert "Traceback" not in captured.out + captured.err, argv
+
+
+def test_ingest_without_sources_reads_the_watched_folder(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                         monkeypatch) -> None:
+    from infra.home import home_layout
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("INDUSFLOW_MILVUS_URI", str(tmp_path / "watched.db"))
+    monkeypatch.setenv("INDUSFLOW_MILVUS_COLLECTION", "kb_watched")  # the default collection comes from it
+    inbox = home_layout().inbox("docs")
+    inbox.mkdir(parents=True, exist_ok=True)
+    (inbox / "note.txt").write_text("The compressor valve is replaced every two thousand hours.")
+    assert main(["ingest", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["collection"] == "kb_watched" and result["files"] >= 1 and result["chunked_documents"] >= 1
 
 
 def test_parse_batches_fan_out_on_a_local_dask_cluster(tmp_path: Path, monkeypatch) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("iscc_tika")
 
-from flows._rag_pipeline import run_ingest
+from flows.rag.steps import ingest_sources
 from infra.milvus import query_all
 from solutions.rag.config import ChunkParams, IngestParams
 from tasks.documents import discover, doc_id_for, parse_sources
@@ -123,7 +123,7 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
     _mbox(corpus / "mail.mbox", ["Budget planning"])
     embedder = HashEmbedder()
     params = IngestParams(collection="it_archives", chunk=SMALL, prune=True)
-    first = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    first = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert first.parsed == 5 and first.quarantine_counts == {"empty": 1}
     rows = query_all(milvus, "it_archives", ("id", "path", "doc_id", "content_type", "source"))
     by_path = {r["path"]: r for r in rows}
@@ -132,17 +132,17 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
         "mail.mbox!/00001-Budget_planning.eml!/budget.txt"}
     assert all(r["source"] in (str(archive), str(corpus / "mail.mbox")) for r in rows)
 
-    again = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    again = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert again.writes == 0 and again.unchanged == 2 and again.quarantine_counts == {"empty": 1}
 
     # the archive changes: b.txt edited, c.txt removed -> its inner documents are replaced
     archive.write_bytes(_zip_bytes([("a.txt", _text("alpha")), ("b.txt", _text("beta, edited")), ("empty.txt", b"")]))
-    changed = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    changed = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert changed.processed == 1 and changed.unchanged == 1 and changed.rows_deleted > 0
     paths = {r["path"].rsplit("!/", 1)[-1] for r in query_all(milvus, "it_archives", ("id", "path", "source"))
              if r["source"] == str(archive)}
     assert paths == {"a.txt", "b.txt"}
-    fresh = run_ingest([str(corpus)], params.model_copy(update={"collection": "it_archives_fresh"}), client=milvus,
+    fresh = ingest_sources([str(corpus)], params.model_copy(update={"collection": "it_archives_fresh"}), client=milvus,
                        embedder=embedder)
     ids = {r["id"] for r in query_all(milvus, "it_archives", ("id",))}
     assert ids == {r["id"] for r in query_all(milvus, "it_archives_fresh", ("id",))}
@@ -150,7 +150,7 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
 
     # the archive is deleted: --prune removes all its inner documents
     archive.unlink()
-    pruned = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    pruned = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert pruned.pruned_sources == 1 and not pruned.quarantined
     assert not any(r["source"] == str(archive) for r in query_all(milvus, "it_archives", ("id", "source")))
 

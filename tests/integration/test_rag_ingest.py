@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("iscc_tika")
 
-from flows._rag_pipeline import run_ingest
+from flows.rag.steps import ingest_sources
 from infra.milvus import query_all
 from solutions.rag.config import ChunkParams, IngestParams
 from tasks.documents import discover, parse_sources
@@ -62,17 +62,17 @@ def test_reingest_is_idempotent_and_incremental(tmp_path: Path, milvus, embedder
     corpus = tmp_path / "corpus"
     _write_corpus(corpus)
     params = IngestParams(collection="it_incremental", chunk=SMALL, prune=True)
-    first = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    first = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert first.parsed == 4 and first.chunks_written == first.total_chunks > 4 and not first.quarantined
     assert first.redactions == {"email": 4, "mobile": 4}
     stored = query_all(milvus, "it_incremental", ("id", "text"))
     assert not any("@example.com" in r["text"] for r in stored) and any("[EMAIL]" in r["text"] for r in stored)
-    again = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    again = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert again.writes == 0 and again.unchanged == 4 and again.total_chunks == first.total_chunks
     # a changed document has its chunks replaced; a deleted one is pruned
     (corpus / "doc1.txt").write_text("A short replacement text about milvus lite and hybrid retrieval.")
     (corpus / "doc3.txt").unlink()
-    changed = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    changed = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert changed.processed == 1 and changed.pruned_sources == 1
     rows = query_all(milvus, "it_incremental", ("id", "source"))
     assert not any(r["source"].endswith("doc3.txt") for r in rows)
@@ -89,7 +89,7 @@ def test_kill_and_rerun_ends_with_exactly_the_right_chunks(tmp_path: Path, milvu
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from _hash_embedder import HashEmbedder
-        from flows._rag_pipeline import run_ingest
+        from flows.rag.steps import ingest_sources
         from infra.milvus import open_client
         from solutions.rag.config import ChunkParams, IngestParams
         written = []
@@ -98,7 +98,7 @@ def test_kill_and_rerun_ends_with_exactly_the_right_chunks(tmp_path: Path, milvu
             if len(written) == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
         params = IngestParams(collection="it_kill", chunk=ChunkParams(tokens=64, overlap=16), batch_docs=2)
-        run_ingest([{str(corpus)!r}], params, client=open_client(uri={str(db)!r}), embedder=HashEmbedder(),
+        ingest_sources([{str(corpus)!r}], params, client=open_client(uri={str(db)!r}), embedder=HashEmbedder(),
                    on_source_written=die)
     """)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -112,9 +112,9 @@ def test_kill_and_rerun_ends_with_exactly_the_right_chunks(tmp_path: Path, milvu
     try:
         partial = _ids(client, "it_kill")
         assert partial  # three sources were written before the kill
-        rerun = run_ingest([str(corpus)], params, client=client, embedder=embedder)
+        rerun = ingest_sources([str(corpus)], params, client=client, embedder=embedder)
         assert rerun.unchanged == 3 and rerun.processed == 2
-        fresh = run_ingest([str(corpus)], params.model_copy(update={"collection": "it_kill_fresh"}), client=milvus,
+        fresh = ingest_sources([str(corpus)], params.model_copy(update={"collection": "it_kill_fresh"}), client=milvus,
                            embedder=embedder)
         assert _ids(client, "it_kill") == _ids(milvus, "it_kill_fresh")
         assert rerun.total_chunks == fresh.total_chunks
@@ -126,7 +126,7 @@ def test_changed_document_killed_between_upsert_and_cleanup_is_repaired(tmp_path
     corpus = tmp_path / "corpus"
     _write_corpus(corpus, n=2)
     params = IngestParams(collection="it_stale", chunk=SMALL)
-    run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     (corpus / "doc0.txt").write_text("Completely new content. " * 40)
     # simulate a kill after the upsert of the new rows and before the stale ones are deleted
     from tasks import index as index_mod
@@ -134,15 +134,15 @@ def test_changed_document_killed_between_upsert_and_cleanup_is_repaired(tmp_path
     real_delete = index_mod.delete_where
     try:
         index_mod.delete_where = lambda *a, **k: 0
-        run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+        ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     finally:
         index_mod.delete_where = real_delete
     hashes = {r["source_hash"] for r in query_all(milvus, "it_stale", ("id", "source", "source_hash"))
               if r["source"].endswith("doc0.txt")}
     assert len(hashes) == 2  # old and new rows side by side
-    repaired = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    repaired = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert repaired.processed == 1 and repaired.rows_deleted > 0
-    fresh = run_ingest([str(corpus)], params.model_copy(update={"collection": "it_stale_fresh"}), client=milvus,
+    fresh = ingest_sources([str(corpus)], params.model_copy(update={"collection": "it_stale_fresh"}), client=milvus,
                        embedder=embedder)
     assert _ids(milvus, "it_stale") == _ids(milvus, "it_stale_fresh") and repaired.total_chunks == fresh.total_chunks
 
@@ -153,8 +153,8 @@ def test_real_documents_subset_round_trip(tmp_path: Path, docs: Path, milvus, em
     for name in ("testPDF.pdf", "testWORD.docx", "testMSG_chinese.msg", "testODTEncrypted.odt"):
         shutil.copy(docs / name, subset / name)
     params = IngestParams(collection="it_docs")
-    result = run_ingest([str(subset)], params, client=milvus, embedder=embedder)
+    result = ingest_sources([str(subset)], params, client=milvus, embedder=embedder)
     assert result.parsed == 3 and result.quarantine_counts == {"encrypted": 1} and result.chunks_written >= 3
     assert result.coverage is not None and 0 <= result.coverage.unk_share < 1
-    again = run_ingest([str(subset)], params, client=milvus, embedder=embedder)
+    again = ingest_sources([str(subset)], params, client=milvus, embedder=embedder)
     assert again.writes == 0 and again.quarantine_counts == {"encrypted": 1}

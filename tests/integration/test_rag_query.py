@@ -13,8 +13,7 @@ from typing import ClassVar
 
 import pytest
 
-from flows._rag_pipeline import run_ingest
-from flows.rag import answer_question
+from flows.rag.steps import answer_question, ingest_sources
 from infra.llm import ChatClient, ChatMessage, LLMError
 from infra.settings import LLMSettings
 from solutions.rag.config import AskParams, ChunkParams, IngestParams
@@ -34,7 +33,7 @@ def kb(tmp_path_factory: pytest.TempPathFactory, milvus, embedder) -> str:
     for name, text in ZH_DOCS.items():
         (folder / name).write_text(text, encoding="utf-8")
     params = IngestParams(collection="it_query", chunk=ChunkParams(tokens=128, overlap=32))
-    result = run_ingest([str(folder)], params, client=milvus, embedder=embedder)
+    result = ingest_sources([str(folder)], params, client=milvus, embedder=embedder)
     assert result.chunked_documents == len(ZH_DOCS)
     return "it_query"
 

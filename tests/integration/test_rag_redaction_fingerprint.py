@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows._rag_pipeline import run_ingest
+from flows.rag.steps import ingest_sources
 from infra.milvus import query_all
 from solutions.rag import redact as redact_mod
 from solutions.rag.config import ChunkParams, IngestParams, RedactionParams
@@ -31,20 +31,20 @@ def test_redaction_changes_reprocess_without_a_version_bump(tmp_path: Path, milv
                                             + f"Write to clerk{i}@example.com or call 1381234567{i}.")
     embedder = HashEmbedder()
     params = IngestParams(collection="it_redaction_fp", chunk=ChunkParams(tokens=64, overlap=16))
-    first = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    first = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert first.redactions == {"email": 2, "mobile": 2}
-    assert run_ingest([str(corpus)], params, client=milvus, embedder=embedder).writes == 0
+    assert ingest_sources([str(corpus)], params, client=milvus, embedder=embedder).writes == 0
 
     off = params.model_copy(update={"redaction": RedactionParams(email=False)})
-    turned_off = run_ingest([str(corpus)], off, client=milvus, embedder=embedder)
+    turned_off = ingest_sources([str(corpus)], off, client=milvus, embedder=embedder)
     assert turned_off.processed == 2 and turned_off.redactions == {"mobile": 2}
     assert "clerk0@example.com" in _texts(milvus, "it_redaction_fp")
-    turned_on = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    turned_on = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert turned_on.processed == 2 and "@example.com" not in _texts(milvus, "it_redaction_fp")
 
     # a rule edit (here: the mobile pattern) changes the fingerprint on its own
     monkeypatch.setattr(redact_mod, "_MOBILE", re.compile(r"(?<!\d)1[3-9]\d{9}(?!\d)(?=NEVER)"))
-    edited = run_ingest([str(corpus)], params, client=milvus, embedder=embedder)
+    edited = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert edited.processed == 2 and edited.redactions == {"email": 2}
     assert "13812345670" in _texts(milvus, "it_redaction_fp")
-    assert run_ingest([str(corpus)], params, client=milvus, embedder=embedder).writes == 0
+    assert ingest_sources([str(corpus)], params, client=milvus, embedder=embedder).writes == 0

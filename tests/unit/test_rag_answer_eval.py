@@ -12,9 +12,10 @@ import pytest
 from infra.errors import DataValidationError
 from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
 from solutions.rag.evaluation import Hit, QAItem, first_relevant_rank, load_qa, retrieval_metrics
+from solutions.rag.weights import dense_weight_for, query_weights
 from tasks.containers import ArchiveLimits, Budget, expand_zip
 from tasks.documents import guess_language, normalise_text
-from tasks.retrieve import Retrieved, build_filter, dense_weight_for, rrf_fuse
+from tasks.retrieve import Retrieved, build_filter, rrf_fuse
 
 
 def _p(n: int, text: str) -> Passage:
@@ -104,7 +105,6 @@ def test_score_fusion_keeps_bm25_confidence() -> None:
 
 def test_auto_fusion_weight_trusts_only_the_model_own_tokenizer(tmp_path) -> None:
     """A remote model counted with a stand-in tokenizer gets no coverage-based down-weighting."""
-    from flows._rag_pipeline import query_weights
     from infra.embeddings import OpenAIEmbedder
     from infra.settings import EmbeddingSettings
     from solutions.rag.config import HybridWeights

@@ -1,33 +1,36 @@
-"""The RAG pipeline as plain functions: the flows in ``flows/rag.py`` run them with Prefect
-tasks as stages; tests and benchmarks run them with the plain functions.
+"""Incremental, idempotent ingestion of documents into a vector store: the generic engine.
 
-It joins the domain (``solutions.rag``: redaction, sentence rules, answers, metrics) and the
-generic tasks (parse, chunk, embed, index, retrieve).
+Files are discovered, compared with what the store already holds (content hash + the
+caller's rules key), parsed in batches (``parse_ahead`` batches ahead on the flow's task
+runner while the current one is embedded and written), redacted and chunked by the caller's
+:class:`DocumentRules`, embedded and written per source; sources gone from the given folders
+are pruned on request. Documents that cannot be parsed are quarantined with a reason and
+remembered per collection, so an unchanged broken file is not parsed again.
+
+Nothing here knows a domain: what is redacted and where chunks are cut come from the
+``rules`` argument (the RAG vertical passes ``solutions.rag.ingest.DocumentRules``).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
+import json
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.embeddings import Embedder
+from infra.embeddings import CoverageReport, Embedder, coverage_report
 from infra.home import home_layout
 from infra.milvus import ensure_collection
-from infra.settings import TikaSettings
+from infra.settings import TikaSettings, get_embedding_settings
 from infra.store import check_name, safe_join, stable_hash, write_json_atomic
-from solutions.rag.config import ChunkParams, HybridWeights, IngestParams, RedactionParams
-from solutions.rag.redact import RedactionConfig, redact, redaction_fingerprint
-from solutions.rag.text import sentence_spans
 from tasks.chunk import Chunk, chunk_document
 from tasks.documents import (
     DocMeta,
@@ -38,13 +41,44 @@ from tasks.documents import (
     doc_id_for,
     guess_language,
     parse_sources,
+    parse_sources_task,
+    render_quarantine,
 )
-from tasks.embed import CoverageReport, coverage_report, embed_texts
-from tasks.index import IndexRow, WriteCounts, delete_sources, load_manifest, row_id, write_source
-from tasks.retrieve import dense_weight_for, to_timestamp
+from tasks.embed import embed_texts, embed_texts_task
+from tasks.index import (
+    IndexRow,
+    WriteCounts,
+    delete_sources,
+    load_manifest,
+    row_id,
+    write_source,
+    write_source_task,
+)
+from tasks.retrieve import to_timestamp
 
 log = logging.getLogger(__name__)
-PIPELINE_VERSION = "1"
+
+COVERAGE_SAMPLE = 2000  # chunk texts kept to measure the embedder's coverage of the corpus
+
+
+class DocumentRules(Protocol):
+    """What the caller does to each parsed document before it is embedded."""
+
+    @property
+    def key(self) -> str:
+        """Changes whenever the rules would store different rows for the same file."""
+
+    @property
+    def chunk_tokens(self) -> int: ...
+
+    @property
+    def chunk_overlap(self) -> int: ...
+
+    def redact(self, text: str) -> tuple[str, Mapping[str, int]]:
+        """The text to store, and how many values of each kind were replaced."""
+
+    def sentences(self, text: str) -> list[tuple[int, int]]:
+        """Character spans of the sentences (chunks are cut between them)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +92,49 @@ class IngestStages:
     #: None parses in line. Batches are parsed ``parse_ahead`` ahead of embedding and writing.
     submit_parse: Callable[..., Any] | None = None
     parse_ahead: int = 2
+
+
+def task_stages() -> IngestStages:
+    """The stages as Prefect tasks (inside a flow: parse batches run ahead on its task runner)."""
+    return IngestStages(parse=parse_sources_task, embed=embed_texts_task, write=write_source_task,
+                        submit_parse=parse_sources_task.submit)
+
+
+class QuarantineItem(BaseModel):
+    """A document that was not ingested."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    reason: str
+    detail: str = ""
+
+
+class IngestResult(BaseModel):
+    """What an ingestion did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    collection: str
+    files: int = Field(description="Source files found.")
+    unchanged: int = Field(description="Source files skipped because the store already holds them.")
+    processed: int = Field(description="Source files parsed in this run.")
+    parsed: int = Field(description="Documents parsed (archive members count one each).")
+    chunked_documents: int
+    quarantined: list[QuarantineItem]
+    quarantine_counts: dict[str, int]
+    chunks_written: int
+    rows_deleted: int
+    writes: int = Field(description="Rows upserted plus rows deleted: 0 for an unchanged re-run.")
+    pruned_sources: int
+    redactions: dict[str, int]
+    total_chunks: int
+    coverage: CoverageReport | None
+    seconds: float
+
+
+# ------------------------------------------------------------------------------------
+# parse batches
 
 
 def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestStages,
@@ -81,55 +158,18 @@ def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestSt
         yield batch, future.result()
 
 
-class QuarantineItem(BaseModel):
-    """A document that was not ingested."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    reason: str
-    detail: str = ""
+# ------------------------------------------------------------------------------------
+# quarantine cache: broken files are remembered per collection
 
 
-class IngestResult(BaseModel):
-    """What ``rag-ingest`` did."""
-
-    model_config = ConfigDict(frozen=True)
-
-    collection: str
-    files: int = Field(description="Source files found.")
-    unchanged: int = Field(description="Source files skipped because the store already holds them.")
-    processed: int = Field(description="Source files parsed in this run.")
-    parsed: int = Field(description="Documents parsed (archive members count one each).")
-    chunked_documents: int
-    quarantined: list[QuarantineItem]
-    quarantine_counts: dict[str, int]
-    chunks_written: int
-    rows_deleted: int
-    writes: int = Field(description="Rows upserted plus rows deleted: 0 for an unchanged re-run.")
-    pruned_sources: int
-    redactions: dict[str, int]
-    total_chunks: int
-    coverage: CoverageReport | None
-    seconds: float
-
-
-def pipeline_key(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str) -> str:
-    """Hash of everything that changes the stored rows of an unchanged file: chunking, the
-    redaction kinds switched on and their rules (:func:`redaction_fingerprint`), the embedder."""
-    rules = redaction_fingerprint(RedactionConfig(**redaction.model_dump()))
-    return stable_hash({"chunk": chunk.model_dump(), "redaction": redaction.model_dump(), "redaction_rules": rules,
-                        "embedder": embedder_name, "v": PIPELINE_VERSION})
-
-
-def _quarantine_cache_path(collection: str) -> Path:
+def quarantine_cache_path(collection: str) -> Path:
+    """The quarantine cache of ``collection`` (source path -> file hash and quarantined items)."""
     return safe_join(home_layout().rag(), f"{check_name(collection, 'collection name')}-quarantine.json")
 
 
-def _load_quarantine_cache(collection: str) -> dict[str, dict]:
-    import json
-
-    path = _quarantine_cache_path(collection)
+def load_quarantine_cache(collection: str) -> dict[str, dict]:
+    """The quarantine cache of ``collection`` (empty when missing or unreadable)."""
+    path = quarantine_cache_path(collection)
     if not path.exists():
         return {}
     try:
@@ -138,10 +178,15 @@ def _load_quarantine_cache(collection: str) -> dict[str, dict]:
         return {}
 
 
-def _redacted(doc: ParsedDocument, cfg: RedactionConfig, counts: Counter) -> ParsedDocument:
-    text, n = redact(doc.text, cfg)
-    title, n2 = redact(doc.meta.title, cfg)
-    author, n3 = redact(doc.meta.author, cfg)
+# ------------------------------------------------------------------------------------
+# documents -> rows
+
+
+def redact_document(doc: ParsedDocument, rules: DocumentRules, counts: Counter) -> ParsedDocument:
+    """``doc`` with its text, title and author passed through the rules' redaction."""
+    text, n = rules.redact(doc.text)
+    title, n2 = rules.redact(doc.meta.title)
+    author, n3 = rules.redact(doc.meta.author)
     counts.update(n)
     counts.update(n2)
     counts.update(n3)
@@ -157,35 +202,37 @@ def _clip(text: str, max_bytes: int) -> str:
     return text if len(data) <= max_bytes else data[:max_bytes].decode("utf-8", "ignore")
 
 
-def _rows(doc: ParsedDocument, chunks: list[Chunk], source_hash: str, n_docs: int) -> list[IndexRow]:
-    created = to_timestamp(doc.meta.created) if _iso_ok(doc.meta.created) else None
-    modified = to_timestamp(doc.meta.modified) if _iso_ok(doc.meta.modified) else None
+def _timestamp_or_zero(value: str) -> int:
+    try:
+        return (to_timestamp(value) or 0) if value else 0
+    except ValueError:
+        return 0
+
+
+def document_rows(doc: ParsedDocument, chunks: list[Chunk], source_hash: str, n_docs: int) -> list[IndexRow]:
+    """The stored rows of one document's chunks (metadata clipped to the store's field sizes)."""
     m = doc.meta
+    created, modified = _timestamp_or_zero(m.created), _timestamp_or_zero(m.modified)
     return [
         IndexRow(
             id=row_id(doc.doc_id, doc.content_hash, c.index), doc_id=doc.doc_id, content_hash=doc.content_hash,
             source=doc.source, source_hash=source_hash, path=doc.path, title=_clip(m.title, 500),
             author=_clip(m.author, 500), content_type=_clip(m.content_type, 120), language=_clip(m.language, 16),
             created=_clip(m.created, 32), modified=_clip(m.modified, 32), chunk_index=c.index,
-            n_chunks=len(chunks), n_docs=n_docs, created_ts=created or 0, modified_ts=modified or 0,
+            n_chunks=len(chunks), n_docs=n_docs, created_ts=created, modified_ts=modified,
             page=c.page or 0, start_char=c.start_char, end_char=c.end_char, tokens=c.tokens, text=c.text,
         )
         for c in chunks
     ]
 
 
-def _iso_ok(value: str) -> bool:
-    try:
-        return bool(value) and to_timestamp(value) is not None
-    except ValueError:
-        return False
-
-
 @dataclass
-class _Progress:
-    written: WriteCounts
-    redactions: Counter
-    chunk_texts: list[str]
+class IngestProgress:
+    """What the writes of one ingestion have done so far."""
+
+    written: WriteCounts = field(default_factory=WriteCounts)
+    redactions: Counter = field(default_factory=Counter)
+    chunk_texts: list[str] = field(default_factory=list)  # a sample for the coverage report
     chunked_docs: int = 0
 
 
@@ -194,32 +241,31 @@ def write_documents(
     collection: str,
     embedder: Embedder,
     groups: Sequence[tuple[str, str, list[ParsedDocument]]],
-    params: IngestParams,
+    rules: DocumentRules,
     stages: IngestStages,
-    progress: _Progress,
+    progress: IngestProgress,
     *,
     show_progress: bool = False,
     on_source_written: Callable[[str], None] | None = None,
 ) -> None:
     """Redact, chunk, embed and write each ``(source, source_hash, documents)`` group."""
-    cfg = RedactionConfig(**params.redaction.model_dump())
-    tokenizer = embedder.tokenizer
     prepared: list[tuple[str, str, list[IndexRow]]] = []
     texts: list[str] = []
     for source, source_hash, docs in groups:
         chunked: list[tuple[ParsedDocument, list[Chunk]]] = []
         for doc in docs:
-            doc = _redacted(doc, cfg, progress.redactions)
-            chunks = chunk_document(doc.doc_id, doc.text, tokenizer, sentence_spans, size=params.chunk.tokens,
-                                    overlap=params.chunk.overlap, page_at=doc.page_at)
+            doc = redact_document(doc, rules, progress.redactions)
+            chunks = chunk_document(doc.doc_id, doc.text, embedder.tokenizer, rules.sentences,
+                                    size=rules.chunk_tokens, overlap=rules.chunk_overlap, page_at=doc.page_at)
             if chunks:
                 chunked.append((doc, chunks))
-        rows = [r for doc, chunks in chunked for r in _rows(doc, chunks, source_hash, len(chunked))]
+        rows = [r for doc, chunks in chunked for r in document_rows(doc, chunks, source_hash, len(chunked))]
         progress.chunked_docs += len(chunked)
         prepared.append((source, source_hash, rows))
         texts.extend(r.text for r in rows)
-    vectors = stages.embed(embedder, texts, batch_size=_batch_size(), progress=show_progress) if texts else None
-    progress.chunk_texts.extend(texts[:2000 - len(progress.chunk_texts)] if len(progress.chunk_texts) < 2000 else [])
+    batch_size = get_embedding_settings().batch_size
+    vectors = stages.embed(embedder, texts, batch_size=batch_size, progress=show_progress) if texts else None
+    progress.chunk_texts.extend(texts[: max(0, COVERAGE_SAMPLE - len(progress.chunk_texts))])
     offset = 0
     for source, source_hash, rows in prepared:
         if rows:
@@ -232,10 +278,8 @@ def write_documents(
             on_source_written(source)
 
 
-def _batch_size() -> int:
-    from infra.settings import get_embedding_settings
-
-    return get_embedding_settings().batch_size
+# ------------------------------------------------------------------------------------
+# ingest files / in-memory texts
 
 
 def _under(source: str, roots: Sequence[Path]) -> bool:
@@ -247,34 +291,44 @@ def _under(source: str, roots: Sequence[Path]) -> bool:
 
 
 def total_chunks(client: Any, collection: str) -> int:
+    """Rows in ``collection``."""
     res = client.query(collection, filter="", output_fields=["count(*)"])
     return int(res[0]["count(*)"]) if res else 0
 
 
+def _coverage(embedder: Embedder, texts: list[str]) -> CoverageReport | None:
+    if not texts or not getattr(embedder, "exact_tokenizer", True):  # a stand-in tokenizer says nothing
+        return None
+    return coverage_report(embedder.tokenizer, texts, embedder.max_tokens, embedder.name)
+
+
 def run_ingest(
     sources: Sequence[str],
-    params: IngestParams,
+    rules: DocumentRules,
     *,
+    collection: str,
     client: Any,
     embedder: Embedder,
+    batch_docs: int = 16,
+    max_archive_members: int = 1000,
+    prune: bool = False,
     tika_settings: TikaSettings | None = None,
     stages: IngestStages = IngestStages(),
     show_progress: bool = False,
     on_source_written: Callable[[str], None] | None = None,
 ) -> IngestResult:
     """Ingest files/folders incrementally: unchanged sources are skipped, changed ones replaced,
-    and (with ``params.prune``) sources gone from the given folders removed."""
+    and (with ``prune``) sources gone from the given folders removed."""
     started = time.perf_counter()
-    collection = check_name(params.collection, "collection name")
+    collection = check_name(collection, "collection name")
     files = discover(sources)
-    key = pipeline_key(params.chunk, params.redaction, embedder.name)
     exists = client.has_collection(collection)
     manifest = load_manifest(client, collection) if exists else {}
-    qcache = _load_quarantine_cache(collection)
+    qcache = load_quarantine_cache(collection)
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
-    hashes = {f.path: stable_hash({"file": f.sha256, "pipeline": key}) for f in files}
+    hashes = {f.path: stable_hash({"file": f.sha256, "pipeline": rules.key}) for f in files}
     for f in files:
         h = hashes[f.path]
         state = manifest.get(f.path)
@@ -290,10 +344,10 @@ def run_ingest(
             todo.append(f)
     if todo or not exists:
         ensure_collection(client, collection, embedder.dim)
-    progress = _Progress(written=WriteCounts(), redactions=Counter(), chunk_texts=[])
+    progress = IngestProgress()
     parsed = 0
-    for batch, result in parsed_batches(todo, params.batch_docs, stages, settings=tika_settings,
-                                        max_archive_members=params.max_archive_members):
+    for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
+                                        max_archive_members=max_archive_members):
         parsed += len(result.documents)
         quarantined.extend(result.quarantined)
         by_source: dict[str, list[ParsedDocument]] = {f.path: [] for f in batch}
@@ -305,12 +359,12 @@ def run_ingest(
                 qcache[f.path] = {"hash": hashes[f.path], "items": items}
             else:
                 qcache.pop(f.path, None)
-        write_json_atomic(_quarantine_cache_path(collection), qcache)
+        write_json_atomic(quarantine_cache_path(collection), qcache)
         groups = [(f.path, hashes[f.path], by_source[f.path]) for f in batch]
-        write_documents(client, collection, embedder, groups, params, stages, progress,
+        write_documents(client, collection, embedder, groups, rules, stages, progress,
                         show_progress=show_progress, on_source_written=on_source_written)
     pruned = 0
-    if params.prune:
+    if prune:
         roots = [Path(s).expanduser().resolve() for s in sources]
         gone = [s for s in manifest if _under(s, roots) and s not in hashes]
         if gone:
@@ -318,10 +372,7 @@ def run_ingest(
             pruned = len(gone)
         for s in [s for s in qcache if _under(s, roots) and s not in hashes]:
             qcache.pop(s)
-        write_json_atomic(_quarantine_cache_path(collection), qcache)
-    coverage = None
-    if progress.chunk_texts and getattr(embedder, "exact_tokenizer", True):
-        coverage = coverage_report(embedder.tokenizer, progress.chunk_texts, embedder.max_tokens, embedder.name)
+        write_json_atomic(quarantine_cache_path(collection), qcache)
     reasons = Counter(q.reason for q in quarantined)
     return IngestResult(
         collection=collection, files=len(files), unchanged=unchanged, processed=len(todo), parsed=parsed,
@@ -331,7 +382,7 @@ def run_ingest(
         rows_deleted=progress.written.deleted, writes=progress.written.writes, pruned_sources=pruned,
         redactions={k: int(v) for k, v in sorted(progress.redactions.items())},
         total_chunks=total_chunks(client, collection) if client.has_collection(collection) else 0,
-        coverage=coverage, seconds=round(time.perf_counter() - started, 3),
+        coverage=_coverage(embedder, progress.chunk_texts), seconds=round(time.perf_counter() - started, 3),
     )
 
 
@@ -348,39 +399,46 @@ def text_documents(items: Sequence[tuple[str, str, str]], namespace: str) -> lis
 
 
 def ingest_texts(
-    docs: Sequence[ParsedDocument], params: IngestParams, *, client: Any, embedder: Embedder,
+    docs: Sequence[ParsedDocument], rules: DocumentRules, *, collection: str, client: Any, embedder: Embedder,
     stages: IngestStages = IngestStages(), show_progress: bool = False,
 ) -> tuple[int, int]:
     """Write in-memory documents incrementally; returns ``(documents written, rows written)``."""
-    collection = check_name(params.collection, "collection name")
-    key = pipeline_key(params.chunk, params.redaction, embedder.name)
+    collection = check_name(collection, "collection name")
     ensure_collection(client, collection, embedder.dim)
     manifest = load_manifest(client, collection)
     todo = []
     for doc in docs:
-        h = stable_hash({"text": doc.content_hash, "pipeline": key})
+        h = stable_hash({"text": doc.content_hash, "pipeline": rules.key})
         state = manifest.get(doc.source)
         if state is None or not state.complete(h):
             todo.append((doc.source, h, [doc]))
-    progress = _Progress(written=WriteCounts(), redactions=Counter(), chunk_texts=[])
+    progress = IngestProgress()
     for start in range(0, len(todo), 64):
-        write_documents(client, collection, embedder, todo[start : start + 64], params, stages, progress,
+        write_documents(client, collection, embedder, todo[start : start + 64], rules, stages, progress,
                         show_progress=show_progress)
     return len(todo), progress.written.upserted
 
 
-def query_weights(embedder: Embedder, question: str, weights: HybridWeights) -> dict[str, float]:
-    """Fusion weights for one query (``auto`` dense weight from the embedder's coverage of it)."""
-    if weights.dense != "auto":
-        return {"dense": float(weights.dense), "bm25": weights.bm25}
-    if not getattr(embedder, "exact_tokenizer", True):  # no evidence about a remote model's vocabulary
-        return {"dense": 1.0, "bm25": weights.bm25}
-    tok = embedder.tokenizer
-    ids = tok(question, add_special_tokens=False, verbose=False)["input_ids"]
-    unk = getattr(tok, "unk_token_id", None)
-    share = (sum(1 for i in ids if i == unk) / len(ids)) if ids and unk is not None else 0.0
-    return {"dense": dense_weight_for(share), "bm25": weights.bm25}
+# ------------------------------------------------------------------------------------
+# report
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
+    """Markdown report of one ingestion (titled ``{flow}: {collection}``)."""
+    lines = [
+        f"# {flow}: {r.collection}", "",
+        f"- files: {r.files} ({r.unchanged} unchanged, {r.processed} processed)",
+        (f"- documents parsed: {r.parsed}; chunked: {r.chunked_documents}; quarantined: {len(r.quarantined)} "
+         f"{r.quarantine_counts}"),
+        f"- chunks written: {r.chunks_written}; rows deleted: {r.rows_deleted}; pruned sources: {r.pruned_sources}",
+        f"- chunks in the collection: {r.total_chunks}",
+        f"- redactions: {r.redactions or 'none'}",
+        f"- seconds: {r.seconds}",
+    ]
+    if r.coverage:
+        c = r.coverage
+        lines.append(f"- embedder {c.model}: unknown pieces {c.unk_share:.1%}, chunks over its {c.window}-token "
+                     f"window {c.truncated_share:.1%}" + (f" — {c.advice}" if c.poor else ""))
+    items = [Quarantined(q.path, q.reason, q.detail) for q in r.quarantined]
+    lines += ["", "## Quarantine", "", render_quarantine(items)]
+    return "\n".join(lines)

@@ -1,0 +1,5 @@
+import sys
+
+from flows.rag.cli import main
+
+sys.exit(main())

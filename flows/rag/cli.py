@@ -1,0 +1,83 @@
+"""``python -m flows.rag {ingest,ask,eval}``: the RAG commands, generated from the flows.
+
+Each command accepts ``--json`` and then prints the flow's typed result as one JSON object on
+the last line of stdout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flows.cli import Command, make_main
+from flows.rag.ask import rag_ask
+from flows.rag.evaluate import rag_eval
+from flows.rag.ingest import rag_ingest
+from solutions.rag.evaluation import render_eval
+from solutions.rag.results import AskResult, EvalResult
+from tasks.ingest import IngestResult
+
+CHUNK_FLAGS = {"chunk.tokens": "chunk-tokens", "chunk.overlap": "chunk-overlap"}
+WEIGHT_FLAGS = {"weights.dense": "dense-weight", "weights.bm25": "bm25-weight"}
+
+
+def _ingest_summary(r: IngestResult) -> str:
+    lines = [
+        (f"ingested into {r.collection}: {r.files} files ({r.unchanged} unchanged), {r.parsed} documents parsed, "
+         f"{r.chunked_documents} chunked, {len(r.quarantined)} quarantined {r.quarantine_counts}"),
+        (f"  chunks written {r.chunks_written}, rows deleted {r.rows_deleted}, writes {r.writes}, "
+         f"in collection {r.total_chunks}, {r.seconds:.1f} s"),
+    ]
+    lines += [f"  quarantined {q.reason:<11} {q.path}" for q in r.quarantined]
+    if r.coverage and r.coverage.poor:
+        lines.append(f"  warning: {r.coverage.advice}")
+    return "\n".join(lines)
+
+
+def _ask_summary(r: AskResult) -> str:
+    lines = [""] if r.streamed else [r.answer, ""]  # a streamed answer is on the console already
+    for c in r.citations:
+        where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
+        lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")
+    if not r.citations:
+        lines += [f"[{h.number}] {h.path} (chunk {h.chunk_index})" for h in r.hits]
+    return "\n".join(lines)
+
+
+def _eval_summary(r: EvalResult) -> str:
+    return render_eval(r)
+
+
+def _sources_exist(kwargs: dict[str, Any]) -> None:
+    missing = [s for s in kwargs.get("sources") or [] if not Path(s).expanduser().exists()]
+    if missing:
+        raise ValueError(f"source not found: {', '.join(missing)}")
+
+
+def _data_exists(kwargs: dict[str, Any]) -> None:
+    path = Path(kwargs["data"]).expanduser()
+    if not path.is_file():
+        raise ValueError(f"--data: QA file not found: {kwargs['data']}")
+
+
+COMMANDS = [
+    Command(
+        "ingest", rag_ingest, _ingest_summary, help="parse, redact, chunk, embed and index documents",
+        positional="sources",
+        flags={"sources": "source", **{f"params.{k}": v for k, v in CHUNK_FLAGS.items()},
+               **{f"params.redaction.{kind}": f"no-redact-{kind.replace('_', '-')}"
+                  for kind in ("email", "cn_id", "bank_card", "mobile")}},
+        check=_sources_exist,
+    ),
+    Command(
+        "ask", rag_ask, _ask_summary, help="answer a question with citations", positional="question",
+        flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()},
+    ),
+    Command(
+        "eval", rag_eval, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",
+        flags={**CHUNK_FLAGS, **WEIGHT_FLAGS}, check=_data_exists,
+    ),
+]
+
+main = make_main("python -m flows.rag", "RAG knowledge base: ingest documents, ask questions, evaluate retrieval.",
+                 COMMANDS)

@@ -1,0 +1,36 @@
+"""``rag-ingest``: documents -> Tika -> redaction -> token chunks -> embeddings -> Milvus."""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import flow
+
+from flows.rag.steps import ingest_sources, watched_folder
+from infra.embeddings import embedder_from_settings
+from infra.milvus import open_client
+from infra.runners import ConfiguredTaskRunner
+from infra.settings import get_tika_settings
+from solutions.rag.config import IngestParams
+from tasks.evaluate import artifact_key, publish_eval_report_task
+from tasks.ingest import IngestResult, render_ingest, task_stages
+
+
+@flow(name="rag-ingest", log_prints=True, task_runner=ConfiguredTaskRunner())
+def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams()) -> IngestResult:
+    """Parse documents with Apache Tika, redact personal data, chunk by tokens, embed and write
+    them to Milvus (dense + BM25). Incremental: unchanged files are skipped, changed ones
+    replaced, and with ``prune`` files gone from the sources are removed. Broken, encrypted,
+    empty or unsupported documents are quarantined with a reason.
+
+    Args:
+        sources: Files or folders (archives yield their documents); none: the watched folder
+            <home>/inbox/docs (what the scheduled re-ingest reads).
+        params: Collection, chunking, redaction and batching.
+    """
+    result = ingest_sources(sources or [watched_folder()], params, client=open_client(),
+                            embedder=embedder_from_settings(), tika_settings=get_tika_settings(),
+                            stages=task_stages(), show_progress=sys.stderr.isatty())
+    publish_eval_report_task(render_ingest(result, "rag-ingest"), key=artifact_key(f"rag-ingest-{result.collection}"),
+                             description="Ingestion counts, quarantine and redactions")
+    return result

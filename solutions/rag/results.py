@@ -1,0 +1,80 @@
+"""Typed results of the RAG flows ``rag-ask`` and ``rag-eval`` (``rag-ingest`` returns the
+generic :class:`tasks.ingest.IngestResult`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.embeddings import CoverageReport
+
+
+class Citation(BaseModel):
+    """Where a cited passage [n] comes from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    number: int
+    path: str
+    title: str
+    chunk_index: int
+    page: int | None
+    start_char: int
+    end_char: int
+
+
+class AskHit(BaseModel):
+    """One retrieved chunk."""
+
+    model_config = ConfigDict(frozen=True)
+
+    number: int
+    score: float
+    ranks: dict[str, int]
+    path: str
+    title: str
+    content_type: str
+    chunk_index: int
+    page: int | None
+    snippet: str
+
+
+class AskResult(BaseModel):
+    """What ``rag-ask`` answered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    question: str
+    mode: str
+    weights: dict[str, float]
+    answer: str
+    answer_kind: str = Field(description="'llm' or 'extractive'.")
+    citations: list[Citation]
+    hits: list[AskHit]
+    seconds: float
+    streamed: bool = Field(default=False, description="The answer was printed to stdout as it was generated.")
+
+
+class RetrieverScores(BaseModel):
+    """Metrics of one retriever on a QA set."""
+
+    model_config = ConfigDict(frozen=True)
+
+    recall_at_1: float
+    recall_at_5: float
+    recall_at_10: float
+    mrr_at_10: float
+
+
+class EvalResult(BaseModel):
+    """What ``rag-eval`` measured."""
+
+    model_config = ConfigDict(frozen=True)
+
+    qa_file: str
+    collection: str
+    questions: int
+    passages_ingested: int
+    scores: dict[str, RetrieverScores]
+    hybrid_weights: dict[str, float]
+    coverage: CoverageReport | None
+    seconds: float
