@@ -20,7 +20,13 @@ import pandas as pd
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.store import sha256_file, stable_hash, write_json_atomic
-from solutions.sensor.align import check_table_columns, load_readings
+from solutions.sensor.align import (
+    align_readings,
+    check_table_columns,
+    clean_events,
+    clean_readings,
+    load_readings,
+)
 from solutions.sensor.cmapss import REGIMES, check_subset, load_cmapss
 from solutions.sensor.config import (
     AlignConfig,
@@ -108,6 +114,22 @@ def stored_bad_readings(plan: GridPlan) -> BadReadingReport | None:
     """The counts stored for ``plan``'s grid, if any."""
     path = plan.bad_readings_path()
     return BadReadingReport.model_validate_json(path.read_text()) if path.exists() else None
+
+
+def build_grid(source: SensorSource, config: SensorConfig) -> tuple[pd.DataFrame, BadReadingReport]:
+    """The grid of a source and its bad readings, built now without the prepared store.
+
+    For code below the tasks layer (a compression adapter, a benchmark); the flows use
+    the content-addressed store instead (``flows/sensor/steps.py``).
+    """
+    if source.cmapss_dir:
+        return cmapss_plan(Path(source.cmapss_dir), source.subset).build()
+    if source.data:
+        events = Path(source.events) if source.events else None
+        return readings_plan(Path(source.data), events, source.columns, config.align).build()
+    readings, events = generate_fleet(config.fleet)
+    clean, report = clean_readings(readings, config.align, "synthetic fleet")
+    return align_readings(clean, clean_events(events), config.align, report)
 
 
 def window_config(source: SensorSource, config: SensorConfig) -> WindowConfig:
