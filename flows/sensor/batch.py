@@ -36,7 +36,7 @@ def sensor_batch_score(
 
     Args:
         inbox: folder or glob of long-format CSV/Parquet files (default: <home>/inbox/sensor).
-        model: NAME[:VERSION|@alias] of a registered RUL model (default: the champion of sensor-rul).
+        model: NAME[:VERSION|@alias] of a registered RUL model; a bare NAME scores with its champion.
         columns: column mapping canonical=SOURCE, e.g. asset_id=machine,timestamp=ts.
         threshold: alert when P(failure) >= this (default: the model's).
         output_dir: where score files go (default: <home>/scores/sensor-batch).

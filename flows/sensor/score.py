@@ -28,7 +28,7 @@ def sensor_score(
 
     Args:
         source: the input data (default: the seeded synthetic fleet; the test units of a C-MAPSS folder).
-        model: NAME[:VERSION|@alias] of a registered RUL model (default: the champion of sensor-rul).
+        model: NAME[:VERSION|@alias] of a registered RUL model; a bare NAME scores with its champion.
         output: Parquet output (default: <home>/scores/<input>-<model>-v<version>.parquet).
         csv: also write a CSV beside the Parquet.
         threshold: alert when P(failure) >= this (default: the model's).
