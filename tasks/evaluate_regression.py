@@ -11,15 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from prefect import task
-from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
 from tasks.evaluate import new_figure, save_figure
 
 log = logging.getLogger(__name__)
-
 
 
 class RegressionReport(BaseModel):
@@ -132,5 +129,3 @@ def render_regression_report(
     lines += [""] + [f"![{Path(p).stem}]({Path(p).as_posix()})" for p in images]
     return "\n".join(lines) + "\n"
 
-
-evaluate_regression_task = task(name="evaluate-regression", cache_policy=NONE)(evaluate_regression)

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 #: above this share of non-numeric values the value column is taken as wrongly mapped
 MAX_NON_NUMERIC_SHARE = 0.5
-FAST_STATS = ("rms", "peak", "kurtosis")
 
 
 def apply_mapping(
@@ -197,15 +196,6 @@ def _codes(col: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     return codes.astype(np.int64), np.asarray(names, dtype=object).astype(str)
 
 
-def fast_sensor_names(readings: pd.DataFrame, cfg: AlignConfig) -> list[str]:
-    """Sensors aggregated per step: the configured ones, else those with >= 2 readings per step."""
-    if cfg.fast_sensors is not None:
-        return sorted(cfg.fast_sensors)
-    a_code, _ = _codes(readings[S.ASSET])
-    s_code, s_names = _codes(readings[S.SENSOR])
-    return _fast_by_rate(a_code, s_code, s_names, np.floor(readings["t"].to_numpy() / cfg.step_seconds).astype(np.int64))
-
-
 def _fast_by_rate(a_code: np.ndarray, s_code: np.ndarray, s_names: np.ndarray, step: np.ndarray) -> list[str]:
     span = int(step.max() - step.min() + 1) if len(step) else 1
     n_a = int(a_code.max() + 1) if len(a_code) else 1
@@ -332,6 +322,33 @@ def align_readings(
         len(value), len(assets) - int(short.sum()), len(grid), len(fast_l), len(slow),
     )
     return grid, report
+
+
+def table_header(path: Path) -> list[str]:
+    """The column names of a CSV or Parquet file, read without its rows."""
+    source = str(path)
+    if not path.is_file():
+        raise DataValidationError("file not found", source=source)
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    try:
+        if magic == b"PAR1":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, ValueError) as exc:
+        raise DataValidationError(f"cannot be read as a table: {exc}", source=source) from exc
+
+
+def check_table_columns(path: Path, mapping: ColumnMapping, kind: str = "readings") -> None:
+    """Pre-flight: a readings (or events) file has the required columns under ``mapping``."""
+    header = pd.DataFrame(columns=table_header(path))
+    if kind == "events":
+        event_map = ColumnMapping({k: v for k, v in mapping.columns.items() if k in S.EVENT_COLUMNS})
+        apply_mapping(header, event_map, (S.ASSET, S.FAILURE_TIME), str(path))
+    else:
+        apply_mapping(header, mapping, S.READING_COLUMNS, str(path))
 
 
 def load_readings(

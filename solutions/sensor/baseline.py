@@ -7,8 +7,6 @@ from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-SUMMARIES = ("mean", "std", "min", "max", "last", "slope", "last5")
-
 
 def window_summary_features(x: np.ndarray) -> np.ndarray:
     """(n, channels, time) windows -> (n, channels * 7) summary features."""

@@ -9,7 +9,7 @@ per line. The result is a grid table as produced by :mod:`solutions.sensor.align
 
 from __future__ import annotations
 
-import re
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -17,29 +17,60 @@ import pandas as pd
 
 from infra.errors import DataValidationError
 from solutions.sensor import schema as S
+from solutions.sensor.schema import BadReadingReport
+
+log = logging.getLogger(__name__)
 
 OP_COLUMNS: tuple[str, ...] = ("op_setting_1", "op_setting_2", "op_setting_3")
 SENSOR_COLUMNS: tuple[str, ...] = tuple(f"sensor_{i}" for i in range(1, 22))
-COLUMNS: tuple[str, ...] = ("unit", "cycle", *OP_COLUMNS, *SENSOR_COLUMNS)
+READING_COLUMNS: tuple[str, ...] = (*OP_COLUMNS, *SENSOR_COLUMNS)  #: 24 readings per line
+COLUMNS: tuple[str, ...] = ("unit", "cycle", *READING_COLUMNS)
 SUBSETS = ("FD001", "FD002", "FD003", "FD004")
 #: operating regimes of each subset (FD002/FD004 fly six conditions)
 REGIMES = {"FD001": 1, "FD002": 6, "FD003": 1, "FD004": 6}
+#: above this share of unreadable values in one column the file is not taken as C-MAPSS
+MAX_BAD_SHARE = 0.5
+#: how a missing value may be written (counted as NaN; anything else unreadable is non-numeric)
+NAN_TEXT = ("nan", "-nan", "+nan")
 
 
 def check_subset(subset: str) -> str:
     """``FD001``..``FD004`` (case-insensitive), or a clear error."""
-    name = subset.upper()
-    if not re.fullmatch(r"FD\d{3}", name):
-        raise DataValidationError(f"subset {subset!r} is not of the form FD001; known: {', '.join(SUBSETS)}")
+    name = subset.strip().upper()
+    if name not in SUBSETS:
+        raise DataValidationError(f"unknown C-MAPSS subset {subset!r}; known: {', '.join(SUBSETS)}")
     return name
 
 
-def read_cmapss_file(path: Path) -> pd.DataFrame:
+def _not_finite(text: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(parsed values, NaN written as such, infinities, text that is no number) of one column."""
+    parsed = pd.to_numeric(text, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    missing = np.isnan(parsed)
+    written_nan = text.str.lower().isin(NAN_TEXT).to_numpy()
+    return parsed, missing & written_nan, np.isinf(parsed), missing & ~written_nan
+
+
+def _too_many(bad: np.ndarray, raw: pd.DataFrame, col: str, lines: np.ndarray, source: str) -> None:
+    if bad.mean() > MAX_BAD_SHARE:
+        first = np.flatnonzero(bad)[:5].tolist()
+        raise DataValidationError(
+            f"{int(bad.sum())} of {len(bad)} values are not finite numbers (e.g. {raw[col].iloc[first[0]]!r} "
+            f"on line {lines[first[0]]}); is this a C-MAPSS file?",
+            source=source, column=col, rows=first,
+        )
+
+
+def read_cmapss_file(path: Path, report: BadReadingReport | None = None) -> pd.DataFrame:
     """One C-MAPSS data file as a frame with the 26 named columns.
 
+    Bad values are counted in ``report`` (if given), never dropped silently: a setting or
+    sensor value that is not a finite number (``nan``, ``inf``, text) is left out (NaN in
+    the frame, which the normaliser maps to the regime mean); a line whose unit or cycle
+    is not a finite number cannot be placed and is dropped whole (``rows_dropped``).
+
     Raises:
-        DataValidationError: missing file, wrong column count, non-numeric values, or
-            cycles that do not increase within a unit (naming the rows).
+        DataValidationError: missing file, wrong column count, more than half of one
+            column unreadable, or cycles that do not increase within a unit (naming the rows).
     """
     path = Path(path)
     source = str(path)
@@ -47,7 +78,7 @@ def read_cmapss_file(path: Path) -> pd.DataFrame:
         raise DataValidationError(
             "file not found; download the C-MAPSS data set and pass its folder with --cmapss-dir", source=source
         )
-    rows = []
+    rows, numbers = [], []
     with open(path, encoding="ascii", errors="replace") as handle:
         for number, line in enumerate(handle):
             fields = line.split()
@@ -60,29 +91,51 @@ def read_cmapss_file(path: Path) -> pd.DataFrame:
                     source=source, rows=[number],
                 )
             rows.append(fields)
+            numbers.append(number + 1)
     if not rows:
         raise DataValidationError("file has no data lines", source=source)
     raw = pd.DataFrame(rows, columns=list(COLUMNS))
-    out = pd.DataFrame(index=raw.index)
-    for col in COLUMNS:
-        num = pd.to_numeric(raw[col], errors="coerce")
-        bad = num.isna().to_numpy() | ~np.isfinite(num.to_numpy(dtype="float64", na_value=np.nan))
-        if bad.any():
-            first = np.flatnonzero(bad)[:5].tolist()
-            raise DataValidationError(
-                f"{int(bad.sum())} values are not finite numbers (e.g. {raw[col].iloc[first[0]]!r} on line {first[0] + 1})",
-                source=source, column=col, rows=first,
-            )
-        out[col] = num.astype("int64") if col in ("unit", "cycle") else num.astype("float64")
+    lines = np.asarray(numbers)
+    placed = np.ones(len(raw), dtype=bool)
+    keys = {}
+    for col in ("unit", "cycle"):
+        parsed, _, _, _ = _not_finite(raw[col])
+        unreadable = ~np.isfinite(parsed)
+        _too_many(unreadable, raw, col, lines, source)
+        placed &= ~unreadable
+        keys[col] = parsed
+    counts = {"nan": 0, "inf": 0, "non_numeric": 0}
+    values = {}
+    for col in READING_COLUMNS:
+        parsed, nan, inf, text = _not_finite(raw[col])
+        _too_many(nan | inf | text, raw, col, lines, source)
+        for name, bad in (("nan", nan), ("inf", inf), ("non_numeric", text)):
+            counts[name] += int((bad & placed).sum())
+        values[col] = np.where(np.isfinite(parsed), parsed, np.nan)[placed]
+    if report is not None:
+        left_out = sum(counts.values())
+        report.readings_in += len(raw) * len(READING_COLUMNS)
+        report.readings_used += int(placed.sum()) * len(READING_COLUMNS) - left_out
+        report.nan += counts["nan"]
+        report.inf += counts["inf"]
+        report.non_numeric += counts["non_numeric"]
+        report.rows_dropped += int((~placed).sum())
+    if not placed.all():
+        log.warning("%s: %d line(s) without a readable unit or cycle dropped (e.g. line %d)",
+                    source, int((~placed).sum()), lines[~placed][0])
+    out = pd.DataFrame({"unit": keys["unit"][placed].astype("int64"), "cycle": keys["cycle"][placed].astype("int64")})
+    for col in READING_COLUMNS:
+        out[col] = values[col]
+    kept_rows = np.flatnonzero(placed)
     unit, cycle = out["unit"].to_numpy(), out["cycle"].to_numpy()
     same = unit[1:] == unit[:-1]
     backwards = np.flatnonzero(same & (cycle[1:] <= cycle[:-1])) + 1
     if len(backwards):
         raise DataValidationError(
             f"cycles out of order or repeated within a unit at {len(backwards)} line(s) "
-            f"(e.g. unit {unit[backwards[0]]} cycle {cycle[backwards[0]]} on line {backwards[0] + 1}); "
+            f"(e.g. unit {unit[backwards[0]]} cycle {cycle[backwards[0]]} on line {lines[kept_rows[backwards[0]]]}); "
             "C-MAPSS files list each unit's cycles in increasing order",
-            source=source, column="cycle", rows=backwards[:5].tolist(),
+            source=source, column="cycle", rows=kept_rows[backwards[:5]].tolist(),
         )
     return out
 
@@ -120,16 +173,18 @@ def _to_grid(frame: pd.DataFrame, prefix: str, set_name: str, rul_at_end: np.nda
     return grid
 
 
-def load_cmapss(directory: Path, subset: str = "FD001") -> pd.DataFrame:
-    """The train and test units of one subset as one grid table (``set`` = train/test).
+def load_cmapss(directory: Path, subset: str = "FD001") -> tuple[pd.DataFrame, BadReadingReport]:
+    """The train and test units of one subset as one grid table (``set`` = train/test),
+    and the counts of what the reader saw in both files.
 
     Train units get ``rul`` = cycles left to their last cycle; test units get the value
     from ``RUL_FDxxx.txt`` plus the cycles after each row.
     """
     directory = Path(directory).expanduser()
     subset = check_subset(subset)
-    train = read_cmapss_file(directory / f"train_{subset}.txt")
-    test = read_cmapss_file(directory / f"test_{subset}.txt")
+    report = BadReadingReport(source=str(directory))
+    train = read_cmapss_file(directory / f"train_{subset}.txt", report)
+    test = read_cmapss_file(directory / f"test_{subset}.txt", report)
     rul = read_rul_file(directory / f"RUL_{subset}.txt")
     n_test = test["unit"].nunique()
     if len(rul) != n_test:
@@ -137,6 +192,7 @@ def load_cmapss(directory: Path, subset: str = "FD001") -> pd.DataFrame:
             f"has {len(rul)} values but test_{subset}.txt has {n_test} units; one line per test unit is needed",
             source=str(directory / f"RUL_{subset}.txt"),
         )
-    return pd.concat(
+    grid = pd.concat(
         [_to_grid(train, "train-", "train", None), _to_grid(test, "test-", "test", rul)], ignore_index=True
     )
+    return grid, report

@@ -8,7 +8,55 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from solutions.sensor.cmapss import check_subset
+from solutions.sensor.schema import ColumnMapping
+
+
+class SensorSource(BaseModel):
+    """Input data: a long-format readings file, a C-MAPSS folder, or the seeded synthetic fleet."""
+
+    model_config = ConfigDict(frozen=True)
+
+    data: str | None = Field(
+        default=None, description="Long-format readings CSV/Parquet: asset_id, timestamp, sensor, value."
+    )
+    events: str | None = Field(
+        default=None, description="Failure events CSV/Parquet: asset_id, failure_time, failure_type."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="Column mapping canonical=SOURCE, e.g. asset_id=machine,timestamp=ts."
+    )
+    cmapss_dir: str | None = Field(
+        default=None, description="Folder with the NASA C-MAPSS train_/test_/RUL_FDxxx.txt files."
+    )
+    subset: str = Field(default="FD001", description="C-MAPSS subset: FD001, FD002, FD003 or FD004.")
+
+    @field_validator("columns")
+    @classmethod
+    def _canonical(cls, columns: dict[str, str]) -> dict[str, str]:
+        ColumnMapping(columns)  # unknown canonical names or a source column mapped twice
+        return columns
+
+    @field_validator("subset")
+    @classmethod
+    def _known_subset(cls, subset: str) -> str:
+        return check_subset(subset)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SensorSource:
+        if self.data and self.cmapss_dir:
+            raise ValueError("give either a readings file (data) or a C-MAPSS folder (cmapss_dir), not both")
+        if self.events and not self.data:
+            raise ValueError("failure events (events) belong to a readings file: give data too")
+        return self
+
+    def describe(self) -> str:
+        """The input in a few words, for reports."""
+        if self.cmapss_dir:
+            return f"C-MAPSS {self.subset} in {self.cmapss_dir}"
+        return self.data or "synthetic fleet"
 
 
 class SyntheticFleetConfig(BaseModel):
@@ -79,7 +127,7 @@ class ModelConfig(BaseModel):
 
     channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
     embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
-    dropout: float = Field(default=0.1, ge=0, lt=1)
+    dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout rate of the encoder and heads.")
     fail_weight: float = Field(default=0.5, ge=0, description="Weight of the failure-in-horizon loss.")
 
 
@@ -90,12 +138,12 @@ class PretrainConfig(BaseModel):
 
     mask_time: float = Field(default=0.3, gt=0, lt=1, description="Share of time steps masked.")
     mask_sensor: float = Field(default=0.15, ge=0, lt=1, description="Share of sensors masked whole.")
-    lr: float = Field(default=2e-3, gt=0)
-    batch_size: int = Field(default=256, ge=8)
-    max_epochs: int = Field(default=5, ge=1)
-    patience: int = Field(default=2, ge=1)
+    lr: float = Field(default=2e-3, gt=0, description="Pre-training learning rate.")
+    batch_size: int = Field(default=256, ge=8, description="Pre-training batch size.")
+    max_epochs: int = Field(default=5, ge=1, description="Pre-training epochs at most.")
+    patience: int = Field(default=2, ge=1, description="Pre-training early-stopping patience (epochs).")
     stride: int = Field(default=4, ge=1, description="Window stride for pre-training.")
-    seed: int = 0
+    seed: int = Field(default=0, description="Pre-training seed.")
 
 
 class FinetuneConfig(BaseModel):
@@ -107,17 +155,17 @@ class FinetuneConfig(BaseModel):
     pretrained: bool = Field(default=True, description="Start from the pre-trained encoder.")
     mode: Literal["progressive", "top"] = Field(default="progressive", description="Fine-tuning schedule.")
     unfreeze_every: int = Field(default=2, ge=1, description="Epochs between unfreezing steps.")
-    lr: float = Field(default=2e-3, gt=0)
-    batch_size: int = Field(default=256, ge=8)
-    max_epochs: int = Field(default=10, ge=1)
-    patience: int = Field(default=3, ge=1)
+    lr: float = Field(default=2e-3, gt=0, description="Learning rate.")
+    batch_size: int = Field(default=256, ge=8, description="Batch size.")
+    max_epochs: int = Field(default=10, ge=1, description="Training epochs at most.")
+    patience: int = Field(default=3, ge=1, description="Early-stopping patience (epochs).")
     min_samples_per_epoch: int = Field(
         default=4096, ge=1, description="Few-label runs resample the labelled windows up to this."
     )
     alert_threshold: float | None = Field(
         default=None, gt=0, lt=1, description="Alert when P(failure) >= this; None: max F1 on validation."
     )
-    seed: int = 0
+    seed: int = Field(default=0, description="Seed of the labelled draw and of training.")
 
 
 class SplitConfig(BaseModel):
@@ -125,9 +173,9 @@ class SplitConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    val_fraction: float = Field(default=0.15, gt=0, lt=0.5)
-    test_fraction: float = Field(default=0.2, gt=0, lt=0.5)
-    seed: int = 0
+    val_fraction: float = Field(default=0.15, gt=0, lt=0.5, description="Share of assets for validation.")
+    test_fraction: float = Field(default=0.2, gt=0, lt=0.5, description="Share of assets for test.")
+    seed: int = Field(default=0, description="Seed of the asset split.")
 
 
 class SensorConfig(BaseModel):

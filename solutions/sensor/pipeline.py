@@ -1,7 +1,7 @@
 """Sensor pipeline steps as plain functions: splits, labels, windows, evaluation, params.
 
-No Prefect here: the flows wrap these steps in tasks and join them with the generic
-train / fine-tune / evaluate / register tasks.
+No Prefect here: ``flows/sensor/steps.py`` wraps these steps in tasks and the flows join
+them with the generic train / fine-tune / evaluate / register tasks.
 """
 
 from __future__ import annotations
@@ -13,17 +13,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from infra.registry import ModelRef, ModelRegistry
+from infra.store import stable_hash
 from solutions.sensor import schema as S
-from solutions.sensor.config import ModelConfig, PretrainConfig, SplitConfig, WindowConfig
+from solutions.sensor.config import ModelConfig, PretrainConfig, SensorConfig, SplitConfig, WindowConfig
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
 from solutions.sensor.metrics import alert_lead_times, phm08_score
-from solutions.sensor.model import MaskedReconstruction, SensorRULModel
+from solutions.sensor.model import MaskedReconstruction, SensorRULModel, WindowDataModule
 from solutions.sensor.schema import BadReadingReport
 
 log = logging.getLogger(__name__)
 
-#: Bump when the grid/feature code changes, so stored tables are rebuilt.
-GRID_VERSION = "1"
+#: What the champion rule compares for the RUL/failure model (lower is better).
+PRIMARY_METRIC = "test/rmse"
+#: What the champion rule compares for the pre-trained encoder (lower is better).
+ENCODER_METRIC = "val/masked_mse"
+#: Parameter groups of progressive fine-tuning, unfrozen from the top.
+PROGRESSIVE_GROUPS = ("heads", "encoder.proj", "encoder.convs")
 
 
 def split_assets(grid: pd.DataFrame, cfg: SplitConfig) -> dict[str, list[str]]:
@@ -112,6 +118,11 @@ class SupervisedData:
     test_all: WindowSet  # every window of each failed test asset (alerts, trajectories)
     test_cut_grid: pd.DataFrame  # the cut test assets (to re-score another model on them)
 
+    def window_counts(self) -> dict[str, int]:
+        """Windows per part."""
+        return {"train": len(self.train), "val": len(self.val), "test_last": len(self.test_last),
+                "test_all": len(self.test_all)}
+
 
 def supervised_windows(
     grid: pd.DataFrame,
@@ -195,3 +206,118 @@ def predictor_from_params(params: dict[str, Any], state_dict: dict[str, Any]) ->
     model.load_state_dict(state_dict)
     model.eval()
     return model, RegimeNormalizer.from_dict(params["normalizer"]), WindowConfig(**params["window"])
+
+
+# ------------------------------------------------------------------------------------
+# the stages of sensor-pretrain and sensor-train, as plain functions
+
+
+@dataclass
+class PretrainData:
+    """Splits, normaliser and unlabelled windows for pre-training."""
+
+    splits: dict[str, list[str]]
+    normalizer: RegimeNormalizer
+    train: WindowSet
+    val: WindowSet
+
+
+def pretrain_data(grid: pd.DataFrame, config: SensorConfig, wcfg: WindowConfig) -> PretrainData:
+    """Split by asset, fit the normaliser on train+val, cut the unlabelled windows."""
+    splits = split_assets(grid, config.split)
+    norm = fit_normalizer(grid, splits["train"] + splits["val"], wcfg, config.align.op_prefix, config.split.seed)
+    train, val = pretrain_windows(grid, splits, norm, wcfg, config.pretrain.stride)
+    return PretrainData(splits, norm, train, val)
+
+
+def pretrain_run_key(data_hash: str, config: SensorConfig, wcfg: WindowConfig) -> str:
+    """Checkpoint folder key of a pre-training run (same inputs, same run: resumable)."""
+    return "sensor-pre-" + stable_hash({
+        "data": data_hash, "model": config.model.model_dump(), "pretrain": config.pretrain.model_dump(),
+        "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
+    })
+
+
+def encoder_params(module: MaskedReconstruction, data: PretrainData, wcfg: WindowConfig, config: SensorConfig) -> dict[str, Any]:
+    """JSON parameters registered with a pre-trained encoder."""
+    return {
+        "architecture": "MaskedReconstruction", "hparams": dict(module.hparams), "normalizer": data.normalizer.to_dict(),
+        "window": wcfg.model_dump(), "split": config.split.model_dump(),
+    }
+
+
+def encoder_for(registry: ModelRegistry, name: str, data_hash: str) -> ModelRef | None:
+    """The champion encoder if it was pre-trained on this data, else the latest that was."""
+    if name not in registry.models():
+        return None
+    champion = registry.champion(name)
+    if champion is not None and champion.data_hash == data_hash:
+        return champion
+    same = [v for v in registry.versions(name) if v.data_hash == data_hash]
+    return same[-1] if same else None
+
+
+@dataclass
+class SupervisedSetup:
+    """Everything supervised training needs besides the model."""
+
+    splits: dict[str, list[str]]
+    labelled: list[str]
+    normalizer: RegimeNormalizer
+    data: SupervisedData
+    report: BadReadingReport  # the grid's counts, plus the assets skipped or padded for windows
+
+
+def supervised_setup(grid: pd.DataFrame, config: SensorConfig, wcfg: WindowConfig, report: BadReadingReport,
+                     normalizer: RegimeNormalizer | None = None) -> SupervisedSetup:
+    """Splits, the labelled share of the training assets and the windows of every split.
+
+    ``normalizer``: the pre-trained encoder's (fine-tuning); None fits one on train+val.
+    """
+    ft = config.finetune
+    report = report.model_copy(deep=True)
+    splits = split_assets(grid, config.split)
+    norm = normalizer or fit_normalizer(grid, splits["train"] + splits["val"], wcfg, config.align.op_prefix, config.split.seed)
+    labelled = labelled_assets(grid, splits["train"], ft.label_fraction, ft.seed)
+    data = supervised_windows(grid, splits, labelled, norm, wcfg, report, config.split.seed)
+    log.info("label fraction %.0f%%: %d labelled assets, %d windows", 100 * ft.label_fraction, len(labelled), len(data.train))
+    return SupervisedSetup(splits, labelled, norm, data, report)
+
+
+def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConfig,
+                  encoder_state: dict[str, Any] | None = None) -> tuple[SensorRULModel, WindowDataModule]:
+    """A fresh RUL/failure model (with the pre-trained encoder's weights, if given) and its data."""
+    ft, data = config.finetune, setup.data
+    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail)
+    if encoder_state is not None:
+        model.load_encoder(encoder_state)
+    dm = WindowDataModule(
+        (data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
+        ft.batch_size, ft.min_samples_per_epoch, ft.seed,
+    )
+    return model, dm
+
+
+def train_run_key(data_hash: str, encoder: str | None, config: SensorConfig, wcfg: WindowConfig) -> str:
+    """Checkpoint folder key of a supervised run (same inputs, same run: resumable)."""
+    return "sensor-rul-" + stable_hash({
+        "data": data_hash, "encoder": encoder, "cfg": config.finetune.model_dump(),
+        "model": config.model.model_dump(), "window": wcfg.model_dump(), "split": config.split.model_dump(), "v": "1",
+    })
+
+
+def unfreeze_groups(config: SensorConfig) -> tuple[str, ...]:
+    """Parameter groups unfrozen one by one in progressive fine-tuning."""
+    return PROGRESSIVE_GROUPS if config.finetune.mode == "progressive" else ()
+
+
+def new_pretrainer(data: PretrainData, config: SensorConfig) -> tuple[MaskedReconstruction, WindowDataModule]:
+    """A fresh masked-reconstruction model over the data's channels, and its windows as a datamodule."""
+    pcfg = config.pretrain
+    module = build_pretrainer(len(data.normalizer.channels_), config.model, pcfg)
+    return module, WindowDataModule((data.train.x,), (data.val.x,), pcfg.batch_size, seed=pcfg.seed)
+
+
+def encoder_metrics(best_score: float | None) -> dict[str, float]:
+    """The registered metric of a pre-trained encoder (NaN when training reported none)."""
+    return {ENCODER_METRIC: float(best_score if best_score is not None else np.nan)}

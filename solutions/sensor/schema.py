@@ -84,6 +84,9 @@ class BadReadingReport(BaseModel):
     out_of_order: int = Field(default=0, description="Readings found out of time order (sorted, kept).")
     after_failure: int = 0
     unknown_sensor: int = 0
+    rows_dropped: int = Field(
+        default=0, description="Rows that could not be placed (unreadable asset or step): dropped whole."
+    )
     short_assets: list[str] = Field(default_factory=list, description="Assets with fewer than 2 steps: skipped.")
     assets_without_window: list[str] = Field(
         default_factory=list, description="Assets shorter than one window: skipped (or padded where noted)."
@@ -108,6 +111,8 @@ class BadReadingReport(BaseModel):
             f"assets skipped (< 2 steps) {len(self.short_assets)}",
             f"assets shorter than a window {len(self.assets_without_window)}",
         ]
+        if self.rows_dropped:
+            parts.append(f"rows dropped {self.rows_dropped}")
         if self.padded_assets:
             parts.append(f"assets padded {len(self.padded_assets)}")
         if self.events_for_unknown_assets:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import flows.sensor as F
+from flows.sensor.cli import main
 from solutions.sensor import schema as S
 
 FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--seed", "1"]
@@ -20,13 +20,13 @@ def _last_json(out: str) -> dict:
 
 
 def test_pretrain_train_score_end_to_end(capsys: pytest.CaptureFixture) -> None:
-    assert F.main(["pretrain", *TINY, "--pretrain-epochs", "1", "--encoder-name", "enc-tiny", "--json"]) == 0
+    assert main(["pretrain", *TINY, "--pretrain-epochs", "1", "--encoder", "enc-tiny", "--json"]) == 0
     pre = _last_json(capsys.readouterr().out)
     assert pre["model"]["name"] == "enc-tiny" and pre["promotion"]["promoted"] is True
     assert pre["windows"]["train"] > 0 and pre["bad_readings"]["readings_in"] > 0
 
-    args = ["train", *TINY, "--max-epochs", "2", "--encoder-name", "enc-tiny", "--model-name", "rul-tiny", "--json"]
-    assert F.main([*args, "--label-fraction", "0.5"]) == 0
+    args = ["train", *TINY, "--max-epochs", "2", "--encoder", "enc-tiny", "--model", "rul-tiny", "--json"]
+    assert main([*args, "--label-fraction", "0.5"]) == 0
     tuned = _last_json(capsys.readouterr().out)
     assert tuned["pretrained_from"] == "enc-tiny:1"
     assert tuned["labelled_assets"] < tuned["assets"]["train"]
@@ -37,14 +37,14 @@ def test_pretrain_train_score_end_to_end(capsys: pytest.CaptureFixture) -> None:
     assert Path(tuned["report_dir"], "report.md").exists()
     assert Path(tuned["report_dir"], "rul_pred_vs_true.png").exists()
 
-    assert F.main([*args, "--no-pretrain", "--no-baseline"]) == 0
+    assert main([*args, "--no-pretrain", "--no-baseline"]) == 0
     scratch = _last_json(capsys.readouterr().out)
     assert scratch["pretrained_from"] is None and scratch["baseline_rul"] is None
     assert scratch["model"]["version"] == 2  # champion rule decides; lower test RMSE wins
     assert scratch["promotion"]["promoted"] == (scratch["rul"]["rmse"] < tuned["rul"]["rmse"])
 
     out_file = Path(tuned["report_dir"]).parent / "scores-tiny.parquet"
-    assert F.main(["score", *FLEET, "--model", "rul-tiny:1", "--output", str(out_file), "--json"]) == 0
+    assert main(["score", *FLEET, "--model", "rul-tiny:1", "--output", str(out_file), "--json"]) == 0
     scored = _last_json(capsys.readouterr().out)
     frame = pd.read_parquet(out_file)
     assert scored["assets_scored"] == len(frame) == 16
@@ -55,9 +55,40 @@ def test_pretrain_train_score_end_to_end(capsys: pytest.CaptureFixture) -> None:
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     readings = tmp_path / "readings.csv"
     pd.DataFrame({S.ASSET: ["A"] * 3, S.TIMESTAMP: [0, 1, 2], S.VALUE: [1.0, 2.0, 3.0]}).to_csv(readings, index=False)
-    assert F.main(["train", "--data", str(readings), "--no-pretrain"]) == 2
+    assert main(["train", "--data", str(readings), "--no-pretrain"]) == 2
     err = capsys.readouterr().err
     assert "missing required column(s) ['sensor']" in err and "--columns" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["pretrain", "--data", "{tmp}/absent.csv"], "absent.csv: file not found"),
+        (["pretrain", "--columns", "machine=asset_id"], "--columns: unknown canonical column(s) ['machine']"),
+        (["train", "--data", "{tmp}/readings.csv", "--cmapss-dir", "{tmp}"], "not both"),
+        (["train", "--cmapss-dir", "{tmp}", "--subset", "FD005"], "--subset: unknown C-MAPSS subset 'FD005'"),
+        (["train", "--cmapss-dir", "{tmp}"], "has no train_FD001.txt, test_FD001.txt, RUL_FD001.txt"),
+        (["train", "--label-fraction", "0"], "--label-fraction: Input should be greater than 0"),
+        (["score", "--data", "{tmp}/readings.csv", "--columns", "sensor=probe"],
+         "the column mapping names ['probe'], which the table does not have"),
+        (["score", "--threshold", "1.5"], "--threshold must be between 0 and 1"),
+        (["score", "--events", "{tmp}/readings.csv"], "give data too"),
+        (["batch", "--inbox", "{tmp}/nowhere"], "--inbox: {tmp}/nowhere does not exist"),
+        (["batch", "--columns", "asset=machine"], "unknown canonical column(s) ['asset']"),
+        (["batch", "--settle-seconds", "-1"], "--settle-seconds must be >= 0"),
+    ],
+)
+def test_bad_invocations_exit_2_with_one_error_line(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    readings = tmp_path / "readings.csv"
+    pd.DataFrame({S.ASSET: ["A"], S.TIMESTAMP: [0], S.SENSOR: ["t"], S.VALUE: [1.0]}).to_csv(readings, index=False)
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert message.replace("{tmp}", str(tmp_path)) in lines[0]
+    assert "Traceback" not in out + err
 
 
 def _write_cmapss(folder: Path) -> None:
@@ -82,23 +113,35 @@ def _write_cmapss(folder: Path) -> None:
 
 def test_cmapss_train_and_score(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _write_cmapss(tmp_path)
+    train_file = tmp_path / "train_FD001.txt"
+    lines = train_file.read_text().splitlines(keepends=True)
+    for number, text in ((3, "nan"), (5, "x")):  # two bad sensor values the reader must count
+        fields = lines[number].split()
+        fields[10] = text
+        lines[number] = " ".join(fields) + "  \n"
+    train_file.write_text("".join(lines))
     src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
-    assert F.main(["train", *src, "--window", "10", "--no-pretrain", "--max-epochs", "1", "--model-name", "rul-cmapss", "--json"]) == 0
+    assert main(["train", *src, "--window", "10", "--no-pretrain", "--max-epochs", "1", "--model", "rul-cmapss", "--json"]) == 0
     result = _last_json(capsys.readouterr().out)
     assert result["rul"]["n"] == 2  # the last window of each test unit, the short one padded
     assert result["bad_readings"]["padded_assets"] == ["test-2"]
     assert result["assets"]["test"] == 2
-    assert F.main(["score", *src, "--model", "rul-cmapss", "--json"]) == 0
+    bad = result["bad_readings"]
+    assert (bad["nan"], bad["non_numeric"], bad["readings_in"]) == (1, 1, (269 + 28) * 24)
+    assert bad["readings_used"] == bad["readings_in"] - 2
+    assert main(["score", *src, "--model", "rul-cmapss", "--json"]) == 0
     scored = _last_json(capsys.readouterr().out)
     assert scored["assets_scored"] == 2 and scored["input"].startswith("C-MAPSS FD001")
+    measured = {k: bad[k] for k in ("readings_in", "readings_used", "nan", "non_numeric", "inf", "rows_dropped")}
+    assert {k: scored["bad_readings"][k] for k in measured} == measured  # what the reader counted
 
 
 def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from solutions.sensor.config import SyntheticFleetConfig
     from solutions.sensor.synthetic import generate_fleet
 
-    args = ["train", *TINY, "--no-pretrain", "--no-baseline", "--max-epochs", "1", "--model-name", "rul-batch"]
-    assert F.main(args) == 0
+    args = ["train", *TINY, "--no-pretrain", "--no-baseline", "--max-epochs", "1", "--model", "rul-batch"]
+    assert main(args) == 0
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     for seed in (3, 4):
@@ -107,12 +150,14 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
     (inbox / "garbled.csv").write_text("asset_id;timestamp;sensor;value\nA;x;y;z\n")
     capsys.readouterr()
     batch = ["batch", "--inbox", str(inbox), "--model", "rul-batch", "--settle-seconds", "0", "--json"]
-    assert F.main(batch) == 0
+    assert main(batch) == 0
     first = _last_json(capsys.readouterr().out)
     assert first["scored"] == 2 and first["quarantined"] == 1 and first["rows"] == 10
     assert "garbled.csv" in " ".join(first["quarantine"])
+    assert sorted(first["bad_readings"]) == sorted(first["outputs"])
+    assert all(r["readings_in"] >= r["readings_used"] > 0 for r in first["bad_readings"].values())
     frame = pd.read_parquet(first["outputs"][0])
     assert (frame["model_version"] == 1).all() and len(frame) == 5
-    assert F.main(batch) == 0
+    assert main(batch) == 0
     again = _last_json(capsys.readouterr().out)
     assert again["new_files"] == 0 and again["seen_before"] == 3

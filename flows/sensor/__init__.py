@@ -1,0 +1,26 @@
+"""Sensor fault prediction flows: ``sensor-pretrain``, ``sensor-train``, ``sensor-score`` and
+``sensor-batch-score`` (``python -m flows.sensor --help``)."""
+
+from __future__ import annotations
+
+from flows.sensor.batch import sensor_batch_score
+from flows.sensor.pretrain import sensor_pretrain
+from flows.sensor.results import (
+    SensorBatchScoreResult,
+    SensorPretrainResult,
+    SensorScoreResult,
+    SensorTrainResult,
+)
+from flows.sensor.score import sensor_score
+from flows.sensor.train import sensor_train
+
+__all__ = [
+    "SensorBatchScoreResult",
+    "SensorPretrainResult",
+    "SensorScoreResult",
+    "SensorTrainResult",
+    "sensor_batch_score",
+    "sensor_pretrain",
+    "sensor_score",
+    "sensor_train",
+]

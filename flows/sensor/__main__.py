@@ -1,0 +1,7 @@
+"""``python -m flows.sensor``."""
+
+import sys
+
+from flows.sensor.cli import main
+
+sys.exit(main())

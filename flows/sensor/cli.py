@@ -1,0 +1,157 @@
+"""Sensor fault prediction commands: pretrain, train, score and batch (inbox) scoring.
+
+Input is the seeded synthetic fleet by default, a long-format readings file (``--data``,
+``--events``, ``--columns``) or the NASA C-MAPSS files (``--cmapss-dir DIR --subset FD001``).
+Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flows.cli import Command, make_main
+from flows.sensor.batch import sensor_batch_score
+from flows.sensor.pretrain import sensor_pretrain
+from flows.sensor.results import (
+    SensorBatchScoreResult,
+    SensorPretrainResult,
+    SensorScoreResult,
+    SensorTrainResult,
+)
+from flows.sensor.score import sensor_score
+from flows.sensor.train import sensor_train
+from solutions.sensor.config import SensorSource
+from solutions.sensor.data import check_source_files
+from solutions.sensor.schema import ColumnMapping
+from tasks.ledger import inbox_summary
+
+# flag names where a field name alone would collide or be unclear
+_FLEET = {"config.fleet.seed": "seed"}
+_PRETRAIN = {
+    "config.window.length": "window",
+    "config.window.stride": "window-stride",
+    "config.pretrain.lr": "pretrain-lr",
+    "config.pretrain.batch_size": "pretrain-batch-size",
+    "config.pretrain.max_epochs": "pretrain-epochs",
+    "config.pretrain.patience": "pretrain-patience",
+    "config.pretrain.stride": "pretrain-stride",
+    "config.pretrain.seed": "pretrain-seed",
+    "config.split.seed": "split-seed",
+    "config.encoder_name": "encoder",
+}
+_TRAIN = {
+    "config.finetune.pretrained": "no-pretrain",
+    "config.finetune.mode": "finetune-mode",
+    "config.finetune.seed": "finetune-seed",
+    "config.model_name": "model",
+}
+#: not offered on the command line: per-sensor ranges are a mapping of pairs (set them in the UI)
+_RANGES = "config.align.valid_range"
+_TRAINING = ("config.window", "config.model", "config.pretrain", "config.finetune", "config.split",
+             "config.baseline", "config.encoder_name", "config.model_name")
+
+
+# ------------------------------------------------------------------------------------
+# pre-flight checks (before any flow run starts)
+
+
+def _check_source(kwargs: dict[str, Any]) -> None:
+    check_source_files(kwargs.get("source", SensorSource()))
+
+
+def _check_threshold(kwargs: dict[str, Any]) -> None:
+    threshold = kwargs.get("threshold")
+    if threshold is not None and not 0 < threshold < 1:
+        raise ValueError(f"--threshold must be between 0 and 1 (exclusive), got {threshold}")
+
+
+def _check_score(kwargs: dict[str, Any]) -> None:
+    _check_source(kwargs)
+    _check_threshold(kwargs)
+
+
+def _check_batch(kwargs: dict[str, Any]) -> None:
+    _check_threshold(kwargs)
+    ColumnMapping(dict(kwargs.get("columns") or {}))
+    inbox = kwargs.get("inbox")
+    if inbox and not any(ch in inbox for ch in "*?[") and not Path(inbox).expanduser().exists():
+        raise ValueError(f"--inbox: {inbox} does not exist (give a folder, a file or a glob)")
+    if kwargs.get("settle_seconds", 0.0) < 0:
+        raise ValueError("--settle-seconds must be >= 0")
+
+
+# ------------------------------------------------------------------------------------
+# summaries
+
+
+def _pretrain_summary(r: SensorPretrainResult) -> str:
+    best = f"{r.train.best_score:.4f}" if r.train.best_score is not None else "n/a"
+    return (f"sensor-pretrain: {r.windows['train']} windows, {len(r.channels)} channels, val masked MSE {best}; "
+            f"registered {r.model.spec}: {r.promotion.reason}\n  {r.bad_readings.summary()}")
+
+
+def _train_summary(r: SensorTrainResult) -> str:
+    nan = float("nan")
+    origin = f"fine-tuned from {r.pretrained_from}" if r.pretrained_from else "from scratch"
+    lines = [
+        f"sensor-train: {r.labelled_assets} labelled assets ({r.label_fraction:.0%}), {origin}",
+        f"  CNN       test RMSE {r.rul.rmse:.2f}  MAE {r.rul.mae:.2f}  PHM08 {r.rul.extra.get('phm08', nan):.1f}"
+        + (f"  PR-AUC {r.failure.pr_auc:.3f}  F1 {r.failure.f1:.3f}" if r.failure else ""),
+    ]
+    if r.baseline_rul:
+        b = r.baseline_rul
+        lines.append(f"  baseline  test RMSE {b.rmse:.2f}  MAE {b.mae:.2f}  PHM08 {b.extra.get('phm08', nan):.1f}"
+                     + (f"  PR-AUC {r.baseline_failure.pr_auc:.3f}" if r.baseline_failure else ""))
+    lines += [
+        (f"  alerts: mean lead time {r.alerts.get('mean_lead_time', nan):.1f} steps, "
+         f"{r.alerts.get('alerted_share', nan):.0%} of failed test assets alerted in time"),
+        f"  winner: {r.winner}; registered {r.model.spec}: {r.promotion.reason}",
+        f"  report: {r.report_dir}/report.md  ({r.seconds:.0f} s)",
+    ]
+    return "\n".join(lines)
+
+
+def _score_summary(r: SensorScoreResult) -> str:
+    return (f"sensor-score: {r.assets_scored} assets scored with {r.model}, {r.alerts} alerts "
+            f"(P >= {r.threshold:.3g}) -> {r.output}" + (f" and {r.csv_output}" if r.csv_output else "")
+            + f"\n  {r.bad_readings.summary()}")
+
+
+def _batch_summary(r: SensorBatchScoreResult) -> str:
+    lines = [inbox_summary("sensor-batch-score", r, rows="assets", flagged="alerts")]
+    lines += [f"  {report.summary()}" for report in r.bad_readings.values()]
+    return "\n".join(lines)
+
+
+COMMANDS = [
+    Command(
+        "pretrain", sensor_pretrain, _pretrain_summary,
+        help="self-supervised masked-reconstruction pre-training of the encoder",
+        flags={**_FLEET, **_PRETRAIN},
+        hidden={"config.finetune", "config.baseline", "config.model_name", _RANGES},
+        check=_check_source,
+    ),
+    Command(
+        "train", sensor_train, _train_summary,
+        help="fine-tune (or train from scratch) + evaluate beside a baseline + register",
+        flags={**_FLEET, **_PRETRAIN, **_TRAIN},
+        hidden={_RANGES},
+        check=_check_source,
+    ),
+    Command(
+        "score", sensor_score, _score_summary,
+        help="score the latest window of each asset with the champion (or --model)",
+        flags=_FLEET,
+        hidden={*_TRAINING, _RANGES},
+        check=_check_score,
+    ),
+    Command(
+        "batch", sensor_batch_score, _batch_summary,
+        help="score every new readings file of an inbox folder/glob (ledger + quarantine)",
+        hidden={*_TRAINING, "config.fleet", _RANGES},
+        check=_check_batch,
+    ),
+]
+
+main = make_main("python -m flows.sensor", (__doc__ or "").splitlines()[0], COMMANDS)

@@ -1,0 +1,81 @@
+"""What the sensor flows return (typed; printed as JSON by ``--json``)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.registry import ModelRef, PromotionDecision
+from solutions.sensor.schema import BadReadingReport
+from tasks.data import DatasetRef
+from tasks.evaluate import EvalReport
+from tasks.evaluate_regression import RegressionReport
+from tasks.finetune import FreezeReport
+from tasks.ledger import InboxRun
+from tasks.train import TrainResult
+
+
+class SensorPretrainResult(BaseModel):
+    """What ``sensor-pretrain`` produced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: DatasetRef
+    bad_readings: BadReadingReport
+    assets: dict[str, int] = Field(description="Assets per split.")
+    windows: dict[str, int]
+    channels: list[str]
+    train: TrainResult
+    model: ModelRef
+    promotion: PromotionDecision
+    seconds: float
+
+
+class SensorTrainResult(BaseModel):
+    """What ``sensor-train`` produced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: DatasetRef
+    bad_readings: BadReadingReport
+    pretrained_from: str | None
+    label_fraction: float
+    labelled_assets: int
+    assets: dict[str, int]
+    windows: dict[str, int]
+    train: TrainResult
+    freeze: FreezeReport | None
+    rul: RegressionReport
+    baseline_rul: RegressionReport | None
+    failure: EvalReport | None
+    baseline_failure: EvalReport | None
+    alerts: dict[str, float] = Field(description="Lead time of the CNN's first alerts on failed test assets.")
+    threshold: float
+    winner: str = Field(description="Lower test RMSE: cnn or baseline.")
+    model: ModelRef
+    promotion: PromotionDecision
+    report_dir: str
+    seconds: float
+
+
+class SensorScoreResult(BaseModel):
+    """What ``sensor-score`` wrote."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    input: str
+    assets_scored: int
+    alerts: int
+    threshold: float
+    output: str
+    csv_output: str | None
+    bad_readings: BadReadingReport
+
+
+class SensorBatchScoreResult(InboxRun):
+    """What one ``sensor-batch-score`` run did with the inbox: ``rows`` assets scored (their
+    latest window), ``flagged`` of them alerting (P(failure) at or above the threshold)."""
+
+    bad_readings: dict[str, BadReadingReport] = Field(
+        default_factory=dict, description="Score file -> the bad readings counted in its input file."
+    )

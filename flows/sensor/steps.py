@@ -1,0 +1,299 @@
+"""The sensor vertical's steps: thin Prefect tasks over ``solutions.sensor`` functions.
+
+Each step calls a solution function, joins it with a generic task type where one is needed
+(a :class:`~tasks.data.DatasetRef` from the prepared store, a metric report from
+``tasks.evaluate``) and returns a ref or a small typed result. The flows in this package
+only wire these steps and the generic tasks together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NONE
+
+from infra.compute import resolve_training
+from infra.errors import DataValidationError
+from infra.home import home_layout
+from infra.registry import ModelRef, ModelRegistry, PromotionDecision
+from infra.store import write_json_atomic
+from solutions.sensor import data as D
+from solutions.sensor import evaluate as E
+from solutions.sensor import pipeline as P
+from solutions.sensor import scoring as SC
+from solutions.sensor.config import SensorConfig, SensorSource, WindowConfig
+from solutions.sensor.features import RegimeNormalizer
+from solutions.sensor.model import SensorRULModel, WindowDataModule, build_module
+from solutions.sensor.schema import BadReadingReport
+from tasks.compress import load_variant
+from tasks.data import DatasetRef
+from tasks.evaluate import EvalReport, choose_threshold, evaluate_binary, render_eval_report
+from tasks.evaluate_regression import (
+    RegressionReport,
+    evaluate_regression,
+    plot_pred_vs_true,
+    plot_trajectories,
+    render_regression_report,
+)
+from tasks.ledger import InboxFile, ScoredFile
+from tasks.prepare import materialize_table, materialize_table_task
+from tasks.register import render_promotion
+from tasks.train import TrainSpec
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------
+# data
+
+
+def grid_table(plan: D.GridPlan, materialize: Callable[..., DatasetRef] = materialize_table,
+               ) -> tuple[DatasetRef, BadReadingReport]:
+    """The plan's grid from the prepared store (built once per content key) and its bad readings."""
+
+    def build() -> pd.DataFrame:
+        grid, report = plan.build()
+        D.save_bad_readings(plan, report)
+        return grid
+
+    ref = materialize(plan.name, plan.key, build)
+    report = D.stored_bad_readings(plan)
+    if report is None:  # a grid stored before its counts were: measure them now
+        report = plan.build()[1]
+        D.save_bad_readings(plan, report)
+    return ref, report
+
+
+def obtain_grid(source: SensorSource, config: SensorConfig) -> tuple[DatasetRef, BadReadingReport]:
+    """The aligned grid table of the source and the bad-reading counts its reader measured."""
+    if source.cmapss_dir:
+        plan, name = D.cmapss_plan(Path(source.cmapss_dir), source.subset), "read-cmapss"
+    elif source.data:
+        events = Path(source.events) if source.events else None
+        plan, name = D.readings_plan(Path(source.data), events, source.columns, config.align), "align-readings"
+    else:
+        key = D.fleet_key(config.fleet)
+        readings = materialize_table_task.with_options(name="generate-fleet")(
+            "sensor-fleet", key, lambda: D.fleet_readings(config.fleet))
+        events = materialize_table_task.with_options(name="generate-fleet-events")(
+            "sensor-fleet-events", key, lambda: D.fleet_events(config.fleet))
+        plan, name = D.readings_plan(Path(readings.path), Path(events.path), {}, config.align), "align-readings"
+    ref, report = grid_table(plan, materialize_table_task.with_options(name=name))
+    log.info("bad readings: %s", report.summary())
+    return ref, report
+
+
+# ------------------------------------------------------------------------------------
+# pre-training
+
+
+@task(name="prepare-pretrain-windows", cache_policy=NONE)
+def pretrain_data_step(grid_ref: DatasetRef, config: SensorConfig, wcfg: WindowConfig) -> P.PretrainData:
+    """Splits, normaliser and the unlabelled windows of every non-test asset."""
+    return P.pretrain_data(grid_ref.read(), config, wcfg)
+
+
+def pretrain_spec(grid_ref: DatasetRef, config: SensorConfig, wcfg: WindowConfig, fresh: bool) -> TrainSpec:
+    """How to pre-train: the run key of these inputs and the resolved hardware."""
+    pcfg = config.pretrain
+    return TrainSpec(run_key=P.pretrain_run_key(grid_ref.content_hash, config, wcfg), max_epochs=pcfg.max_epochs,
+                     patience=pcfg.patience, monitor="val/loss", seed=pcfg.seed, fresh=fresh,
+                     hardware=resolve_training("sensor-pretrain"))
+
+
+# ------------------------------------------------------------------------------------
+# supervised training
+
+
+@task(name="find-encoder", cache_policy=NONE)
+def find_encoder_step(name: str, data_hash: str) -> ModelRef | None:
+    """The registered encoder pre-trained on this data, if any."""
+    return P.encoder_for(ModelRegistry(), name, data_hash)
+
+
+@task(name="prepare-supervised-windows", cache_policy=NONE)
+def supervised_setup_step(grid_ref: DatasetRef, config: SensorConfig, wcfg: WindowConfig, bad: BadReadingReport,
+                          encoder: ModelRef | None) -> P.SupervisedSetup:
+    """Splits, labelled assets and windows (normalised as the encoder was, when fine-tuning)."""
+    norm = RegimeNormalizer.from_dict(encoder.params["normalizer"]) if encoder else None
+    return P.supervised_setup(grid_ref.read(), config, wcfg, bad, norm)
+
+
+@task(name="build-predictor", cache_policy=NONE)
+def new_predictor_step(setup: P.SupervisedSetup, config: SensorConfig, wcfg: WindowConfig,
+                       encoder: ModelRef | None) -> tuple[SensorRULModel, WindowDataModule]:
+    """A fresh RUL/failure model, starting from the encoder's weights if one is given."""
+    state = ModelRegistry().load_state_dict(encoder) if encoder else None
+    return P.new_predictor(setup, config, wcfg, state)
+
+
+def train_spec(grid_ref: DatasetRef, encoder: ModelRef | None, config: SensorConfig, wcfg: WindowConfig,
+               fresh: bool) -> TrainSpec:
+    """How to train the RUL/failure model: the run key of these inputs and the resolved hardware."""
+    ft = config.finetune
+    run_key = P.train_run_key(grid_ref.content_hash, encoder.spec if encoder else None, config, wcfg)
+    return TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min",
+                     seed=ft.seed, fresh=fresh, hardware=resolve_training("sensor-train"))
+
+
+@task(name="predict-test-windows", cache_policy=NONE)
+def predict_cnn_step(model: SensorRULModel, data: P.SupervisedData) -> E.TestPredictions:
+    """The trained CNN's predictions on the validation and test windows."""
+    return E.predict_cnn(model, data)
+
+
+@task(name="fit-baseline", cache_policy=NONE)
+def baseline_step(data: P.SupervisedData, seed: int) -> E.TestPredictions:
+    """Fit the gradient-boosting baseline on per-window summary features; its predictions."""
+    return E.predict_baseline(E.fit_baseline(data.train, seed), data)
+
+
+@dataclass(frozen=True)
+class ModelEvaluation:
+    """One model on the test protocol: RUL report, failure report, alert threshold and lead times."""
+
+    rul: RegressionReport
+    failure: EvalReport | None
+    threshold: float
+    alerts: dict[str, float]
+
+
+@task(name="evaluate-predictions", cache_policy=NONE)
+def evaluate_step(name: str, data: P.SupervisedData, pred: E.TestPredictions, threshold: float | None,
+                  horizon: int, out_dir: Path, failure_name: str | None = None) -> ModelEvaluation:
+    """RUL metrics on the last test windows; failure metrics at a threshold (max F1 on validation if None).
+
+    ``failure_name`` names the failure report and its plot files (default: ``name``).
+    """
+    rul = evaluate_regression(data.test_last.rul, pred.rul_last, name=name, split="test",
+                              extra=E.rul_metrics(data.test_last, pred.rul_last))
+    yv, yt = E.fail_labels(data.val), E.fail_labels(data.test_all)
+    if threshold is None:
+        threshold = choose_threshold(yv, pred.prob_val, method="f1") if E.has_both_classes(yv) else 0.5
+    failure = None
+    if E.has_both_classes(yt):
+        failure = evaluate_binary(yt, pred.prob_all, name=failure_name or name, split="test", threshold=threshold,
+                                  out_dir=out_dir)
+    else:
+        log.warning("%s: the test windows hold one class only; no PR-AUC", name)
+    return ModelEvaluation(rul, failure, float(threshold), E.alerts(data, pred, threshold, horizon))
+
+
+@task(name="plot-rul", cache_policy=NONE)
+def plot_rul_step(data: P.SupervisedData, cnn: E.TestPredictions, baseline: E.TestPredictions | None,
+                  out_dir: Path) -> list[Path]:
+    """Predicted-vs-true RUL (CNN and baseline) and a few test assets' RUL trajectories."""
+    series = [("cnn", data.test_last.rul, cnn.rul_last)]
+    if baseline is not None:
+        series.append((E.BASELINE_NAME, data.test_last.rul, baseline.rul_last))
+    images = [plot_pred_vs_true(series, out_dir / "rul_pred_vs_true.png", title="RUL on the last window of each test unit")]
+    traj = E.trajectories(data.test_all, cnn.rul_all) if cnn.rul_all is not None else {}
+    if traj:
+        images.append(plot_trajectories(traj, out_dir / "rul_trajectories.png"))
+    return images
+
+
+@task(name="rescore-champion", cache_policy=NONE)
+def champion_rmse_step(name: str, data: P.SupervisedData) -> float | None:
+    """The current champion's RMSE on this run's test cuts, for a fair champion rule."""
+    return E.champion_rmse(ModelRegistry(), name, data)
+
+
+def train_metrics(cnn: ModelEvaluation, baseline: ModelEvaluation | None) -> dict[str, float]:
+    """The metrics registered with the new version (finite ones only)."""
+    return E.registry_metrics(
+        cnn.rul.metrics(), cnn.alerts,
+        {"test/pr_auc": cnn.failure.pr_auc, "test/f1": cnn.failure.f1} if cnn.failure else None,
+        baseline.rul.metrics() if baseline else None,
+        {"test/pr_auc": baseline.failure.pr_auc} if baseline and baseline.failure else None,
+    )
+
+
+@task(name="write-train-report", cache_policy=NONE)
+def train_report_step(title: str, cnn: ModelEvaluation, baseline: ModelEvaluation | None, horizon: int,
+                      bad: BadReadingReport, decision: PromotionDecision, images: list[Path], out_dir: Path) -> str:
+    """The run's markdown report, written to ``report.md`` in its report folder."""
+    rul = [cnn.rul] + ([baseline.rul] if baseline else [])
+    failure = [r for r in (cnn.failure, baseline.failure if baseline else None) if r]
+    markdown = (
+        render_regression_report(rul, title=title, images=images) + "\n"
+        + (render_eval_report(failure, title=f"failure within {horizon} steps") if cnn.failure else "")
+        + f"\n\nAlerts (threshold {cnn.threshold:.3f}): {cnn.alerts}\n\nBad readings: {bad.summary()}\n\n"
+        + render_promotion(decision)
+    )
+    (out_dir / "report.md").write_text(markdown)
+    return markdown
+
+
+# ------------------------------------------------------------------------------------
+# scoring
+
+
+@task(name="resolve-model", cache_policy=NONE)
+def resolve_model_step(spec: str) -> ModelRef:
+    """One exact registered version for ``NAME``, ``NAME:VERSION`` or ``NAME@alias``."""
+    return ModelRegistry().resolve(spec)
+
+
+def score_grid(ref: ModelRef, grid: pd.DataFrame, threshold: float, bad: BadReadingReport | None,
+               ) -> tuple[pd.DataFrame, BadReadingReport | None]:
+    """Scores of each asset's latest window with a registered model or a compressed variant of it."""
+    registry = ModelRegistry()
+    if SC.is_variant(ref):
+        return SC.scores_table(ref, grid, threshold, bad, variant=load_variant(ref, registry, build_module))
+    return SC.scores_table(ref, grid, threshold, bad, state_dict=registry.load_state_dict(ref))
+
+
+@task(name="score-latest-windows", cache_policy=NONE)
+def score_step(ref: ModelRef, grid_ref: DatasetRef, source: SensorSource, threshold: float,
+               bad: BadReadingReport) -> tuple[pd.DataFrame, BadReadingReport]:
+    """Predicted RUL, failure probability and alert flag of each asset's (or test unit's) latest window."""
+    scores, report = score_grid(ref, SC.units_to_score(grid_ref.read(), source), threshold, bad)
+    return scores, report or bad
+
+
+@task(name="write-scores", cache_policy=NONE)
+def write_scores_step(scores: pd.DataFrame, target: Path, csv: bool) -> Path | None:
+    """Write the scores (Parquet, and CSV if asked); the CSV's path."""
+    return SC.write_scores(scores, target, csv)
+
+
+def score_readings_file(file: InboxFile, *, model: str, columns: Mapping[str, str], threshold: float | None,
+                        config: SensorConfig, out_dir: str, csv: bool) -> ScoredFile:
+    """Score the latest window of every asset in one long-format readings file of an inbox.
+
+    The bad-reading counts the reader measured are written beside the score file.
+    """
+    ref = ModelRegistry().resolve(model)
+    path = Path(file.path)
+    plan = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256)
+    grid_ref, bad = grid_table(plan)
+    scores, report = score_grid(ref, grid_ref.read(), SC.alert_threshold(ref, threshold), bad)
+    if scores.empty:
+        raise DataValidationError("no asset has a complete window of readings", source=str(path))
+    target = SC.batch_scores_path(Path(out_dir), path, file.sha256, ref)
+    SC.write_scores(scores, target, csv)
+    write_json_atomic(SC.bad_readings_beside(target), (report or bad).model_dump())
+    log.info("%s", (report or bad).summary())
+    return ScoredFile(output=str(target), rows=len(scores), model=ref.spec, flagged=int(scores["alert"].sum()))
+
+
+@task(name="collect-bad-readings", cache_policy=NONE)
+def collect_bad_readings_step(outputs: list[str]) -> dict[str, BadReadingReport]:
+    """The bad-reading counts written beside each score file of a batch run."""
+    found = {}
+    for output in outputs:
+        path = SC.bad_readings_beside(Path(output))
+        if path.exists():
+            found[output] = BadReadingReport.model_validate_json(path.read_text())
+    return found
+
+
+def batch_output_dir(output_dir: str | None) -> Path:
+    """Where batch score files go: the given folder, else the home's ``sensor-batch`` scores."""
+    return Path(output_dir).expanduser() if output_dir else home_layout().scores("sensor-batch")

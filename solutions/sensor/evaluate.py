@@ -1,0 +1,133 @@
+"""Test-protocol predictions and the domain metrics of ``sensor-train`` (plain functions).
+
+The generic metric reports (RMSE/MAE, PR-AUC) come from ``tasks``; this module computes
+what only the sensor vertical knows: the predictions on its test protocol, the PHM08 score
+and the uncapped RMSE, alert lead times, the registered metric names, the winner against
+the baseline and the champion re-scored on this run's test cuts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from infra.registry import ModelRegistry
+from solutions.sensor.baseline import WindowGBM
+from solutions.sensor.features import WindowSet, make_windows
+from solutions.sensor.model import SensorRULModel, predict
+from solutions.sensor.pipeline import SupervisedData, lead_metrics, predictor_from_params, rul_extra
+
+log = logging.getLogger(__name__)
+
+BASELINE_NAME = "baseline (HistGB)"
+
+
+@dataclass
+class TestPredictions:
+    """One model's predictions on the ``sensor-train`` test protocol.
+
+    Attributes:
+        rul_last: predicted RUL on the last window of each cut test unit.
+        prob_val: P(failure within the horizon) on the validation windows.
+        prob_all: P(failure) on every window of the failed test assets.
+        rul_all: predicted RUL on those windows (trajectories), if computed.
+    """
+
+    rul_last: np.ndarray
+    prob_val: np.ndarray
+    prob_all: np.ndarray
+    rul_all: np.ndarray | None = None
+
+
+def rmse(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Root mean squared error."""
+    return float(np.sqrt(np.mean((np.asarray(y_pred, "float64") - np.asarray(y_true, "float64")) ** 2)))
+
+
+def predict_cnn(model: SensorRULModel, data: SupervisedData) -> TestPredictions:
+    """The CNN's predictions on the validation and test windows."""
+    rul_last, _ = predict(model, data.test_last.x)
+    _, prob_val = predict(model, data.val.x)
+    rul_all, prob_all = predict(model, data.test_all.x)
+    return TestPredictions(rul_last, prob_val, prob_all, rul_all)
+
+
+def fit_baseline(train: WindowSet, seed: int) -> WindowGBM:
+    """The gradient-boosting baseline on (at most ~4000) training windows' summary features."""
+    step = max(1, len(train) // 4000)
+    return WindowGBM(random_state=seed).fit(train.x[::step], train.rul[::step], train.fail[::step])
+
+
+def predict_baseline(gbm: WindowGBM, data: SupervisedData) -> TestPredictions:
+    """The baseline's predictions on the same windows as the CNN's."""
+    return TestPredictions(gbm.predict_rul(data.test_last.x), gbm.predict_fail_proba(data.val.x),
+                           gbm.predict_fail_proba(data.test_all.x))
+
+
+def rul_metrics(ws: WindowSet, pred: np.ndarray) -> dict[str, float]:
+    """Domain RUL metrics beside RMSE/MAE: PHM08 score and RMSE against the uncapped truth."""
+    return {**rul_extra(ws.rul, pred), "rmse_uncapped_truth": rmse(ws.rul_raw, pred)}
+
+
+def fail_labels(ws: WindowSet) -> np.ndarray:
+    """Failure-within-horizon labels as 0/1 integers."""
+    return ws.fail.astype(int)
+
+
+def has_both_classes(y: np.ndarray) -> bool:
+    """True when ``y`` holds positives and negatives (a threshold or PR-AUC makes sense)."""
+    return bool(0 < y.sum() < len(y))
+
+
+def alerts(data: SupervisedData, pred: TestPredictions, threshold: float, horizon: int) -> dict[str, float]:
+    """Lead time of the first alerts on the failed test assets."""
+    return lead_metrics(data.test_all, pred.prob_all, threshold, horizon)
+
+
+def trajectories(ws: WindowSet, pred: np.ndarray, n: int = 3) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(end steps, true RUL, predicted RUL) of the first ``n`` test assets, for a plot."""
+    out = {}
+    for unit in list(dict.fromkeys(ws.asset))[:n]:
+        mask = ws.asset == unit
+        out[str(unit)] = (ws.end_step[mask], ws.rul[mask], pred[mask])
+    return out
+
+
+def finite(metrics: Mapping[str, float | None]) -> dict[str, float]:
+    """The metrics that are finite numbers (the registry stores no NaN or None)."""
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
+
+
+def registry_metrics(rul: Mapping[str, float], alert: Mapping[str, float], failure: Mapping[str, float] | None,
+                     baseline_rul: Mapping[str, float] | None, baseline_failure: Mapping[str, float] | None,
+                     ) -> dict[str, float]:
+    """The metrics registered with a version: the CNN's, then the baseline's under ``baseline/``."""
+    metrics = {**rul, **{f"test/{k}": v for k, v in alert.items()}, **(failure or {})}
+    metrics.update({f"baseline/{k}": v for k, v in (baseline_rul or {}).items()})
+    metrics.update({f"baseline/{k}": v for k, v in (baseline_failure or {}).items()})
+    return finite(metrics)
+
+
+def winner(cnn_rmse: float, baseline_rmse: float | None) -> str:
+    """``baseline`` when its test RMSE is lower than the CNN's, else ``cnn``."""
+    return "baseline" if baseline_rmse is not None and baseline_rmse < cnn_rmse else "cnn"
+
+
+def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> float | None:
+    """The current champion's RMSE on this run's test cuts (a fair comparison), if it fits."""
+    champion = registry.champion(name) if name in registry.models() else None
+    if champion is None:
+        return None
+    try:
+        model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
+        ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
+                          last_only=True, pad=True).labelled()
+        pred, _ = predict(model, ws.x)
+    except (KeyError, ValueError, RuntimeError) as exc:
+        log.warning("could not re-score champion %s on this data (%s); using its stored metric", champion.spec, exc)
+        return None
+    return rmse(ws.rul, pred)
