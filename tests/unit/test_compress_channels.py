@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import tasks.compress as C
-from flows._compress_models import SENSOR_PRUNE_PLAN
+from solutions.sensor.compress import PRUNE_PLAN as SENSOR_PRUNE_PLAN
 from tests.unit.test_compress_quant import _sensor_batch, tiny_sensor
 
 

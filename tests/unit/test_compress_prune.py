@@ -26,8 +26,8 @@ def test_structured_pruning_shrinks_tensors_and_model_runs(model: TinySeq) -> No
     assert model.head[0].weight.shape == (64, 32)  # the original is untouched
     out = pruned(_batch(7))
     assert out.shape == (7,) and torch.isfinite(out).all()
-    # a fresh full-size model takes the pruned state after resize_linears_to
-    rebuilt = C.resize_linears_to(TinySeq(), pruned.state_dict())
+    # a fresh full-size model takes the pruned state after resize_to_state
+    rebuilt = C.resize_to_state(TinySeq(), pruned.state_dict(), types=(nn.Linear,))
     rebuilt.load_state_dict(pruned.state_dict())
     b = _batch(5)
     assert torch.equal(rebuilt.eval()(b), pruned(b))
