@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     set_cpu_threads(args.threads)
 
     if args.model:
-        from flows._compress_models import adapter_for
         from infra.registry import ModelRegistry
+        from solutions.fraud.model import build_module
 
         registry = ModelRegistry()
         ref = registry.resolve(args.model)
-        model = C.load_variant(ref, registry, adapter_for(ref).build)
+        model = C.load_variant(ref, registry, build_module)
         seq_len, source = int(ref.params["seq_len"]), ref.spec
         P, cfg, setup = _inputs(args.accounts, seq_len)
     else:

@@ -19,7 +19,9 @@ modules, tensors and files.
 - ONNX: export with a dynamic batch axis and a parity check with onnxruntime.
 - Measurement: size on disk, p50 latency per batch and throughput.
 
-Plain functions do the work; the ``*_task`` objects at the bottom are thin Prefect wrappers.
+Plain functions only (no Prefect): the compress flow's steps (``flows/compress/steps.py``)
+wrap them. :class:`Bench` scores and times candidates against the original of a
+:class:`~infra.compression.CompressTarget` (the contract a solution's adapter fills in).
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from prefect import task
-from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+from infra.compression import ChannelGroup, CompressTarget
 
 log = logging.getLogger(__name__)
 
@@ -613,11 +615,6 @@ def structured_prune(model: nn.Module, ratio: float, blocks: Sequence[str] | Non
     )
 
 
-def resize_linears_to(model: nn.Module, state: Mapping[str, torch.Tensor]) -> nn.Module:
-    """Replace Linear layers whose stored weight has another shape (a structurally pruned state)."""
-    return resize_to_state(model, state, types=(nn.Linear,))
-
-
 def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     """Replace submodule ``name``; the new one keeps the old one's train / eval mode."""
     parent_name, _, child = name.rpartition(".")
@@ -665,23 +662,6 @@ def resize_to_state(
         else:
             _set_module(model, name, _batchnorm_like(m, shape[0]))
     return model
-
-
-class ChannelGroup(BaseModel):
-    """One structured-pruning step: the output channels (or neurons) of ``producer``.
-
-    ``norm`` (a BatchNorm1d right after the producer) loses the same channels; each
-    consumer (Linear or Conv1d) loses the matching input columns. ``repeats``: the
-    consumers' input is that many copies of the channels concatenated (e.g. mean and
-    max pooling side by side: 2).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    producer: str
-    consumers: tuple[str, ...]
-    norm: str | None = None
-    repeats: int = Field(default=1, ge=1)
 
 
 def _channel_importance(producer: nn.Module, norm: nn.Module | None) -> torch.Tensor:
@@ -1008,18 +988,6 @@ def onnx_latency(session: Any, inputs: Inputs, input_names: Sequence[str], devic
     return measure_latency(onnx_runner(session, inputs, input_names), batch_size_of(inputs), device=device, **kw)
 
 
-# ------------------------------------------------------------------------------------
-# Prefect wrappers (no caching: modules are not hashable inputs; the steps are cheap or
-# write their outputs to fixed paths)
-
-quantize_dynamic_task = task(quantize_dynamic_int8, name="quantize-int8", cache_policy=NONE)
-sensitivity_analysis_task = task(sensitivity_analysis, name="prune-sensitivity", cache_policy=NONE)
-structured_prune_task = task(structured_prune, name="prune-structured", cache_policy=NONE)
-global_prune_task = task(global_magnitude_prune, name="prune-global-magnitude", cache_policy=NONE)
-export_onnx_task = task(export_onnx, name="export-onnx", cache_policy=NONE)
-check_onnx_parity_task = task(check_onnx_parity, name="check-onnx-parity", cache_policy=NONE)
-
-
 #: Registry ``kind`` of the compressed variants (``torch`` = plain fp32 weights).
 KIND_FP32 = "torch"
 KIND_INT8 = "torch-int8-dynamic"
@@ -1043,3 +1011,128 @@ def load_variant(ref: Any, registry: Any, build: Callable[[Mapping[str, Any]], n
         return load_int8_state(module.eval(), state)
     module.load_state_dict(dict(plain))
     return module.eval()
+
+
+# ------------------------------------------------------------------------------------
+# candidates: scored and timed against the original on the same held-out data
+
+
+class Candidate(BaseModel):
+    """One row of the candidates table."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    stage: str = Field(description="original, export, int8, pruning or distillation.")
+    kind: str
+    file: str
+    size_bytes: int
+    params: int
+    cpu: Latency | None
+    gpu: Latency | None = None
+    metric: float
+    delta: float = Field(description="Metric minus the original's.")
+    rel_drop: float = Field(description="Relative drop (positive = worse, whichever way the metric points).")
+    within_tolerance: bool
+    note: str = ""
+    secondary: dict[str, float] = Field(default_factory=dict, description="Other metrics (not used to choose).")
+
+
+def score(target: CompressTarget, module: nn.Module) -> float:
+    """The primary metric of ``module`` on the target's held-out batches."""
+    return float(target.metric(target.labels, predict(module, target.test_batches)))
+
+
+def example_inputs(target: CompressTarget, n: int) -> Any:
+    """The first ``n`` held-out inputs (the latency batch; the inputs the model reads only)."""
+    first = target.test_batches[0] if target.bench_inputs is None else target.bench_inputs
+    if isinstance(first, Mapping):
+        return {k: v[:n] for k, v in first.items() if k in target.input_names}
+    return first[:n]
+
+
+def rel_drop(value: float, base: float, higher_is_better: bool) -> float:
+    """Relative drop of ``value`` from ``base`` (positive = worse, whichever way the metric points)."""
+    sign = 1.0 if higher_is_better else -1.0
+    return sign * (base - value) / abs(base) if base else 0.0
+
+
+def rel_change(delta: float, base: float) -> float:
+    """The metric's relative change in percent (its sign is the metric's, not better / worse)."""
+    return 100 * delta / abs(base) if base else 0.0
+
+
+def merge_parity(a: OnnxParity, b: OnnxParity) -> OnnxParity:
+    """One parity record over two checks of the same ONNX file (the metric is ``a``'s)."""
+    per = [max(x, y) for x, y in zip(a.max_abs_diff_per_output, b.max_abs_diff_per_output, strict=True)]
+    return a.model_copy(update={
+        "n": a.n + b.n, "max_abs_diff": max(a.max_abs_diff, b.max_abs_diff), "passed": a.passed and b.passed,
+        "max_abs_diff_per_output": per,
+    })
+
+
+def choose_candidate(rows: Sequence[Candidate]) -> Candidate | None:
+    """The smallest file within tolerance (then the fastest), among the compressed candidates."""
+    fits = [r for r in rows if r.stage not in {"original", "export"} and r.within_tolerance]
+    return min(fits, key=lambda r: (r.size_bytes, r.cpu.p50_ms if r.cpu else 0.0)) if fits else None
+
+
+class Bench:
+    """Scores candidates against the original on the same held-out data; times them together.
+
+    The first candidate added is the original: its metric is the baseline of every
+    relative drop. Latencies are measured by :meth:`finish`, interleaved (fair on a
+    shared machine).
+    """
+
+    def __init__(self, target: CompressTarget, out_dir: Path, *, tolerance: float, latency_batch: int) -> None:
+        self.target, self.out, self.tolerance = target, out_dir, tolerance
+        self.batch = example_inputs(target, latency_batch)
+        self.gpu = torch.cuda.is_available()
+        self.base: float | None = None
+        self.rows: list[Candidate] = []
+        self.cpu_runners: dict[str, Callable[[], Any]] = {}
+        self.gpu_runners: dict[str, Callable[[], Any]] = {}
+
+    def add(self, name: str, stage: str, kind: str, file: Path, module: nn.Module | None, *,
+            metric: float | None = None, cpu_runner: Callable[[], Any] | None = None,
+            gpu_runner: Callable[[], Any] | None = None, gpu_ok: bool = True, params: int | None = None,
+            note: str = "") -> Candidate:
+        """Score a candidate now (``metric`` when given, else the module's); time it in :meth:`finish`."""
+        t = self.target
+        value = score(t, module) if metric is None else metric
+        if self.base is None:
+            self.base = value
+        if module is not None and cpu_runner is None:
+            cpu_runner = torch_runner(module, self.batch, "cpu")
+        if module is not None and gpu_runner is None and self.gpu and gpu_ok:
+            gpu_runner = torch_runner(copy.deepcopy(module), self.batch, "cuda")
+        if cpu_runner is not None:
+            self.cpu_runners[name] = cpu_runner
+        if gpu_runner is not None:
+            self.gpu_runners[name] = gpu_runner
+        rel = rel_drop(value, self.base, t.higher_is_better)
+        note = "; ".join(x for x in (note, t.notes.get(name, "")) if x)
+        secondary = t.secondary(module) if t.secondary is not None and module is not None else {}
+        row = Candidate(
+            name=name, stage=stage, kind=kind, file=str(file), size_bytes=file_size(file),
+            params=params or (param_count(module) if module is not None else self.rows[0].params),
+            cpu=None, gpu=None, metric=value, delta=value - self.base, rel_drop=rel,
+            within_tolerance=rel <= self.tolerance, note=note, secondary=secondary,
+        )
+        self.rows.append(row)
+        log.info("candidate %s: %s=%.4f (rel drop %.2f%%), %d bytes", name, t.primary_metric, value, 100 * rel,
+                 row.size_bytes)
+        return row
+
+    def finish(self) -> list[Candidate]:
+        """Measure every candidate's latency in interleaved rounds; the rows with their latencies."""
+        n = batch_size_of(self.batch)
+        cpu = interleaved_latency(self.cpu_runners, n, device="cpu")
+        gpu = interleaved_latency(self.gpu_runners, n, device="cuda") if self.gpu_runners else {}
+        self.rows = [r.model_copy(update={"cpu": cpu.get(r.name), "gpu": gpu.get(r.name)}) for r in self.rows]
+        return self.rows
+
+    def ok(self, stage: str) -> bool:
+        """Whether a candidate of ``stage`` is within tolerance."""
+        return any(r.within_tolerance for r in self.rows if r.stage == stage)

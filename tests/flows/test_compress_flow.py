@@ -9,12 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import flows.compress as FC
 import flows.fraud as F
 import flows.sensor as FS
 import tasks.compress as C
-from flows._compress_models import adapter_for
+from flows.compress.adapters import adapter_for
+from flows.compress.cli import main as compress_main
 from infra.registry import ModelRegistry
+from solutions.fraud.compress import FraudHeldOut
+from solutions.sensor.compress import SensorHeldOut
 
 pytest.importorskip("onnxruntime", reason="the compress flow checks ONNX parity with onnxruntime")
 
@@ -28,7 +30,7 @@ def _last_json(out: str) -> dict:
 def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> None:
     assert F.main(["train", *DATA, "--max-epochs", "1", "--seq-len", "8", "--model-name", "fraud-cmp", "--json"]) == 0
     source = _last_json(capsys.readouterr().out)["model"]
-    assert FC.main(["--model", "fraud-cmp", *DATA, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
+    assert compress_main(["--model", "fraud-cmp", *DATA, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
                     "--latency-batch", "64", "--json"]) == 0
     result = _last_json(capsys.readouterr().out)
     assert result["source"] == f"fraud-cmp:{source['version']}"
@@ -52,9 +54,12 @@ def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> Non
     assert variant["parent"] == result["source"] and variant["tags"]["compression"] == chosen
     registry = ModelRegistry()
     ref = registry.resolve(f"{variant['name']}:{variant['version']}")
-    module = FC.load_variant(ref, registry)
-    target = adapter_for(ref).prepare(registry.resolve(result["source"]), {"synthetic": {"n_accounts": 300, "n_terminals": 150, "n_days": 40}})
-    assert target.score(module) == pytest.approx(rows[chosen]["metric"], abs=1e-6)
+    adapter = adapter_for(ref)
+    module = C.load_variant(ref, registry, adapter.build)
+    source_ref = registry.resolve(result["source"])
+    options = FraudHeldOut.model_validate({"synthetic": {"n_accounts": 300, "n_terminals": 150, "n_days": 40}})
+    target = adapter.prepare(source_ref, C.load_variant(source_ref, registry, adapter.build), options)
+    assert C.score(target, module) == pytest.approx(rows[chosen]["metric"], abs=1e-6)
     assert isinstance(module, torch.nn.Module)
     # the variant scores a transactions file like the original does (same rows, close scores)
     from solutions.fraud.synthetic import generate_transactions
@@ -86,7 +91,7 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     assert FS.main(train) == 0
     trained = _last_json(capsys.readouterr().out)
     source = trained["model"]
-    assert FC.main(["--model", "rul-cmp", *SENSOR_FLEET, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
+    assert compress_main(["--model", "rul-cmp", *SENSOR_FLEET, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
                     "--latency-batch", "32", "--json"]) == 0
     result = _last_json(capsys.readouterr().out)
     rows = {c["name"]: c for c in result["candidates"]}
@@ -126,7 +131,8 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     registry = ModelRegistry()
     ref = registry.resolve(result["source"])
     adapter = adapter_for(ref)
-    target = adapter.prepare(ref, {"fleet": {"n_assets": 16, "min_life": 45, "max_life": 70, "seed": 1}})
+    options = SensorHeldOut.model_validate({"fleet": {"n_assets": 16, "min_life": 45, "max_life": 70, "seed": 1}})
+    target = adapter.prepare(ref, C.load_variant(ref, registry, adapter.build), options)
     out = Path(result["report_dir"])
     for name in ("fp32", "int8-weight-only", "pruned-structured", "pruned-global"):
         state = load_file(str(out / f"{name}.safetensors"))
@@ -134,14 +140,14 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
         module = C.resize_to_state(adapter.build(ref.params), plain)
         module.load_state_dict(plain)
         module.eval()
-        assert target.score(module) == pytest.approx(rows[name]["metric"], abs=1e-6), name
+        assert C.score(target, module) == pytest.approx(rows[name]["metric"], abs=1e-6), name
     state = load_file(str(out / "int8-dynamic.safetensors"))
     module = C.load_int8_state(C.resize_to_state(adapter.build(ref.params), C.dequantize_state(state)), state)
-    assert target.score(module) == pytest.approx(rows["int8-dynamic"]["metric"], abs=1e-6)
+    assert C.score(target, module) == pytest.approx(rows["int8-dynamic"]["metric"], abs=1e-6)
     if result["variant"] is not None:  # the registered variant loads through the registry (safetensors)
         variant = registry.resolve(f"{result['variant']['name']}:{result['variant']['version']}")
         assert variant.metrics["test/pr_auc"] == rows[result["chosen"]]["secondary"]["test/pr_auc"]
-        assert target.score(FC.load_variant(variant, registry)) == pytest.approx(rows[result["chosen"]]["metric"], abs=1e-6)
+        assert C.score(target, C.load_variant(variant, registry, adapter.build)) == pytest.approx(rows[result["chosen"]]["metric"], abs=1e-6)
         # and scores assets through the sensor score command like the original
         capsys.readouterr()
         assert FS.main(["score", *SENSOR_FLEET, "--model", variant.spec, "--json"]) == 0
@@ -153,3 +159,35 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
         a, b = pd.read_parquet(by_variant["output"]), pd.read_parquet(by_source["output"])
         assert by_variant["model"] == variant.spec and len(a) == len(b) == 16
         assert float((a["predicted_rul"] - b["predicted_rul"]).abs().median()) < 30
+
+
+@pytest.fixture(scope="module")
+def registered() -> dict[str, str]:
+    """A fraud-architecture model and one of an architecture no adapter knows (weights never read)."""
+    registry = ModelRegistry()
+    for name, arch in (("cmp-check-fraud", "FraudSequenceModel"), ("cmp-check-other", "SomethingElse")):
+        registry.register(name, {"w": torch.zeros(1)}, params={"architecture": arch},
+                          metrics={"test/auprc": 0.5}, primary_metric="test/auprc")
+    return {"fraud": "cmp-check-fraud:1", "other": "cmp-check-other:1"}
+
+
+BAD_INVOCATIONS = [
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--model", "{fraud}", "--tolerance", "2"], "--tolerance"),
+    (["--model", "{fraud}", "--prune-ratio", "1.5"], "--prune-ratio"),
+    (["--model", "{fraud}", "--data", "/nonexistent/transactions.csv"], "not found"),
+    (["--model", "{fraud}", "--accounts", "/nonexistent/accounts.csv"], "not found"),
+    (["--model", "{fraud}", "--columns", "nonsense=CUSTOMER_ID"], "nonsense"),
+    (["--model", "{other}"], "SomethingElse"),
+]
+
+
+@pytest.mark.parametrize(("argv", "needle"), BAD_INVOCATIONS)
+def test_bad_invocations_exit_2_with_one_error_line(
+    argv: list[str], needle: str, registered: dict[str, str], capsys: pytest.CaptureFixture
+) -> None:
+    assert compress_main([a.format(**registered) for a in argv]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
+    assert "Traceback" not in out + err

@@ -8,8 +8,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import tasks.compress as C
-from flows._compress_models import SENSOR_PRUNE_PLAN
-from tests.unit.test_compress_quant import _sensor_batch, tiny_sensor
+from solutions.sensor.compress import PRUNE_PLAN as SENSOR_PRUNE_PLAN
+from tests.unit.test_compress_quant import sensor_batch, tiny_sensor
 
 
 def _silence_half(model: nn.Module) -> list[int]:
@@ -34,7 +34,7 @@ def test_channel_pruning_removes_the_right_slices_and_shrinks_tensors() -> None:
     torch.manual_seed(0)
     model = tiny_sensor()
     _silence_half(model)
-    x = _sensor_batch(17)
+    x = sensor_batch(17)
     before = model(x)
     pruned, report = C.prune_channels(model, 0.5, SENSOR_PRUNE_PLAN)
     # exactly the silent channels went: every output is unchanged (a wrong index would not be)
@@ -68,12 +68,12 @@ def test_predict_wants_one_output_tensor() -> None:
 
     two_heads = SensorRULModel(n_channels=3, channels=8, embedding_dim=16)  # returns (rul, logit)
     with pytest.raises(TypeError, match="not one tensor"):
-        C.predict(two_heads, [_sensor_batch(4)])
-    assert C.predict(tiny_sensor(), [_sensor_batch(4)]).shape == (4, 2)
+        C.predict(two_heads, [sensor_batch(4)])
+    assert C.predict(tiny_sensor(), [sensor_batch(4)]).shape == (4, 2)
 
 
 def _regression_batch(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    x = _sensor_batch(n, seed=2)
+    x = sensor_batch(n, seed=2)
     return x, x.mean(dim=(1, 2)) * 50 + 60, (x[:, 0, -1] > 0).float()
 
 

@@ -12,16 +12,16 @@ from torch import nn
 pytest.importorskip("onnxruntime", reason="ONNX checks need onnxruntime (pip install onnx onnxruntime)")
 
 import tasks.compress as C
-from tests.unit.test_compress_quant import TinySeq, _batch
+from tests.unit.test_compress_quant import TinySeq, seq_batch
 
 
 def test_onnx_export_dict_inputs_parity_on_other_batch_sizes(tmp_path: Path) -> None:
     onnx = pytest.importorskip("onnx")
     torch.manual_seed(0)
     model = TinySeq().eval()
-    path, names = C.export_onnx(model, _batch(2), tmp_path / "m.onnx", input_names=["x", "c"])
+    path, names = C.export_onnx(model, seq_batch(2), tmp_path / "m.onnx", input_names=["x", "c"])
     onnx.checker.check_model(str(path))
-    held_out = [_batch(1, seed=3), _batch(77, seed=4), _batch(300, seed=5)]  # batch axis is dynamic
+    held_out = [seq_batch(1, seed=3), seq_batch(77, seed=4), seq_batch(300, seed=5)]  # batch axis is dynamic
     parity = C.check_onnx_parity(model, path, held_out, names, atol=1e-5, metric=lambda out: float((out > 0).mean()))
     assert parity.n == 378 and parity.passed
     assert parity.max_abs_diff < 1e-5
@@ -42,7 +42,7 @@ def test_distiller_moves_student_towards_teacher() -> None:
     torch.manual_seed(0)
     teacher, student = TinySeq().eval(), TinySeq(hidden=8, mlp=8)
     distiller = C.make_distiller(student, teacher, temperature=2.0, alpha=1.0)
-    batch = {**_batch(128), "y": torch.randint(0, 2, (128,)).float()}
+    batch = {**seq_batch(128), "y": torch.randint(0, 2, (128,)).float()}
     opt = distiller.configure_optimizers()
     first = float(distiller.loss(batch)[1])
     for _ in range(60):
@@ -55,12 +55,12 @@ def test_distiller_moves_student_towards_teacher() -> None:
 
 
 def test_onnx_two_head_sensor_model_parity_per_output(tmp_path: Path) -> None:
-    from tests.unit.test_compress_quant import _sensor_batch, tiny_sensor
+    from tests.unit.test_compress_quant import sensor_batch, tiny_sensor
 
     torch.manual_seed(0)
     model = tiny_sensor()  # conv + BatchNorm + GELU encoder, (batch, 2) output: RUL head, failure logit
-    path, names = C.export_onnx(model, _sensor_batch(2), tmp_path / "sensor.onnx", input_names=["x"])
-    held_out = [_sensor_batch(1, seed=3), _sensor_batch(45, seed=4)]  # other batch sizes than the export's
+    path, names = C.export_onnx(model, sensor_batch(2), tmp_path / "sensor.onnx", input_names=["x"])
+    held_out = [sensor_batch(1, seed=3), sensor_batch(45, seed=4)]  # other batch sizes than the export's
     parity = C.check_onnx_parity(model, path, held_out, names, atol=1e-5)
     assert parity.passed and parity.n == 46
     assert len(parity.max_abs_diff_per_output) == 2 and max(parity.max_abs_diff_per_output) == parity.max_abs_diff

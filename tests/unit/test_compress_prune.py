@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import tasks.compress as C
-from tests.unit.test_compress_quant import TinySeq, _batch
+from tests.unit.test_compress_quant import TinySeq, seq_batch
 
 
 @pytest.fixture
@@ -24,12 +24,12 @@ def test_structured_pruning_shrinks_tensors_and_model_runs(model: TinySeq) -> No
     assert pruned.head[5].weight.shape == (1, 8)
     assert report.params_after < report.params_before
     assert model.head[0].weight.shape == (64, 32)  # the original is untouched
-    out = pruned(_batch(7))
+    out = pruned(seq_batch(7))
     assert out.shape == (7,) and torch.isfinite(out).all()
-    # a fresh full-size model takes the pruned state after resize_linears_to
-    rebuilt = C.resize_linears_to(TinySeq(), pruned.state_dict())
+    # a fresh full-size model takes the pruned state after resize_to_state
+    rebuilt = C.resize_to_state(TinySeq(), pruned.state_dict(), types=(nn.Linear,))
     rebuilt.load_state_dict(pruned.state_dict())
-    b = _batch(5)
+    b = seq_batch(5)
     assert torch.equal(rebuilt.eval()(b), pruned(b))
 
 
@@ -48,7 +48,7 @@ def test_global_magnitude_pruning_and_sensitivity(model: TinySeq) -> None:
     pruned, report = C.global_magnitude_prune(model, 0.6, keys)
     assert report.zero_fraction == pytest.approx(0.6, abs=0.01)
     assert not any(hasattr(m, "weight_orig") for m in pruned.modules())  # masks made permanent
-    b = _batch(32)
+    b = seq_batch(32)
     ref = model(b).detach()
 
     def score(m: nn.Module) -> float:  # closeness to the original's outputs

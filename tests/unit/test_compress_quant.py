@@ -28,7 +28,7 @@ class TinySeq(nn.Module):
         return self.head(h[-1]).squeeze(-1)
 
 
-def _batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
+def seq_batch(n: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"x": torch.randn(n, 5, 5, generator=g), "c": torch.randint(0, 6, (n, 5), generator=g)}
 
@@ -49,7 +49,7 @@ def test_dynamic_int8_shrinks_quantized_layers_at_least_3x(model: TinySeq, tmp_p
     fp32 = C.save_state(model.state_dict(), tmp_path / "fp32.safetensors")
     int8 = C.save_state(state, tmp_path / "int8.safetensors")
     assert fp32 / int8 > 2.5  # whole file, embeddings and scales included
-    b = _batch(64)
+    b = seq_batch(64)
     assert torch.allclose(C.call_model(qmodel, b), model(b), atol=0.05)
     with pytest.raises(ValueError, match="cannot quantize"):
         C.quantize_dynamic_int8(model, ["Conv1d"])
@@ -62,7 +62,7 @@ def tiny_sensor() -> nn.Module:
     return SensorOutputs(SensorRULModel(n_channels=3, channels=8, embedding_dim=16)).eval()
 
 
-def _sensor_batch(n: int, seed: int = 0) -> torch.Tensor:
+def sensor_batch(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, 3, 12, generator=torch.Generator().manual_seed(seed))
 
 
@@ -78,8 +78,8 @@ def _trained_stats(model: nn.Module) -> nn.Module:
 
 
 VARIANTS = {
-    "seq": (TinySeq, _batch),
-    "sensor": (tiny_sensor, _sensor_batch),
+    "seq": (TinySeq, seq_batch),
+    "sensor": (tiny_sensor, sensor_batch),
 }
 
 
@@ -130,5 +130,5 @@ def test_weight_only_int8_round_trip(model: TinySeq, tmp_path: Path) -> None:
     assert state["gru.weight_hh_l0.__q.int8"].dtype == torch.int8 and "emb.weight" in state
     C.save_state(state, tmp_path / "wo.safetensors")
     rebuilt = C.load_weight_only_int8(TinySeq(), load_file(str(tmp_path / "wo.safetensors")))
-    b = _batch(16)
+    b = seq_batch(16)
     assert (rebuilt(b) - model(b)).abs().max() < 0.02

@@ -1,0 +1,44 @@
+"""``python -m flows.compress --model NAME[:VERSION|@alias] [...]``: one command, flags from the flow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.cli import Command, make_main
+from flows.compress.adapters import adapter_for, options_for
+from flows.compress.flow import model_compress
+from flows.compress.results import summarize
+from infra.registry import ModelRegistry
+from solutions.fraud.compress import FraudHeldOut
+from solutions.sensor.compress import SensorHeldOut
+
+#: Flags every adapter shares: given once, as the fraud options, and copied to the others.
+_SHARED = ("sensor_data.data", "sensor_data.columns", "sensor_data.fleet.seed")
+
+
+def share_data_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``--data``, ``--columns`` and ``--seed`` apply to whichever adapter the model has."""
+    fraud = kwargs.get("fraud_data", FraudHeldOut())
+    sensor = kwargs.get("sensor_data", SensorHeldOut())
+    fleet = sensor.fleet.model_copy(update={"seed": fraud.synthetic.seed})
+    sensor = sensor.model_copy(update={"data": fraud.data, "columns": dict(fraud.columns), "fleet": fleet})
+    return {**kwargs, "fraud_data": fraud, "sensor_data": sensor}
+
+
+def check(kwargs: dict[str, Any]) -> None:
+    """The model is registered, its architecture has an adapter, and the adapter accepts the data options."""
+    shared = share_data_options(kwargs)
+    adapter = adapter_for(ModelRegistry().resolve(kwargs["model"]))
+    adapter.check(options_for(adapter, shared["fraud_data"], shared["sensor_data"]))
+
+
+COMMANDS = [
+    Command(
+        None, model_compress, summarize,
+        flags={"config.try_all": "all", "config.register_variant": "no-register"},
+        hidden=_SHARED, check=check, prepare=share_data_options,
+    ),
+]
+
+main = make_main("python -m flows.compress", "Compress a registered model: INT8, pruning, distillation; ONNX export.",
+                 COMMANDS)

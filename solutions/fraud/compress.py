@@ -1,0 +1,197 @@
+"""The fraud sequence model's compression adapter: rebuild, held-out data, metric, student.
+
+Plain torch / pandas (no Prefect): the compress flow receives :data:`ADAPTER` and does
+the rest generically. The held-out data is the test period of the model's own split, on
+the transactions file given (mapped to the canonical columns) or on the seeded synthetic
+data; the metric is average precision (the registry's ``test/auprc``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from sklearn.metrics import average_precision_score
+from torch import nn
+
+from infra.compression import CompressTarget, ModelAdapter, table_fingerprint
+from infra.errors import DataValidationError
+from infra.registry import ModelRef
+from infra.tables import read_table
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud.config import SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.model import FraudSequenceModel, build_module
+from solutions.fraud.schema import ColumnMapping
+from solutions.fraud.sequences import FraudPreprocessor
+from solutions.fraud.synthetic import generate_transactions
+
+log = logging.getLogger(__name__)
+
+#: The window features' label delay (days) of the sequence model's context features.
+FEATURE_DELAY_DAYS = 7.0
+#: The inputs the sequence model reads from a batch (ONNX input names).
+INPUT_NAMES = ["step_num", "step_cat", "ctx_num", "ctx_cat"]
+#: Static attributes an accounts table may bring.
+_ACCOUNT_KINDS = {S.ACCOUNT_ID: "id", S.AGE: "float", S.OCCUPATION: "category", S.ACCOUNT_AGE_DAYS: "float"}
+
+
+class FraudHeldOut(BaseModel):
+    """Held-out data: a file (--data, --columns and --seed serve every model type), or synthetic transactions.
+
+    ``data`` and ``columns`` name a transactions file for a fraud model; the compress
+    command hands them to a sensor model's options too (a readings file there).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    data: str | None = Field(
+        default=None, description="Held-out data, CSV or Parquet: transactions (fraud) or long-format readings (sensor); "
+        "default: the seeded synthetic data."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="Column mapping canonical=SOURCE of the data file, e.g. account_id=CUSTOMER_ID."
+    )
+    accounts: str | None = Field(
+        default=None, description="Optional accounts table: account_id, age, occupation, account_age_days."
+    )
+    synthetic: SyntheticDataConfig = Field(
+        default=SyntheticDataConfig(), description="The synthetic data, when no file is given."
+    )
+
+
+# ------------------------------------------------------------------------------------
+# held-out data
+
+
+def _typed(col: pd.Series, kind: str, source: str, name: str) -> pd.Series:
+    """One column in its canonical dtype (ids and categories as strings)."""
+    try:
+        if kind == "float":
+            return pd.to_numeric(col, errors="raise").astype("float64")
+        if kind == "binary":
+            return (col.astype("int8") if col.dtype == bool else pd.to_numeric(col, errors="raise").astype("int8"))
+        if kind == "datetime":
+            ts = col if pd.api.types.is_datetime64_any_dtype(col) else pd.to_datetime(col, format="mixed")
+            if getattr(ts.dt, "tz", None) is not None:
+                ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
+            return ts.astype("datetime64[ns]")
+    except (ValueError, TypeError) as exc:
+        raise DataValidationError(f"not a {kind} column: {exc}", source=source, column=name) from exc
+    return col.astype("string")
+
+
+def canonical_frame(df: pd.DataFrame, kinds: dict[str, str], required: tuple[str, ...], source: str) -> pd.DataFrame:
+    """The columns of ``kinds`` that ``df`` has, typed, in ``kinds``' order; the required ones must be there."""
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise DataValidationError(f"missing required column(s) {missing}; the file has {list(df.columns)}",
+                                  source=source, column=missing[0])
+    return pd.DataFrame({c: _typed(df[c].reset_index(drop=True), k, source, c) for c, k in kinds.items() if c in df})
+
+
+def _existing(path: str | None, what: str) -> None:
+    if path is not None and not Path(path).expanduser().is_file():
+        raise DataValidationError(f"{what} not found (or not a file)", source=path)
+
+
+def check_options(options: FraudHeldOut) -> None:
+    """The files exist and the column mapping names canonical columns (before any data is read)."""
+    try:
+        ColumnMapping(options.columns)
+    except ValueError as exc:
+        raise DataValidationError(str(exc)) from exc
+    _existing(options.data, "transactions file")
+    _existing(options.accounts, "accounts file")
+
+
+def load_transactions(options: FraudHeldOut) -> tuple[pd.DataFrame, str]:
+    """The transactions (canonical columns and dtypes) and where they came from."""
+    check_options(options)
+    kinds = {name: kind for name, kind, _, _ in P.TRANSACTION_COLUMNS}
+    if options.data is None:
+        c = options.synthetic
+        raw = generate_transactions(n_accounts=c.n_accounts, n_terminals=c.n_terminals, n_days=c.n_days,
+                                    fraud_rate=c.fraud_rate, seed=c.seed, new_pattern=c.new_pattern)
+        source = f"synthetic data (seed {c.seed})"
+    else:
+        source = options.data
+        try:
+            raw = ColumnMapping(options.columns).apply(read_table(Path(options.data).expanduser()))
+        except ValueError as exc:  # a mapping naming a column the file lacks
+            raise DataValidationError(str(exc), source=source) from exc
+    df = canonical_frame(raw, kinds, S.REQUIRED, source)
+    if options.accounts:
+        accounts = read_table(Path(options.accounts).expanduser())
+        df = P.merge_accounts(df, canonical_frame(accounts, _ACCOUNT_KINDS, (S.ACCOUNT_ID,), options.accounts))
+    return df, source
+
+
+def assign_split(timestamps: pd.Series, split: SplitConfig) -> tuple[np.ndarray, str]:
+    """Each row's period (history, train, val, delay, test), counted back from the data's last day."""
+    end = pd.Timestamp(timestamps.max()).normalize() + pd.Timedelta(days=1)
+    test_start = end - pd.Timedelta(days=split.test_days)
+    train_end = test_start - pd.Timedelta(days=split.delay_days)
+    train_start = train_end - pd.Timedelta(days=split.train_days)
+    val_start = train_end - pd.Timedelta(days=split.val_days)
+    if train_start < pd.Timestamp(timestamps.min()).normalize():
+        raise DataValidationError(
+            f"the data ends {end:%Y-%m-%d} and starts after {train_start:%Y-%m-%d}, where the model's split "
+            f"(train {split.train_days:g} + delay {split.delay_days:g} + test {split.test_days:g} days) begins"
+        )
+    edges = np.array([train_start, val_start, train_end, test_start], dtype="datetime64[ns]")
+    names = np.array(["history", "train", "val", "delay", "test"])
+    periods = names[np.searchsorted(edges, pd.to_datetime(timestamps).to_numpy(), side="right")]
+    return periods, f"test [{test_start:%Y-%m-%d}, {end:%Y-%m-%d})"
+
+
+# ------------------------------------------------------------------------------------
+# the adapter
+
+
+def student_of(params: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh, smaller sequence model (half the GRU, a quarter of the MLP) and its registry params."""
+    hp = dict(params["hparams"])
+    hp.update(hidden=max(8, int(hp.get("hidden", 64)) // 2), mlp_hidden=max(8, int(hp.get("mlp_hidden", 128)) // 4))
+    return FraudSequenceModel(**hp), {**params, "hparams": hp}
+
+
+def average_precision(y: np.ndarray, out: np.ndarray) -> float:
+    """PR-AUC (average precision) of raw model outputs."""
+    return float(average_precision_score(y, out))
+
+
+def prepare(ref: ModelRef, model: nn.Module, options: FraudHeldOut) -> CompressTarget:
+    """The compress target of a registered fraud model: its test period, scored by average precision."""
+    df, source = load_transactions(options)
+    split = SplitConfig(**ref.params.get("split", {}))
+    periods, period_text = assign_split(df[S.TIMESTAMP], split)
+    feats = P.build_features(df, periods, FEATURE_DELAY_DAYS)
+    pre = FraudPreprocessor.from_dict(ref.params["preprocessor"])
+    setup = P.sequence_setup(df, feats, SequenceModelConfig(**ref.params["config"]), preprocessor=pre)
+    batches = [dict(b) for b in setup.datamodule.test_dataloader()]
+    labels = torch.cat([b["y"] for b in batches]).numpy().astype("int64")
+    train_y = df.loc[periods == "train", S.LABEL].to_numpy(dtype="float64")
+    return CompressTarget(
+        model=model,
+        test_batches=batches,
+        labels=labels,
+        metric=average_precision,
+        primary_metric=ref.primary_metric,
+        higher_is_better=ref.higher_is_better,
+        input_names=list(INPUT_NAMES),
+        datamodule=setup.datamodule,
+        make_student=lambda: student_of(ref.params),
+        pos_weight=P.pos_weight_for(train_y),
+        data_hash=table_fingerprint(df),
+        data_note=f"the {period_text} period of {source}",
+    )
+
+
+ADAPTER = ModelAdapter(architecture="FraudSequenceModel", build=build_module, prepare=prepare, options=FraudHeldOut,
+                       check=check_options)

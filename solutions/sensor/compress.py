@@ -1,0 +1,222 @@
+"""The sensor 1D-CNN's compression adapter: rebuild, held-out data, metric, losses, prune plan.
+
+Plain torch / numpy / pandas (no Prefect): the compress flow receives :data:`ADAPTER`.
+The model is seen through :class:`~solutions.sensor.model.SensorOutputs` (one output
+tensor: RUL / cap and the failure logit). The held-out data follows the ``sensor-train``
+protocol on the same splits: the last window of each cut test unit, scored by test RMSE
+(lower is better); the failure head's PR-AUC is shown beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from sklearn.metrics import average_precision_score
+from torch import nn
+
+from infra.compression import ChannelGroup, CompressTarget, ModelAdapter, table_fingerprint
+from infra.errors import DataValidationError
+from infra.registry import ModelRef
+from solutions.sensor import pipeline as P
+from solutions.sensor import schema as S
+from solutions.sensor.align import align_readings, apply_mapping, clean_events, clean_readings, load_readings
+from solutions.sensor.cmapss import check_subset, load_cmapss
+from solutions.sensor.config import (
+    AlignConfig,
+    FinetuneConfig,
+    SplitConfig,
+    SyntheticFleetConfig,
+    WindowConfig,
+)
+from solutions.sensor.features import RegimeNormalizer
+from solutions.sensor.model import (
+    SensorOutputs,
+    SensorRULModel,
+    WindowDataModule,
+    build_module,
+    rul_fail_loss,
+)
+from solutions.sensor.schema import BadReadingReport, ColumnMapping
+from solutions.sensor.synthetic import generate_fleet
+
+log = logging.getLogger(__name__)
+
+#: The metric this adapter scores (``sensor-train`` registers it; lower is better).
+PRIMARY_METRIC = "test/rmse"
+
+#: Structured pruning of the sensor model: conv channels (with their BatchNorm), the
+#: embedding and the shared hidden layer. The last conv feeds ``proj`` twice (mean and max
+#: pooling side by side).
+PRUNE_PLAN = [
+    ChannelGroup(producer="encoder.convs.0.0", norm="encoder.convs.0.1", consumers=("encoder.convs.1.0",)),
+    ChannelGroup(producer="encoder.convs.1.0", norm="encoder.convs.1.1", consumers=("encoder.convs.2.0",)),
+    ChannelGroup(producer="encoder.convs.2.0", norm="encoder.convs.2.1", consumers=("encoder.proj.1",), repeats=2),
+    ChannelGroup(producer="encoder.proj.1", consumers=("heads.shared.0",)),
+    ChannelGroup(producer="heads.shared.0", consumers=("heads.rul", "heads.fail")),
+]
+
+
+class SensorHeldOut(BaseModel):
+    """Sensor held-out data: C-MAPSS files, a long-format readings file, or the synthetic fleet."""
+
+    model_config = ConfigDict(frozen=True)
+
+    data: str | None = Field(default=None, description="Long-format readings CSV or Parquet (default: the synthetic fleet).")
+    events: str | None = Field(default=None, description="Failure events CSV or Parquet beside the readings.")
+    columns: dict[str, str] = Field(default_factory=dict, description="Column mapping canonical=SOURCE.")
+    cmapss_dir: str | None = Field(default=None, description="Folder with the NASA C-MAPSS files (instead of a readings file).")
+    subset: str = Field(default="FD001", description="C-MAPSS subset.")
+    fleet: SyntheticFleetConfig = Field(
+        default=SyntheticFleetConfig(), description="The synthetic fleet, when no file is given."
+    )
+
+
+# ------------------------------------------------------------------------------------
+# held-out data
+
+
+def check_options(options: SensorHeldOut) -> None:
+    """The files exist, the subset and the column mapping are valid (before any data is read)."""
+    try:
+        ColumnMapping(options.columns)
+    except ValueError as exc:
+        raise DataValidationError(str(exc)) from exc
+    if options.cmapss_dir:
+        check_subset(options.subset)
+        if not Path(options.cmapss_dir).expanduser().is_dir():
+            raise DataValidationError("C-MAPSS folder not found (or not a folder)", source=options.cmapss_dir)
+    for path, what in ((options.data, "readings file"), (options.events, "events file")):
+        if path is not None and not Path(path).expanduser().is_file():
+            raise DataValidationError(f"{what} not found (or not a file)", source=path)
+
+
+def load_grid(options: SensorHeldOut, align: AlignConfig) -> tuple[pd.DataFrame, BadReadingReport, str]:
+    """The aligned grid of the source, its bad-reading counts, and what the source is."""
+    check_options(options)
+    if options.cmapss_dir:
+        folder = Path(options.cmapss_dir).expanduser()
+        subset = check_subset(options.subset)
+        return load_cmapss(folder, subset), BadReadingReport(source=str(folder)), f"C-MAPSS {subset} in {folder}"
+    if options.data:
+        events = Path(options.events).expanduser() if options.events else None
+        grid, report = load_readings(Path(options.data).expanduser(), ColumnMapping(options.columns), align, events)
+        return grid, report, options.data
+    readings, events = generate_fleet(options.fleet)
+    source = f"synthetic fleet (seed {options.fleet.seed})"
+    clean, report = clean_readings(apply_mapping(readings, ColumnMapping(), S.READING_COLUMNS, source), align, source)
+    grid, report = align_readings(clean, clean_events(events, source), align, report)
+    return grid, report, source
+
+
+def sensor_rmse(y: np.ndarray, out: np.ndarray, rul_cap: float) -> float:
+    """Test RMSE as ``sensor-train`` computes it: RUL head clamped to [0, 1] x cap, in float32."""
+    pred = (np.clip(out[:, 0].astype("float32"), 0, 1) * np.float32(rul_cap)).astype("float64")
+    return float(np.sqrt(np.mean((pred - y) ** 2)))
+
+
+# ------------------------------------------------------------------------------------
+# losses, student, failure head
+
+
+def losses(hp: dict[str, Any]) -> tuple[Any, Any]:
+    """``(loss_fn(out, batch), soft_loss(student_out, teacher_out, T))`` of the two-head output."""
+    cap, fail_weight, pos_weight = float(hp["rul_cap"]), float(hp["fail_weight"]), float(hp["pos_weight"])
+
+    def loss_fn(out: torch.Tensor, batch: Any) -> torch.Tensor:
+        _, rul, fail = batch
+        return rul_fail_loss(out[:, 0], out[:, 1], rul, fail, rul_cap=cap, fail_weight=fail_weight, pos_weight=pos_weight)
+
+    def soft_loss(s: torch.Tensor, t: torch.Tensor, T: float) -> torch.Tensor:
+        # regression head: match the teacher's output; failure head: softened logits, scaled by T^2
+        fail = F.binary_cross_entropy_with_logits(s[:, 1] / T, torch.sigmoid(t[:, 1] / T)) * T * T
+        return F.mse_loss(s[:, 0], t[:, 0]) + fail_weight * fail
+
+    return loss_fn, soft_loss
+
+
+def student_of(params: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
+    """A fresh, smaller model (half the channels, a quarter of the embedding) and its registry params."""
+    small = dict(params["hparams"])
+    small.update(channels=max(8, int(small["channels"]) // 2), embedding_dim=max(8, int(small["embedding_dim"]) // 4))
+    return SensorOutputs(SensorRULModel(**small)), {**params, "hparams": small}
+
+
+def failure_pr_auc(x: torch.Tensor, fail: np.ndarray) -> Any:
+    """``module -> {"test/pr_auc": ...}``: the failure head's PR-AUC on windows ``x`` (as sensor-train)."""
+
+    def secondary(module: nn.Module) -> dict[str, float]:
+        if not 0 < fail.sum() < len(fail):
+            return {}
+        module.eval()
+        with torch.inference_mode():
+            logits = torch.cat([module(b)[:, 1].float() for b in torch.split(x, 1024)])
+        return {"test/pr_auc": float(average_precision_score(fail, torch.sigmoid(logits).numpy().astype("float64")))}
+
+    return secondary
+
+
+# ------------------------------------------------------------------------------------
+# the adapter
+
+
+def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> CompressTarget:
+    """The compress target of a registered sensor model: the sensor-train test protocol, scored by RMSE."""
+    if ref.primary_metric != PRIMARY_METRIC or ref.higher_is_better:
+        raise DataValidationError(
+            f"{ref.spec} has primary metric {ref.primary_metric!r} (higher is better: {ref.higher_is_better}); "
+            f"the sensor adapter scores {PRIMARY_METRIC!r}, lower is better"
+        )
+    hp = dict(ref.params["hparams"])
+    norm = RegimeNormalizer.from_dict(ref.params["normalizer"])
+    wcfg = WindowConfig(**ref.params["window"])
+    split = SplitConfig(**ref.params.get("split", {}))
+    ft = FinetuneConfig()  # sensor-train's batch size, epoch size and seed (not in the params)
+    grid, bad, source = load_grid(options, AlignConfig())
+    # the same splits, labelled assets and test cuts as sensor-train
+    splits = P.split_assets(grid, split)
+    labelled = P.labelled_assets(grid, splits["train"], float(ref.params.get("label_fraction", 1.0)), ft.seed)
+    data = P.supervised_windows(grid, splits, labelled, norm, wcfg, bad, split.seed)
+    dm = WindowDataModule(
+        (data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
+        ft.batch_size, ft.min_samples_per_epoch, ft.seed,
+    )
+    loss_fn, soft_loss = losses(hp)
+    x_all = torch.as_tensor(data.test_all.x, dtype=torch.float32)
+    cap = float(hp["rul_cap"])
+    return CompressTarget(
+        model=model,
+        test_batches=list(torch.split(torch.as_tensor(data.test_last.x, dtype=torch.float32), 1024)),
+        labels=data.test_last.rul.astype("float64"),
+        metric=lambda y, out: sensor_rmse(y, out, cap),
+        primary_metric=ref.primary_metric,
+        higher_is_better=ref.higher_is_better,
+        input_names=["x"],
+        datamodule=dm,
+        make_student=lambda: student_of(ref.params),
+        pos_weight=float(hp["pos_weight"]),
+        data_hash=table_fingerprint(grid),
+        data_note=f"the last window of each of {len(data.test_last)} cut test units of {source} (the sensor-train protocol)",
+        loss_fn=loss_fn,
+        soft_loss=soft_loss,
+        lr=float(hp.get("lr", 1e-3)),
+        prune_plan=PRUNE_PLAN,
+        prune_note="of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed",
+        bench_inputs=x_all,
+        output_columns=["rul/cap", "fail_logit"],
+        notes={
+            "int8-dynamic": "Linear layers only: the 3 Conv1d layers stay fp32 (dynamic quantization has no conv kernels)",
+            "int8-weight-only": "Conv1d and Linear weights",
+        },
+        secondary=failure_pr_auc(x_all, data.test_all.fail.astype(int)),
+    )
+
+
+ADAPTER = ModelAdapter(architecture="SensorRULModel", build=build_module, prepare=prepare, options=SensorHeldOut,
+                       check=check_options)
