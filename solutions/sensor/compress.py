@@ -25,16 +25,17 @@ from infra.compression import ChannelGroup, CompressTarget, ModelAdapter, table_
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
 from solutions.sensor import pipeline as P
-from solutions.sensor import schema as S
-from solutions.sensor.align import align_readings, apply_mapping, clean_events, clean_readings, load_readings
-from solutions.sensor.cmapss import check_subset, load_cmapss
+from solutions.sensor.cmapss import check_subset
 from solutions.sensor.config import (
     AlignConfig,
     FinetuneConfig,
+    SensorConfig,
+    SensorSource,
     SplitConfig,
     SyntheticFleetConfig,
     WindowConfig,
 )
+from solutions.sensor.data import build_grid
 from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import (
     SensorOutputs,
@@ -44,7 +45,6 @@ from solutions.sensor.model import (
     rul_fail_loss,
 )
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
-from solutions.sensor.synthetic import generate_fleet
 
 log = logging.getLogger(__name__)
 
@@ -98,21 +98,16 @@ def check_options(options: SensorHeldOut) -> None:
 
 
 def load_grid(options: SensorHeldOut, align: AlignConfig) -> tuple[pd.DataFrame, BadReadingReport, str]:
-    """The aligned grid of the source, its bad-reading counts, and what the source is."""
+    """The aligned grid of the source, the bad readings its reader counted, and what the source is."""
     check_options(options)
+    source = SensorSource(data=options.data, events=options.events, columns=options.columns,
+                          cmapss_dir=options.cmapss_dir, subset=options.subset)
+    grid, report = build_grid(source, SensorConfig(fleet=options.fleet, align=align))
     if options.cmapss_dir:
-        folder = Path(options.cmapss_dir).expanduser()
-        subset = check_subset(options.subset)
-        return load_cmapss(folder, subset), BadReadingReport(source=str(folder)), f"C-MAPSS {subset} in {folder}"
-    if options.data:
-        events = Path(options.events).expanduser() if options.events else None
-        grid, report = load_readings(Path(options.data).expanduser(), ColumnMapping(options.columns), align, events)
-        return grid, report, options.data
-    readings, events = generate_fleet(options.fleet)
-    source = f"synthetic fleet (seed {options.fleet.seed})"
-    clean, report = clean_readings(apply_mapping(readings, ColumnMapping(), S.READING_COLUMNS, source), align, source)
-    grid, report = align_readings(clean, clean_events(events, source), align, report)
-    return grid, report, source
+        described = f"C-MAPSS {check_subset(options.subset)} in {Path(options.cmapss_dir).expanduser()}"
+    else:
+        described = options.data or f"synthetic fleet (seed {options.fleet.seed})"
+    return grid, report, described
 
 
 def sensor_rmse(y: np.ndarray, out: np.ndarray, rul_cap: float) -> float:

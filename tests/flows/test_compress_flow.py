@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import flows.fraud as F
-import flows.sensor as FS
+from flows.sensor.cli import main as sensor_main
 import tasks.compress as C
 from flows.compress.adapters import adapter_for
 from flows.compress.cli import main as compress_main
@@ -87,8 +87,8 @@ SENSOR_FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--s
 
 def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> None:
     train = ["train", *SENSOR_FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline",
-             "--max-epochs", "1", "--model-name", "rul-cmp", "--json"]
-    assert FS.main(train) == 0
+             "--max-epochs", "1", "--model", "rul-cmp", "--json"]
+    assert sensor_main(train) == 0
     trained = _last_json(capsys.readouterr().out)
     source = trained["model"]
     assert compress_main(["--model", "rul-cmp", *SENSOR_FLEET, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
@@ -150,9 +150,9 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
         assert C.score(target, C.load_variant(variant, registry, adapter.build)) == pytest.approx(rows[result["chosen"]]["metric"], abs=1e-6)
         # and scores assets through the sensor score command like the original
         capsys.readouterr()
-        assert FS.main(["score", *SENSOR_FLEET, "--model", variant.spec, "--json"]) == 0
+        assert sensor_main(["score", *SENSOR_FLEET, "--model", variant.spec, "--json"]) == 0
         by_variant = _last_json(capsys.readouterr().out)
-        assert FS.main(["score", *SENSOR_FLEET, "--model", ref.spec, "--json"]) == 0
+        assert sensor_main(["score", *SENSOR_FLEET, "--model", ref.spec, "--json"]) == 0
         by_source = _last_json(capsys.readouterr().out)
         import pandas as pd
 
