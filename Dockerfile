@@ -3,7 +3,10 @@
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 -t indusflow-worker:gpu .
 # The image holds the project installed with all extras; flow runs import the flows by
 # module path (flows.fraud:fraud_batch_score ...), so no code is pulled at run time.
-# Mount a volume at /data and point INDUSFLOW_HOME at it to keep registry and ledgers.
+# The home (INDUSFLOW_HOME=/data/indusflow: registry, ledgers, reports) is where work pools
+# mount the shared volume of the deployment config (home_volume in infra/deployments.yaml):
+#   docker run -v indusflow-home:/data/indusflow indusflow-worker ...
+# The folder exists in the image, owned by the run user, so a new named volume takes that owner.
 FROM python:3.11-slim
 
 ARG TORCH_SPEC="torch==2.13.0"
@@ -16,7 +19,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PREFECT_SERVER_ANALYTICS_ENABLED=false \
     PREFECT_LOGGING_EXTRA_LOGGERS=infra,tasks,solutions,flows
 
-RUN useradd --create-home --uid 1000 indusflow && mkdir -p /data && chown indusflow /data
+RUN useradd --create-home --uid 1000 indusflow && mkdir -p /data/indusflow && chown -R indusflow:indusflow /data
 WORKDIR /opt/indusflow
 
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}"

@@ -88,7 +88,8 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
         kwargs: dict[str, Any] = {}
         if pool:
             kwargs["work_pool_name"] = pool
-            variables = job_variables(resources, pool_type, image=image, env=_forwarded_env(pool_type))
+            variables = job_variables(resources, pool_type, image=image, env=_forwarded_env(pool_type),
+                                      home=config.home_volume)
             if variables:
                 kwargs["job_variables"] = variables
         deployment = flow_obj.to_deployment(
@@ -161,9 +162,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     config = load_deploy_config()
     rows = describe(config)
     if args.json:
-        print(json.dumps({"timezone": config.timezone, "gpu_pools": config.gpu_pools, "deployments": rows}))
+        home = config.home_volume.model_dump() if config.home_volume else None
+        print(json.dumps({"timezone": config.timezone, "gpu_pools": config.gpu_pools, "home_volume": home,
+                          "deployments": rows}))
         return 0
     print(f"time zone {config.timezone}; GPU pools {config.gpu_pools or 'none'}")
+    if config.home_volume:
+        home = config.home_volume
+        print(f"home at {home.mount_path} on docker volume {home.docker or '-'}, "
+              f"kubernetes claim {home.kubernetes or '-'}")
     for row in rows:
         res = row["resources"] or {}
         res_text = ", ".join(f"{k}={v}" for k, v in res.items() if v not in (None, "auto")) or "defaults"

@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.errors import IndusflowError
-from infra.resources import ResourceSpec
+from infra.resources import HomeVolume, ResourceSpec
 from infra.settings import get_deploy_settings
 
 DEFAULT_CONFIG = Path(__file__).with_name("deployments.yaml")
@@ -89,6 +89,10 @@ class DeployConfig(BaseModel):
     timezone: str = "UTC"
     gpu_pools: dict[str, int] = Field(default_factory=dict)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
+    home_volume: HomeVolume | None = Field(
+        default=None,
+        description="The home on a shared volume for docker/kubernetes pools (None: the image's own).",
+    )
     deployments: list[DeploymentSpec] = Field(default_factory=list)
 
     @field_validator("timezone")

@@ -5,16 +5,39 @@ server's telemetry writes a session row, and SQLite answers ``database is locked
 (an ERROR line with a traceback). Turning the server analytics off removes that insert;
 a longer start-up timeout covers a slow first migration on 2 cores. Users' own
 ``PREFECT_*`` environment variables always win over these defaults.
+
+A command-line run ends while Prefect still has work in flight: the client's events
+worker may hold unsent events (drained at interpreter exit, with an ``EventsWorker -
+Still processing items`` warning) and the ephemeral server's task-run recorder may still be
+writing task-run states when the server is terminated (``Error flushing 1 events`` with a
+traceback, and task runs left ``Running`` in the UI). :func:`settle_prefect` waits for both
+while the API is still up, so a normal run ends quietly and completely.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 
 from infra.settings import get_core_settings, get_prefect_setup_settings
+
+#: Longest wait for Prefect's in-flight events at the end of a command-line run (seconds).
+SETTLE_TIMEOUT_S = 15.0
+#: Pause between two looks at the ephemeral server's task-run records (seconds).
+SETTLE_POLL_S = 0.25
+#: The ephemeral server's task-run recorder writes events in batches (Prefect writes them
+#: one by one by default: a fan-out of 200 tasks left it ~20 s behind on 2 cores) and
+#: flushes a partial batch after this many seconds (whole seconds: Prefect truncates).
+RECORDER_BATCH_SIZE = 100
+RECORDER_FLUSH_INTERVAL_S = 1
+
+log = logging.getLogger(__name__)
 
 #: Our stdlib loggers, routed to Prefect's console and API handlers (the UI shows them).
 PROJECT_LOGGERS = ("infra", "tasks", "solutions", "flows")
@@ -40,6 +63,9 @@ def prefect_cli_settings() -> Iterator[None]:
         PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
         PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE,
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL,
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE,
         temporary_settings,
     )
 
@@ -52,6 +78,107 @@ def prefect_cli_settings() -> Iterator[None]:
     if "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW" not in os.environ:
         # project loggers also log outside flow runs (plain functions): no API, no warning
         updates[PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW] = "ignore"
+    recorder = {  # read by the ephemeral server, which inherits the settings when it starts
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE: RECORDER_BATCH_SIZE,
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE: RECORDER_BATCH_SIZE,
+        PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL: RECORDER_FLUSH_INTERVAL_S,
+    }
+    updates.update({setting: value for setting, value in recorder.items() if setting.name not in os.environ})
     route_project_logs()
+    started = datetime.now(UTC)
     with temporary_settings(updates=updates):
-        yield
+        try:
+            yield
+        except Exception:
+            settle_prefect(since=started)  # a failed run's states belong in the UI too
+            raise
+        settle_prefect(since=started)
+
+
+def _ephemeral_server_running() -> bool:
+    """Whether this process started Prefect's ephemeral API server (and still runs it)."""
+    module = sys.modules.get("prefect.server.api.server")
+    if module is None:  # never imported: no run asked for an ephemeral API
+        return False
+    return bool(module.SubprocessASGIServer().running)
+
+
+def _wait_for_events_worker(timeout_s: float) -> None:
+    """Wait until the client's events worker has sent what it holds (at most ``timeout_s``)."""
+    from prefect.events.worker import EventsWorker
+
+    worker = EventsWorker.instance()  # the run's worker: same settings, same instance
+    waiter = threading.Thread(target=worker.wait_until_empty, name="settle-events", daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
+
+
+def _task_run_counts(client, since: datetime) -> tuple[int, int]:
+    """(task runs, unfinished task runs) the API holds for flow runs started since ``since``."""
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    runs = FlowRunFilter(start_time=FlowRunFilterStartTime(after_=since)).model_dump(
+        mode="json", exclude_unset=True
+    )
+    unfinished = TaskRunFilter(
+        state=TaskRunFilterState(
+            type=TaskRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING, StateType.SCHEDULED])
+        )
+    ).model_dump(mode="json", exclude_unset=True)
+    total = client.request("POST", "/task_runs/count", json={"flow_runs": runs}).json()
+    open_ = client.request("POST", "/task_runs/count", json={"flow_runs": runs, "task_runs": unfinished}).json()
+    return int(total), int(open_)
+
+
+def _wait_for_task_run_records(since: datetime, deadline: float) -> None:
+    """Wait until the server's task-run recorder has caught up with the run's events.
+
+    Task runs are written from the events the client sent, in batches; caught up means
+    no task run of this command's flow runs is unfinished and their number has not changed
+    for longer than the recorder's flush interval (so no partial batch is still waiting).
+    """
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL
+
+    quiet_s = float(PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL.value()) + SETTLE_POLL_S
+    with get_client(sync_client=True) as client:
+        seen, seen_at = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            total, unfinished = _task_run_counts(client, since)
+            now = time.monotonic()
+            if total != seen:
+                seen, seen_at = total, now
+            elif unfinished == 0 and now - seen_at >= quiet_s:
+                return
+            time.sleep(SETTLE_POLL_S)
+    log.debug("Prefect's task-run records had not caught up after %.0f s", SETTLE_TIMEOUT_S)
+
+
+def settle_prefect(since: datetime | None = None, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Let Prefect finish the run's background work while its API is still up.
+
+    Waits (at most ``timeout_s`` in all) for the client's events worker to send its
+    queue and, when this process runs the ephemeral server (stopped at exit), for the
+    server to record the task runs of the flow runs started since ``since``. Without an
+    API in use there is nothing to wait for; a failure to look is logged, never raised.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    # the ephemeral server serves runs only while no API URL is set, and stops at exit
+    ephemeral = PREFECT_API_URL.value() is None and _ephemeral_server_running()
+    if PREFECT_API_URL.value() is None and not ephemeral:
+        return  # no flow run talked to an API
+    deadline = time.monotonic() + timeout_s
+    try:
+        _wait_for_events_worker(timeout_s)
+        if ephemeral and since is not None:
+            _wait_for_task_run_records(since - timedelta(seconds=1), deadline)
+    except Exception as exc:  # noqa: BLE001 - settling is a courtesy: the run itself has finished
+        log.debug("could not settle Prefect's background work: %s", exc)

@@ -89,8 +89,30 @@ class _DropAdverts(logging.Filter):
         return "litlogger" not in record.getMessage().lower()
 
 
+def _one_console_for_lightning() -> None:
+    """Let each Lightning log line reach the console once.
+
+    Importing ``lightning`` gives its ``lightning`` logger a stderr handler of its own
+    (``INFO: ...``) while its records also propagate to the root logger, where Prefect's
+    console handler sits: every line printed twice. When the root logger has a handler,
+    Lightning's own stream handlers go and its loggers propagate, so the lines print once,
+    in the format of the rest of the run (and a caller's own handlers stay untouched).
+    Without a root handler (plain Python, no Prefect) Lightning keeps its console.
+    """
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:  # the ones Lightning installs
+                logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def _quiet_lightning() -> None:
-    """Silence messages that are expected here: a reused checkpoint folder, adverts."""
+    """Silence messages that are expected here (a reused checkpoint folder, adverts) and
+    print Lightning's lines once."""
+    _one_console_for_lightning()
     warnings.filterwarnings("ignore", message=r".*Checkpoint directory .* exists and is not empty.*")
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")

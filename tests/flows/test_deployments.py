@@ -79,6 +79,23 @@ def test_apply_registers_the_same_definitions_to_a_process_pool(monkeypatch) -> 
     assert "INDUSFLOW_HOME" in train.job_variables["env"]  # a process pool on this machine shares the home
 
 
+def test_container_pools_mount_the_shared_home_from_the_config() -> None:
+    from infra.resources import IMAGE_HOME
+
+    config = load_deploy_config()
+    home = config.home_volume
+    assert home is not None
+    (docker,) = build_deployments(config, ["nightly-retrain"], pool="d", pool_type="docker", image="img:1")
+    assert docker.job_variables["volumes"] == [f"{home.docker}:{IMAGE_HOME}"]
+    assert docker.job_variables["env"]["INDUSFLOW_HOME"] == IMAGE_HOME
+    (k8s,) = build_deployments(config, ["nightly-retrain"], pool="k", pool_type="kubernetes", image="img:1")
+    assert k8s.job_variables["volumes"][0]["persistentVolumeClaim"] == {"claimName": home.kubernetes}
+    assert k8s.job_variables["volume_mounts"][0]["mountPath"] == IMAGE_HOME
+    without = config.model_copy(update={"home_volume": None})
+    (plain,) = build_deployments(without, ["nightly-retrain"], pool="k", pool_type="kubernetes", image="img:1")
+    assert "volumes" not in plain.job_variables and "volume_mounts" not in plain.job_variables
+
+
 def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
     """`python -m infra.deploy serve` in a subprocess; a run triggered through the API completes."""
     from prefect.client.orchestration import get_client

@@ -10,9 +10,10 @@ import pytest
 
 from infra.compute import resolve_training
 from infra.deploy_config import DeployConfigError, load_deploy_config, resource_spec
-from infra.resources import ResourceError, ResourceSpec, job_variables, trainer_args
+from infra.resources import IMAGE_HOME, HomeVolume, ResourceError, ResourceSpec, job_variables, trainer_args
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "infra" / "k8s-job-template.json"
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "infra" / "k8s-job-template.json"
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -40,6 +41,10 @@ def test_packaged_config_defines_every_vertical_job() -> None:
         ("resources: {fraud-train: {gpus: 1, gpu_type: a100}}\ngpu_pools: {h100: 2}", "GPU pool 'a100'"),
         ("resources: {fraud-train: {gpu: 1}}", "resources.fraud-train.gpu"),
         ("deployments: [", "not valid YAML"),
+        ("home_volume: {docker: 'my volume'}", "home_volume.docker"),
+        ("home_volume: {kubernetes: Home_Claim}", "home_volume.kubernetes"),
+        ("home_volume: {kubernetes: home, mount_path: data/home}", "home_volume.mount_path"),
+        ("home_volume: {nfs: server:/export}", "home_volume.nfs"),
     ],
 )
 def test_bad_config_names_the_file_and_field(tmp_path: Path, body: str, message: str) -> None:
@@ -134,3 +139,65 @@ def test_trainings_claim_distinct_cards_of_the_machine() -> None:
     assert released.is_set()  # it got a card once the others let go
     with pytest.raises(ResourceError, match="asked for 3"), claim_cards(3, total=2):
         pass
+
+
+def _render_k8s(variables: dict) -> dict:
+    """The pod spec the shipped Kubernetes base job template renders for these variables."""
+    from prefect.utilities.templating import apply_values
+
+    template = json.loads(TEMPLATE.read_text())
+    declared = template["variables"]["properties"]
+    assert set(variables) <= set(declared), "every job variable is declared by the template"
+    defaults = {k: v["default"] for k, v in declared.items() if "default" in v}
+    rendered = apply_values(template["job_configuration"]["job_manifest"], {**defaults, **variables})
+    return rendered["spec"]["template"]["spec"]
+
+
+def test_home_volume_is_mounted_at_the_image_home_by_docker_and_kubernetes_pools(tmp_path: Path) -> None:
+    path = _write(tmp_path, "home_volume: {docker: shared-home, kubernetes: indusflow-home}")
+    home = load_deploy_config(path).home_volume
+    assert home == HomeVolume(docker="shared-home", kubernetes="indusflow-home", mount_path=IMAGE_HOME)
+    spec = ResourceSpec(cpus=2)
+
+    docker = job_variables(spec, "docker", image="img:1", home=home)
+    assert docker["volumes"] == [f"shared-home:{IMAGE_HOME}"]
+    assert docker["env"]["INDUSFLOW_HOME"] == IMAGE_HOME
+
+    k8s = job_variables(spec, "kubernetes", image="img:1", home=home)
+    assert k8s["env"]["INDUSFLOW_HOME"] == IMAGE_HOME
+    pod = _render_k8s(k8s)
+    (volume,) = pod["volumes"]
+    assert volume["persistentVolumeClaim"] == {"claimName": "indusflow-home"}
+    (mount,) = pod["containers"][0]["volumeMounts"]
+    assert mount == {"name": volume["name"], "mountPath": IMAGE_HOME}
+
+    # a process pool runs on the host: no volume, its own INDUSFLOW_HOME
+    assert job_variables(spec, "process", home=home) == {
+        "env": {"OMP_NUM_THREADS": "2", "INDUSFLOW_TRAIN_NUM_THREADS": "2"}
+    }
+    # only the kubernetes claim set: docker runs keep their own home
+    only_k8s = HomeVolume(kubernetes="indusflow-home")
+    assert "volumes" not in job_variables(spec, "docker", image="img:1", home=only_k8s)
+
+
+def test_without_a_home_volume_nothing_is_mounted(tmp_path: Path) -> None:
+    config = load_deploy_config(_write(tmp_path, "deployments: []"))
+    assert config.home_volume is None
+    docker = job_variables(ResourceSpec(), "docker", image="img:1", home=config.home_volume)
+    assert "volumes" not in docker and "INDUSFLOW_HOME" not in docker.get("env", {})
+    k8s = job_variables(ResourceSpec(), "kubernetes", image="img:1", home=config.home_volume)
+    assert "volumes" not in k8s and "volume_mounts" not in k8s
+    pod = _render_k8s(k8s)
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+
+
+def test_shipped_home_volume_matches_the_image_and_the_claim_manifest() -> None:
+    import yaml
+
+    home = load_deploy_config().home_volume
+    assert home is not None and home.docker and home.kubernetes
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"INDUSFLOW_HOME={IMAGE_HOME}" in dockerfile and home.mount_path == IMAGE_HOME
+    claim = yaml.safe_load((REPO / "infra" / "k8s" / "home-pvc.yaml").read_text())
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["metadata"]["name"] == home.kubernetes
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]

@@ -142,3 +142,70 @@ def test_progressive_unfreezing_callback() -> None:
     assert result.freeze.trainable_params == sum(p.numel() for p in module.parameters())
     with pytest.raises(AttributeError):
         finetune_model(Tiny(), Data(), TrainSpec(run_key="tiny-prog2"), mode="progressive", groups=["nope"])
+
+
+# as in a CLI run: Prefect (and its root console handler) is imported before Lightning
+_CLI_LIKE_TRAINING = """
+from infra.prefect_env import prefect_cli_settings
+from tasks.train import TrainSpec, train_model
+import lightning as L, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+class M(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+    def training_step(self, batch, i):
+        return self.net(batch[0]).pow(2).mean()
+    def validation_step(self, batch, i):
+        self.log("val/loss", self.net(batch[0]).pow(2).mean())
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+class D(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=16)
+    def val_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=16)
+
+with prefect_cli_settings():
+    train_model(M(), D(), TrainSpec(run_key="console-once", max_epochs=1))
+"""
+
+
+def test_cli_like_run_prints_each_lightning_line_once(tmp_path: Path) -> None:
+    """Lightning's own console handler and Prefect's root console handler both printed each
+    line (``INFO: GPU available...`` and the same through Prefect): each line once now."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from collections import Counter
+
+    env = {
+        **os.environ,
+        "INDUSFLOW_HOME": str(tmp_path / "home"),
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "INDUSFLOW_TRAIN_PROGRESS_BAR": "false",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _CLI_LIKE_TRAINING],
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    # "12:00:00.000 | INFO    | lightning.pytorch... - GPU available" and "INFO: GPU available"
+    # are the same line: compare the messages without their prefixes
+    messages = [
+        re.sub(r"^(\d\d:\d\d:\d\d\.\d+ \| \w+ +\| [\w.]+ - |[A-Z]+: )", "", line)
+        for line in (done.stdout + done.stderr).splitlines()
+        if line.strip()
+    ]
+    assert any(m.startswith("GPU available") for m in messages), messages
+    repeated = {m: n for m, n in Counter(messages).items() if n > 1}
+    assert not repeated, f"printed more than once: {repeated}"
