@@ -241,49 +241,25 @@ def load_for_finetuning(parent: ModelRef) -> tuple[FraudSequenceModel, FraudPrep
     return model, pre, cfg
 
 
-@dataclass(frozen=True)
-class AdaptScores:
-    """One model's scores on the new data's test period and on the old data's."""
-
-    y_new: Any
-    s_new: Any
-    pattern: Any  # rows of the new pattern (and legit ones), or None
-    y_old: Any
-    s_old: Any
-
-
 @task(name="rescore-parent", cache_policy=NONE)
 def rescore_parent(parent: ModelRef, new: DatasetRef, new_features: PreparedFeatures,
-                   old: DatasetRef, old_features: PreparedFeatures) -> AdaptScores:
+                   old: DatasetRef, old_features: PreparedFeatures) -> SC.AdaptScores:
     """The parent as registered, scored on both test periods."""
-    registry = ModelRegistry()
-    df, feats = new.read(), new_features.features.read()
-    old_df, old_feats = old.read(), old_features.features.read()
-    return AdaptScores(
-        y_new=SC.period_labels(df, feats, "test"), s_new=SC.scores_for(parent, registry, df, feats, "test"),
-        pattern=SC.pattern_rows(df, feats, "test", "new_pattern"),
-        y_old=SC.period_labels(old_df, old_feats, "test"),
-        s_old=SC.scores_for(parent, registry, old_df, old_feats, "test"),
-    )
+    return SC.parent_test_scores(parent, ModelRegistry(), (new.read(), new_features.features.read()),
+                                 (old.read(), old_features.features.read()))
 
 
 @task(name="score-adapted", cache_policy=NONE)
 def score_adapted(model: FraudSequenceModel, setup: P.SequenceSetup, pre: FraudPreprocessor,
                   cfg: SequenceModelConfig, new: DatasetRef, new_features: PreparedFeatures,
-                  old: DatasetRef, old_features: PreparedFeatures) -> AdaptScores:
+                  old: DatasetRef, old_features: PreparedFeatures) -> SC.AdaptScores:
     """The fine-tuned model scored on both test periods."""
-    df, feats = new.read(), new_features.features.read()
-    old_df, old_feats = old.read(), old_features.features.read()
-    old_setup = P.sequence_setup(old_df, old_feats, cfg, preprocessor=pre, periods=("test",))
-    return AdaptScores(
-        y_new=SC.period_labels(df, feats, "test"), s_new=P.score_period(model, setup, "test"),
-        pattern=SC.pattern_rows(df, feats, "test", "new_pattern"),
-        y_old=SC.period_labels(old_df, old_feats, "test"), s_old=P.score_period(model, old_setup, "test"),
-    )
+    return SC.adapted_test_scores(model, setup, pre, cfg, (new.read(), new_features.features.read()),
+                                  (old.read(), old_features.features.read()))
 
 
 @task(name="evaluate-stage", cache_policy=NONE)
-def evaluate_stage(stage: str, scores: AdaptScores, threshold: float, fpr_target: float) -> StageReports:
+def evaluate_stage(stage: str, scores: SC.AdaptScores, threshold: float, fpr_target: float) -> StageReports:
     """Metrics of one stage (before/after) on the new data, its new pattern and the old data."""
 
     def report(what: str, y: Any, s: Any) -> EvalReport:

@@ -145,6 +145,41 @@ def champion_pr_auc(registry: ModelRegistry, model_name: str, data: pd.DataFrame
     return float(average_precision_score(period_labels(data, features, period), scores))
 
 
+@dataclass(frozen=True)
+class AdaptScores:
+    """One model's test scores on the new data (with the rows of its new pattern) and on
+    the old data (forgetting)."""
+
+    y_new: np.ndarray
+    s_new: np.ndarray
+    pattern: np.ndarray | None
+    y_old: np.ndarray
+    s_old: np.ndarray
+
+
+def parent_test_scores(parent: ModelRef, registry: ModelRegistry, new: tuple[pd.DataFrame, pd.DataFrame],
+                       old: tuple[pd.DataFrame, pd.DataFrame], scenario: str = "new_pattern") -> AdaptScores:
+    """A registered version, as registered, on the test periods of ``new`` and ``old``
+    (each ``(transactions, features)``)."""
+    return AdaptScores(
+        y_new=period_labels(*new, "test"), s_new=scores_for(parent, registry, *new, "test"),
+        pattern=pattern_rows(*new, "test", scenario),
+        y_old=period_labels(*old, "test"), s_old=scores_for(parent, registry, *old, "test"),
+    )
+
+
+def adapted_test_scores(model: FraudSequenceModel, setup: P.SequenceSetup, pre: FraudPreprocessor,
+                        cfg: SequenceModelConfig, new: tuple[pd.DataFrame, pd.DataFrame],
+                        old: tuple[pd.DataFrame, pd.DataFrame], scenario: str = "new_pattern") -> AdaptScores:
+    """A fine-tuned model (``setup``: its data module over the new data) on both test periods."""
+    old_setup = P.sequence_setup(*old, cfg, preprocessor=pre, periods=("test",))
+    return AdaptScores(
+        y_new=period_labels(*new, "test"), s_new=P.score_period(model, setup, "test"),
+        pattern=pattern_rows(*new, "test", scenario),
+        y_old=period_labels(*old, "test"), s_old=P.score_period(model, old_setup, "test"),
+    )
+
+
 def winner(sequence_pr_auc: float, baseline_pr_auc: float | None) -> str:
     """Which model had the higher test PR-AUC (the sequence model on a tie)."""
     return "baseline" if baseline_pr_auc is not None and baseline_pr_auc > sequence_pr_auc else "sequence"
