@@ -112,6 +112,8 @@ def orchestration(n: int, repeats: int) -> dict:
 def _scoring_worker(rows: int, repeats: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import flows.fraud as F
+    from flows.fraud.cli import main as fraud_main
+    from flows.fraud.steps import score_inbox_file
     from infra.prefect_env import prefect_cli_settings
     from infra.registry import ModelRegistry
     from infra.store import sha256_file
@@ -119,8 +121,8 @@ def _scoring_worker(rows: int, repeats: int) -> None:
     from tasks.ledger import InboxFile
 
     with prefect_cli_settings():
-        F.main(["train", "--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1",
-                "--seq-len", "8", "--no-baseline", "--model-name", "bench-score"])
+        fraud_main(["train", "--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1",
+                "--seq-len", "8", "--no-baseline", "--model", "bench-score"])
         spec = ModelRegistry().resolve("bench-score").spec
         work = Path(os.environ["INDUSFLOW_HOME"])
         df = generate_transactions(n_accounts=max(50, rows // 18), n_terminals=max(30, rows // 40), n_days=10, seed=9)
@@ -139,7 +141,7 @@ def _scoring_worker(rows: int, repeats: int) -> None:
             df.assign(amount=df["amount"] + r * 1e-6 + 5e-7).to_parquet(path, index=False)
             file = InboxFile(path=str(path), sha256=sha256_file(path), size=path.stat().st_size)
             t0 = time.perf_counter()
-            scored = F.score_inbox_file(file, model=spec, columns={}, accounts=None, out_dir=str(work / "direct"), csv=False)
+            scored = score_inbox_file(file, model=spec, columns={}, accounts=None, out_dir=str(work / "direct"), csv=False)
             direct_s.append(time.perf_counter() - t0)
             assert scored.rows == len(df)
     print(json.dumps({"rows": len(df), "flow_s": flow_s, "direct_s": direct_s}))

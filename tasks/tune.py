@@ -359,6 +359,37 @@ def make_pruning_callback(trial: Any, monitor: str) -> Any:
     return OptunaPruning()
 
 
+class StudyReport(BaseModel):
+    """A tuning run's report and the figures it states."""
+
+    model_config = ConfigDict(frozen=True)
+
+    markdown: str
+    images: list[str]
+    default_value: float | None = Field(description="Objective of the default parameters (trial 0), if run.")
+    full_training_mean_s: float | None = Field(description="Mean wall time of the complete (un-pruned) trials.")
+    trial_seconds_total: float = Field(description="Wall time of all finished trials, summed.")
+
+
+def report_study(ref: StudyRef, config: TuneConfig, summary: TuneSummary, metric: str, out_dir: Path) -> StudyReport:
+    """Trial table, optimisation history and parameter importances of a study (plots under ``out_dir``)."""
+    study = open_study(ref, config)
+    rows = trial_rows(study)
+    default_value = next((r.value for r in rows if r.note.startswith("defaults") and r.state == "COMPLETE"), None)
+    images = [
+        plot_history(rows, metric, out_dir / "optimisation-history.png"),
+        plot_importance(param_importances(study), out_dir / "param-importance.png"),
+    ]
+    full = [r.seconds for r in rows if r.state == "COMPLETE" and r.seconds and (r.epochs or 0) > 0]
+    return StudyReport(
+        markdown=render_tuning_report(summary, rows, metric, images, default_value=default_value),
+        images=[str(i) for i in images],
+        default_value=default_value,
+        full_training_mean_s=float(sum(full) / len(full)) if full else None,
+        trial_seconds_total=float(sum(r.seconds or 0.0 for r in rows if r.state in ("COMPLETE", "PRUNED"))),
+    )
+
+
 # ------------------------------------------------------------------------------------
 # one trial
 

@@ -51,17 +51,17 @@ class SequenceModelConfig(BaseModel):
     seq_len: int = Field(default=16, ge=1, le=256, description="Steps: the current transaction and its predecessors.")
     hidden: int = Field(default=64, ge=4, description="GRU hidden size (= sequence embedding size).")
     mlp_hidden: int = Field(default=128, ge=4, description="Width of the first MLP layer.")
-    dropout: float = Field(default=0.1, ge=0, lt=1)
+    dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout of the MLP head.")
     use_window_features: bool = Field(
         default=True,
         description="Concatenate the transaction's window features (account and delayed "
         "terminal-risk aggregates) with the sequence embedding and static attributes.",
     )
     loss: Literal["bce", "focal"] = Field(default="bce", description="Imbalance handling.")
-    focal_gamma: float = Field(default=2.0, ge=0)
-    lr: float = Field(default=2e-3, gt=0)
-    weight_decay: float = Field(default=1e-4, ge=0)
-    batch_size: int = Field(default=512, ge=8)
+    focal_gamma: float = Field(default=2.0, ge=0, description="Focusing exponent of the focal loss.")
+    lr: float = Field(default=2e-3, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(default=1e-4, ge=0, description="AdamW weight decay.")
+    batch_size: int = Field(default=512, ge=8, description="Sequences per training batch.")
     negative_rate: float = Field(
         default=0.3,
         gt=0,
@@ -69,9 +69,9 @@ class SequenceModelConfig(BaseModel):
         description="Share of legit training transactions drawn afresh each epoch (all frauds "
         "are always used). Below 1 an epoch costs about that share of a full pass.",
     )
-    max_epochs: int = Field(default=12, ge=1)
-    patience: int = Field(default=3, ge=1)
-    seed: int = 0
+    max_epochs: int = Field(default=12, ge=1, description="Training epochs at most.")
+    patience: int = Field(default=3, ge=1, description="Epochs without a better validation PR-AUC before stopping.")
+    seed: int = Field(default=0, description="Seed of weights, sampling and shuffling.")
 
 
 class BaselineConfig(BaseModel):
@@ -137,7 +137,7 @@ class CategoricalParam(BaseModel):
 
 ParamSpec = FloatParam | IntParam | CategoricalParam
 
-#: What ``flows.tune --solution fraud`` searches, over :class:`SequenceModelConfig` fields.
+#: What ``python -m flows.fraud tune`` searches, over :class:`SequenceModelConfig` fields.
 SEARCH_SPACE: tuple[ParamSpec, ...] = (
     FloatParam(name="lr", low=3e-4, high=1e-2, log=True),
     IntParam(name="hidden", low=16, high=128, log=True),

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import flows.fraud as F
+from flows.fraud.cli import main
 from infra.home import home_layout
 from infra.registry import ModelRegistry
 from infra.runners import make_task_runner
@@ -23,7 +24,7 @@ MODEL = "fraud-inbox"
 
 @pytest.fixture(scope="module")
 def champion() -> str:
-    assert F.main(["train", *TINY, "--model-name", MODEL]) == 0
+    assert main(["train", *TINY, "--model", MODEL]) == 0
     return ModelRegistry().resolve(MODEL).spec
 
 
@@ -44,7 +45,7 @@ def test_same_file_twice_is_scored_once_and_bad_files_are_quarantined(tmp_path: 
     (inbox / ".hidden.csv").write_text("ignored")
     (inbox / "notes.txt").write_text("not a table")
 
-    assert F.main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
+    assert main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
     first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert first["model"] == champion
     assert first["new_files"] == 4  # day1 (its copy is a duplicate), day2, broken, no-amount
@@ -63,14 +64,14 @@ def test_same_file_twice_is_scored_once_and_bad_files_are_quarantined(tmp_path: 
 
     # the same files again (and one more copy under a new name): nothing is scored twice
     shutil.copy(inbox / "day2.parquet", inbox / "day2-again.parquet")
-    assert F.main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
+    assert main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
     second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert second["new_files"] == 0 and second["scored"] == 0 and second["quarantined"] == 0
     assert second["seen_before"] == 6
 
     # a fixed file (new content) is scored; the ledger has one line per outcome
     good.head(300).to_csv(inbox / "no-amount.csv", index=False)
-    assert F.main(["batch", "--inbox", str(inbox / "*.csv"), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
+    assert main(["batch", "--inbox", str(inbox / "*.csv"), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
     third = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert third["scored"] == 1 and third["rows"] == 300
     statuses = [e.status for e in FileLedger("fraud-batch-score").entries().values()]

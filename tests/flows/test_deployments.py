@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-import flows.fraud as F
+from flows.fraud.cli import main
 from infra.deploy import build_deployments, ensure_gpu_limits
 from infra.deploy_config import load_deploy_config
 from infra.resources import TrainerArgs, gpu_slot
@@ -102,7 +102,7 @@ def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
     from prefect.deployments import run_deployment
 
     tiny = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1", "--seq-len", "8"]
-    assert F.main(["train", *tiny, "--no-baseline", "--model-name", "fraud-served"]) == 0
+    assert main(["train", *tiny, "--no-baseline", "--model", "fraud-served"]) == 0
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     generate_transactions(n_accounts=60, n_terminals=30, n_days=4, seed=7).to_csv(inbox / "batch.csv", index=False)

@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 import flows.fraud as F
+import flows.fraud.train as fraud_train_module
+from flows.fraud.cli import main
 from infra.errors import DataValidationError
 from infra.registry import ModelRegistry
 from solutions.fraud.config import FraudTrainConfig, SequenceModelConfig, SyntheticDataConfig
@@ -23,7 +25,7 @@ def _last_json(out: str) -> dict:
 
 
 def test_train_cli_json_registers_and_reuses_prepared_data(capsys: pytest.CaptureFixture, caplog) -> None:
-    assert F.main(["train", *TINY, "--json", "--model-name", "fraud-cli"]) == 0
+    assert main(["train", *TINY, "--json", "--model", "fraud-cli"]) == 0
     result = _last_json(capsys.readouterr().out)
     assert result["model"]["name"] == "fraud-cli" and result["model"]["version"] == 1
     assert result["promotion"]["promoted"] is True
@@ -35,7 +37,7 @@ def test_train_cli_json_registers_and_reuses_prepared_data(capsys: pytest.Captur
     assert Path(result["sequence"]["roc_png"]).exists()
     # unchanged inputs: the validated table, the features and the training are reused
     with caplog.at_level("INFO"):
-        assert F.main(["train", *TINY, "--json", "--model-name", "fraud-cli"]) == 0
+        assert main(["train", *TINY, "--json", "--model", "fraud-cli"]) == 0
     again = _last_json(capsys.readouterr().out)
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert "reusing prepared fraud-features" in messages
@@ -69,15 +71,15 @@ def test_interrupted_training_flow_resumes(monkeypatch: pytest.MonkeyPatch) -> N
         model=SequenceModelConfig(seq_len=8, max_epochs=4, patience=10),
         model_name="fraud-resume",
     )
-    real = F.train_model_task
+    real = fraud_train_module.train_model_task
 
     def crashing(module, datamodule, spec, callbacks=()):
         return train_model(module, datamodule, spec, callbacks=[*callbacks, Crash()])
 
-    monkeypatch.setattr(F, "train_model_task", crashing)
+    monkeypatch.setattr(fraud_train_module, "train_model_task", crashing)
     with pytest.raises(RuntimeError, match="simulated crash"):
         F.fraud_train(config=config)
-    monkeypatch.setattr(F, "train_model_task", real)
+    monkeypatch.setattr(fraud_train_module, "train_model_task", real)
     result = F.fraud_train(config=config)
     assert result.train.resumed_from_epoch == 2
     assert result.train.epochs_trained_now == [2, 3]
@@ -122,7 +124,7 @@ def test_column_mapping_of_a_real_format_file(tmp_path: Path, capsys: pytest.Cap
     path = tmp_path / "handbook.csv"
     real.to_csv(path, index=False)
     mapping = "transaction_id=TRANSACTION_ID,account_id=CUSTOMER_ID,terminal_id=TERMINAL_ID,timestamp=TX_DATETIME,amount=TX_AMOUNT,label=TX_FRAUD"
-    code = F.main(["train", "--data", str(path), "--columns", mapping, "--max-epochs", "1", "--seq-len", "8", "--model-name", "fraud-handbook", "--json"])
+    code = main(["train", "--data", str(path), "--columns", mapping, "--max-epochs", "1", "--seq-len", "8", "--model", "fraud-handbook", "--json"])
     assert code == 0
     result = _last_json(capsys.readouterr().out)
     assert result["dataset"]["n_rows"] == len(real)
@@ -130,9 +132,9 @@ def test_column_mapping_of_a_real_format_file(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_adapt_then_score(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert F.main(["train", *TINY, "--model-name", "fraud-ad", "--json"]) == 0
+    assert main(["train", *TINY, "--model", "fraud-ad", "--json"]) == 0
     trained = _last_json(capsys.readouterr().out)
-    code = F.main(
+    code = main(
         ["adapt", "--model", "fraud-ad", "--n-accounts", "300", "--n-terminals", "150", "--n-days", "40",
          "--max-epochs", "2", "--json"]
     )
@@ -147,7 +149,7 @@ def test_adapt_then_score(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     src = tmp_path / "new transactions.csv"
     frame.to_csv(src, index=False)
     out = tmp_path / "scores.parquet"
-    assert F.main(["score", str(src), "--model", "fraud-ad", "--output", str(out), "--csv", "--json"]) == 0
+    assert main(["score", "--data", str(src), "--model", "fraud-ad", "--output", str(out), "--csv", "--json"]) == 0
     scored = _last_json(capsys.readouterr().out)
     table = pd.read_parquet(out)
     assert scored["rows_scored"] == len(frame) == len(table)

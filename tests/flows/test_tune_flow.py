@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import flows.tune as T
+from flows.fraud import steps
+from flows.fraud.cli import main
 from infra.home import home_layout
-from solutions.fraud.config import FloatParam
+from solutions.fraud.config import FloatParam, SequenceModelConfig
 from tasks.tune import StudyRef, TuneConfig, ask_trial, open_study, storage_url
 
 TINY = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "2", "--seq-len", "8"]
@@ -21,8 +22,8 @@ def _last_json(out: str) -> dict:
 
 
 def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.CaptureFixture) -> None:
-    args = ["--solution", "fraud", *TINY, "--study", STUDY, "--model-name", "fraud-tuned", "--max-in-flight", "2", "--json"]
-    assert T.main([*args, "--trials", "2"]) == 0
+    args = ["tune", *TINY, "--study", STUDY, "--model", "fraud-tuned", "--max-in-flight", "2", "--json"]
+    assert main([*args, "--trials", "2"]) == 0
     first = _last_json(capsys.readouterr().out)
     s = first["summary"]
     assert s["complete"] + s["pruned"] == 2 and len(s["ran_now"]) == 2
@@ -37,9 +38,9 @@ def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.
     # what a killed run leaves: a trial RUNNING with drawn parameters and no result
     ref = StudyRef(name=STUDY, storage=storage_url(STUDY))
     study = open_study(ref, TuneConfig())
-    zombie = ask_trial(study, ref, T.fraud_space(T.SequenceModelConfig(seq_len=8, max_epochs=2)))
+    zombie = ask_trial(study, ref, steps.fraud_space(SequenceModelConfig(seq_len=8, max_epochs=2)))
 
-    assert T.main([*args, "--trials", "3"]) == 0
+    assert main([*args, "--trials", "3"]) == 0
     second = _last_json(capsys.readouterr().out)["summary"]
     assert second["finished_before"] == 2 and second["recovered"] == [zombie.number]
     assert second["complete"] + second["pruned"] == 3  # exactly the requested count
@@ -50,23 +51,23 @@ def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.
 
 def test_invalid_search_space_fails_before_any_trial(monkeypatch, capsys) -> None:
     bad = (FloatParam(name="lr", low=0.0, high=1e-2, log=True),)
-    monkeypatch.setattr(T, "SEARCH_SPACE", bad)
+    monkeypatch.setattr(steps, "SEARCH_SPACE", bad)
     before = set(home_layout().tuning().iterdir())
-    assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
+    assert main(["tune", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
     assert "'lr' is on a log scale but low=0.0" in capsys.readouterr().err
     assert set(home_layout().tuning().iterdir()) == before  # no study was created
 
-    monkeypatch.setattr(T, "SEARCH_SPACE", (FloatParam(name="learning_rate", low=1e-4, high=1e-2),))
-    assert T.main(["--solution", "fraud", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
+    monkeypatch.setattr(steps, "SEARCH_SPACE", (FloatParam(name="learning_rate", low=1e-4, high=1e-2),))
+    assert main(["tune", *TINY, "--trials", "3", "--study", "flow-bad-space"]) == 2
     assert "'learning_rate' is not a field of the config" in capsys.readouterr().err
 
 
 def test_trials_run_on_a_local_dask_cluster(monkeypatch, capsys) -> None:
     """The same flow with trials fanned out to a local 2-worker Dask cluster (prefect-dask)."""
     pytest.importorskip("prefect_dask")
-    monkeypatch.setenv("INDUSFLOW_TUNE_TASK_RUNNER", "dask")
-    args = ["--solution", "fraud", *TINY, "--study", "flow-tune-dask", "--model-name", "fraud-dask", "--max-in-flight", "2", "--trials", "2", "--json"]
-    assert T.main(args) == 0
+    monkeypatch.setenv("INDUSFLOW_RUNNER_KIND", "dask")
+    args = ["tune", *TINY, "--study", "flow-tune-dask", "--model", "fraud-dask", "--max-in-flight", "2", "--trials", "2", "--json"]
+    assert main(args) == 0
     result = _last_json(capsys.readouterr().out)
     assert result["summary"]["complete"] + result["summary"]["pruned"] == 2
     assert len(result["summary"]["ran_now"]) == 2

@@ -201,3 +201,22 @@ def test_negative_subsampler_keeps_all_frauds_and_redraws_legit() -> None:
     assert set(range(10)) <= set(first) and set(range(10)) <= set(second)
     assert set(first) != set(second), "each epoch draws a new subset of legit rows"
     assert len(set(first)) == len(first)
+
+
+# -- scoring helpers (plain, no Prefect) ---------------------------------------------
+
+
+def test_period_checks_labels_and_pattern_rows() -> None:
+    from infra.errors import DataValidationError
+    from solutions.fraud import scoring
+
+    data = pd.DataFrame({"label": [0, 1, 0, 0, 1, 0], "scenario": ["", "card_testing", "", "", "new_pattern", ""]})
+    feats = pd.DataFrame({"period": ["train", "train", "val", "test", "test", "test"]})
+    assert scoring.period_counts(feats["period"]) == {"train": 2, "test": 3, "val": 1}
+    assert scoring.period_labels(data, feats, "test").tolist() == [0, 1, 0]
+    assert scoring.pattern_rows(data, feats, "test", "new_pattern").tolist() == [True, True, True]
+    assert scoring.pattern_rows(data, feats, "train", "new_pattern") is None  # no such fraud there
+    with pytest.raises(DataValidationError, match="the val period .* has 1 rows and 0 frauds"):
+        scoring.check_both_classes(data, feats, "split text", "src.csv")
+    scoring.check_both_classes(data, feats, "split text", "src.csv", periods=("train", "test"))
+    assert scoring.winner(0.5, None) == "sequence" and scoring.winner(0.5, 0.6) == "baseline"

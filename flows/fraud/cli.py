@@ -1,0 +1,247 @@
+"""``python -m flows.fraud {train,adapt,score,batch,tune}``: the fraud commands.
+
+Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`); this module
+names the flags where a field name alone would be unclear, checks files, column mappings,
+timestamps and model names before a flow run starts, and renders each result for people.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from flows.cli import Command, make_main
+from flows.fraud.adapt import fraud_adapt
+from flows.fraud.results import FraudAdaptResult, FraudScoreResult, FraudTrainResult, FraudTuneResult
+from flows.fraud.score import fraud_batch_score, fraud_score
+from flows.fraud.steps import fraud_space
+from flows.fraud.train import fraud_train
+from flows.fraud.tune import fraud_tune
+from infra.registry import ModelRegistry, parse_model_spec
+from solutions.fraud.schema import ColumnMapping
+from tasks.ledger import inbox_summary
+
+#: Flag names shared by the commands that train (fields whose names would collide or mislead).
+TRAINING_FLAGS = {
+    "config.model_name": "model",
+    "config.model.seed": "model-seed",
+    "config.model.use_window_features": "no-window-features",
+    "config.baseline.delay_days": "feature-delay-days",
+}
+
+
+# ------------------------------------------------------------------------------------
+# pre-flight checks (before any flow run starts)
+
+
+def _given(kwargs: dict[str, Any], flow: Any, name: str) -> Any:
+    """The value a parameter will have: given on the command line, or the flow's default."""
+    if name in kwargs:
+        return kwargs[name]
+    default = inspect.signature(flow.fn).parameters[name].default
+    return None if default is inspect.Parameter.empty else default
+
+
+def _check_files(kwargs: dict[str, Any], *names: str) -> None:
+    for name in names:
+        value = kwargs.get(name)
+        if value is not None and not Path(value).expanduser().is_file():
+            raise ValueError(f"--{name.replace('_', '-')}: no such file: {value}")
+
+
+def _check_columns(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("columns"):
+        try:
+            ColumnMapping(dict(kwargs["columns"]))
+        except ValueError as exc:
+            raise ValueError(f"--columns: {exc}") from None
+
+
+def _check_since(kwargs: dict[str, Any]) -> None:
+    since = kwargs.get("since")
+    if since is not None:
+        try:
+            pd.Timestamp(since)
+        except (ValueError, TypeError):
+            raise ValueError(f"--since: {since!r} is not a timestamp (e.g. 2025-01-31 or 2025-01-31T12:00)") from None
+
+
+def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None:
+    spec = _given(kwargs, flow, "model")
+    try:
+        parse_model_spec(spec)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    if registered:
+        ModelRegistry().resolve(spec)  # RegistryError names the registered models
+
+
+def check_train(kwargs: dict[str, Any]) -> None:
+    """Input files exist and the column mapping names canonical columns."""
+    _check_files(kwargs, "data", "accounts")
+    _check_columns(kwargs)
+
+
+def check_tune(kwargs: dict[str, Any]) -> None:
+    """As :func:`check_train`, and the search space fits the sequence model's config."""
+    check_train(kwargs)
+    fraud_space(_given(kwargs, fraud_tune, "config").model)
+
+
+def check_adapt(kwargs: dict[str, Any]) -> None:
+    """As :func:`check_train`, the fine-tuning budget is valid and the model is registered."""
+    check_train(kwargs)
+    if not 0 < kwargs.get("fraction", 0.1) <= 1:
+        raise ValueError(f"--fraction: {kwargs['fraction']} is not in (0, 1]")
+    if kwargs.get("max_epochs", 1) < 1:
+        raise ValueError(f"--max-epochs: {kwargs['max_epochs']} is below 1")
+    _check_model(kwargs, fraud_adapt, registered=True)
+
+
+def check_score(kwargs: dict[str, Any]) -> None:
+    """Files exist, mapping and ``--since`` are valid, the model is registered."""
+    check_train(kwargs)
+    _check_since(kwargs)
+    _check_model(kwargs, fraud_score, registered=True)
+
+
+def check_batch(kwargs: dict[str, Any]) -> None:
+    """Accounts file and mapping valid, model name well formed (it is resolved only when a
+    file waits: a schedule may fire before the first training)."""
+    _check_files(kwargs, "accounts")
+    _check_columns(kwargs)
+    _check_model(kwargs, fraud_batch_score, registered=False)
+
+
+def adapt_old_data(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The old regime's data for the forgetting check: the new data's size, seed 0, no new pattern."""
+    config = _given(kwargs, fraud_adapt, "config")
+    return {**kwargs, "old_data": config.data.model_copy(update={"seed": 0, "new_pattern": False})}
+
+
+# ------------------------------------------------------------------------------------
+# summaries
+
+
+def train_summary(r: FraudTrainResult) -> str:
+    """The human summary of a training run."""
+    lines = [
+        f"fraud-train: {r.split}",
+        f"  rows per period: {r.rows}",
+        (
+            f"  sequence  test PR-AUC {r.sequence.pr_auc:.4f}  ROC-AUC {r.sequence.roc_auc:.4f}  "
+            f"recall@{r.sequence.fpr_target:.0%}FPR {r.sequence.recall_at_fpr:.4f}"
+        ),
+    ]
+    if r.baseline:
+        lines.append(
+            f"  baseline  test PR-AUC {r.baseline.pr_auc:.4f}  ROC-AUC {r.baseline.roc_auc:.4f}  "
+            f"recall@{r.baseline.fpr_target:.0%}FPR {r.baseline.recall_at_fpr:.4f}"
+        )
+    lines += [
+        f"  winner: {r.winner}",
+        f"  registered {r.model.spec}: {r.promotion.reason}",
+        f"  training: {len(r.train.epochs_trained_now)} epoch(s) now"
+        + (f", resumed at epoch {r.train.resumed_from_epoch}" if r.train.resumed_from_epoch is not None else "")
+        + (", reused a finished run" if r.train.reused_completed else ""),
+        f"  report: {r.report_dir}/report.md  ({r.seconds:.0f} s)",
+    ]
+    return "\n".join(lines)
+
+
+def adapt_summary(r: FraudAdaptResult) -> str:
+    """The human summary of an adaptation."""
+    lines = [
+        (
+            f"fraud-adapt: {r.parent} -> {r.model.spec}, trained {r.freeze.trainable_params} of "
+            f"{r.freeze.total_params} parameters ({100 * r.freeze.trainable_fraction:.1f}%)"
+        ),
+        f"  new data test PR-AUC  {r.new_before.pr_auc:.4f} -> {r.new_after.pr_auc:.4f}",
+    ]
+    if r.pattern_before and r.pattern_after:
+        lines.append(f"  new pattern PR-AUC    {r.pattern_before.pr_auc:.4f} -> {r.pattern_after.pr_auc:.4f}")
+    lines += [
+        f"  old test PR-AUC       {r.old_before.pr_auc:.4f} -> {r.old_after.pr_auc:.4f} (forgetting)",
+        f"  {r.promotion.reason}",
+        f"  report: {r.report_dir}/report.md",
+    ]
+    return "\n".join(lines)
+
+
+def score_summary(r: FraudScoreResult) -> str:
+    """The human summary of a scoring run."""
+    return (
+        f"fraud-score: {r.rows_scored} rows scored with {r.model}, {r.flagged} flagged "
+        f"(threshold {r.threshold:.4g}) -> {r.output}" + (f" and {r.csv_output}" if r.csv_output else "")
+    )
+
+
+def tune_summary(r: FraudTuneResult) -> str:
+    """The human summary of a tuning run."""
+    s = r.summary
+    lines = [
+        (
+            f"tune {r.solution}: study {s.study}, {s.complete} complete + {s.pruned} pruned "
+            f"(+{s.failed} failed) of {s.requested} requested; {len(s.ran_now)} trial(s) run now"
+        ),
+        f"  best {r.objective} {s.best_value:.4f} (trial {s.best_number})"
+        + (f" vs defaults {r.default_value:.4f}" if r.default_value is not None else ""),
+        f"  best parameters: {s.best_params}",
+        f"  test PR-AUC {r.test.pr_auc:.4f}; registered {r.model.spec}: {r.promotion.reason}",
+    ]
+    if r.full_training_mean_s:
+        lines.append(
+            f"  trial time {r.trial_seconds_total:.0f} s vs ~{r.full_training_mean_s * s.requested:.0f} s for "
+            f"{s.requested} un-pruned trainings (mean complete trial {r.full_training_mean_s:.1f} s)"
+        )
+    lines.append(f"  report: {r.report_dir}/report.md  ({r.seconds:.0f} s)")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------
+# commands
+
+
+COMMANDS = (
+    Command(
+        "train", fraud_train, train_summary,
+        help="train + evaluate + register (sequence model vs baseline)",
+        flags={**TRAINING_FLAGS, "config.baseline.enabled": "no-baseline"},
+        check=check_train,
+    ),
+    Command(
+        "adapt", fraud_adapt, adapt_summary,
+        help="fine-tune the champion on data with a new fraud pattern",
+        flags={"config.baseline.delay_days": "feature-delay-days"},
+        hidden={"config.model", "config.model_name", "config.baseline.enabled", "old_data"},
+        check=check_adapt, prepare=adapt_old_data,
+    ),
+    Command(
+        "score", fraud_score, score_summary,
+        help="score a transactions file with the champion (or a named version)",
+        check=check_score,
+    ),
+    Command(
+        "batch", fraud_batch_score, lambda r: inbox_summary("fraud-batch-score", r, rows="rows"),
+        help="score every new file of an inbox folder/glob (ledger + quarantine)",
+        check=check_batch,
+    ),
+    Command(
+        "tune", fraud_tune, tune_summary,
+        help="tune the sequence model (Optuna), register the best through the champion rule",
+        flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
+        hidden={"config.baseline.enabled"},
+        check=check_tune,
+    ),
+)
+
+main = make_main(
+    "python -m flows.fraud",
+    "Fraud detection: train, adapt, score, batch-score an inbox, tune. "
+    "Each command accepts --json and then prints the flow's typed result as one JSON object "
+    "on the last line of stdout.",
+    COMMANDS,
+)

@@ -1,0 +1,111 @@
+"""Typed results of the fraud flows (what ``--json`` prints, what the UI shows)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.registry import ModelRef, PromotionDecision
+from tasks.data import DatasetRef
+from tasks.evaluate import EvalReport
+from tasks.finetune import FreezeReport
+from tasks.ledger import InboxRun
+from tasks.train import TrainResult
+from tasks.tune import TuneSummary
+
+
+class PreparedFeatures(BaseModel):
+    """Window features and periods of one transactions table under one split."""
+
+    model_config = ConfigDict(frozen=True)
+
+    features: DatasetRef
+    split: str = Field(description="The split's periods, in words.")
+    rows: dict[str, int] = Field(description="Rows per period.")
+
+
+class FraudTrainResult(BaseModel):
+    """What ``fraud-train`` produced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dataset: DatasetRef
+    split: str
+    rows: dict[str, int] = Field(description="Rows per period.")
+    train: TrainResult
+    sequence: EvalReport
+    baseline: EvalReport | None
+    winner: str = Field(description="Which model had the higher test PR-AUC.")
+    model: ModelRef
+    promotion: PromotionDecision
+    report_dir: str
+    seconds: float
+
+
+class StageReports(BaseModel):
+    """One model's test metrics on the new data, on its new pattern and on the old data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    new: EvalReport
+    pattern: EvalReport | None = Field(description="Legit rows and the new pattern's frauds only.")
+    old: EvalReport
+
+
+class FraudAdaptResult(BaseModel):
+    """What ``fraud-adapt`` produced: metrics before/after on the new and the old data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    parent: str
+    freeze: FreezeReport
+    train: TrainResult
+    new_before: EvalReport
+    new_after: EvalReport
+    pattern_before: EvalReport | None
+    pattern_after: EvalReport | None
+    old_before: EvalReport
+    old_after: EvalReport
+    model: ModelRef
+    promotion: PromotionDecision
+    report_dir: str
+
+
+class FraudScoreResult(BaseModel):
+    """What ``fraud-score`` wrote."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    input: str
+    rows_scored: int
+    flagged: int
+    threshold: float
+    output: str
+    csv_output: str | None
+    labelled: EvalReport | None = Field(default=None, description="Metrics when labels were given.")
+
+
+class FraudBatchScoreResult(InboxRun):
+    """What one ``fraud-batch-score`` run did with the inbox: ``rows`` transactions scored,
+    ``flagged`` of them at or above the model's threshold."""
+
+
+class FraudTuneResult(BaseModel):
+    """What ``fraud-tune`` produced."""
+
+    model_config = ConfigDict(frozen=True)
+
+    solution: str = "fraud"
+    dataset: DatasetRef
+    split: str
+    summary: TuneSummary
+    objective: str
+    default_value: float | None = Field(description="Objective of the default parameters (trial 0), if run.")
+    full_training_mean_s: float | None = Field(description="Mean wall time of the complete (un-pruned) trials.")
+    trial_seconds_total: float = Field(description="Wall time of all finished trials, summed.")
+    final: TrainResult
+    test: EvalReport
+    model: ModelRef
+    promotion: PromotionDecision
+    report_dir: str
+    seconds: float

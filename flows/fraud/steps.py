@@ -1,0 +1,437 @@
+"""The fraud vertical's steps: thin tasks over :mod:`solutions.fraud` and the generic tasks.
+
+Each step calls a solution function (plain, no Prefect) and, where a table is derived,
+stores it through a generic task; flows pass the returned references along. The steps
+that read a table take its :class:`~tasks.data.DatasetRef` and read it themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import task
+from prefect.cache_policies import NONE
+
+from flows.fraud.results import PreparedFeatures, StageReports
+from infra.registry import ModelRef, ModelRegistry
+from infra.resources import TrainerArgs
+from infra.store import check_name, safe_stem, stable_hash
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud import scoring as SC
+from solutions.fraud.config import SEARCH_SPACE, SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.model import FraudSequenceModel, build_module
+from solutions.fraud.schema import ColumnMapping
+from solutions.fraud.sequences import FraudPreprocessor
+from solutions.fraud.synthetic import generate_transactions
+from tasks.compress import load_variant
+from tasks.data import (
+    ColumnSpec,
+    DatasetRef,
+    TableSchema,
+    assign_periods,
+    load_table,
+    load_table_task,
+    time_split,
+)
+from tasks.evaluate import EvalReport, choose_threshold, evaluate_binary, publish_eval_report_task
+from tasks.ledger import InboxFile, ScoredFile
+from tasks.prepare import materialize_table, materialize_table_task
+from tasks.train import TrainSpec, train_model
+from tasks.tune import Param, StudyRef, TuneConfig, storage_url, validate_space
+
+log = logging.getLogger(__name__)
+
+#: The metric the champion rule compares.
+PRIMARY_METRIC = "test/auprc"
+#: The metric tuning trials and early stopping maximise.
+OBJECTIVE = "val/auprc"
+
+
+# ------------------------------------------------------------------------------------
+# data
+
+
+def transaction_schema(for_scoring: bool = False) -> TableSchema:
+    """The validation schema of a transactions table (label optional when scoring)."""
+    columns = P.scoring_columns() if for_scoring else P.TRANSACTION_COLUMNS
+    return TableSchema(
+        name="fraud-transactions-score" if for_scoring else "fraud-transactions",
+        columns=tuple(
+            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None)
+            for n, k, r, nl in columns
+        ),
+        time_column=S.TIMESTAMP,
+        label_column=None if for_scoring else S.LABEL,
+        min_rows=2,
+    )
+
+
+def accounts_schema() -> TableSchema:
+    """The validation schema of the optional accounts table (static attributes)."""
+    return TableSchema(
+        name="fraud-accounts",
+        columns=(
+            ColumnSpec(name=S.ACCOUNT_ID, kind="id"),
+            ColumnSpec(name=S.AGE, kind="float", required=False, nullable=True),
+            ColumnSpec(name=S.OCCUPATION, kind="category", required=False, nullable=True),
+            ColumnSpec(name=S.ACCOUNT_AGE_DAYS, kind="float", required=False, nullable=True),
+        ),
+    )
+
+
+def _generate(cfg: SyntheticDataConfig) -> pd.DataFrame:
+    return generate_transactions(
+        n_accounts=cfg.n_accounts, n_terminals=cfg.n_terminals, n_days=cfg.n_days,
+        fraud_rate=cfg.fraud_rate, seed=cfg.seed, new_pattern=cfg.new_pattern,
+    )
+
+
+def obtain_transactions(
+    data: str | None,
+    columns: Mapping[str, str],
+    synthetic: SyntheticDataConfig,
+    accounts: str | None = None,
+    for_scoring: bool = False,
+) -> DatasetRef:
+    """Validated transactions: the given file (mapped) or the seeded synthetic default,
+    with the accounts table joined when one is given."""
+    columns = ColumnMapping(dict(columns)).columns  # names an unknown canonical column early
+    if data is None:
+        generated = materialize_table_task.with_options(name="generate-transactions")(
+            "fraud-synthetic", {"data": synthetic.model_dump(), "v": "1"}, lambda: _generate(synthetic)
+        )
+        path = Path(generated.path)
+    else:
+        path = Path(data).expanduser()
+    ref = load_table_task(path, transaction_schema(for_scoring), columns=columns)
+    if accounts:
+        acc = load_table_task(Path(accounts).expanduser(), accounts_schema())
+        ref = materialize_table_task.with_options(name="merge-accounts")(
+            "fraud-merged", {"tx": ref.content_hash, "accounts": acc.content_hash},
+            lambda: P.merge_accounts(ref.read(), acc.read()),
+        )
+    return ref
+
+
+def prepare_features(ref: DatasetRef, split: SplitConfig, delay_days: float) -> PreparedFeatures:
+    """Window features and periods of every row, stored once per (data, split, code)."""
+    timestamps = ref.read([S.TIMESTAMP])[S.TIMESTAMP]
+    bounds = time_split(timestamps, train_days=split.train_days, delay_days=split.delay_days,
+                        test_days=split.test_days, val_days=split.val_days)
+
+    def build() -> pd.DataFrame:
+        return P.build_features(ref.read(), assign_periods(timestamps, bounds), delay_days)
+
+    key = {"data": ref.content_hash, "split": split.model_dump(), "delay": delay_days, "v": P.FEATURES_VERSION}
+    feats = materialize_table_task.with_options(name="prepare-features")("fraud-features", key, build)
+    prepared = PreparedFeatures(features=feats, split=bounds.describe(),
+                                rows=SC.period_counts(feats.read([P.PERIOD])[P.PERIOD]))
+    log.info("split %s; rows %s", prepared.split, prepared.rows)
+    return prepared
+
+
+@task(name="check-periods", cache_policy=NONE)
+def check_periods(ref: DatasetRef, prepared: PreparedFeatures) -> None:
+    """Fail (DataValidationError) unless train, val and test each hold both classes."""
+    SC.check_both_classes(ref.read(), prepared.features.read(), prepared.split, ref.source)
+
+
+# ------------------------------------------------------------------------------------
+# models
+
+
+@task(name="fit-baseline", cache_policy=NONE)
+def fit_baseline(ref: DatasetRef, prepared: PreparedFeatures, seed: int, num_threads: int | None) -> SC.ValTestScores:
+    """Fit the window-feature baseline; return its validation and test scores."""
+    return SC.baseline_val_test(ref.read(), prepared.features.read(), seed, num_threads)
+
+
+@task(name="set-up-sequences", cache_policy=NONE)
+def setup_sequences(ref: DatasetRef, prepared: PreparedFeatures, cfg: SequenceModelConfig,
+                    preprocessor: FraudPreprocessor | None = None) -> P.SequenceSetup:
+    """Fit (or reuse) the preprocessor and build the sequences' data module."""
+    return P.sequence_setup(ref.read(), prepared.features.read(), cfg, preprocessor=preprocessor)
+
+
+@task(name="build-sequence-model", cache_policy=NONE)
+def build_sequence_model(ref: DatasetRef, prepared: PreparedFeatures, setup: P.SequenceSetup,
+                         cfg: SequenceModelConfig) -> FraudSequenceModel:
+    """A fresh sequence model, its class weight from the train period."""
+    weight = SC.train_pos_weight(ref.read(), prepared.features.read(), cfg.negative_rate)
+    return P.build_model(setup.preprocessor, cfg, weight)
+
+
+def sequence_train_spec(prepared: PreparedFeatures, cfg: SequenceModelConfig, *, fresh: bool,
+                        hardware: TrainerArgs | None) -> TrainSpec:
+    """How to train the sequence model; the run key follows the features and the config."""
+    return TrainSpec(
+        run_key="fraud-seq-" + stable_hash({"data": prepared.features.content_hash, "model": cfg.model_dump()}),
+        max_epochs=cfg.max_epochs, patience=cfg.patience, monitor=OBJECTIVE, mode="max", seed=cfg.seed,
+        fresh=fresh, hardware=hardware,
+    )
+
+
+@task(name="score-val-test", cache_policy=NONE)
+def score_val_test(model: FraudSequenceModel, setup: P.SequenceSetup, ref: DatasetRef,
+                   prepared: PreparedFeatures) -> SC.ValTestScores:
+    """The sequence model's validation and test scores."""
+    return SC.sequence_val_test(model, setup, ref.read(), prepared.features.read())
+
+
+def val_threshold(y_val: Any, s_val: Any, fallback: float = 0.5) -> float:
+    """Max-F1 threshold on validation, or ``fallback`` when validation lacks a class."""
+    return choose_threshold(y_val, s_val, method="f1") if 0 < y_val.sum() < len(y_val) else fallback
+
+
+@task(name="evaluate-on-test", cache_policy=NONE)
+def evaluate_on_test(name: str, scores: SC.ValTestScores, fpr_target: float, out_dir: Path) -> EvalReport:
+    """Test metrics at the threshold chosen on validation (max F1), with curve images."""
+    return evaluate_binary(scores.y_test, scores.s_test, name=name, split="test",
+                           threshold=val_threshold(scores.y_val, scores.s_val), fpr_target=fpr_target, out_dir=out_dir)
+
+
+@task(name="rescore-champion", cache_policy=NONE)
+def rescore_champion(model_name: str, ref: DatasetRef, prepared: PreparedFeatures,
+                     known: Mapping[int, float] | None = None) -> float | None:
+    """The current champion's test PR-AUC on this run's data (``known``: version -> value
+    already measured here), or None without a champion."""
+    registry = ModelRegistry()
+    champion = registry.champion(model_name) if model_name in registry.models() else None
+    if champion is not None and known and champion.version in known:
+        return known[champion.version]
+    return SC.champion_pr_auc(registry, model_name, ref.read(), prepared.features.read())
+
+
+def write_report(markdown: str, out_dir: Path) -> Path:
+    """Write ``report.md`` into the run's report folder."""
+    path = out_dir / "report.md"
+    path.write_text(markdown)
+    return path
+
+
+@task(name="publish-report", cache_policy=NONE)
+def publish_report(markdown: str, out_dir: Path, key: str, description: str) -> Path:
+    """Write ``report.md`` into the run's report folder and publish it as an artifact."""
+    path = write_report(markdown, out_dir)
+    publish_eval_report_task(markdown, key=key, description=description)
+    return path
+
+
+# ------------------------------------------------------------------------------------
+# adapting a registered model
+
+
+@task(name="resolve-model", cache_policy=NONE)
+def resolve_model(spec: str) -> ModelRef:
+    """One exact registered version from ``NAME[:VERSION|@alias]`` (the champion by default)."""
+    return ModelRegistry().resolve(spec)
+
+
+@task(name="load-for-fine-tuning", cache_policy=NONE)
+def load_for_finetuning(parent: ModelRef) -> tuple[FraudSequenceModel, FraudPreprocessor, SequenceModelConfig]:
+    """The parent's network in training mode, its preprocessor and sequence settings."""
+    model, pre, cfg = P.model_from_params(parent.params, ModelRegistry().load_state_dict(parent))
+    model.train()
+    return model, pre, cfg
+
+
+@task(name="rescore-parent", cache_policy=NONE)
+def rescore_parent(parent: ModelRef, new: DatasetRef, new_features: PreparedFeatures,
+                   old: DatasetRef, old_features: PreparedFeatures) -> SC.AdaptScores:
+    """The parent as registered, scored on both test periods."""
+    return SC.parent_test_scores(parent, ModelRegistry(), (new.read(), new_features.features.read()),
+                                 (old.read(), old_features.features.read()))
+
+
+@task(name="score-adapted", cache_policy=NONE)
+def score_adapted(model: FraudSequenceModel, setup: P.SequenceSetup, pre: FraudPreprocessor,
+                  cfg: SequenceModelConfig, new: DatasetRef, new_features: PreparedFeatures,
+                  old: DatasetRef, old_features: PreparedFeatures) -> SC.AdaptScores:
+    """The fine-tuned model scored on both test periods."""
+    return SC.adapted_test_scores(model, setup, pre, cfg, (new.read(), new_features.features.read()),
+                                  (old.read(), old_features.features.read()))
+
+
+@task(name="evaluate-stage", cache_policy=NONE)
+def evaluate_stage(stage: str, scores: SC.AdaptScores, threshold: float, fpr_target: float) -> StageReports:
+    """Metrics of one stage (before/after) on the new data, its new pattern and the old data."""
+
+    def report(what: str, y: Any, s: Any) -> EvalReport:
+        return evaluate_binary(y, s, name=f"{stage} ({what})", split="test", threshold=threshold, fpr_target=fpr_target)
+
+    keep = scores.pattern
+    return StageReports(
+        new=report("new data", scores.y_new, scores.s_new),
+        pattern=report("new pattern", scores.y_new[keep], scores.s_new[keep]) if keep is not None else None,
+        old=report("old test", scores.y_old, scores.s_old),
+    )
+
+
+def adapt_train_spec(parent: ModelRef, prepared: PreparedFeatures, fraction: float, max_epochs: int, seed: int,
+                     *, fresh: bool, hardware: TrainerArgs | None) -> TrainSpec:
+    """How to fine-tune; the run key follows the parent, the data and the budget."""
+    key = {"parent": parent.spec, "data": prepared.features.content_hash, "fraction": fraction, "epochs": max_epochs}
+    return TrainSpec(run_key="fraud-adapt-" + stable_hash(key), max_epochs=max_epochs, patience=3,
+                     monitor=OBJECTIVE, mode="max", seed=seed, fresh=fresh, hardware=hardware)
+
+
+@task(name="adapted-params", cache_policy=NONE)
+def adapted_params(parent: ModelRef, model: FraudSequenceModel, setup: P.SequenceSetup, ref: DatasetRef,
+                   prepared: PreparedFeatures, fraction: float, freeze: Any) -> dict[str, Any]:
+    """The parent's parameters with a threshold re-chosen on the new validation period
+    and the fine-tuning budget."""
+    fallback = float(parent.params.get("threshold", 0.5))
+    y_val = SC.period_labels(ref.read(), prepared.features.read(), "val")
+    params = dict(parent.params)
+    params["threshold"] = val_threshold(y_val, P.score_period(model, setup, "val"), fallback)
+    params["finetune"] = {"fraction": fraction, "trainable_params": freeze.trainable_params,
+                          "total_params": freeze.total_params}
+    return params
+
+
+# ------------------------------------------------------------------------------------
+# scoring
+
+
+@dataclass(frozen=True)
+class ScoringModel:
+    """A registered version ready to score: its network (fp32 or a compressed variant),
+    preprocessor and sequence settings."""
+
+    ref: ModelRef
+    net: Any
+    preprocessor: FraudPreprocessor
+    config: SequenceModelConfig
+
+
+def load_scoring_model(model_ref: ModelRef, registry: ModelRegistry | None = None) -> ScoringModel:
+    """Load a version for scoring (an INT8 / pruned / distilled variant through ``load_variant``)."""
+    registry = registry or ModelRegistry()
+    if "compression" in model_ref.params:
+        net = load_variant(model_ref, registry, build_module)
+        pre, cfg = P.preprocessing_from_params(model_ref.params)
+    else:
+        net, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
+    return ScoringModel(ref=model_ref, net=net, preprocessor=pre, config=cfg)
+
+
+load_scoring_model_task = task(load_scoring_model, name="load-model", cache_policy=NONE)
+
+
+def score_file(model: ScoringModel, ref: DatasetRef, since: str | None = None) -> SC.ScoredTransactions:
+    """Score the validated transactions of ``ref`` (rows before ``since`` are history only)."""
+    return SC.score_transactions(model.net, model.preprocessor, model.config, model.ref, ref.read(),
+                                 source=ref.source, since=since)
+
+
+score_file_task = task(score_file, name="score-transactions", cache_policy=NONE)
+
+
+def score_file_name(data: str, model_ref: ModelRef) -> str:
+    """``<input stem>-<model>-v<version>.parquet``."""
+    return f"{safe_stem(data)}-{model_ref.name}-v{model_ref.version}.parquet"
+
+
+@task(name="write-scores", cache_policy=NONE)
+def write_scores(scored: SC.ScoredTransactions, target: Path, csv: bool) -> Path | None:
+    """Write the scores table (Parquet, and CSV on request); returns the CSV path."""
+    return SC.write_scores(scored.table, target, csv)
+
+
+@task(name="evaluate-labelled", cache_policy=NONE)
+def evaluate_labelled(scored: SC.ScoredTransactions, name: str) -> EvalReport | None:
+    """Metrics of the scored rows whose label is known (None without both classes)."""
+    part = SC.labelled_part(scored)
+    if part is None:
+        return None
+    return evaluate_binary(part[0], part[1], name=name, split="scored", threshold=scored.threshold)
+
+
+def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], accounts: str | None,
+                     out_dir: str, csv: bool) -> ScoredFile:
+    """Score one inbox file with an exact model version (plain: runs on any task-runner worker)."""
+    registry = ModelRegistry()
+    scorer = load_scoring_model(registry.resolve(model), registry)
+    ref = load_table(Path(file.path), transaction_schema(for_scoring=True), columns=columns)
+    if accounts:
+        acc = load_table(Path(accounts).expanduser(), accounts_schema())
+        tx = ref
+        ref = materialize_table("fraud-merged", {"tx": tx.content_hash, "accounts": acc.content_hash},
+                                lambda: P.merge_accounts(tx.read(), acc.read()))
+    scored = score_file(scorer, ref)
+    name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
+    target = Path(out_dir) / name
+    SC.write_scores(scored.table, target, csv)
+    return ScoredFile(output=str(target), rows=len(scored.table), model=scorer.ref.spec, flagged=scored.flagged)
+
+
+# ------------------------------------------------------------------------------------
+# tuning
+
+
+def fraud_space(base: SequenceModelConfig) -> tuple[Param, ...]:
+    """The fraud search space (``SEARCH_SPACE``), checked against :class:`SequenceModelConfig`."""
+    return validate_space(
+        SEARCH_SPACE,
+        fields=tuple(SequenceModelConfig.model_fields),
+        make_config=lambda update: SequenceModelConfig(**{**base.model_dump(), **update}),
+    )
+
+
+def study_for(tune: TuneConfig, prepared: PreparedFeatures, base: SequenceModelConfig,
+              space: tuple[Param, ...]) -> StudyRef:
+    """The study: the given name, or one derived from the data, the fixed settings and the space."""
+    tuned = {p.name for p in space}
+    name = tune.study or "fraud-" + stable_hash({
+        "data": prepared.features.content_hash,
+        "fixed": {k: v for k, v in base.model_dump().items() if k not in tuned},
+        "space": [p.model_dump() for p in space],
+    })
+    return StudyRef(name=check_name(name, "study name"), storage=storage_url(name), direction="maximize")
+
+
+@dataclass(frozen=True)
+class SequenceObjective:
+    """One tuning trial: train the sequence model with the trial's parameters; return the
+    best validation PR-AUC. Holds references only, so it travels to any worker."""
+
+    ref: DatasetRef
+    prepared: PreparedFeatures
+    base: SequenceModelConfig
+    hardware: TrainerArgs | None = None
+
+    def config(self, params: Mapping[str, Any]) -> SequenceModelConfig:
+        """The base config with the trial's parameters."""
+        return SequenceModelConfig(**{**self.base.model_dump(), **params})
+
+    def __call__(self, params: dict[str, Any], run_key: str, callbacks: list[Any]) -> float | None:
+        cfg = self.config(params)
+        model, setup = self.build(cfg)
+        spec = TrainSpec(run_key=run_key, max_epochs=cfg.max_epochs, patience=cfg.patience,
+                         monitor=OBJECTIVE, mode="max", seed=cfg.seed, hardware=self.hardware)
+        return train_model(model, setup.datamodule, spec, callbacks=callbacks).best_score
+
+    def build(self, cfg: SequenceModelConfig) -> tuple[FraudSequenceModel, P.SequenceSetup]:
+        """A fresh model and its data module for ``cfg``; the class weight uses every
+        legit row (as the trials always did)."""
+        df, feats = self.ref.read(), self.prepared.features.read()
+        setup = P.sequence_setup(df, feats, cfg)
+        return P.build_model(setup.preprocessor, cfg, SC.train_pos_weight(df, feats)), setup
+
+
+@task(name="build-best-model", cache_policy=NONE)
+def build_best_model(objective: SequenceObjective, best_params: Mapping[str, Any],
+                     best_run_key: str) -> tuple[FraudSequenceModel, P.SequenceSetup, TrainSpec]:
+    """The best trial's model, data module and train spec (its run key: the finished
+    checkpoint is reused)."""
+    cfg = objective.config(best_params)
+    model, setup = objective.build(cfg)
+    spec = TrainSpec(run_key=best_run_key, max_epochs=cfg.max_epochs, patience=cfg.patience,
+                     monitor=OBJECTIVE, mode="max", seed=cfg.seed, hardware=objective.hardware)
+    return model, setup, spec

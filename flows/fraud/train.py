@@ -1,0 +1,99 @@
+"""``fraud-train``: sequence model vs window-feature baseline, registered through the champion rule."""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow
+
+from flows.fraud import reports as R
+from flows.fraud.results import FraudTrainResult
+from flows.fraud.steps import (
+    PRIMARY_METRIC,
+    build_sequence_model,
+    check_periods,
+    evaluate_on_test,
+    fit_baseline,
+    obtain_transactions,
+    prepare_features,
+    publish_report,
+    rescore_champion,
+    score_val_test,
+    sequence_train_spec,
+    setup_sequences,
+)
+from infra.compute import resolve_training
+from infra.home import home_layout
+from solutions.fraud import pipeline as P
+from solutions.fraud.config import FraudTrainConfig
+from solutions.fraud.scoring import winner
+from tasks.evaluate import artifact_key, plot_comparison
+from tasks.register import register_model_task
+from tasks.train import train_model_task
+
+
+@flow(name="fraud-train", log_prints=True)
+def fraud_train(
+    data: str | None = None,
+    columns: dict[str, str] | None = None,
+    accounts: str | None = None,
+    config: FraudTrainConfig = FraudTrainConfig(),  # noqa: B008 - a typed default renders a UI form
+    fresh: bool = False,
+    strict: bool = False,
+) -> FraudTrainResult:
+    """Train the fraud sequence model and the gradient-boosting baseline, evaluate both on
+    the same test period, register the sequence model and promote it if it beats the
+    champion. Without ``data`` it trains on the seeded synthetic transactions.
+
+    Args:
+        data: transactions CSV or Parquet (default: seeded synthetic data).
+        columns: column mapping canonical=SOURCE,... (e.g. account_id=CUSTOMER_ID,timestamp=TX_DATETIME).
+        accounts: optional accounts table: account_id, age, occupation, account_age_days.
+        config: data, split, sequence model, baseline and registry name.
+        fresh: retrain from scratch even if this run's checkpoints exist.
+        strict: fail (QualityGateError) if the new version does not beat the champion.
+    """
+    started = time.perf_counter()
+    hardware = resolve_training("fraud-train")
+    # -- data
+    ref = obtain_transactions(data, columns or {}, config.data, accounts)
+    prepared = prepare_features(ref, config.split, config.baseline.delay_days)
+    check_periods(ref, prepared)
+    out_dir = home_layout().new_report("fraud-train")
+    # -- baseline and sequence model
+    baseline = fit_baseline(ref, prepared, config.model.seed, hardware.num_threads) if config.baseline.enabled else None
+    setup = setup_sequences(ref, prepared, config.model)
+    model = build_sequence_model(ref, prepared, setup, config.model)
+    trained = train_model_task(model, setup.datamodule, sequence_train_spec(prepared, config.model, fresh=fresh, hardware=hardware))
+    # -- evaluate both on the same test period
+    sequence = score_val_test(model, setup, ref, prepared)
+    seq_report = evaluate_on_test("sequence", sequence, config.fpr_target, out_dir)
+    base_report = evaluate_on_test("baseline", baseline, config.fpr_target, out_dir) if baseline is not None else None
+    images = plot_comparison(R.comparison_curves(sequence, baseline), "test", out_dir, stem="fraud")
+    # -- register + champion rule (champion re-scored on this test period)
+    registration = register_model_task(
+        config.model_name,
+        model,
+        params=P.model_params(model, setup.preprocessor, config.model, threshold=seq_report.threshold,
+                              split=config.split.model_dump()),
+        metrics=R.train_metrics(seq_report, base_report),
+        primary_metric=PRIMARY_METRIC,
+        data_hash=ref.content_hash,
+        champion_value=rescore_champion(config.model_name, ref, prepared),
+        strict=strict,
+    )
+    publish_report(R.render_train_report(seq_report, base_report, prepared.split, images, registration.decision),
+                   out_dir, artifact_key("fraud-train-report"), "Sequence vs baseline on the test period")
+    return FraudTrainResult(
+        dataset=ref,
+        split=prepared.split,
+        rows=prepared.rows,
+        train=trained,
+        sequence=seq_report,
+        baseline=base_report,
+        winner=winner(seq_report.pr_auc, base_report.pr_auc if base_report else None),
+        model=registration.model,
+        promotion=registration.decision,
+        report_dir=str(out_dir),
+        seconds=time.perf_counter() - started,
+    )
