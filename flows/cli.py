@@ -263,7 +263,8 @@ def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_ove
         kwargs.pop("default")
         kwargs["required"] = True
     if "metavar" not in kwargs and kwargs.get("action") is None and "choices" not in kwargs:
-        kwargs["metavar"] = flag.upper().replace("-", "_")
+        # one convention: a parameter named "model" is a registry spec
+        kwargs["metavar"] = "NAME[:VERSION|@alias]" if leaf.path[-1] == "model" else flag.upper().replace("-", "_")
     target.add_argument(f"--{flag}", dest=leaf.dest, help=help_.replace("%", "%%") or None, **kwargs)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import flows.fraud as F
+from flows.fraud.cli import main as fraud_main
 from flows.sensor.cli import main as sensor_main
 import tasks.compress as C
 from flows.compress.adapters import adapter_for
@@ -28,7 +28,7 @@ def _last_json(out: str) -> dict:
 
 
 def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> None:
-    assert F.main(["train", *DATA, "--max-epochs", "1", "--seq-len", "8", "--model-name", "fraud-cmp", "--json"]) == 0
+    assert fraud_main(["train", *DATA, "--max-epochs", "1", "--seq-len", "8", "--model", "fraud-cmp", "--json"]) == 0
     source = _last_json(capsys.readouterr().out)["model"]
     assert compress_main(["--model", "fraud-cmp", *DATA, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
                     "--latency-batch", "64", "--json"]) == 0
@@ -68,9 +68,9 @@ def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> Non
     generate_transactions(n_accounts=60, n_terminals=30, n_days=5, seed=8).to_csv(new, index=False)
     capsys.readouterr()
     spec = f"{variant['name']}:{variant['version']}"
-    assert F.main(["score", str(new), "--model", spec, "--json"]) == 0
+    assert fraud_main(["score", "--data", str(new), "--model", spec, "--json"]) == 0
     by_variant = _last_json(capsys.readouterr().out)
-    assert F.main(["score", str(new), "--model", result["source"], "--json"]) == 0
+    assert fraud_main(["score", "--data", str(new), "--model", result["source"], "--json"]) == 0
     by_source = _last_json(capsys.readouterr().out)
     import pandas as pd
 
