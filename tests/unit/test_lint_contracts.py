@@ -38,6 +38,6 @@ def test_public_names_own_privates_and_outside_packages_are_fine() -> None:
 
 
 def test_private_modules_belong_to_their_package() -> None:
-    assert _found("flows.fraud", "from flows._cli import run_command\n") == []
-    assert _found("tasks.data", "from flows._cli import run_command\n") == ["imports from private module flows._cli"]
-    assert _found("tasks.data", "import flows._cli\n") == ["imports private module flows._cli"]
+    assert _found("infra.store", "from infra._impl import helper\n") == []
+    assert _found("tasks.data", "from infra._impl import helper\n") == ["imports from private module infra._impl"]
+    assert _found("tasks.data", "import infra._impl\n") == ["imports private module infra._impl"]

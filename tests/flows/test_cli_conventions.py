@@ -1,0 +1,69 @@
+"""The command-line conventions, checked the way a user meets them: ``python -m flows.<vertical>``
+in a fresh process. A bad invocation of any command exits 2 with one ``error:`` line on stderr,
+nothing on stdout and no traceback, before a flow run starts. (Each vertical's own tests go
+through more cases in-process: tests/flows/test_{fraud_cli,sensor_flows,rag_flows,compress_flow}.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MISSING = "/no/such/dir/input.csv"
+
+BAD = [
+    (["flows.fraud", "train", "--val-days", "20"], "val_days (20.0) must be smaller than train_days"),
+    (["flows.fraud", "score", "--data", MISSING], "no such file"),
+    (["flows.fraud", "batch", "--model", "bad name!"], "invalid model name"),
+    (["flows.fraud", "tune", "--loss", "hinge"], "invalid choice: 'hinge'"),
+    (["flows.sensor", "train", "--columns", "bogus=x"], "unknown canonical column(s) ['bogus']"),
+    (["flows.sensor", "score", "--subset", "FD009", "--cmapss-dir", "."], "unknown C-MAPSS subset 'FD009'"),
+    (["flows.sensor", "batch", "--threshold", "1.5"], "--threshold must be between 0 and 1"),
+    (["flows.rag", "ingest", MISSING], "source not found"),
+    (["flows.rag", "ask", "q", "--top-k", "0"], "--top-k: Input should be greater than or equal to 1"),
+    (["flows.rag", "eval", "--data", MISSING], "QA file not found"),
+    (["flows.compress", "--model", "no-such-model"], "no model named 'no-such-model'"),
+    (["flows.compress", "--model", "m", "--tolerance", "2"], "--tolerance: Input should be less than 1"),
+]
+
+
+def test_bad_invocations_of_every_command_exit_2_with_one_error_line(tmp_path: Path) -> None:
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    procs = [
+        (argv, expected, subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        for argv, expected in BAD
+    ]
+    failures = []
+    for argv, expected, proc in procs:
+        out, err = proc.communicate(timeout=300)
+        lines = err.strip().splitlines()
+        ok = (proc.returncode == 2 and out == "" and len(lines) == 1 and lines[0].startswith("error: ")
+              and expected in lines[0] and "Traceback" not in out + err)
+        if not ok:
+            failures.append(f"{' '.join(argv)} -> rc {proc.returncode}\nstdout: {out[-500:]}\nstderr: {err[-1500:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_every_module_and_command_has_help() -> None:
+    commands = {"flows.fraud": ["train", "adapt", "score", "batch", "tune"],
+                "flows.sensor": ["pretrain", "train", "score", "batch"], "flows.rag": ["ingest", "ask", "eval"]}
+    code = "; ".join(
+        f"from {module}.cli import main as m{i}" for i, module in enumerate(commands)
+    )
+    # one process builds every parser (importing the modules once): each --help exits 0
+    script = code + "\nimport contextlib, io\n" + "\n".join(
+        f"for c in {cmds!r} + ['']:\n"
+        f"    buf = io.StringIO()\n"
+        f"    with contextlib.redirect_stdout(buf):\n"
+        f"        try:\n            m{i}(([c] if c else []) + ['--help'])\n"
+        f"        except SystemExit as e:\n            assert e.code == 0, (c, e.code)\n"
+        f"    assert 'usage:' in buf.getvalue(), c\n"
+        for i, cmds in enumerate(commands.values())
+    )
+    script += "\nfrom flows.compress.cli import main as mc\ntry:\n    mc(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
