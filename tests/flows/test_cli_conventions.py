@@ -1,15 +1,19 @@
-"""The command-line conventions, checked the way a user meets them: ``python -m flows.<vertical>``
-in a fresh process. A bad invocation of any command exits 2 with one ``error:`` line on stderr,
-nothing on stdout and no traceback, before a flow run starts. (Each vertical's own tests go
-through more cases in-process: tests/flows/test_{fraud_cli,sensor_flows,rag_flows,compress_flow}.py.)
+"""The command-line conventions across every command: a bad invocation exits 2 with one
+``error:`` line on stderr, nothing on stdout and no traceback, before a flow run starts. The
+table runs in-process; one case per module also runs the way a user meets it, as
+``python -m flows.<vertical>`` in a fresh process. (Each vertical's own tests go through more
+cases: tests/flows/test_{fraud_cli,sensor_flows,rag_flows,compress_flow}.py.)
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 MISSING = "/no/such/dir/input.csv"
@@ -30,12 +34,28 @@ BAD = [
 ]
 
 
-def test_bad_invocations_of_every_command_exit_2_with_one_error_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("argv", "expected"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_invocation_exits_2_with_one_error_line(argv: list[str], expected: str, capsys) -> None:
+    main = importlib.import_module(f"{argv[0]}.cli").main
+    try:
+        code = main(argv[1:])
+    except SystemExit as exc:  # argparse's own checks (choices, types) exit from inside
+        code = exc.code
+    assert code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert expected in lines[0]
+    assert "Traceback" not in captured.out + captured.err
+
+
+def test_bad_invocations_through_python_m(tmp_path: Path) -> None:
     env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"}
+    one_per_module = {argv[0]: (argv, expected) for argv, expected in BAD}.values()
     procs = [
         (argv, expected, subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-        for argv, expected in BAD
+        for argv, expected in one_per_module
     ]
     failures = []
     for argv, expected, proc in procs:
