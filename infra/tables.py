@@ -56,3 +56,18 @@ def check_column_mapping(columns: Mapping[str, str], canonical: Iterable[str]) -
             f"source column(s) {dupes} mapped to more than one canonical column; map each source column once"
         )
     return dict(columns)
+
+
+def write_table(frame: pd.DataFrame, target: Path, csv: bool = False) -> Path | None:
+    """Write ``frame`` as Parquet, and as CSV beside it if asked, each atomically (readers
+    never see a half-written file). Returns the CSV's path when one was written."""
+    from infra.store import atomic_path
+
+    with atomic_path(target) as tmp:
+        frame.to_parquet(tmp, index=False)
+    if not csv:
+        return None
+    csv_path = target.with_suffix(".csv")
+    with atomic_path(csv_path) as tmp:
+        frame.to_csv(tmp, index=False)
+    return csv_path

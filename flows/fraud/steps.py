@@ -21,6 +21,7 @@ from flows.fraud.results import PreparedFeatures, StageReports
 from infra.registry import ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
+from infra.tables import write_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud import scoring as SC
@@ -341,7 +342,7 @@ def score_file_name(data: str, model_ref: ModelRef) -> str:
 @task(name="write-scores", cache_policy=NONE)
 def write_scores(scored: SC.ScoredTransactions, target: Path, csv: bool) -> Path | None:
     """Write the scores table (Parquet, and CSV on request); returns the CSV path."""
-    return SC.write_scores(scored.table, target, csv)
+    return write_table(scored.table, target, csv)
 
 
 @task(name="evaluate-labelled", cache_policy=NONE)
@@ -367,7 +368,7 @@ def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], ac
     scored = score_file(scorer, ref)
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name
-    SC.write_scores(scored.table, target, csv)
+    write_table(scored.table, target, csv)
     return ScoredFile(output=str(target), rows=len(scored.table), model=scorer.ref.spec, flagged=scored.flagged)
 
 

@@ -22,6 +22,7 @@ from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
 from infra.store import write_json_atomic
+from infra.tables import write_table
 from solutions.sensor import data as D
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
@@ -260,7 +261,7 @@ def score_step(ref: ModelRef, grid_ref: DatasetRef, source: SensorSource, thresh
 @task(name="write-scores", cache_policy=NONE)
 def write_scores_step(scores: pd.DataFrame, target: Path, csv: bool) -> Path | None:
     """Write the scores (Parquet, and CSV if asked); the CSV's path."""
-    return SC.write_scores(scores, target, csv)
+    return write_table(scores, target, csv)
 
 
 def score_readings_file(file: InboxFile, *, model: str, columns: Mapping[str, str], threshold: float | None,
@@ -277,7 +278,7 @@ def score_readings_file(file: InboxFile, *, model: str, columns: Mapping[str, st
     if scores.empty:
         raise DataValidationError("no asset has a complete window of readings", source=str(path))
     target = SC.batch_scores_path(Path(out_dir), path, file.sha256, ref)
-    SC.write_scores(scores, target, csv)
+    write_table(scores, target, csv)
     write_json_atomic(SC.bad_readings_beside(target), (report or bad).model_dump())
     log.info("%s", (report or bad).summary())
     return ScoredFile(output=str(target), rows=len(scores), model=ref.spec, flagged=int(scores["alert"].sum()))

@@ -17,7 +17,6 @@ import pandas as pd
 
 from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry
-from infra.store import atomic_path
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
@@ -264,22 +263,6 @@ def labelled_part(scored: ScoredTransactions) -> tuple[np.ndarray, np.ndarray] |
     if not known.any() or not 0 < y[known].astype(int).sum() < known.sum():
         return None
     return y[known].astype(int).to_numpy(), scored.scores[known]
-
-
-def write_scores(table: pd.DataFrame, target: Path, csv: bool = False) -> Path | None:
-    """Write the scores table as Parquet (and CSV beside it on request), atomically.
-
-    Returns:
-        The CSV path, when one was written.
-    """
-    with atomic_path(target) as tmp:
-        table.to_parquet(tmp, index=False)
-    if not csv:
-        return None
-    csv_path = target.with_suffix(".csv")
-    with atomic_path(csv_path) as tmp:
-        table.to_csv(tmp, index=False)
-    return csv_path
 
 
 def render_score_summary(scored: ScoredTransactions, model_spec: str, source: str, output: Path) -> str:

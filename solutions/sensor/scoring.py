@@ -15,7 +15,7 @@ import pandas as pd
 from torch import nn
 
 from infra.registry import ModelRef
-from infra.store import atomic_path, safe_stem
+from infra.store import safe_stem
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorSource
 from solutions.sensor.features import make_windows
@@ -89,15 +89,3 @@ def batch_scores_path(folder: Path, data: Path, sha256: str, ref: ModelRef) -> P
 def bad_readings_beside(scores: Path) -> Path:
     """Where the bad-reading counts of a score file's input are written beside it."""
     return scores.with_suffix(".bad-readings.json")
-
-
-def write_scores(frame: pd.DataFrame, target: Path, csv: bool = False) -> Path | None:
-    """Write the scores as Parquet (atomically), and as CSV beside it if asked; the CSV's path."""
-    with atomic_path(target) as tmp:
-        frame.to_parquet(tmp, index=False)
-    if not csv:
-        return None
-    csv_path = target.with_suffix(".csv")
-    with atomic_path(csv_path) as tmp:
-        frame.to_csv(tmp, index=False)
-    return csv_path
