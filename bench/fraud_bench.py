@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _fraud_setup(n_accounts: int):
     import numpy as np
 
+    from infra.tables import assign_periods, time_split
     from solutions.fraud import pipeline as P
     from solutions.fraud.config import SequenceModelConfig
     from solutions.fraud.synthetic import generate_transactions
-    from tasks.data import assign_periods, time_split
 
     df = generate_transactions(n_accounts=n_accounts, n_terminals=max(50, n_accounts // 3), n_days=58)
     split = time_split(df["timestamp"], train_days=14, val_days=3, delay_days=7, test_days=7)

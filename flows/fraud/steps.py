@@ -21,25 +21,18 @@ from flows.fraud.results import PreparedFeatures, StageReports
 from infra.registry import ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
-from infra.tables import write_table
+from infra.tables import assign_periods, time_split, write_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud import scoring as SC
 from solutions.fraud.config import SEARCH_SPACE, SequenceModelConfig, SplitConfig, SyntheticDataConfig
 from solutions.fraud.model import FraudSequenceModel, build_module
+from solutions.fraud.pipeline import accounts_schema, transaction_schema
 from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.sequences import FraudPreprocessor
 from solutions.fraud.synthetic import generate_transactions
 from tasks.compress import load_variant
-from tasks.data import (
-    ColumnSpec,
-    DatasetRef,
-    TableSchema,
-    assign_periods,
-    load_table,
-    load_table_task,
-    time_split,
-)
+from tasks.data import DatasetRef, load_table, load_table_task
 from tasks.evaluate import EvalReport, choose_threshold, evaluate_binary, publish_eval_report_task
 from tasks.ledger import InboxFile, ScoredFile
 from tasks.prepare import materialize_table, materialize_table_task
@@ -56,34 +49,6 @@ OBJECTIVE = "val/auprc"
 
 # ------------------------------------------------------------------------------------
 # data
-
-
-def transaction_schema(for_scoring: bool = False) -> TableSchema:
-    """The validation schema of a transactions table (label optional when scoring)."""
-    columns = P.scoring_columns() if for_scoring else P.TRANSACTION_COLUMNS
-    return TableSchema(
-        name="fraud-transactions-score" if for_scoring else "fraud-transactions",
-        columns=tuple(
-            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None)
-            for n, k, r, nl in columns
-        ),
-        time_column=S.TIMESTAMP,
-        label_column=None if for_scoring else S.LABEL,
-        min_rows=2,
-    )
-
-
-def accounts_schema() -> TableSchema:
-    """The validation schema of the optional accounts table (static attributes)."""
-    return TableSchema(
-        name="fraud-accounts",
-        columns=(
-            ColumnSpec(name=S.ACCOUNT_ID, kind="id"),
-            ColumnSpec(name=S.AGE, kind="float", required=False, nullable=True),
-            ColumnSpec(name=S.OCCUPATION, kind="category", required=False, nullable=True),
-            ColumnSpec(name=S.ACCOUNT_AGE_DAYS, kind="float", required=False, nullable=True),
-        ),
-    )
 
 
 def _generate(cfg: SyntheticDataConfig) -> pd.DataFrame:

@@ -22,7 +22,7 @@ from torch import nn
 from infra.compression import CompressTarget, ModelAdapter, table_fingerprint
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
-from infra.tables import read_table
+from infra.tables import assign_periods, read_table, time_split, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig, SplitConfig, SyntheticDataConfig
@@ -37,8 +37,6 @@ log = logging.getLogger(__name__)
 FEATURE_DELAY_DAYS = 7.0
 #: The inputs the sequence model reads from a batch (ONNX input names).
 INPUT_NAMES = ["step_num", "step_cat", "ctx_num", "ctx_cat"]
-#: Static attributes an accounts table may bring.
-_ACCOUNT_KINDS = {S.ACCOUNT_ID: "id", S.AGE: "float", S.OCCUPATION: "category", S.ACCOUNT_AGE_DAYS: "float"}
 
 
 class FraudHeldOut(BaseModel):
@@ -69,32 +67,6 @@ class FraudHeldOut(BaseModel):
 # held-out data
 
 
-def _typed(col: pd.Series, kind: str, source: str, name: str) -> pd.Series:
-    """One column in its canonical dtype (ids and categories as strings)."""
-    try:
-        if kind == "float":
-            return pd.to_numeric(col, errors="raise").astype("float64")
-        if kind == "binary":
-            return (col.astype("int8") if col.dtype == bool else pd.to_numeric(col, errors="raise").astype("int8"))
-        if kind == "datetime":
-            ts = col if pd.api.types.is_datetime64_any_dtype(col) else pd.to_datetime(col, format="mixed")
-            if getattr(ts.dt, "tz", None) is not None:
-                ts = ts.dt.tz_convert("UTC").dt.tz_localize(None)
-            return ts.astype("datetime64[ns]")
-    except (ValueError, TypeError) as exc:
-        raise DataValidationError(f"not a {kind} column: {exc}", source=source, column=name) from exc
-    return col.astype("string")
-
-
-def canonical_frame(df: pd.DataFrame, kinds: dict[str, str], required: tuple[str, ...], source: str) -> pd.DataFrame:
-    """The columns of ``kinds`` that ``df`` has, typed, in ``kinds``' order; the required ones must be there."""
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise DataValidationError(f"missing required column(s) {missing}; the file has {list(df.columns)}",
-                                  source=source, column=missing[0])
-    return pd.DataFrame({c: _typed(df[c].reset_index(drop=True), k, source, c) for c, k in kinds.items() if c in df})
-
-
 def _existing(path: str | None, what: str) -> None:
     if path is not None and not Path(path).expanduser().is_file():
         raise DataValidationError(f"{what} not found (or not a file)", source=path)
@@ -113,7 +85,6 @@ def check_options(options: FraudHeldOut) -> None:
 def load_transactions(options: FraudHeldOut) -> tuple[pd.DataFrame, str]:
     """The transactions (canonical columns and dtypes) and where they came from."""
     check_options(options)
-    kinds = {name: kind for name, kind, _, _ in P.TRANSACTION_COLUMNS}
     if options.data is None:
         c = options.synthetic
         raw = generate_transactions(n_accounts=c.n_accounts, n_terminals=c.n_terminals, n_days=c.n_days,
@@ -125,29 +96,11 @@ def load_transactions(options: FraudHeldOut) -> tuple[pd.DataFrame, str]:
             raw = ColumnMapping(options.columns).apply(read_table(Path(options.data).expanduser()))
         except ValueError as exc:  # a mapping naming a column the file lacks
             raise DataValidationError(str(exc), source=source) from exc
-    df = canonical_frame(raw, kinds, S.REQUIRED, source)
+    df = validate_table(raw, P.transaction_schema(), source)
     if options.accounts:
         accounts = read_table(Path(options.accounts).expanduser())
-        df = P.merge_accounts(df, canonical_frame(accounts, _ACCOUNT_KINDS, (S.ACCOUNT_ID,), options.accounts))
+        df = P.merge_accounts(df, validate_table(accounts, P.accounts_schema(), options.accounts))
     return df, source
-
-
-def assign_split(timestamps: pd.Series, split: SplitConfig) -> tuple[np.ndarray, str]:
-    """Each row's period (history, train, val, delay, test), counted back from the data's last day."""
-    end = pd.Timestamp(timestamps.max()).normalize() + pd.Timedelta(days=1)
-    test_start = end - pd.Timedelta(days=split.test_days)
-    train_end = test_start - pd.Timedelta(days=split.delay_days)
-    train_start = train_end - pd.Timedelta(days=split.train_days)
-    val_start = train_end - pd.Timedelta(days=split.val_days)
-    if train_start < pd.Timestamp(timestamps.min()).normalize():
-        raise DataValidationError(
-            f"the data ends {end:%Y-%m-%d} and starts after {train_start:%Y-%m-%d}, where the model's split "
-            f"(train {split.train_days:g} + delay {split.delay_days:g} + test {split.test_days:g} days) begins"
-        )
-    edges = np.array([train_start, val_start, train_end, test_start], dtype="datetime64[ns]")
-    names = np.array(["history", "train", "val", "delay", "test"])
-    periods = names[np.searchsorted(edges, pd.to_datetime(timestamps).to_numpy(), side="right")]
-    return periods, f"test [{test_start:%Y-%m-%d}, {end:%Y-%m-%d})"
 
 
 # ------------------------------------------------------------------------------------
@@ -170,7 +123,9 @@ def prepare(ref: ModelRef, model: nn.Module, options: FraudHeldOut) -> CompressT
     """The compress target of a registered fraud model: its test period, scored by average precision."""
     df, source = load_transactions(options)
     split = SplitConfig(**ref.params.get("split", {}))
-    periods, period_text = assign_split(df[S.TIMESTAMP], split)
+    bounds = time_split(df[S.TIMESTAMP], train_days=split.train_days, delay_days=split.delay_days,
+                        test_days=split.test_days, val_days=split.val_days)
+    periods, period_text = assign_periods(df[S.TIMESTAMP], bounds), bounds.describe()
     feats = P.build_features(df, periods, FEATURE_DELAY_DAYS)
     pre = FraudPreprocessor.from_dict(ref.params["preprocessor"])
     setup = P.sequence_setup(df, feats, SequenceModelConfig(**ref.params["config"]), preprocessor=pre)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from infra.tables import ColumnSpec, TableSchema
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
 from solutions.fraud.features import WindowFeatureBaseline, WindowFeatures
@@ -47,6 +48,34 @@ def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
     return tuple(
         (name, kind, False, True) if name == S.LABEL else (name, kind, req, null)
         for name, kind, req, null in TRANSACTION_COLUMNS
+    )
+
+
+def transaction_schema(for_scoring: bool = False) -> TableSchema:
+    """The validation schema of a transactions table (label optional when scoring)."""
+    columns = scoring_columns() if for_scoring else TRANSACTION_COLUMNS
+    return TableSchema(
+        name="fraud-transactions-score" if for_scoring else "fraud-transactions",
+        columns=tuple(
+            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None)
+            for n, k, r, nl in columns
+        ),
+        time_column=S.TIMESTAMP,
+        label_column=None if for_scoring else S.LABEL,
+        min_rows=2,
+    )
+
+
+def accounts_schema() -> TableSchema:
+    """The validation schema of the optional accounts table (static attributes)."""
+    return TableSchema(
+        name="fraud-accounts",
+        columns=(
+            ColumnSpec(name=S.ACCOUNT_ID, kind="id"),
+            ColumnSpec(name=S.AGE, kind="float", required=False, nullable=True),
+            ColumnSpec(name=S.OCCUPATION, kind="category", required=False, nullable=True),
+            ColumnSpec(name=S.ACCOUNT_AGE_DAYS, kind="float", required=False, nullable=True),
+        ),
     )
 
 

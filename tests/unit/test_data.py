@@ -10,7 +10,8 @@ import pytest
 
 from infra.errors import DataValidationError, PathEscapeError
 from infra.store import safe_join
-from tasks.data import ColumnSpec, TableSchema, assign_periods, load_table, time_split
+from infra.tables import ColumnSpec, TableSchema, assign_periods, time_split
+from tasks.data import load_table
 
 SCHEMA = TableSchema(
     name="t",
