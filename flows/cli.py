@@ -93,7 +93,7 @@ class UserError(IndusflowError):
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as one ``error:`` line (exit 2)."""
 
-    def error(self, message: str) -> typing.NoReturn:  # noqa: D102
+    def error(self, message: str) -> typing.NoReturn:
         sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
@@ -250,13 +250,10 @@ def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_ove
     elif kwargs.get("action") is argparse.BooleanOptionalAction and default is not None:
         help_ = f"{help_} (default: {'on' if default else 'off'})"
     if positional:
-        kwargs.pop("default")
         if leaf.required:
-            pass
+            kwargs.pop("default")
         elif "nargs" not in kwargs:
-            kwargs.update(nargs="?", default=argparse.SUPPRESS)
-        else:
-            kwargs["default"] = argparse.SUPPRESS
+            kwargs["nargs"] = "?"  # optional positional: absent means the flow's default
         target.add_argument(leaf.dest, metavar=flag.upper().replace("-", "_"), help=help_ or None, **kwargs)
         return
     if leaf.required:
@@ -429,5 +426,4 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
             return 2
         return run_flow(lambda: chosen.command.flow(**kwargs), as_json=args.json, summary=chosen.command.summary)
 
-    main.build_parser = lambda: build()[0]  # type: ignore[attr-defined]
     return main
