@@ -94,6 +94,13 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    # -- keys
+    def secrets(self) -> Path:
+        """Keys the project makes for itself (the path-tag key of the PII redactor), mode 0700."""
+        path = self._area("secrets")
+        path.chmod(0o700)
+        return path
+
 
 def home_layout() -> HomeLayout:
     """The layout of the configured home (``INDUSFLOW_HOME``), read now."""

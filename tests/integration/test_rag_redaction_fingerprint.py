@@ -10,7 +10,7 @@ import pytest
 
 from flows.rag.steps import ingest_sources
 from infra.milvus import query_all
-from solutions.rag import redact as redact_mod
+from infra import pii as redact_mod
 from solutions.rag.config import ChunkParams, IngestParams, RedactionParams
 
 sys.path.insert(0, str(Path(__file__).parent))

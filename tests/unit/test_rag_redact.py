@@ -34,10 +34,24 @@ def test_kinds_can_be_switched_off() -> None:
 
 def test_precision_and_recall_on_the_labelled_set() -> None:
     score = evaluate_redaction(CASES)
-    assert len(CASES) >= 25
-    assert score.precision == 1.0 and score.recall == 1.0, score.per_kind
+    positives = [c for c in CASES if c.expected]
+    assert len(CASES) >= 200 and 0.4 <= len(positives) / len(CASES) <= 0.6
     for kind, row in score.per_kind.items():
-        assert row["tp"] > 0, kind
+        assert row["tp"] >= 15, kind
+        assert row["precision"] >= 0.99 and row["recall"] >= 0.99, (kind, row, score.misses)
+    groups = {c.group.split(":")[1] for c in CASES if c.group.startswith("near-miss:")}
+    assert {"order", "ean13", "timestamp", "landline", "version"} <= groups
+
+
+def test_the_formats_the_issue_names() -> None:
+    assert redact("RecordID440304198507153218 ok")[0] == "RecordID[CN_ID] ok"
+    assert redact("身份证 110105 19900307 8879")[0] == "身份证 [CN_ID]"
+    assert redact("证件 ４４０３０４１９８５０７１５３２１８")[0] == "证件 [CN_ID]"
+    for mobile in ("139.1234.5678", "139-1234-5678", "+86 139 1234 5678", "(+86)13912345678", "１３９１２３４５６７８"):
+        assert redact(f"tel {mobile} now")[0] == "tel [MOBILE] now", mobile
+    assert redact("order 202311150000123454 and EAN 6901234567892")[1] == {}
+    assert bank_card_valid("9558801234567890128", before="工资卡号") and not bank_card_valid("9558801234567890128")
+    assert not bank_card_valid("6225880123456789017", before="订单编号 ")
 
 
 def test_stream_redactor_catches_values_split_across_pieces() -> None:
@@ -58,7 +72,7 @@ def test_table_numbers_do_not_join_into_a_card() -> None:
 def test_redaction_fingerprint_follows_kinds_and_rules(monkeypatch) -> None:
     import re
 
-    from solutions.rag import redact as redact_mod
+    from infra import pii as redact_mod
     from solutions.rag.redact import RedactionConfig, redaction_fingerprint
 
     base = redaction_fingerprint(RedactionConfig())
