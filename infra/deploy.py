@@ -23,6 +23,7 @@ from typing import Any
 from infra.deploy_config import DeployConfig, DeployConfigError, DeploymentSpec, load_deploy_config
 from infra.errors import IndusflowError
 from infra.resources import PoolType, ResourceSpec, job_variables
+from infra.secrets import url_credentials
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
     unknown = wanted - {d.name for d in config.deployments}
     if unknown:
         raise DeployError(f"no deployment named {sorted(unknown)} in the config (have {[d.name for d in config.deployments]})")
+    env = _forwarded_env(pool_type) if pool else {}  # refuses credentials before anything is loaded
     out = []
     for spec in config.deployments:
         if wanted and spec.name not in wanted:
@@ -88,7 +90,7 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
         kwargs: dict[str, Any] = {}
         if pool:
             kwargs["work_pool_name"] = pool
-            variables = job_variables(resources, pool_type, image=image, env=_forwarded_env(pool_type),
+            variables = job_variables(resources, pool_type, image=image, env=env,
                                       home=config.home_volume)
             if variables:
                 kwargs["job_variables"] = variables
@@ -107,15 +109,40 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
     return out
 
 
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
+
+
 def _forwarded_env(pool_type: PoolType) -> dict[str, str]:
     """Environment of the pool's flow runs: logging set-up, and for a process pool on this
-    machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys or tokens)."""
+    machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys or tokens).
+
+    Job variables are stored by the Prefect API and shown in its UI to everyone who can read the
+    deployment, so a setting whose value carries a credential in a URL (``user:password@``, a
+    token as the user name, a ``?token=`` query) is refused rather than forwarded or silently
+    dropped: dropping it would run the flows against another store than the shell's.
+
+    Raises:
+        DeployError: naming each such variable and the fix.
+    """
     keep = dict(RUN_ENV)
     if pool_type != "process":
         return keep
-    for key, value in os.environ.items():
-        if key.startswith(("INDUSFLOW_",)) and not any(s in key for s in ("KEY", "TOKEN", "SECRET", "PASSWORD")):
-            keep[key] = value
+    refused = []
+    for key, value in sorted(os.environ.items()):
+        if not key.startswith("INDUSFLOW_") or any(s in key for s in SECRET_NAME_PARTS):
+            continue
+        what = url_credentials(value)
+        if what:
+            refused.append(f"{key} ({what} in its URL)")
+            continue
+        keep[key] = value
+    if refused:
+        raise DeployError(
+            f"refusing to forward {', '.join(refused)} into the deployments' job variables, which the Prefect "
+            "API and UI show to anyone who can read them. Take the credential out of the URL (a Milvus server "
+            "takes it as INDUSFLOW_MILVUS_TOKEN, which is never forwarded) and give it to the worker's own "
+            "environment, or run apply without it: env -u NAME python -m infra.deploy apply ..."
+        )
     return keep
 
 

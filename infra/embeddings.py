@@ -14,12 +14,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from infra.errors import IndusflowError
+from infra.secrets import http_error_text, scrub, shown_url
 from infra.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
 
 log = logging.getLogger(__name__)
@@ -176,10 +176,10 @@ class OpenAIEmbedder:
 
     def _shown_url(self) -> str:
         """The endpoint for messages: no user:password part, no query string."""
-        parts = urlsplit(self._url())
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port else host
-        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        return shown_url(self._url())
+
+    def _known(self) -> list[str]:
+        return [self.settings.api_key.get_secret_value()] if self.settings.api_key else []
 
     def _batch(self, client: Any, batch: list[str]) -> list[list[float]]:
         import httpx
@@ -188,18 +188,18 @@ class OpenAIEmbedder:
         try:
             resp = client.post(self._url(), json={"model": self.settings.model, "input": batch})
         except httpx.HTTPError as exc:
-            raise EmbeddingError(f"embeddings endpoint {where} could not be reached: {type(exc).__name__}") from exc
-        if resp.status_code != 200:
-            body = resp.text[:200]
-            if self.settings.api_key:  # an endpoint echoing the request must not leak the key into logs
-                body = body.replace(self.settings.api_key.get_secret_value(), "***")
-            raise EmbeddingError(f"embeddings endpoint {where} answered HTTP {resp.status_code}: {body!r}")
+            raise EmbeddingError(f"embeddings endpoint {where} could not be reached: {type(exc).__name__}: "
+                                 f"{scrub(str(exc), self._known())[:200]}") from None
+        if resp.status_code != 200:  # an endpoint echoing the request must not leak the key into logs
+            raise EmbeddingError(f"embeddings endpoint {where} answered "
+                                 f"{http_error_text(resp.status_code, resp.text, self._known())}")
         try:
             data = sorted(resp.json()["data"], key=lambda d: d["index"])
             vectors = [[float(x) for x in d["embedding"]] for d in data]
         except (ValueError, KeyError, TypeError) as exc:
             raise EmbeddingError(f"embeddings endpoint {where} answered without an OpenAI 'data' list of "
-                                 f"{{index, embedding}} ({type(exc).__name__}: {exc})"[:400]) from exc
+                                 f"{{index, embedding}} ({type(exc).__name__}: {scrub(str(exc), self._known())})"[:400]
+                                 ) from None
         if len(vectors) != len(batch) or len({len(v) for v in vectors}) > 1 or not vectors[0]:
             raise EmbeddingError(f"embeddings endpoint {where} returned {len(vectors)} vectors of sizes "
                                  f"{sorted({len(v) for v in vectors})} for {len(batch)} texts")

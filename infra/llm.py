@@ -1,5 +1,7 @@
 """An OpenAI-compatible chat-completions client (Qianfan/ERNIE, vLLM, Ollama, ...),
-non-streaming and streaming (server-sent events). The key is never logged."""
+non-streaming and streaming (server-sent events). The key is never logged: error messages go
+through :func:`infra.secrets.http_error_text`, and the httpx exception is not chained (its
+request would carry the ``Authorization`` header into a traceback)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from infra.errors import IndusflowError
+from infra.secrets import http_error_text, scrub, shown_url
 from infra.settings import LLMSettings
 
 log = logging.getLogger(__name__)
@@ -46,6 +49,19 @@ class ChatClient:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
         return headers
 
+    def _known(self) -> list[str]:
+        """The values an error message must never show (the key, with and without its scheme)."""
+        key = self.settings.api_key.get_secret_value() if self.settings.api_key else ""
+        return [key, f"Bearer {key}"] if key else []
+
+    def _error(self, status: int, body: str) -> LLMError:
+        return LLMError(f"chat endpoint {shown_url(self._endpoint())} answered "
+                        f"{http_error_text(status, body, self._known())}")
+
+    def _unreachable(self, exc: Exception) -> LLMError:
+        return LLMError(f"chat endpoint {shown_url(self._endpoint())} unreachable: {type(exc).__name__}: "
+                        f"{scrub(str(exc), self._known())[:200]}")
+
     def _body(self, messages: list[ChatMessage], stream: bool) -> dict:
         return {
             "model": self.settings.model,
@@ -63,9 +79,9 @@ class ChatClient:
                 timeout=self.settings.timeout_s,
             )
         except httpx.HTTPError as exc:
-            raise LLMError(f"chat endpoint unreachable: {type(exc).__name__}") from exc
+            raise self._unreachable(exc) from None
         if resp.status_code != 200:
-            raise LLMError(f"chat endpoint answered HTTP {resp.status_code}: {resp.text[:200]}")
+            raise self._error(resp.status_code, resp.text)
         try:
             return str(resp.json()["choices"][0]["message"]["content"] or "")
         except (KeyError, IndexError, ValueError) as exc:
@@ -80,7 +96,7 @@ class ChatClient:
             ) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    raise LLMError(f"chat endpoint answered HTTP {resp.status_code}: {resp.text[:200]}")
+                    raise self._error(resp.status_code, resp.text)
                 for line in resp.iter_lines():
                     line = line.strip()
                     if not line.startswith("data:"):
@@ -96,4 +112,4 @@ class ChatClient:
                     if piece:
                         yield piece
         except httpx.HTTPError as exc:
-            raise LLMError(f"chat endpoint unreachable: {type(exc).__name__}") from exc
+            raise self._unreachable(exc) from None

@@ -10,6 +10,7 @@ from typing import Any
 
 from infra.errors import IndusflowError
 from infra.home import home_layout
+from infra.secrets import scrub, shown_url
 from infra.settings import MilvusSettings, get_milvus_settings
 from infra.store import check_name
 
@@ -49,11 +50,8 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
     try:
         return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
     except Exception as exc:
-        raise VectorStoreError(f"cannot open Milvus at {_redact_uri(target)}: {exc}") from exc
-
-
-def _redact_uri(uri: str) -> str:
-    return uri.split("@")[-1] if "://" in uri else uri
+        raise VectorStoreError(f"cannot open Milvus at {shown_url(target) if '://' in target else target}: "
+                               f"{scrub(str(exc), [token])}"[:500]) from None
 
 
 def ensure_collection(client: Any, name: str, dim: int, *, analyzer: str = "jieba") -> bool:

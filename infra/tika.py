@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from infra.errors import IndusflowError
+from infra.secrets import http_error_text, scrub, shown_url
 from infra.settings import TikaSettings, get_tika_settings
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,12 @@ class TikaServer:
                 raw_response=True,
             )
         except Exception as exc:
-            raise TikaParseError(f"tika server: {type(exc).__name__}: {exc}"[:500]) from exc
+            raise TikaParseError(f"tika server {shown_url(self.url)}: {type(exc).__name__}: "
+                                 f"{scrub(str(exc))}"[:500]) from None
         if status == 422:  # Tika: unprocessable entity (encrypted or corrupt)
-            raise TikaParseError(f"tika server answered HTTP 422: {str(body)[:300]}")
+            raise TikaParseError(f"tika server answered {http_error_text(422, str(body), limit=300)}")
         if status != 200:
-            raise TikaParseError(f"tika server answered HTTP {status}")
+            raise TikaParseError(f"tika server answered {http_error_text(status, str(body or ''))}")
         return rmeta_result(body)
 
 

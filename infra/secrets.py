@@ -1,0 +1,92 @@
+"""The secrets boundary: keys, tokens and credentials in URLs never reach an error message, a
+log, an artifact or a job variable.
+
+- :func:`scrub` removes them from any text (an HTTP error body that echoes the request, an
+  exception message of a client library): ``Authorization``/``Bearer``/``Basic`` values,
+  ``user:password@`` in URLs, ``key=``/``token=``/``password=``-style pairs (query strings,
+  JSON, headers), ``sk-...``-style API keys, and the values the caller knows are secret.
+- :func:`http_error_text` is what every HTTP client of the project puts into its exceptions:
+  the status and a short, scrubbed excerpt of the body.
+- :func:`url_credentials` tells whether a value carries credentials in a URL (``apply`` refuses
+  to forward such a value into job variables).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+MASK = "***"
+_MIN_SECRET = 4  # shorter "secrets" would mask ordinary words
+
+_AUTH = re.compile(r"(?i)\b(authorization|proxy-authorization)(\"?\s*[:=]\s*\"?)(?:(bearer|basic|token|apikey)\s+)?"
+                   r"[^\s\"',;}]+")
+_SCHEME = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s:@\"']+)(?::[^/\s@\"']*)?@")
+_PAIR = re.compile(
+    r"(?i)([\"']?\b[\w-]*(?:api[_-]?key|apikey|access[_-]?key|secret|token|passw(?:or)?d|pwd|credential|signature|sig)"
+    r"[\w-]*[\"']?\s*[:=]\s*[\"']?)([^\s\"'&,;}]+)"
+)
+_KEY_SHAPES = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{12,}|\bAKIA[0-9A-Z]{16}\b|\bgh[pousr]_[A-Za-z0-9]{20,}\b"
+                         r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
+
+
+def scrub(text: str, known: Iterable[str | None] = ()) -> str:
+    """``text`` with every credential replaced by ``***`` (see the module docstring)."""
+    if not text:
+        return text
+    for secret in sorted({s for s in known if s and len(s) >= _MIN_SECRET}, key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    text = _AUTH.sub(lambda m: f"{m.group(1)}{m.group(2)}{(m.group(3) + ' ') if m.group(3) else ''}{MASK}", text)
+    text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    text = _PAIR.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    return _KEY_SHAPES.sub(MASK, text)
+
+
+def http_error_text(status: int, body: str | bytes | None, known: Iterable[str | None] = (), limit: int = 200) -> str:
+    """``HTTP <status>: <body excerpt>`` for an exception message, scrubbed before and after it is cut
+    (a key cut in half by the limit is still removed)."""
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", "replace")
+    known = list(known)
+    excerpt = scrub(scrub(body or "", known)[:limit], known)
+    return f"HTTP {status}: {excerpt!r}" if excerpt else f"HTTP {status}"
+
+
+def shown_url(url: str) -> str:
+    """A URL for messages: no ``user:password@`` part, no query string or fragment."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return scrub(url)
+    if not parts.scheme or not parts.netloc:
+        return scrub(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
+
+
+def url_credentials(value: str) -> str | None:
+    """What secret a value carries in a URL (``"password"``, ``"query"``), or None.
+
+    Any ``scheme://user:password@host`` (also inside a longer value such as a list of URLs) and
+    a query string with a key-, token-, secret- or password-named parameter count.
+    """
+    for m in re.finditer(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s,;]+", value):
+        url = m.group(0)
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            return "malformed URL"
+        if parts.password or re.match(r"[^/@]*:[^/@]*@", parts.netloc):
+            return "password"
+        if parts.username and "@" in parts.netloc and len(parts.username) >= 16:
+            return "token"  # a bare token as the user name (https://<token>@host)
+        if _PAIR.search(parts.query or ""):
+            return "query"
+    return None
