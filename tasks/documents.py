@@ -16,13 +16,14 @@ import hashlib
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
 
 from infra.errors import DataValidationError
+from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import TikaSettings, get_tika_settings
 from infra.tika import TikaClient, TikaParseError, TikaResult, tika_client
 from tasks.containers import (
@@ -128,7 +129,7 @@ def discover(sources: Iterable[str | Path]) -> list[SourceFile]:
     for src in sources:
         path = Path(src).expanduser()
         if not path.exists():
-            raise DataValidationError("does not exist: pass existing files or folders", source=str(src))
+            raise DataValidationError("does not exist: pass existing files or folders", source=redact_path(str(src)))
         path = path.resolve()
         if path.is_file():
             files[str(path)] = path
@@ -256,10 +257,12 @@ def _failure_reason(meta: dict[str, list[str]], text: str, min_chars: int) -> tu
 # documents and containers
 
 
-def _tika(client: TikaClient, data: bytes, path: str) -> TikaResult | Quarantined:
+def _tika(client: TikaClient, data: bytes, path: str, *, whole_file: bool = True) -> TikaResult | Quarantined:
+    """Tika's text of ``data``; ``whole_file``: ``data`` is the whole file at ``path`` (Tika may
+    read it from disk then, and see its name), else a part of it (an e-mail body)."""
     if not data:
         return Quarantined(path, "empty", "0 bytes")
-    on_disk = path if "!/" not in path else None
+    on_disk = path if whole_file and "!/" not in path else None
     try:
         return client.parse(data, path.rsplit("/", 1)[-1], on_disk)
     except TikaParseError as exc:
@@ -354,7 +357,7 @@ class _Walker:
             return [Quarantined(path, *exp.failure)]
         items: list[Item] = []
         if exp.body is not None:  # an e-mail: its body (attachments removed) is a document of its own
-            body = _tika(self.client, exp.body, path)
+            body = _tika(self.client, exp.body, path, whole_file=False)  # never the file on disk: attachments
             items.append(body if isinstance(body, Quarantined) else
                          _document(exp.body, body.text, parsed.metadata if parsed else body.metadata, path,
                                    self.source, self.settings))
@@ -430,6 +433,15 @@ class _Walker:
         return items + failures
 
 
+def redact_names(item: Item, key: bytes) -> Item:
+    """``item`` as it may leave the parser: its source, path and id from the redacted path
+    (:func:`infra.pii.redact_path`), a quarantine detail redacted as text."""
+    if isinstance(item, Quarantined):
+        return replace(item, path=redact_path(item.path, key), detail=redact_text(item.detail))
+    path = redact_path(item.path, key)
+    return replace(item, source=redact_path(item.source, key), path=path, doc_id=doc_id_for(path))
+
+
 def parse_sources(
     sources: list[SourceFile],
     *,
@@ -437,29 +449,35 @@ def parse_sources(
     client: TikaClient | None = None,
     max_archive_members: int = 1000,
 ) -> ParseResult:
-    """Parse each source (containers into their inner documents); quarantine failures with a reason."""
+    """Parse each source (containers into their inner documents); quarantine failures with a reason.
+
+    What comes out is named by redacted paths (personal data in file, folder and member names
+    replaced by tagged placeholders): the source of a document is ``redact_path(file path)``.
+    """
     settings = settings or get_tika_settings()
     client = client or tika_client(settings)
     limits = ArchiveLimits(max_members=max_archive_members, max_member_bytes=settings.max_file_bytes,
                            max_total_bytes=settings.max_archive_bytes, max_ratio=settings.max_compression_ratio,
                            max_depth=settings.max_archive_depth)
     out = ParseResult()
+    key = tag_key()
     for src in sources:
+        name = redact_path(src.path, key)
         if src.size > settings.max_file_bytes:
-            out.quarantined.append(Quarantined(src.path, "too_large", f"{src.size} bytes"))
-            out.docs_per_source[src.path] = 0
+            out.quarantined.append(Quarantined(name, "too_large", f"{src.size} bytes"))
+            out.docs_per_source[name] = 0
             continue
         try:
             data = Path(src.path).read_bytes()
         except OSError as exc:
-            out.quarantined.append(Quarantined(src.path, "unreadable", type(exc).__name__))
-            out.docs_per_source[src.path] = 0
+            out.quarantined.append(Quarantined(name, "unreadable", type(exc).__name__))
+            out.docs_per_source[name] = 0
             continue
-        items = _Walker(client, settings, limits, src.path).parse(data, src.path)
+        items = [redact_names(i, key) for i in _Walker(client, settings, limits, src.path).parse(data, src.path)]
         docs = [i for i in items if isinstance(i, ParsedDocument)]
         out.documents.extend(docs)
         out.quarantined.extend(i for i in items if isinstance(i, Quarantined))
-        out.docs_per_source[src.path] = len(docs)
+        out.docs_per_source[name] = len(docs)
     if out.quarantined:
         log.info("parsed %d documents, quarantined %d", len(out.documents), len(out.quarantined))
     return out

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.embeddings import CoverageReport, Embedder, coverage_report
 from infra.home import home_layout
 from infra.milvus import ensure_collection
+from infra.pii import redact_path, tag_key
 from infra.settings import TikaSettings, get_embedding_settings
 from infra.store import check_name, safe_join, stable_hash, write_json_atomic
 from tasks.chunk import Chunk, chunk_document
@@ -318,21 +319,35 @@ def run_ingest(
     on_source_written: Callable[[str], None] | None = None,
 ) -> IngestResult:
     """Ingest files/folders incrementally: unchanged sources are skipped, changed ones replaced,
-    and (with ``prune``) sources gone from the given folders removed."""
+    and (with ``prune``) sources gone from the given folders removed.
+
+    Sources are stored, cached and reported under their redacted paths
+    (:func:`infra.pii.redact_path`); rows a former version stored under a path that still holds
+    personal data are deleted (their file is then ingested again under its redacted name).
+    """
     started = time.perf_counter()
     collection = check_name(collection, "collection name")
     files = discover(sources)
+    key = tag_key()
+    name = {f.path: redact_path(f.path, key) for f in files}
     exists = client.has_collection(collection)
     manifest = load_manifest(client, collection) if exists else {}
     qcache = load_quarantine_cache(collection)
+    progress = IngestProgress()
+    legacy = [s for s in manifest if redact_path(s, key) != s]
+    if legacy:
+        progress.written.deleted += delete_sources(client, collection, legacy)
+        manifest = {s: st for s, st in manifest.items() if s not in legacy}
+        log.info("removed the rows of %d sources stored under unredacted paths", len(legacy))
+    qcache = {s: v for s, v in qcache.items() if redact_path(s, key) == s}
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
-    hashes = {f.path: stable_hash({"file": f.sha256, "pipeline": rules.key}) for f in files}
+    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key}) for f in files}
     for f in files:
-        h = hashes[f.path]
-        state = manifest.get(f.path)
-        cached = qcache.get(f.path, {})
+        h = hashes[name[f.path]]
+        state = manifest.get(name[f.path])
+        cached = qcache.get(name[f.path], {})
         if state is not None and state.complete(h):
             unchanged += 1  # an archive may hold documents and quarantined members side by side
             if cached.get("hash") == h:
@@ -344,28 +359,28 @@ def run_ingest(
             todo.append(f)
     if todo or not exists:
         ensure_collection(client, collection, embedder.dim)
-    progress = IngestProgress()
     parsed = 0
     for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
                                         max_archive_members=max_archive_members):
         parsed += len(result.documents)
         quarantined.extend(result.quarantined)
-        by_source: dict[str, list[ParsedDocument]] = {f.path: [] for f in batch}
+        by_source: dict[str, list[ParsedDocument]] = {name[f.path]: [] for f in batch}
         for doc in result.documents:
             by_source[doc.source].append(doc)
         for f in batch:
-            items = [q.__dict__ for q in result.quarantined if q.path == f.path or q.path.startswith(f.path + "!/")]
+            src = name[f.path]
+            items = [q.__dict__ for q in result.quarantined if q.path == src or q.path.startswith(src + "!/")]
             if items:
-                qcache[f.path] = {"hash": hashes[f.path], "items": items}
+                qcache[src] = {"hash": hashes[src], "items": items}
             else:
-                qcache.pop(f.path, None)
+                qcache.pop(src, None)
         write_json_atomic(quarantine_cache_path(collection), qcache)
-        groups = [(f.path, hashes[f.path], by_source[f.path]) for f in batch]
+        groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
         write_documents(client, collection, embedder, groups, rules, stages, progress,
                         show_progress=show_progress, on_source_written=on_source_written)
     pruned = 0
     if prune:
-        roots = [Path(s).expanduser().resolve() for s in sources]
+        roots = [Path(redact_path(str(Path(s).expanduser().resolve()), key)) for s in sources]
         gone = [s for s in manifest if _under(s, roots) and s not in hashes]
         if gone:
             progress.written.deleted += delete_sources(client, collection, gone)
@@ -390,7 +405,7 @@ def text_documents(items: Sequence[tuple[str, str, str]], namespace: str) -> lis
     """In-memory ``(id, title, text)`` passages (e.g. a QA set's contexts) as documents."""
     docs = []
     for pid, title, text in items:
-        path = f"{namespace}/{pid}"
+        path = redact_path(f"{namespace}/{pid}")
         docs.append(ParsedDocument(
             doc_id=doc_id_for(path), source=path, path=path, content_hash=stable_hash(text), text=text,
             meta=DocMeta(content_type="text/plain", title=title, language=guess_language(text)),
