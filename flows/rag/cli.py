@@ -13,6 +13,7 @@ from flows.cli import Command, make_main
 from flows.rag.ask import rag_ask
 from flows.rag.evaluate import rag_eval
 from flows.rag.ingest import rag_ingest
+from infra.pii import redact_path, redact_text
 from solutions.rag.evaluation import render_eval
 from solutions.rag.results import AskResult, EvalResult
 from tasks.ingest import IngestResult
@@ -51,13 +52,24 @@ def _eval_summary(r: EvalResult) -> str:
 def _sources_exist(kwargs: dict[str, Any]) -> None:
     missing = [s for s in kwargs.get("sources") or [] if not Path(s).expanduser().exists()]
     if missing:
-        raise ValueError(f"source not found: {', '.join(missing)}")
+        raise ValueError(f"source not found: {', '.join(redact_path(m) for m in missing)}")
 
 
 def _data_exists(kwargs: dict[str, Any]) -> None:
     path = Path(kwargs["data"]).expanduser()
     if not path.is_file():
         raise ValueError(f"--data: QA file not found: {kwargs['data']}")
+
+
+def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The question (and a path prefix) redacted before they become flow parameters, which the
+    Prefect database keeps and its UI shows."""
+    out = dict(kwargs)
+    out["question"] = redact_text(kwargs["question"])
+    params = kwargs.get("params")
+    if params is not None and params.path_prefix:
+        out["params"] = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
+    return out
 
 
 COMMANDS = [
@@ -71,7 +83,7 @@ COMMANDS = [
     ),
     Command(
         "ask", rag_ask, _ask_summary, help="answer a question with citations", positional="question",
-        flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()},
+        flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()}, prepare=_redacted_question,
     ),
     Command(
         "eval", rag_eval, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",

@@ -20,6 +20,7 @@ from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder
 from infra.home import home_layout
 from infra.llm import ChatClient
 from infra.milvus import VectorStoreError, default_collection, open_client
+from infra.pii import redact_path, redact_text
 from infra.settings import TikaSettings, get_llm_settings
 from solutions.rag.answer import ask_result, generate_answer, passages_from
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
@@ -80,9 +81,15 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
                     out: TextIO | None = None) -> AskResult:
     """Retrieve the top-k chunks for ``question`` and answer with numbered citations.
 
-    With ``params.stream`` the LLM's answer is written to ``out`` (default: stdout) as it comes.
+    The question is redacted first (:func:`infra.pii.redact_text`): the stored chunks hold
+    placeholders, so nothing is lost for retrieval, and the raw text reaches neither the
+    embedder, the LLM nor the result. With ``params.stream`` the LLM's answer is written to
+    ``out`` (default: stdout) as it comes.
     """
     started = time.perf_counter()
+    question = redact_text(question)
+    if params.path_prefix:  # stored paths are redacted: compare like with like
+        params = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
     client = client or open_client()
     embedder = embedder or embedder_from_settings()
     collection = default_collection(params.collection)

@@ -11,10 +11,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TextIO
 
 from infra.llm import ChatClient, ChatMessage
+from infra.pii import redact_text
 from solutions.rag.redact import RedactionConfig, StreamRedactor, redact
 from solutions.rag.results import AskHit, AskResult, Citation
 from solutions.rag.text import query_terms, sentence_spans
@@ -164,7 +165,9 @@ def generate_answer(question: str, passages: Sequence[Passage], chat: ChatClient
     if chat is None or not passages:
         text, kind = extractive_answer(question, passages), "extractive"
     else:
-        messages = [ChatMessage(role, content) for role, content in build_messages(question, passages)]
+        # the one boundary before the LLM: question, passages and their labels (rows stored by an
+        # older rule set included)
+        messages = [ChatMessage(role, redact_text(content)) for role, content in build_messages(question, passages)]
         text = _streamed(chat, messages, stream_to) if stream_to is not None else chat.complete(messages)
         kind = "llm"
     return redact(text, RedactionConfig())[0], kind
@@ -172,9 +175,11 @@ def generate_answer(question: str, passages: Sequence[Passage], chat: ChatClient
 
 def ask_result(question: str, mode: str, weights: dict[str, float], answer: tuple[str, str],
                hits: Sequence[RetrievedChunk], *, seconds: float, streamed: bool = False) -> AskResult:
-    """The typed result of one question: the answer, its citations and the hits."""
+    """The typed result of one question: the answer, its citations and the hits, every text in it
+    redacted (the question, paths, titles and snippets as well as the answer)."""
     text, kind = answer
-    passages = passages_from(hits)
+    passages = [replace(p, text=redact_text(p.text), path=redact_text(p.path), title=redact_text(p.title or "") or None)
+                for p in passages_from(hits)]
     citations = [
         Citation(number=n, path=passages[n - 1].path, title=passages[n - 1].title or "",
                  chunk_index=passages[n - 1].chunk_index, page=passages[n - 1].page,
@@ -188,6 +193,6 @@ def ask_result(question: str, mode: str, weights: dict[str, float], answer: tupl
                snippet=p.text[:240])
         for p, h in zip(passages, hits, strict=True)
     ]
-    return AskResult(question=question, mode=mode, weights=weights, answer=text, answer_kind=kind,
+    return AskResult(question=redact_text(question), mode=mode, weights=weights, answer=text, answer_kind=kind,
                      citations=citations, hits=views, seconds=seconds, streamed=streamed and kind == "llm")
 
