@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from infra.pii import redact_text
+
 
 class IndusflowError(Exception):
     """Base class of the project's own errors."""
@@ -9,6 +11,9 @@ class IndusflowError(Exception):
 
 class DataValidationError(IndusflowError, ValueError):
     """Input data does not satisfy its schema.
+
+    Its message (the source, the column, the text) passes the personal-data redactor: it is
+    printed, logged and kept in run states, and a file name or a cell may hold a phone number.
 
     Attributes:
         source: the file (or table name) that failed.
@@ -36,7 +41,7 @@ class DataValidationError(IndusflowError, ValueError):
         text = f"{prefix}: {message}" if prefix else message
         if self.rows:
             text += f" (first offending rows: {self.rows})"
-        super().__init__(text)
+        super().__init__(redact_text(text))
 
 
 class QualityGateError(IndusflowError):

@@ -82,3 +82,23 @@ def test_redaction_fingerprint_follows_kinds_and_rules(monkeypatch) -> None:
     monkeypatch.setattr(redact_mod, "_EMAIL", re.compile(r"\S+@\S+"))
     assert redaction_fingerprint(RedactionConfig()) != base
     assert redaction_fingerprint(RedactionConfig(email=False)) == redaction_fingerprint(RedactionConfig(email=False))
+
+
+def test_path_tags_are_keyed_stable_and_distinct(tmp_path) -> None:
+    from infra.pii import redact_path, tag_key
+
+    key = tag_key(tmp_path)
+    assert tag_key(tmp_path) == key and len(key) == 32 and (tmp_path / "pii-tag.key").stat().st_mode & 0o777 == 0o600
+    a = redact_path("/kb/客户_13712345678.txt", key)
+    assert a == redact_path("/kb/客户_13712345678.txt", key) and "13712345678" not in a
+    assert a.startswith("/kb/客户_[MOBILE~") and a.endswith("].txt")
+    assert a != redact_path("/kb/客户_13712345679.txt", key)  # two files stay two documents
+    assert a != redact_path("/kb/客户_13712345678.txt", b"another home's key" * 2)
+    assert redact_path("/kb/plain/notes.txt", key) == "/kb/plain/notes.txt"
+
+
+def test_validation_errors_carry_no_personal_data() -> None:
+    from infra.errors import DataValidationError
+
+    err = DataValidationError("row holds 440304198507153218", source="/in/客户_13712345678.csv", column="a@b.com")
+    assert str(err) == "/in/客户_[MOBILE].csv, column '[EMAIL]': row holds [CN_ID]"
