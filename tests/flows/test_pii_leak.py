@@ -124,7 +124,7 @@ def _hits(folder: Path, needles: dict[str, bytes]) -> list[str]:
 
 def test_nothing_personal_leaks(tmp_path: Path, monkeypatch, capfd, echo_llm: str) -> None:
     import flows.rag.ingest as ingest_flow
-    import flows.rag.steps as steps
+    from flows.rag import steps
     from flows.rag.cli import main
     from infra.milvus import lite_path, open_client
     from tests.integration._hash_embedder import HashEmbedder
@@ -156,8 +156,9 @@ def test_nothing_personal_leaks(tmp_path: Path, monkeypatch, capfd, echo_llm: st
         ask = json.loads(out.strip().splitlines()[-1])
         assert ask["answer_kind"] == "llm" and "[MOBILE]" in ask["question"] and "body=" in ask["answer"]
 
-    from infra.prefect_env import settle_prefect
     from prefect.settings import PREFECT_HOME, PREFECT_SERVER_DATABASE_CONNECTION_URL
+
+    from infra.prefect_env import settle_prefect
 
     settle_prefect()
     from prefect.logging.handlers import APILogWorker

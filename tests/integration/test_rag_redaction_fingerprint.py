@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from flows.rag.steps import ingest_sources
-from infra.milvus import query_all
 from infra import pii as redact_mod
+from infra.milvus import query_all
 from solutions.rag.config import ChunkParams, IngestParams, RedactionParams
 
 sys.path.insert(0, str(Path(__file__).parent))
