@@ -94,6 +94,11 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    # -- online serving
+    def serving(self) -> Path:
+        """State of the REST API: hashed API keys, the audit log, the audit salt, online feature state."""
+        return self._area("serving")
+
 
 def home_layout() -> HomeLayout:
     """The layout of the configured home (``INDUSFLOW_HOME``), read now."""
