@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import numpy as np
@@ -44,7 +44,7 @@ class TinyFraud:
 def train_tiny_fraud(layout: HomeLayout, seed: int = 5) -> TinyFraud:
     """Generate ~3 weeks of transactions, train a few steps, register as champion, batch-score the last day."""
     torch.manual_seed(seed)
-    raw = generate_transactions(n_accounts=40, n_terminals=15, n_days=21, fraud_rate=0.05, seed=seed)
+    raw = generate_transactions(n_accounts=30, n_terminals=12, n_days=21, fraud_rate=0.05, seed=seed)
     raw[S.TIMESTAMP] = raw[S.TIMESTAMP].astype(str)  # as a CSV or a JSON request carries it
     df = validate_table(raw, P.transaction_schema(), "tiny")
     split = time_split(df[S.TIMESTAMP], train_days=10, val_days=2, delay_days=7, test_days=1)
@@ -95,7 +95,7 @@ class FraudServer:
                                                     access_log=False, lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> FraudServer:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 30
         while True:
