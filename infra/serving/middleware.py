@@ -34,10 +34,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 def parse_networks(entries: Sequence[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """Networks of the allow-list (``10.0.0.0/8``, ``127.0.0.1``); ValueError names a bad entry."""
     out = []
@@ -85,11 +81,17 @@ class ServingMiddleware:
             return
         start = time.perf_counter()
         state = scope.setdefault("state", {})
-        status = {"code": 500, "started": False}
+        status = {"code": 500, "started": False, "refused": False, "accounted": False}
 
         async def send_wrapper(message: dict[str, Any]) -> None:
+            if status["refused"]:
+                return  # the body-size answer was sent: the app's own answer is dropped
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                # the audit line is written before the caller has the answer
+                status["accounted"] = True
+                self._account(scope, state, status["code"], time.perf_counter() - start)
             await send(message)
 
         received = 0
@@ -97,10 +99,13 @@ class ServingMiddleware:
         async def receive_wrapper() -> dict[str, Any]:
             nonlocal received
             message = await receive()
-            if message["type"] == "http.request":
+            if message["type"] == "http.request" and not status["refused"]:
                 received += len(message.get("body", b""))
                 if received > self.max_body:
-                    raise _BodyTooLarge
+                    if not status["started"]:
+                        await _send_json(send_wrapper, 413, {"detail": f"request body over {self.max_body} bytes"})
+                    status["refused"] = True
+                    return {"type": "http.disconnect"}  # the app stops reading and its answer is dropped
             return message
 
         try:
@@ -114,14 +119,18 @@ class ServingMiddleware:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     await self.app(scope, receive_wrapper, send_wrapper)
-            except _BodyTooLarge:
-                if not status["started"]:
-                    await _send_json(send_wrapper, 413, {"detail": f"request body over {self.max_body} bytes"})
             except TimeoutError:
                 if not status["started"]:
                     await _send_json(send_wrapper, 504, {"detail": f"request took over {self.timeout_s} s"})
+            except Exception as exc:
+                if status["refused"]:
+                    return
+                log.error("%s %s failed: %s", scope["method"], scope["path"], type(exc).__name__, exc_info=exc)
+                if not status["started"]:
+                    await _send_json(send_wrapper, 500, {"detail": f"internal error ({type(exc).__name__})"})
         finally:
-            self._account(scope, state, status["code"], time.perf_counter() - start)
+            if not status["accounted"]:
+                self._account(scope, state, status["code"], time.perf_counter() - start)
 
     def _account(self, scope: Scope, state: dict[str, Any], code: int, elapsed: float) -> None:
         route = scope.get("route")
