@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +19,6 @@ from tests.serve.fraud_helpers import (
     FraudServer,
     TinyFraud,
     api_key,
-    free_port,
     post_scores,
     train_tiny_fraud,
 )
@@ -36,29 +31,6 @@ CHUNK = 256  # history is loaded through the same endpoint, several rows per req
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[HomeLayout, TinyFraud]:
     layout = HomeLayout(tmp_path_factory.mktemp("fraud-home"))
     return layout, train_tiny_fraud(layout)
-
-
-@pytest.fixture
-def redis_server() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed (CI installs it: apt-get install redis-server)")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def _split(data: TinyFraud) -> tuple[list[dict], list[dict]]:
@@ -103,7 +75,7 @@ def test_replay_matches_batch_scores_across_a_restart(tiny: tuple[HomeLayout, Ti
 
 
 def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path,
-                                                  redis_server: str) -> None:
+                                                  redis_url: str) -> None:
     src, data = tiny
     layouts = [HomeLayout(tmp_path / f"home{i}") for i in range(2)]  # nothing shared but the registry and Redis
     keys = []
@@ -112,7 +84,7 @@ def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFr
         keys.append(api_key(layout))
     history, period = _split(data)
     online: dict[str, float] = {}
-    with FraudServer(layouts[0], redis_url=redis_server) as a, FraudServer(layouts[1], redis_url=redis_server) as b, \
+    with FraudServer(layouts[0], redis_url=redis_url) as a, FraudServer(layouts[1], redis_url=redis_url) as b, \
             httpx.Client() as client:
         servers = [(a, keys[0]), (b, keys[1])]
         for i, start in enumerate(range(0, len(history), CHUNK)):
