@@ -45,7 +45,7 @@ import pandas as pd
 import torch
 
 from infra.errors import DataValidationError
-from infra.tables import validate_table
+from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor, scale_features
@@ -60,6 +60,8 @@ __all__ = [
     "RedisStateStore",
     "RowInputs",
     "SqliteStateStore",
+    "apply_labels",
+    "label_schema",
     "open_state_store",
     "score_requests",
     "validate_rows",
@@ -190,6 +192,8 @@ class RedisStateStore:
                 if self._pending:
                     pipe = self._redis.pipeline(transaction=True)
                     for kind, docs in self._pending.items():
+                        if not docs:
+                            continue
                         pipe.mset({self._key(kind, k): json.dumps(d, separators=(",", ":")) for k, d in docs.items()})
                     pipe.execute()
             finally:
@@ -204,7 +208,8 @@ class RedisStateStore:
         return {k: json.loads(v) for k, v in zip(unique, values, strict=True) if v is not None}
 
     def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        self._pending.setdefault(kind, {}).update(docs)
+        if docs:
+            self._pending.setdefault(kind, {}).update(docs)
 
     def close(self) -> None:
         self._redis.close()
@@ -465,6 +470,58 @@ class _Batch:
                 if drop:
                     del trows[:drop]
         return out
+
+
+def label_schema() -> TableSchema:
+    """Label feedback rows: which transaction (id, terminal, time) turned out fraud or legit."""
+    return TableSchema(
+        name="fraud-labels",
+        columns=(
+            ColumnSpec(name=S.TRANSACTION_ID, kind="id"),
+            ColumnSpec(name=S.TERMINAL_ID, kind="id"),
+            ColumnSpec(name=S.TIMESTAMP, kind="datetime"),
+            ColumnSpec(name=S.LABEL, kind="binary"),
+        ),
+    )
+
+
+def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
+                 columns: Mapping[str, str] | None = None) -> list[str]:
+    """Record labels that became known after scoring (the delayed terminal risk reads them).
+
+    A label counts for later transactions exactly as a label present in the scored row
+    does in the batch path: in the terminal windows ``[t - delay - w, t - delay)``.
+
+    Args:
+        state: the online state.
+        records: rows with transaction_id, terminal_id, timestamp (as scored) and label.
+        columns: the column mapping canonical -> source.
+
+    Returns:
+        The transaction ids not found in the state (never scored, or older than the
+        terminal windows keep).
+
+    Raises:
+        DataValidationError: a column is missing or a value cannot be read (names it).
+    """
+    frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
+    table = validate_table(frame, label_schema(), source="request")
+    t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
+    terminals = [str(t) for t in table[S.TERMINAL_ID].tolist()]
+    missing: list[str] = []
+    with state.update() as batch:
+        batch.load([], terminals)
+        for tx, term, t, label in zip(table[S.TRANSACTION_ID].tolist(), terminals, t_ns,
+                                      table[S.LABEL].tolist(), strict=True):
+            rows = batch.pending.terminals[term]["rows"]
+            times = [r[0] for r in rows]
+            lo, hi = bisect.bisect_left(times, t), bisect.bisect_right(times, t)
+            hits = [r for r in rows[lo:hi] if r[2] == str(tx)]
+            if not hits:
+                missing.append(str(tx))
+            for r in hits:
+                r[1] = float(label)
+    return missing
 
 
 # ------------------------------------------------------------------------------------
