@@ -1,0 +1,263 @@
+"""Which ASGI stack serves the fraud model: FastAPI + uvicorn or LitServe? Prints one JSON line.
+
+The same small registered fraud sequence model (trained briefly on synthetic transactions,
+registered in a throwaway home, loaded back through the registry) behind both stacks, with the
+same request (``{"rows": [<model inputs of a transaction>...]}``), the same decode, forward and
+encode code, one server process each, one torch thread, closed-loop loopback clients in this
+process. Stacks: FastAPI + uvicorn (an ``async`` route calling the model inline), LitServe
+(``LitAPI``; its inference worker is a separate process fed through queues), and LitServe with
+its own dynamic batching on. Only the stack differs; authentication, limits and audit are not
+part of this comparison (they are the same middleware whichever stack runs them).
+
+Usage: ``python bench/serve_stack_bench.py [--seconds 4]``
+"""
+
+# No ``from __future__ import annotations`` here: FastAPI and LitServe read the annotations of
+# route functions and ``decode_request`` at run time, and the FastAPI route is defined locally.
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import litserve as ls
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODEL = "fraud-seq"
+
+
+# ------------------------------------------------------------------------------------
+# the model, the rows, and the shared decode/forward/encode
+
+
+def prepare(home: Path) -> None:
+    """Train a tiny fraud model for a few steps, register it under ``home``, write sample rows."""
+    import torch
+
+    from infra.registry import ModelRegistry
+    from infra.tables import assign_periods, time_split
+    from solutions.fraud import pipeline as P
+    from solutions.fraud.config import SequenceModelConfig
+    from solutions.fraud.synthetic import generate_transactions
+
+    torch.manual_seed(0)
+    df = generate_transactions(n_accounts=200, n_terminals=60, n_days=28, fraud_rate=0.03, seed=1)
+    split = time_split(df["timestamp"], train_days=14, val_days=3, delay_days=7, test_days=3)
+    feats = P.build_features(df, assign_periods(df["timestamp"], split), 7)
+    cfg = SequenceModelConfig()
+    setup = P.sequence_setup(df, feats, cfg, periods=("train", "test"))
+    model = P.build_model(setup.preprocessor, cfg, pos_weight=3.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for i, batch in enumerate(setup.datamodule.train_dataloader()):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch).float(), batch["y"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i >= 20:
+            break
+    registry = ModelRegistry(home / "registry")
+    ref = registry.register(MODEL, model.state_dict(), params=P.model_params(model, setup.preprocessor, cfg),
+                            metrics={"test/auprc": 0.0}, primary_metric="test/auprc")
+    registry.set_alias(MODEL, "champion", ref.version)
+    loader = setup.datamodule.test_dataloader() if hasattr(setup.datamodule, "test_dataloader") else None
+    batch = next(iter(loader))
+    rows = [{k: v[i].tolist() for k, v in batch.items() if k != "y"} for i in range(min(256, len(batch["y"])))]
+    dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in batch.items() if k != "y"}
+    (home / "rows.json").write_text(json.dumps({"rows": rows, "dtypes": dtypes}))
+
+
+class FraudPredictor:
+    """Decode rows, run the registered champion, encode scores (shared by both stacks)."""
+
+    def __init__(self, home: Path) -> None:
+        import torch
+
+        from infra.registry import ModelRegistry
+        from solutions.fraud import pipeline as P
+
+        torch.set_num_threads(1)
+        registry = ModelRegistry(home / "registry")
+        ref = registry.get(MODEL)
+        self.version = ref.version
+        self.model, _, _ = P.model_from_params(ref.params, registry.load_state_dict(ref))
+        self.dtypes = {k: getattr(torch, v) for k, v in json.loads((home / "rows.json").read_text())["dtypes"].items()}
+        self.torch = torch
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[float]:
+        torch = self.torch
+        batch = {k: torch.tensor([r[k] for r in rows], dtype=dt) for k, dt in self.dtypes.items()}
+        with torch.inference_mode():
+            return torch.sigmoid(self.model(batch).float()).tolist()
+
+
+# ------------------------------------------------------------------------------------
+# the two servers (each run in its own process by this script)
+
+
+def serve_fastapi(home: Path, port: int) -> None:
+    import uvicorn
+    from fastapi import FastAPI, Request
+
+    predictor = FraudPredictor(home)
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/predict")
+    async def predict(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return {"scores": predictor(body["rows"]), "model_version": predictor.version}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+class FraudLitAPI(ls.LitAPI):
+    """The fraud predictor as a LitServe API (module level: LitServe pickles it into its worker)."""
+
+    def __init__(self, home: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.home = home
+
+    def setup(self, device: str) -> None:
+        self.predictor = FraudPredictor(Path(self.home))
+
+    def decode_request(self, request: dict[str, Any]) -> list[dict[str, Any]]:
+        return request["rows"]
+
+    def batch(self, inputs: list[list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[int]]:
+        return [r for rows in inputs for r in rows], [len(rows) for rows in inputs]
+
+    def unbatch(self, output: tuple[list[float], list[int]]) -> list[list[float]]:
+        scores, sizes = output
+        out, at = [], 0
+        for n in sizes:
+            out.append(scores[at:at + n])
+            at += n
+        return out
+
+    def predict(self, x: Any) -> Any:
+        if isinstance(x, tuple):  # batched: (rows of all requests, sizes)
+            return self.predictor(x[0]), x[1]
+        return self.predictor(x)
+
+    def encode_response(self, output: list[float]) -> dict[str, Any]:
+        return {"scores": output, "model_version": self.predictor.version}
+
+
+def serve_litserve(home: Path, port: int, batch: int) -> None:
+    api = FraudLitAPI(str(home), max_batch_size=batch, batch_timeout=0.002 if batch > 1 else 0.0)
+    server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=1, timeout=30)
+    server.run(host="127.0.0.1", port=port, num_api_servers=1, generate_client_file=False, log_level="warning")
+
+
+# ------------------------------------------------------------------------------------
+# the measurement
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(stack: str, home: Path, batch: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", stack, "--home", str(home), "--port", str(port),
+                             "--batch", str(batch)], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"{stack} server did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def measure(url: str, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    from loadgen import closed_loop
+
+    single = lambda i: {"rows": [rows[i % len(rows)]]}  # noqa: E731
+    many = lambda i: {"rows": rows[:256]}  # noqa: E731
+    out = {}
+    for name, make, conc, n in (("c1_single", single, 1, 1), ("c16_single", single, 16, 1),
+                                ("c16_rows256", many, 16, len(rows[:256]))):
+        out[name] = asyncio.run(closed_loop(f"{url}/predict", make, concurrency=conc, seconds=seconds,
+                                            rows_per_request=n))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per phase")
+    parser.add_argument("--serve", choices=["fastapi", "litserve"], help=argparse.SUPPRESS)
+    parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "fastapi":
+        serve_fastapi(args.home, args.port)
+        return
+    if args.serve == "litserve":
+        serve_litserve(args.home, args.port, args.batch)
+        return
+
+    with tempfile.TemporaryDirectory(prefix="serve-stack-") as tmp:
+        home = Path(tmp)
+        prepare(home)
+        rows = json.loads((home / "rows.json").read_text())["rows"]
+        results: dict[str, Any] = {}
+        for label, stack, batch in (("fastapi_uvicorn", "fastapi", 1), ("litserve", "litserve", 1),
+                                    ("litserve_batch16", "litserve", 16)):
+            t0 = time.perf_counter()
+            proc, url = start(stack, home, batch)
+            startup = time.perf_counter() - t0
+            try:
+                results[label] = {"startup_s": round(startup, 2), **measure(url, rows, args.seconds)}
+            finally:
+                stop(proc)
+    import fastapi
+    import uvicorn
+
+    fa, ls_ = results["fastapi_uvicorn"], results["litserve"]
+    ratios = {phase: round(fa[phase]["req_per_s"] / max(ls_[phase]["req_per_s"], 1e-9), 2)
+              for phase in ("c1_single", "c16_single", "c16_rows256")}
+    print(json.dumps({
+        "bench": "serve_stack", "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
+        "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
+                     "litserve": ls.__version__},
+        "fastapi_over_litserve_req_per_s": ratios, **results,
+    }))
+
+
+if __name__ == "__main__":
+    main()
