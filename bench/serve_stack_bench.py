@@ -206,8 +206,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def measure(url: str, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
     from loadgen import closed_loop
 
-    single = lambda i: {"rows": [rows[i % len(rows)]]}  # noqa: E731
-    many = lambda i: {"rows": rows[:256]}  # noqa: E731
+    single = lambda i: {"rows": [rows[i % len(rows)]]}
+    many = lambda i: {"rows": rows[:256]}
     out = {}
     for name, make, conc, n in (("c1_single", single, 1, 1), ("c16_single", single, 16, 1),
                                 ("c16_rows256", many, 16, len(rows[:256]))):

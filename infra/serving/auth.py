@@ -274,7 +274,7 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
         request.state.principal = principal
         if not principal.allows(scope):
             raise HTTPException(403, f"this credential lacks the scope {scope!r}")
-        decision = services.limiter.hit(principal.key_id, principal.rate_limit)
+        decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
         if not decision.allowed:
             services.metrics.rate_limited.labels(endpoint=scope).inc()
             raise HTTPException(
