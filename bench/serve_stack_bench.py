@@ -4,9 +4,10 @@ The same small registered fraud sequence model (trained briefly on synthetic tra
 registered in a throwaway home, loaded back through the registry) behind both stacks, with the
 same request (``{"rows": [<model inputs of a transaction>...]}``), the same decode, forward and
 encode code, one server process each, one torch thread, closed-loop loopback clients in this
-process. Stacks: FastAPI + uvicorn (an ``async`` route calling the model inline), LitServe
-(``LitAPI``; its inference worker is a separate process fed through queues), and LitServe with
-its own dynamic batching on. Only the stack differs; authentication, limits and audit are not
+process. Stacks: FastAPI + uvicorn with the model called inline on the event loop, or in a worker
+thread (our :class:`~infra.serving.batching.DynamicBatcher` with batch size 1), LitServe
+(``LitAPI``; its inference worker is a separate process fed through queues), and both with
+dynamic batching on (at most 16 requests, 2 ms wait: our batcher, LitServe's own). Only the stack differs; authentication, limits and audit are not
 part of this comparison (they are the same middleware whichever stack runs them).
 
 Usage: ``python bench/serve_stack_bench.py [--seconds 4]``
@@ -104,12 +105,24 @@ class FraudPredictor:
 # the two servers (each run in its own process by this script)
 
 
-def serve_fastapi(home: Path, port: int) -> None:
+def serve_fastapi(home: Path, port: int, batch: int) -> None:
     import uvicorn
     from fastapi import FastAPI, Request
 
+    from infra.serving.batching import DynamicBatcher
+
     predictor = FraudPredictor(home)
     app = FastAPI()
+
+    def score_batch(items: list[list[dict[str, Any]]]) -> list[list[float]]:
+        scores = predictor([r for rows in items for r in rows])
+        out, at = [], 0
+        for rows in items:
+            out.append(scores[at:at + len(rows)])
+            at += len(rows)
+        return out
+
+    batcher = DynamicBatcher(score_batch, max_batch_size=max(batch, 1), max_wait_ms=2.0 if batch > 1 else 0.0)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -118,7 +131,11 @@ def serve_fastapi(home: Path, port: int) -> None:
     @app.post("/predict")
     async def predict(request: Request) -> dict[str, Any]:
         body = await request.json()
-        return {"scores": predictor(body["rows"]), "model_version": predictor.version}
+        if batch == 0:  # inline on the event loop
+            scores = predictor(body["rows"])
+        else:  # in the batcher's worker thread, alone (batch 1) or with concurrent requests
+            [scores] = await batcher.submit([body["rows"]])
+        return {"scores": scores, "model_version": predictor.version}
 
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
@@ -225,7 +242,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "fastapi":
-        serve_fastapi(args.home, args.port)
+        serve_fastapi(args.home, args.port, args.batch)
         return
     if args.serve == "litserve":
         serve_litserve(args.home, args.port, args.batch)
@@ -236,7 +253,8 @@ def main() -> None:
         prepare(home)
         rows = json.loads((home / "rows.json").read_text())["rows"]
         results: dict[str, Any] = {}
-        for label, stack, batch in (("fastapi_uvicorn", "fastapi", 1), ("litserve", "litserve", 1),
+        for label, stack, batch in (("fastapi_uvicorn", "fastapi", 0), ("fastapi_worker_thread", "fastapi", 1),
+                                    ("litserve", "litserve", 1), ("fastapi_batch16", "fastapi", 16),
                                     ("litserve_batch16", "litserve", 16)):
             t0 = time.perf_counter()
             proc, url = start(stack, home, batch)
@@ -248,14 +266,17 @@ def main() -> None:
     import fastapi
     import uvicorn
 
-    fa, ls_ = results["fastapi_uvicorn"], results["litserve"]
-    ratios = {phase: round(fa[phase]["req_per_s"] / max(ls_[phase]["req_per_s"], 1e-9), 2)
-              for phase in ("c1_single", "c16_single", "c16_rows256")}
+    ratios = {
+        f"{a}/{b}": {phase: round(results[a][phase]["req_per_s"] / max(results[b][phase]["req_per_s"], 1e-9), 2)
+                     for phase in ("c1_single", "c16_single", "c16_rows256")}
+        for a, b in (("fastapi_uvicorn", "litserve"), ("fastapi_worker_thread", "litserve"),
+                     ("fastapi_batch16", "litserve_batch16"))
+    }
     print(json.dumps({
         "bench": "serve_stack", "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
         "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "litserve": ls.__version__},
-        "fastapi_over_litserve_req_per_s": ratios, **results,
+        "req_per_s_ratios": ratios, **results,
     }))
 
 
