@@ -3,7 +3,8 @@
 Closed loop: ``concurrency`` clients each send their next request when the previous one is
 answered, for ``seconds``. Fixed rate: requests start on a fixed schedule (open loop, so a slow
 server cannot slow the offered load down), bounded by ``max_in_flight``. Both only ever talk to
-127.0.0.1. Latencies are measured from send to the full answer.
+127.0.0.1. Latencies are measured from send to the full answer. A request the client gave up on
+(30 s timeout, connection error) is counted as status ``599``, apart from the server's 5xx.
 """
 
 from __future__ import annotations
@@ -115,5 +116,6 @@ async def fixed_rate(url: str, make_body: Callable[[int], Any], *, rate: float, 
         elapsed = time.perf_counter() - start
     out = summary(latencies, statuses, elapsed, rows_per_request)
     out.update(offered_rate=rate, seconds=seconds, not_sent_over_in_flight_cap=skipped,
-               errors_5xx=sum(v for k, v in statuses.items() if k >= 500))
+               errors_5xx=sum(v for k, v in statuses.items() if 500 <= k < 599),
+               client_gave_up=statuses.get(599, 0))
     return out
