@@ -276,7 +276,7 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
             raise HTTPException(403, f"this credential lacks the scope {scope!r}")
         decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
         if not decision.allowed:
-            services.metrics.rate_limited.labels(endpoint=scope).inc()
+            services.metrics.rate_limited.labels(scope=scope).inc()
             raise HTTPException(
                 429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
                 headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),
