@@ -180,6 +180,72 @@ def serve_litserve(home: Path, port: int, batch: int) -> None:
 
 
 # ------------------------------------------------------------------------------------
+# what our HTTP layer costs (in process, no sockets: only the ASGI stack differs)
+
+
+def framework_overhead(requests: int = 1500, repeats: int = 3) -> dict[str, Any]:
+    """Microseconds per request of the same trivial route in a bare FastAPI app and behind the
+    project's layer (IP allow-list, body limit, timeout, API key + scope + rate limit, row check,
+    audit line, metrics), interleaved, medians of ``repeats``."""
+    import statistics
+    from typing import Annotated
+
+    import httpx
+    from fastapi import APIRouter, Depends, FastAPI, Request
+
+    from flows.serve.app import create_app
+    from infra.home import HomeLayout
+    from infra.serving.audit import record_audit
+    from infra.serving.auth import Principal, require_scope
+    from infra.serving.quotas import check_rows
+    from infra.serving.runtime import Vertical, key_store
+    from infra.settings import ServeSettings
+
+    body = {"rows": [{"account_id": "A1", "x": 1.0}]}
+    bare = FastAPI()
+
+    @bare.post("/v1/x")
+    async def bare_route(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"scores": [0.5] * len(payload["rows"]), "model_version": 1}
+
+    router = APIRouter()
+
+    @router.post("/v1/x")
+    async def guarded_route(payload: dict[str, Any], request: Request,
+                            principal: Annotated[Principal, Depends(require_scope("x:score"))]) -> dict[str, Any]:
+        check_rows(request, len(payload["rows"]))
+        record_audit(request, model="x", model_version=1, rows=len(payload["rows"]), decisions={"flagged": 0},
+                     subjects=[r["account_id"] for r in payload["rows"]])
+        return {"scores": [0.5] * len(payload["rows"]), "model_version": 1}
+
+    with tempfile.TemporaryDirectory(prefix="serve-overhead-") as tmp:
+        layout = HomeLayout(Path(tmp))
+        key, _ = key_store(layout).add("bench", ["x:score"])
+        guarded = create_app(ServeSettings(default_rate_limit="100000000/minute", ip_allow_list="127.0.0.0/8"),
+                             verticals=[Vertical("x", router)], layout=layout)
+
+        async def run(app: Any) -> float:
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 50000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1",
+                                         headers={"X-API-Key": key}) as client:
+                for _ in range(50):
+                    await client.post("/v1/x", json=body)
+                t0 = time.perf_counter()
+                for _ in range(requests):
+                    r = await client.post("/v1/x", json=body)
+                assert r.status_code == 200, r.text
+                return (time.perf_counter() - t0) / requests * 1e6
+
+        times: dict[str, list[float]] = {"bare": [], "guarded": []}
+        for _ in range(repeats):
+            times["bare"].append(asyncio.run(run(bare)))
+            times["guarded"].append(asyncio.run(run(guarded)))
+    b, g = statistics.median(times["bare"]), statistics.median(times["guarded"])
+    return {"bare_fastapi_us_per_request": round(b, 1), "with_our_layer_us_per_request": round(g, 1),
+            "added_us_per_request": round(g - b, 1), "requests": requests, "repeats": repeats}
+
+
+# ------------------------------------------------------------------------------------
 # the measurement
 
 
@@ -240,6 +306,7 @@ def main() -> None:
     parser.add_argument("--home", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--overhead-only", action="store_true", help="only the in-process cost of our HTTP layer")
     args = parser.parse_args()
     if args.serve == "fastapi":
         serve_fastapi(args.home, args.port, args.batch)
@@ -248,6 +315,9 @@ def main() -> None:
         serve_litserve(args.home, args.port, args.batch)
         return
 
+    if args.overhead_only:
+        print(json.dumps({"bench": "serve_stack", "our_http_layer": framework_overhead()}))
+        return
     with tempfile.TemporaryDirectory(prefix="serve-stack-") as tmp:
         home = Path(tmp)
         prepare(home)
@@ -272,8 +342,9 @@ def main() -> None:
         for a, b in (("fastapi_uvicorn", "litserve"), ("fastapi_worker_thread", "litserve"),
                      ("fastapi_batch16", "litserve_batch16"))
     }
+    overhead = framework_overhead()
     print(json.dumps({
-        "bench": "serve_stack", "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
+        "bench": "serve_stack", "our_http_layer": overhead, "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
         "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "litserve": ls.__version__},
         "req_per_s_ratios": ratios, **results,
