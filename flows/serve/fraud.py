@@ -11,9 +11,8 @@ together by a :class:`~infra.serving.batching.DynamicBatcher`, in arrival order.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,17 +23,10 @@ from infra.serving.auth import Principal, require_scope
 from infra.serving.batching import DynamicBatcher
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
-from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.model import build_module
-from solutions.fraud.online import (
-    OnlineFraudModel,
-    OnlineFraudState,
-    OrderError,
-    open_state_store,
-    score_requests,
-)
-from tasks.compress import load_variant
+
+if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
+    from solutions.fraud.online import OnlineFraudModel, OnlineFraudState
 
 SCOPE = "fraud:score"
 #: Earlier transactions kept per account for sequences (a served model's seq_len - 1 at most).
@@ -88,6 +80,11 @@ class FraudScoreResponse(BaseModel):
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
     """A registered fraud version (or a compressed variant of one) ready for online scoring."""
+    from solutions.fraud import pipeline as P
+    from solutions.fraud.model import build_module
+    from solutions.fraud.online import OnlineFraudModel
+    from tasks.compress import load_variant
+
     if "compression" in ref.params:
         net = load_variant(ref, services.registry, build_module)
         pre, cfg = P.preprocessing_from_params(ref.params)
@@ -100,7 +97,7 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
 
 
 _Item = tuple[list[dict[str, Any]], dict[str, str] | None]
-_Result = tuple[ModelRef, "np.ndarray | Exception"]
+_Result = tuple[ModelRef, Any]  # scores (np.ndarray) or the error that refused the request
 
 
 def build(services: Services) -> Vertical | None:
@@ -113,12 +110,16 @@ def build(services: Services) -> Vertical | None:
     holder: dict[str, OnlineFraudState] = {}
 
     def state() -> OnlineFraudState:
+        from solutions.fraud.online import OnlineFraudState, open_state_store
+
         if "state" not in holder:
             holder["state"] = OnlineFraudState.for_model(
                 open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
         return holder["state"]
 
     def score_batch(items: list[_Item]) -> list[_Result]:
+        from solutions.fraud.online import score_requests
+
         ref, model = slot.current()  # one version for the whole batch
         out: list[_Result] = []
         # requests with different column mappings are validated separately, in order
@@ -143,6 +144,8 @@ def build(services: Services) -> Vertical | None:
                     principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> FraudScoreResponse:
         """Score transactions with the fraud champion and add them to the online state."""
         check_rows(request, len(body.transactions))
+        from solutions.fraud.online import OrderError  # loaded with the model by now
+
         [(ref, result)] = await batcher.submit([(body.transactions, body.columns)])
         if isinstance(result, OrderError):
             raise HTTPException(status_code=409, detail=str(result))
@@ -170,4 +173,4 @@ def build(services: Services) -> Vertical | None:
         if "state" in holder:
             holder.pop("state").store.close()
 
-    return Vertical("fraud", router, [slot], on_start=state, on_stop=stop)
+    return Vertical("fraud", router, [slot], on_stop=stop)

@@ -10,7 +10,7 @@ Concurrent requests share one model call (:class:`~infra.serving.batching.Dynami
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -24,11 +24,9 @@ from infra.serving.batching import DynamicBatcher
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.sensor import schema as S
-from solutions.sensor.model import build_module
-from solutions.sensor.online import OnlineSensorModel, grid_from_readings, grid_from_rows, predict_grid
-from solutions.sensor.pipeline import predictor_from_params
-from solutions.sensor.scoring import is_variant
-from tasks.compress import load_variant
+
+if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
+    from solutions.sensor.online import OnlineSensorModel
 
 SCOPE = "sensor:predict"
 _SEP = "\x1f"  # request number and asset id, while requests share one model call
@@ -88,6 +86,12 @@ class SensorPredictResponse(BaseModel):
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
     """A registered sensor version (or a compressed variant) kept loaded for online prediction."""
+    from solutions.sensor.model import build_module
+    from solutions.sensor.online import OnlineSensorModel
+    from solutions.sensor.pipeline import predictor_from_params
+    from solutions.sensor.scoring import is_variant
+    from tasks.compress import load_variant
+
     if is_variant(ref):
         return OnlineSensorModel(ref=ref, variant=load_variant(ref, services.registry, build_module))
     net, _, _ = predictor_from_params(ref.params, services.registry.load_state_dict(ref))
@@ -106,6 +110,8 @@ def build(services: Services) -> Vertical | None:
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
 
     def predict_batch(items: list[_Item]) -> list[_Result]:
+        from solutions.sensor.online import grid_from_readings, grid_from_rows, predict_grid
+
         ref, model = slot.current()
         grids: list[pd.DataFrame | Exception] = []
         for k, body in enumerate(items):

@@ -4,15 +4,16 @@ replicas; bad input gets a 422 naming the column and row."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pandas as pd
 import pytest
 
+from flows.serve import fraud as serve_fraud
 from infra.home import HomeLayout
 from solutions.fraud import schema as S
 from tests.serve.fraud_helpers import (
@@ -100,43 +101,45 @@ def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFr
 
 def test_one_accounts_rows_in_one_batch_are_scored_in_arrival_order(tiny: tuple[HomeLayout, TinyFraud],
                                                                     tmp_path: Path) -> None:
-    """Concurrent single-transaction requests coalesced into batches give the batch path's scores."""
-    import asyncio
+    """Concurrent single-transaction submissions coalesced by the dynamic batcher (several rows of one
+    account in one model call) give the batch path's scores: the state applies a batch in arrival order.
+
+    In-process, so that the arrival order is exact (HTTP connections may reorder concurrent requests)."""
+    from infra.registry import ModelRegistry
+    from infra.serving.batching import DynamicBatcher
+    from solutions.fraud.online import OnlineFraudState, SqliteStateStore, score_requests
 
     src, data = tiny
     layout = HomeLayout(tmp_path / "home")
     shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
-    key = api_key(layout)
+
+    class _Services:
+        registry = ModelRegistry(layout.registry())
+
+    model = serve_fraud.load_online_model(data.ref, _Services())  # type: ignore[arg-type]
+    state = OnlineFraudState.for_model(SqliteStateStore(layout.online_state() / "fraud.sqlite"), history_len=63)
     history, period = _split(data)
-    # the busiest accounts' rows of the period, several per account, sent concurrently in arrival order
-    online: dict[str, float] = {}
-    with FraudServer(layout, batch_max_size=64, batch_max_wait_ms=200) as server:
-        with httpx.Client() as client:
-            for start in range(0, len(history), CHUNK):
-                post_scores(client, server.url, key, history[start : start + CHUNK])
+    batches: list[list[str]] = []
 
-        async def fire() -> list[httpx.Response]:
-            async with httpx.AsyncClient() as client:
-                tasks = []
-                for row in period:
-                    body = {"transactions": [{k: (None if isinstance(v, float) and np.isnan(v) else v)
-                                              for k, v in row.items()}]}
-                    tasks.append(asyncio.create_task(client.post(
-                        f"{server.url}/v1/fraud/score", json=body, headers={"X-API-Key": key}, timeout=60)))
-                    await asyncio.sleep(0.001)  # keep the arrival order
-                return await asyncio.gather(*tasks)
+    def fn(items: list[list[dict]]) -> list:
+        batches.append([rows[0][S.ACCOUNT_ID] for rows in items])
+        return score_requests(model, state, items)
 
-        before = _model_calls(server)
-        responses = asyncio.run(fire())
-        calls = _model_calls(server) - before
-    for response in responses:
-        assert response.status_code == 200, response.text
-        [result] = response.json()["results"]
-        online[result["transaction_id"]] = result["score"]
+    batcher = DynamicBatcher(fn, max_batch_size=32, max_wait_ms=20)
+
+    async def replay() -> list:
+        await batcher.submit([history])
+        return await asyncio.gather(*(batcher.submit([[row]]) for row in period))
+
+    try:
+        results = asyncio.run(replay())
+    finally:
+        batcher.close()
+        state.store.close()
+    online = {str(row[S.TRANSACTION_ID]): float(r[0][0]) for row, r in zip(period, results, strict=True)}
     _compare(data, online)
-    accounts = pd.Series([r[S.ACCOUNT_ID] for r in period])
-    assert accounts.duplicated().any()  # some account has several rows in the replay
-    assert calls < len(period)  # coalesced: fewer model calls than requests
+    assert len(batches) - 1 < len(period)  # coalesced
+    assert any(pd.Series(b).duplicated().any() for b in batches[1:])  # one account twice in one call
 
 
 def _model_calls(server: FraudServer) -> int:
