@@ -108,8 +108,10 @@ def start_server(home: Path, batch_size: int, wait_ms: float) -> tuple[subproces
            "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
            "INDUSFLOW_SERVE_MAX_ROWS": "4096"}
     env.pop("INDUSFLOW_SERVE_REDIS_URL", None)
-    proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = home / f"server-{port}.log"
+    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
+        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while True:
@@ -119,17 +121,22 @@ def start_server(home: Path, batch_size: int, wait_ms: float) -> tuple[subproces
         except httpx.TransportError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"the server did not become ready: {proc.stderr.read().decode()[-2000:]}")
+            stop_server(proc)
+            raise RuntimeError(f"the server did not become ready: {log.read_text()[-2000:]}")
         time.sleep(0.3)
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
+    """Stop the server process group (the server runs in its own session)."""
+    import signal
+
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+    except ProcessLookupError:
+        return
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 

@@ -260,9 +260,11 @@ def start(stack: str, home: Path, batch: int = 1) -> tuple[subprocess.Popen[byte
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", stack, "--home", str(home), "--port", str(port),
-                             "--batch", str(batch)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = home / f"{stack}-{batch}-{port}.log"
+    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
+        proc = subprocess.Popen([sys.executable, __file__, "--serve", stack, "--home", str(home), "--port", str(port),
+                                 "--batch", str(batch)], env=env, cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -272,18 +274,29 @@ def start(stack: str, home: Path, batch: int = 1) -> tuple[subprocess.Popen[byte
         except httpx.TransportError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"{stack} server did not start: {proc.stderr.read().decode()[-2000:]}")
+            stop(proc)
+            raise RuntimeError(f"{stack} server did not start: {log.read_text()[-2000:]}")
         time.sleep(0.2)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
+    """Stop the server and every process it started (LitServe's workers outlive a plain terminate)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)  # its own session: the group holds only the server and its children
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(0.5)
+        except subprocess.TimeoutExpired:
+            continue
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        os.killpg(proc.pid, signal.SIGKILL)  # workers left behind by a parent that exited
+    except ProcessLookupError:
+        pass
 
 
 def measure(url: str, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
