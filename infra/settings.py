@@ -248,6 +248,11 @@ class ServeSettings(BaseSettings):
         description="Secret salt for the account ids hashed into the audit log. Default: a random salt "
         "created once under <home>/serving/.",
     )
+    audit_dir: Path | None = Field(
+        default=None,
+        description="Folder of the audit log (audit.jsonl). Default: <home>/serving/. Replicas sharing a "
+        "home give each its own folder (the Kubernetes manifest uses the pod name).",
+    )
     audit_max_bytes: int = Field(
         default=50_000_000, ge=1024, description="Audit log size at which it is rotated (audit.jsonl.1, ...)."
     )

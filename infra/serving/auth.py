@@ -274,9 +274,9 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
         request.state.principal = principal
         if not principal.allows(scope):
             raise HTTPException(403, f"this credential lacks the scope {scope!r}")
-        decision = services.limiter.hit(principal.key_id, principal.rate_limit)
+        decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
         if not decision.allowed:
-            services.metrics.rate_limited.labels(endpoint=scope).inc()
+            services.metrics.rate_limited.labels(scope=scope).inc()
             raise HTTPException(
                 429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
                 headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),

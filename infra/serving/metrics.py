@@ -38,8 +38,8 @@ class ServingMetrics:
                                   ["model"], registry=r)
         self.reloads = Counter("indusflow_model_reloads_total", "Model versions loaded (hot reloads).",
                                ["model"], registry=r)
-        self.rate_limited = Counter("indusflow_rate_limited_total", "Requests refused by a rate limit.",
-                                    ["endpoint"], registry=r)
+        self.rate_limited = Counter("indusflow_rate_limited_total", "Requests refused by a rate limit, by scope.",
+                                    ["scope"], registry=r)
 
     def observe_batch(self, model: str, size: int) -> None:
         """Report one model call over ``size`` rows (called by routes and the dynamic batcher)."""

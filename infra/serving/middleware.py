@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import time
+import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -73,6 +74,8 @@ class ServingMiddleware:
             address = ipaddress.ip_address(client[0])
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # ::ffff:10.1.2.3 on a dual-stack socket
         return any(address in net for net in self.networks)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -122,10 +125,12 @@ class ServingMiddleware:
             except TimeoutError:
                 if not status["started"]:
                     await _send_json(send_wrapper, 504, {"detail": f"request took over {self.timeout_s} s"})
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of a route becomes a 500, logged
                 if status["refused"]:
                     return
-                log.error("%s %s failed: %s", scope["method"], scope["path"], type(exc).__name__, exc_info=exc)
+                # the traceback without the message: a message may quote request data
+                log.error("%s %s failed: %s\n%s", scope["method"], scope["path"], type(exc).__name__,
+                          "".join(traceback.format_tb(exc.__traceback__)))
                 if not status["started"]:
                     await _send_json(send_wrapper, 500, {"detail": f"internal error ({type(exc).__name__})"})
         finally:

@@ -84,7 +84,8 @@ class Services:
             auth=Authenticator(key_store(layout), hs256_secret=secret, rs256_public_key=public,
                                audience=settings.jwt_audience),
             limiter=RateLimiter(settings.default_rate_limit, redis_url),
-            audit=AuditLog(layout.serving() / AUDIT_FILE, salt, settings.audit_max_bytes, settings.audit_backups),
+            audit=AuditLog((settings.audit_dir.expanduser() if settings.audit_dir else layout.serving()) / AUDIT_FILE,
+                           salt, settings.audit_max_bytes, settings.audit_backups),
         )
 
     def breaker(self, model: str) -> CircuitBreaker:

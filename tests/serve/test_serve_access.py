@@ -86,6 +86,7 @@ def test_rate_limit_per_key_in_memory(live_server) -> None:
     assert 1 <= int(responses[-1].headers["Retry-After"]) <= 60
     assert responses[-1].headers["X-RateLimit-Limit"] == "3"
     assert [r.status_code for r in _exhaust([live.url], free, 3)] == [200, 200, 200]  # per key
+    assert live.services.metrics.registry.get_sample_value("indusflow_rate_limited_total", {"scope": "toy:score"}) == 1
 
 
 def test_rate_limit_shared_through_redis(live_server, redis_url) -> None:
