@@ -401,10 +401,13 @@ class _Batch:
             self.pending.terminals[t] = got_t.get(t) or {"rows": []}
 
     def check(self, rows: Rows | pd.DataFrame) -> None:
-        """Raise :class:`OrderError` when a row is older than its account's latest row."""
+        """Raise :class:`OrderError` when a row is older than its account's latest row, or is a
+        transaction already applied (a client's retry: applying it twice would count it twice)."""
         rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
-        for i, (acct, t) in enumerate(zip(rows.accounts, rows.t_ns, strict=True)):
+        for i, (acct, t, tx) in enumerate(zip(rows.accounts, rows.t_ns, rows.tx_ids, strict=True)):
             recent = self.pending.accounts[acct]["recent"]
+            if tx is not None and any(len(r) > 5 and r[5] == tx and r[0] == t for r in reversed(recent)):
+                raise OrderError(f"row {i}: transaction {tx!r} was already scored; it is not applied twice")
             if recent and t < recent[-1][0]:
                 last = pd.Timestamp(recent[-1][0])
                 raise OrderError(
@@ -494,7 +497,7 @@ class _Batch:
                 occupation=occupations[i],
             ))
             # -- add the row to the state
-            recent.append([t, amount, channels[i], categories[i], step])
+            recent.append([t, amount, channels[i], categories[i], step, tx_ids[i]])
             keep_from = t - wmax * _NS_PER_DAY
             cut = 0
             while cut < len(recent) - self.state.history_len and recent[cut][0] <= keep_from:

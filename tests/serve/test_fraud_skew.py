@@ -189,6 +189,8 @@ def test_bad_rows_get_a_422_naming_column_and_row(tiny: tuple[HomeLayout, TinyFr
         assert mapped.status_code == 200, mapped.text
         assert mapped.json()["results"][0]["transaction_id"] == "t3"
         assert post([good]).status_code == 200
+        retry = post([good])
+        assert retry.status_code == 409 and "already scored" in retry.text
         older = post([{**good, "transaction_id": "t0", "timestamp": "2025-01-01T09:00:00"}])
         assert older.status_code == 409 and "older" in older.text
         assert client.post(f"{server.url}/v1/fraud/score", json={"transactions": [good]}).status_code == 401
