@@ -182,6 +182,7 @@ def main() -> None:
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     try:
         register_model(tmp)
@@ -219,6 +220,7 @@ def main() -> None:
     import torch
 
     print(json.dumps({"bench": "serve", "cores": os.cpu_count(), "device": "cpu",
+                      "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
                       "cuda_available": torch.cuda.is_available(), "seconds_per_phase": args.seconds,
                       "targets": targets, "batching_gain_rows_per_s": gain, **results}))
 

@@ -336,6 +336,7 @@ def main() -> None:
     if args.overhead_only:
         print(json.dumps({"bench": "serve_stack", "our_http_layer": framework_overhead()}))
         return
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="serve-stack-") as tmp:
         home = Path(tmp)
         prepare(home)
@@ -362,7 +363,8 @@ def main() -> None:
     }
     overhead = framework_overhead()
     print(json.dumps({
-        "bench": "serve_stack", "our_http_layer": overhead, "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
+        "bench": "serve_stack", "our_http_layer": overhead,
+        "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)}, "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
         "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "litserve": ls.__version__},
         "req_per_s_ratios": ratios, **results,
