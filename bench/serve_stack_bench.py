@@ -364,7 +364,8 @@ def main() -> None:
     overhead = framework_overhead()
     print(json.dumps({
         "bench": "serve_stack", "our_http_layer": overhead,
-        "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)}, "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
+        "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
+        "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
         "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "litserve": ls.__version__},
         "req_per_s_ratios": ratios, **results,
