@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model 
     from solutions.fraud.online import OnlineFraudModel, OnlineFraudState
 
 SCOPE = "fraud:score"
+LABEL_SCOPE = "fraud:label"
 #: Earlier transactions kept per account for sequences (a served model's seq_len - 1 at most).
 HISTORY_LEN = 63
 
@@ -76,6 +78,25 @@ class FraudScoreResponse(BaseModel):
     model_version: int
     threshold: float
     results: list[FraudScore]
+
+
+class FraudLabelRequest(BaseModel):
+    """Labels that became known after scoring (chargebacks, investigations)."""
+
+    labels: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="One object per transaction: transaction_id, terminal_id, timestamp (as scored), label (0/1).",
+        examples=[[{"transaction_id": "tx-1001", "terminal_id": "T9", "timestamp": "2025-02-27T14:03:11",
+                    "label": 1}]],
+    )
+    columns: dict[str, str] | None = Field(default=None, description="Column mapping canonical -> source name.")
+
+
+class FraudLabelResponse(BaseModel):
+    """How many labels were recorded; the ids the state does not hold."""
+
+    recorded: int
+    unknown: list[str] = Field(description="Transaction ids never scored, or older than the terminal windows keep.")
 
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
@@ -167,6 +188,25 @@ def build(services: Services) -> Vertical | None:
                      decisions={"flagged": flagged, "passed": len(results) - flagged},
                      subjects=[row.get(acct_col) for row in body.transactions])
         return FraudScoreResponse(model=ref.name, model_version=ref.version, threshold=threshold, results=results)
+
+    @router.post("/v1/fraud/labels", response_model=FraudLabelResponse)
+    async def labels(body: FraudLabelRequest, request: Request,
+                     principal: Annotated[Principal, Depends(require_scope(LABEL_SCOPE))]) -> FraudLabelResponse:
+        """Record known labels: later transactions' delayed terminal risk counts them, as in the batch path."""
+        from solutions.fraud.online import apply_labels
+
+        check_rows(request, len(body.labels))
+        try:
+            unknown = await run_in_threadpool(apply_labels, state(), body.labels, body.columns)
+        except DataValidationError as exc:
+            raise HTTPException(status_code=422, detail={"error": str(exc), "column": exc.column,
+                                                         "rows": exc.rows}) from exc
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail={"error": str(exc)}) from exc
+        ref = slot.current()[0] if slot.ready else None
+        record_audit(request, model=name, model_version=ref.version if ref else 0, rows=len(body.labels),
+                     decisions={"recorded": len(body.labels) - len(unknown), "unknown": len(unknown)})
+        return FraudLabelResponse(recorded=len(body.labels) - len(unknown), unknown=unknown)
 
     def stop() -> None:
         batcher.close()

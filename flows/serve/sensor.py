@@ -5,6 +5,8 @@ A request carries recent readings of one or more assets, in long format (``readi
 asset_id, timestamp, sensor, value, or source names with ``columns``) or as the aligned grid
 (``grid``). They are aligned and normalised by the batch path's own functions
 (:mod:`solutions.sensor.online`), so an asset scores as ``sensor score`` scores it in a file.
+Readings covering the model's window plus the forward-fill limit and one step (e.g. the last 34
+hours for a 30-step window of hourly steps) give the same answer as the asset's whole history.
 Concurrent requests share one model call (:class:`~infra.serving.batching.DynamicBatcher`).
 """
 

@@ -24,13 +24,13 @@ came after it).
 Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
 home (embedded, one process or several on one machine; a restart loses nothing) and
 Redis (several replicas share it). Both hold one JSON document per account and per
-terminal; an update is read, computed and written inside the store's exclusive section.
+terminal (orjson: floats round-trip exactly); an update is read, computed and written
+inside the store's exclusive section.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import sqlite3
 import threading
@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 import pandas as pd
 import torch
 
 from infra.errors import DataValidationError
-from infra.tables import validate_table
+from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor, scale_features
@@ -59,7 +60,10 @@ __all__ = [
     "OrderError",
     "RedisStateStore",
     "RowInputs",
+    "Rows",
     "SqliteStateStore",
+    "apply_labels",
+    "label_schema",
     "open_state_store",
     "score_requests",
     "validate_rows",
@@ -115,7 +119,7 @@ class SqliteStateStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS state (kind TEXT NOT NULL, key TEXT NOT NULL, doc TEXT NOT NULL, "
+            "CREATE TABLE IF NOT EXISTS state (kind TEXT NOT NULL, key TEXT NOT NULL, doc BLOB NOT NULL, "
             "PRIMARY KEY (kind, key))"
         )
 
@@ -139,13 +143,13 @@ class SqliteStateStore:
             rows = self._conn.execute(
                 f"SELECT key, doc FROM state WHERE kind = ? AND key IN ({marks})", [kind, *chunk]
             )
-            out.update({key: json.loads(doc) for key, doc in rows})
+            out.update({key: orjson.loads(doc) for key, doc in rows})
         return out
 
     def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
         self._conn.executemany(
             "INSERT OR REPLACE INTO state (kind, key, doc) VALUES (?, ?, ?)",
-            [(kind, key, json.dumps(doc, separators=(",", ":"))) for key, doc in docs.items()],
+            [(kind, key, orjson.dumps(doc)) for key, doc in docs.items()],
         )
 
     def close(self) -> None:
@@ -190,7 +194,9 @@ class RedisStateStore:
                 if self._pending:
                     pipe = self._redis.pipeline(transaction=True)
                     for kind, docs in self._pending.items():
-                        pipe.mset({self._key(kind, k): json.dumps(d, separators=(",", ":")) for k, d in docs.items()})
+                        if not docs:
+                            continue
+                        pipe.mset({self._key(kind, k): orjson.dumps(d) for k, d in docs.items()})
                     pipe.execute()
             finally:
                 self._pending = {}
@@ -201,10 +207,11 @@ class RedisStateStore:
         if not unique:
             return {}
         values = self._redis.mget([self._key(kind, k) for k in unique])
-        return {k: json.loads(v) for k, v in zip(unique, values, strict=True) if v is not None}
+        return {k: orjson.loads(v) for k, v in zip(unique, values, strict=True) if v is not None}
 
     def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        self._pending.setdefault(kind, {}).update(docs)
+        if docs:
+            self._pending.setdefault(kind, {}).update(docs)
 
     def close(self) -> None:
         self._redis.close()
@@ -281,6 +288,61 @@ def _opt_float(value: Any) -> float:
 
 
 @dataclass
+class Rows:
+    """Validated rows as plain Python lists, extracted once per batch (pandas per row is slow).
+
+    Build with :meth:`from_frame`; :meth:`part` cuts one request's rows out of a batch.
+    """
+
+    t_ns: list[int]
+    hours: list[int]
+    minutes: list[int]
+    dows: list[int]
+    accounts: list[str]
+    terminals: list[str | None]
+    amounts: list[float]
+    labels: list[float]
+    tx_ids: list[str | None]
+    channels: list[str | None]
+    categories: list[str | None]
+    ages: list[float]
+    acc_ages: list[float]
+    occupations: list[str | None]
+    has_terminal: bool
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Rows:
+        """From a validated frame (canonical columns), in row order."""
+        def column(name: str) -> list[Any]:
+            return frame[name].tolist() if name in frame.columns else [None] * len(frame)
+
+        stamps = pd.DatetimeIndex(frame[S.TIMESTAMP])
+        return cls(
+            t_ns=frame[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist(),
+            hours=stamps.hour.tolist(), minutes=stamps.minute.tolist(), dows=stamps.dayofweek.tolist(),
+            accounts=[str(a) for a in frame[S.ACCOUNT_ID].tolist()],
+            terminals=[_opt_str(t) for t in column(S.TERMINAL_ID)],
+            amounts=pd.to_numeric(frame[S.AMOUNT], errors="coerce").astype("float64").tolist(),
+            labels=[_opt_float(v) for v in column(S.LABEL)],
+            tx_ids=[_opt_str(v) for v in column(S.TRANSACTION_ID)],
+            channels=[_opt_str(v) for v in column(S.CHANNEL)],
+            categories=[_opt_str(v) for v in column(S.CATEGORY)],
+            ages=[_opt_float(v) for v in column(S.AGE)],
+            acc_ages=[_opt_float(v) for v in column(S.ACCOUNT_AGE_DAYS)],
+            occupations=[_opt_str(v) for v in column(S.OCCUPATION)],
+            has_terminal=S.TERMINAL_ID in frame.columns,
+        )
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    def part(self, start: int, end: int) -> Rows:
+        """Rows ``start:end``."""
+        values = {name: getattr(self, name)[start:end] for name in self.__dataclass_fields__ if name != "has_terminal"}
+        return Rows(**values, has_terminal=self.has_terminal)
+
+
+@dataclass
 class _Pending:
     accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
     terminals: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -338,11 +400,11 @@ class _Batch:
         for t in need_t:
             self.pending.terminals[t] = got_t.get(t) or {"rows": []}
 
-    def check(self, frame: pd.DataFrame) -> None:
+    def check(self, rows: Rows | pd.DataFrame) -> None:
         """Raise :class:`OrderError` when a row is older than its account's latest row."""
-        t_ns = frame[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64)
-        for i, (acct, t) in enumerate(zip(frame[S.ACCOUNT_ID].tolist(), t_ns.tolist(), strict=True)):
-            recent = self.pending.accounts[str(acct)]["recent"]
+        rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
+        for i, (acct, t) in enumerate(zip(rows.accounts, rows.t_ns, strict=True)):
+            recent = self.pending.accounts[acct]["recent"]
             if recent and t < recent[-1][0]:
                 last = pd.Timestamp(recent[-1][0])
                 raise OrderError(
@@ -350,33 +412,23 @@ class _Batch:
                     f"already scored for its account ({last}); online scoring is order-based"
                 )
 
-    def apply(self, frame: pd.DataFrame, delay_days: int) -> list[RowInputs]:
+    def apply(self, rows: Rows | pd.DataFrame, delay_days: int) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
 
         Args:
-            frame: validated rows (canonical columns), in arrival order.
+            rows: validated rows (a frame with canonical columns, or its :class:`Rows`), in arrival order.
             delay_days: the model's label delay of the terminal windows.
         """
+        r = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
         windows = self.state.windows_days
         wmax = max(windows)
         cap_s = float(wmax) * 86_400.0
         delay_ns = int(delay_days) * _NS_PER_DAY
-        has_terminal = S.TERMINAL_ID in frame.columns
-        t_ns = frame[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
-        stamps = pd.DatetimeIndex(frame[S.TIMESTAMP])
-        hours, minutes, dows = stamps.hour.tolist(), stamps.minute.tolist(), stamps.dayofweek.tolist()
-
-        def column(name: str) -> list[Any]:
-            return frame[name].tolist() if name in frame.columns else [None] * len(frame)
-
-        accounts = [str(a) for a in frame[S.ACCOUNT_ID].tolist()]
-        terminals = [_opt_str(t) for t in column(S.TERMINAL_ID)]
-        amounts = pd.to_numeric(frame[S.AMOUNT], errors="coerce").astype("float64").tolist()
-        labels = [_opt_float(v) for v in column(S.LABEL)]
-        tx_ids = [_opt_str(v) for v in column(S.TRANSACTION_ID)]
-        channels, categories = [_opt_str(v) for v in column(S.CHANNEL)], [_opt_str(v) for v in column(S.CATEGORY)]
-        ages, acc_ages = column(S.AGE), column(S.ACCOUNT_AGE_DAYS)
-        occupations = column(S.OCCUPATION)
+        has_terminal = r.has_terminal
+        t_ns, hours, minutes, dows = r.t_ns, r.hours, r.minutes, r.dows
+        accounts, terminals, amounts, labels, tx_ids = r.accounts, r.terminals, r.amounts, r.labels, r.tx_ids
+        channels, categories = r.channels, r.categories
+        ages, acc_ages, occupations = r.ages, r.acc_ages, r.occupations
         self.load(accounts, [t if t is not None else _NULL_TERMINAL for t in terminals] if has_terminal else [])
 
         out: list[RowInputs] = []
@@ -438,8 +490,8 @@ class _Batch:
                 step_cats=[(r[2], r[3]) for r in recent[-self.state.history_len:]] + [(channels[i], categories[i])]
                 if self.state.history_len else [(channels[i], categories[i])],
                 window=win,
-                static=(_opt_float(ages[i]), _opt_float(acc_ages[i])),
-                occupation=_opt_str(occupations[i]),
+                static=(ages[i], acc_ages[i]),
+                occupation=occupations[i],
             ))
             # -- add the row to the state
             recent.append([t, amount, channels[i], categories[i], step])
@@ -465,6 +517,58 @@ class _Batch:
                 if drop:
                     del trows[:drop]
         return out
+
+
+def label_schema() -> TableSchema:
+    """Label feedback rows: which transaction (id, terminal, time) turned out fraud or legit."""
+    return TableSchema(
+        name="fraud-labels",
+        columns=(
+            ColumnSpec(name=S.TRANSACTION_ID, kind="id"),
+            ColumnSpec(name=S.TERMINAL_ID, kind="id"),
+            ColumnSpec(name=S.TIMESTAMP, kind="datetime"),
+            ColumnSpec(name=S.LABEL, kind="binary"),
+        ),
+    )
+
+
+def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
+                 columns: Mapping[str, str] | None = None) -> list[str]:
+    """Record labels that became known after scoring (the delayed terminal risk reads them).
+
+    A label counts for later transactions exactly as a label present in the scored row
+    does in the batch path: in the terminal windows ``[t - delay - w, t - delay)``.
+
+    Args:
+        state: the online state.
+        records: rows with transaction_id, terminal_id, timestamp (as scored) and label.
+        columns: the column mapping canonical -> source.
+
+    Returns:
+        The transaction ids not found in the state (never scored, or older than the
+        terminal windows keep).
+
+    Raises:
+        DataValidationError: a column is missing or a value cannot be read (names it).
+    """
+    frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
+    table = validate_table(frame, label_schema(), source="request")
+    t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
+    terminals = [str(t) for t in table[S.TERMINAL_ID].tolist()]
+    missing: list[str] = []
+    with state.update() as batch:
+        batch.load([], terminals)
+        for tx, term, t, label in zip(table[S.TRANSACTION_ID].tolist(), terminals, t_ns,
+                                      table[S.LABEL].tolist(), strict=True):
+            rows = batch.pending.terminals[term]["rows"]
+            times = [r[0] for r in rows]
+            lo, hi = bisect.bisect_left(times, t), bisect.bisect_right(times, t)
+            hits = [r for r in rows[lo:hi] if r[2] == str(tx)]
+            if not hits:
+                missing.append(str(tx))
+            for r in hits:
+                r[1] = float(label)
+    return missing
 
 
 # ------------------------------------------------------------------------------------
@@ -578,17 +682,17 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
     if model.seq_len - 1 > state.history_len:
         raise ValueError(f"the model's seq_len {model.seq_len} needs more history than the state keeps "
                          f"({state.history_len} rows per account)")
-    frames: list[pd.DataFrame | Exception] = []
+    frames: list[Rows | Exception] = []
     try:
-        table = validate_rows([row for rows in requests for row in rows], columns)
+        table = Rows.from_frame(validate_rows([row for rows in requests for row in rows], columns))
         start = 0
         for rows in requests:
-            frames.append(table.iloc[start : start + len(rows)].reset_index(drop=True))
+            frames.append(table.part(start, start + len(rows)))
             start += len(rows)
     except (DataValidationError, ValueError):
         for rows in requests:
             try:
-                frames.append(validate_rows(rows, columns))
+                frames.append(Rows.from_frame(validate_rows(rows, columns)))
             except (DataValidationError, ValueError) as exc:
                 frames.append(exc)
     results: list[np.ndarray | Exception] = []
@@ -600,7 +704,7 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                 results.append(frame)
                 spans.append((0, 0))
                 continue
-            batch.load([str(a) for a in frame[S.ACCOUNT_ID].tolist()], [])
+            batch.load(frame.accounts, [])
             try:
                 batch.check(frame)
             except OrderError as exc:

@@ -39,6 +39,7 @@ class TinyFraud:
     since: pd.Timestamp  # first timestamp of the scored period
     batch: pd.DataFrame  # the batch path's scores of the period (transaction_id, score)
     ref: ModelRef
+    risky_rows: int  # rows of the scored period with a non-zero delayed terminal risk (labels matter)
 
 
 def train_tiny_fraud(layout: HomeLayout, seed: int = 5) -> TinyFraud:
@@ -72,7 +73,9 @@ def train_tiny_fraud(layout: HomeLayout, seed: int = 5) -> TinyFraud:
     scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, ref, data, source="tiny",
                                    since=str(since))
     records = raw.drop(columns=[S.SCENARIO]).to_dict("records")
-    return TinyFraud(records=records, since=since, batch=scored.table[[S.TRANSACTION_ID, "score"]], ref=ref)
+    risk = feats.loc[(feats[P.PERIOD] == "test").to_numpy(), [c for c in feats if c.startswith("term_risk_")]]
+    return TinyFraud(records=records, since=since, batch=scored.table[[S.TRANSACTION_ID, "score"]], ref=ref,
+                     risky_rows=int((risk > 0).any(axis=1).sum()))
 
 
 def free_port() -> int:

@@ -77,24 +77,41 @@ def test_replay_matches_batch_scores_across_a_restart(tiny: tuple[HomeLayout, Ti
 
 def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path,
                                                   redis_url: str) -> None:
+    """Two replicas share the state in Redis; labels arrive after scoring through /v1/fraud/labels
+    (the rows are sent without them), as chargebacks do, and feed the delayed terminal risk."""
     src, data = tiny
     layouts = [HomeLayout(tmp_path / f"home{i}") for i in range(2)]  # nothing shared but the registry and Redis
     keys = []
     for layout in layouts:
         shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
-        keys.append(api_key(layout))
+        keys.append(api_key(layout, "fraud:score", "fraud:label"))
     history, period = _split(data)
+    assert data.risky_rows > 0  # the labels change scores: without them the comparison would fail
+    unlabelled = [{k: v for k, v in r.items() if k != S.LABEL} for r in history]
+    labels = [{k: r[k] for k in (S.TRANSACTION_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL)} for r in history]
     online: dict[str, float] = {}
     with FraudServer(layouts[0], redis_url=redis_url) as a, FraudServer(layouts[1], redis_url=redis_url) as b, \
             httpx.Client() as client:
         servers = [(a, keys[0]), (b, keys[1])]
         for i, start in enumerate(range(0, len(history), CHUNK)):
             server, key = servers[i % 2]
-            post_scores(client, server.url, key, history[start : start + CHUNK])
+            post_scores(client, server.url, key, unlabelled[start : start + CHUNK])
+        for i, start in enumerate(range(0, len(labels), CHUNK)):
+            server, key = servers[i % 2]
+            response = client.post(f"{server.url}/v1/fraud/labels", json={"labels": labels[start : start + CHUNK]},
+                                   headers={"X-API-Key": key}, timeout=30)
+            assert response.status_code == 200, response.text
+            assert response.json()["unknown"] == []
         for i, row in enumerate(period):
             server, key = servers[i % 2]
-            [result] = post_scores(client, server.url, key, [row])
+            [result] = post_scores(client, server.url, key, [{k: v for k, v in row.items() if k != S.LABEL}])
             online[result["transaction_id"]] = result["score"]
+        unknown = client.post(f"{a.url}/v1/fraud/labels", headers={"X-API-Key": keys[0]},
+                              json={"labels": [{**labels[0], S.TRANSACTION_ID: "never-seen"}]})
+        assert unknown.json() == {"recorded": 0, "unknown": ["never-seen"]}
+        denied = client.post(f"{a.url}/v1/fraud/labels", headers={"X-API-Key": api_key(layouts[0])},
+                             json={"labels": labels[:1]})
+        assert denied.status_code == 403
     assert not (layouts[0].online_state() / "fraud.sqlite").exists()
     _compare(data, online)
 
