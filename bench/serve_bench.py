@@ -182,6 +182,7 @@ def main() -> None:
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
+    load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     try:
         register_model(tmp)
@@ -205,19 +206,21 @@ def main() -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     on, off = results["batching_on"], results["batching_off"]
-    gain = {phase: round(on[phase]["rows_per_s"] / max(off[phase]["rows_per_s"], 1e-9), 2)
+    gain = {phase: (round(on[phase]["rows_per_s"] / off[phase]["rows_per_s"], 2)
+                    if on[phase]["rows_per_s"] > 0 and off[phase]["rows_per_s"] > 0 else None)
             for phase in on if phase.startswith("c")}
     best_rows = max(on[p]["rows_per_s"] for p in on if p.endswith("rows256"))
     load = results["fixed_rate"]
     targets = {
         "p99_ms_at_fixed_rate": {"value": load["p99_ms"], "target": 25, "met": (load["p99_ms"] or 1e9) <= 25},
         "rows_per_s_256_row_requests": {"value": best_rows, "target": 20000, "met": best_rows >= 20000},
-        "batching_gain_c64_single": {"value": gain["c64_rows1"], "target": 3, "met": gain["c64_rows1"] >= 3},
+        "batching_gain_c64_single": {"value": gain["c64_rows1"], "target": 3, "met": (gain["c64_rows1"] or 0) >= 3},
         "fixed_rate_5xx": {"value": load["errors_5xx"], "target": 0, "met": load["errors_5xx"] == 0},
     }
     import torch
 
     print(json.dumps({"bench": "serve", "cores": os.cpu_count(), "device": "cpu",
+                      "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
                       "cuda_available": torch.cuda.is_available(), "seconds_per_phase": args.seconds,
                       "targets": targets, "batching_gain_rows_per_s": gain, **results}))
 

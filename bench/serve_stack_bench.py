@@ -312,6 +312,11 @@ def measure(url: str, rows: list[dict[str, Any]], seconds: float) -> dict[str, A
     return out
 
 
+def ratio(a: float, b: float) -> float | None:
+    """a / b, or None when either side completed nothing in its window."""
+    return round(a / b, 2) if a > 0 and b > 0 else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per phase")
@@ -331,6 +336,7 @@ def main() -> None:
     if args.overhead_only:
         print(json.dumps({"bench": "serve_stack", "our_http_layer": framework_overhead()}))
         return
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="serve-stack-") as tmp:
         home = Path(tmp)
         prepare(home)
@@ -350,14 +356,16 @@ def main() -> None:
     import uvicorn
 
     ratios = {
-        f"{a}/{b}": {phase: round(results[a][phase]["req_per_s"] / max(results[b][phase]["req_per_s"], 1e-9), 2)
+        f"{a}/{b}": {phase: ratio(results[a][phase]["req_per_s"], results[b][phase]["req_per_s"])
                      for phase in ("c1_single", "c16_single", "c16_rows256")}
         for a, b in (("fastapi_uvicorn", "litserve"), ("fastapi_worker_thread", "litserve"),
                      ("fastapi_batch16", "litserve_batch16"))
     }
     overhead = framework_overhead()
     print(json.dumps({
-        "bench": "serve_stack", "our_http_layer": overhead, "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
+        "bench": "serve_stack", "our_http_layer": overhead,
+        "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
+        "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
         "versions": {"fastapi": fastapi.__version__, "uvicorn": uvicorn.__version__,
                      "litserve": ls.__version__},
         "req_per_s_ratios": ratios, **results,

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import re
 import secrets
 import threading
@@ -32,6 +33,8 @@ from fastapi import HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.store import write_json_atomic
+
+log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ifk_"
 ADMIN = "admin"
@@ -259,7 +262,7 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
     """A FastAPI dependency: the authenticated :class:`Principal` holding ``scope``.
 
     401 without or with a bad credential, 403 without the scope, 429 (``Retry-After``) over the
-    key's rate limit. The principal is also left on ``request.state.principal`` for the audit.
+    key's rate limit, 503 when the rate limiter's store (Redis) cannot be reached (fail closed). The principal is also left on ``request.state.principal`` for the audit.
     """
     check_scopes([scope])
 
@@ -274,7 +277,12 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
         request.state.principal = principal
         if not principal.allows(scope):
             raise HTTPException(403, f"this credential lacks the scope {scope!r}")
-        decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
+        try:
+            decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
+        except Exception as exc:  # noqa: BLE001 - the counter store (Redis) is down: refuse, do not go unlimited
+            log.error("rate limiter unavailable: %s", type(exc).__name__)
+            raise HTTPException(503, "the rate limiter is unavailable; retry later",
+                                headers={"Retry-After": "5"}) from None
         if not decision.allowed:
             services.metrics.rate_limited.labels(scope=scope).inc()
             raise HTTPException(

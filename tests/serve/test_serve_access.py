@@ -99,6 +99,18 @@ def test_rate_limit_shared_through_redis(live_server, redis_url) -> None:
     assert all(int(r.headers["Retry-After"]) >= 1 for r in responses[4:])
 
 
+def test_rate_limiter_down_fails_closed(live_server) -> None:
+    """No Redis at the configured URL: requests are refused with 503, not served unlimited."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]  # closed again at once: nothing listens there
+    live = live_server(redis_url=f"redis://127.0.0.1:{dead}/0")
+    r = _exhaust([live.url], live.add_key("toy:score"), 1)[0]
+    assert r.status_code == 503 and r.headers["Retry-After"] == "5" and "rate limiter" in r.json()["detail"]
+
+
 def test_body_and_row_limits(live_server) -> None:
     live = live_server(max_body_bytes=2000, max_rows=8)
     key = live.add_key()
