@@ -242,6 +242,11 @@ class ServeSettings(BaseSettings):
     )
     max_body_bytes: int = Field(default=1_048_576, ge=1, description="Largest request body accepted (413 above).")
     max_rows: int = Field(default=1024, ge=1, description="Most rows one request may carry (413 above).")
+    max_readings: int = Field(
+        default=50_000, ge=1,
+        description="Most long-format sensor readings one request may carry (413 above); a window of "
+        "fast sensors holds many readings per grid step, so this is larger than max_rows.",
+    )
     request_timeout_s: float = Field(default=10.0, gt=0, description="Per-request time limit (504 after).")
     audit_salt: SecretStr | None = Field(
         default=None,

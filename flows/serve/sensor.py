@@ -150,7 +150,13 @@ def build(services: Services) -> Vertical | None:
     async def predict(body: SensorPredictRequest, request: Request,
                       principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorPredictResponse:
         """Predict RUL, failure probability and alert for each asset's latest window."""
-        check_rows(request, len(body.rows))
+        if body.grid is not None:
+            check_rows(request, len(body.grid))
+        elif len(body.rows) > services.settings.max_readings:
+            raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
+                                f"{services.settings.max_readings}")
+        elif not body.rows:
+            raise HTTPException(status_code=422, detail="the request holds no readings")
         [(ref, result)] = await batcher.submit([body])
         if isinstance(result, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,

@@ -85,8 +85,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.fixture
 def server(fleet: dict):
     home: HomeLayout = fleet["home"]
-    settings = ServeSettings(reload_poll_s=0.2, audit_salt="s", fraud_model=None, sensor_model=MODEL, max_rows=100_000,
-                             max_body_bytes=50_000_000)
+    settings = ServeSettings(reload_poll_s=0.2, audit_salt="s", fraud_model=None, sensor_model=MODEL,
+                             max_readings=len(fleet["rows"]), max_body_bytes=50_000_000)
     app = create_app(settings, build_verticals=[serve_sensor.build], layout=home,
                      registry=ModelRegistry(home.registry()))
     port = free_port()
@@ -153,6 +153,9 @@ def test_held_back_assets_match_batch_scores(fleet: dict, server: tuple[str, str
         response = client.post(f"{url}/v1/sensor/predict", json={"grid": _jsonable(grid)}, headers=headers)
         assert response.status_code == 200, response.text
         _check(response.json()["predictions"], fleet["batch"], fleet["ref"].version)
+        too_many = client.post(f"{url}/v1/sensor/predict", headers=headers,
+                               json={"readings": _jsonable(pd.concat([fleet["rows"], fleet["rows"].head(1)]))})
+        assert too_many.status_code == 413 and "readings" in too_many.text
         # bad input: 422 naming the column
         bad = client.post(f"{url}/v1/sensor/predict", headers=headers,
                           json={"readings": _jsonable(fleet["rows"].drop(columns=[S.SENSOR]).head(5))})
