@@ -5,8 +5,12 @@ replicas; bad input gets a 422 naming the column and row."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -20,11 +24,13 @@ from tests.serve.fraud_helpers import (
     FraudServer,
     TinyFraud,
     api_key,
+    free_port,
     post_scores,
     train_tiny_fraud,
 )
 
 TOL = 1e-5
+ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 256  # history is loaded through the same endpoint, several rows per request
 
 
@@ -50,7 +56,7 @@ def _compare(data: TinyFraud, online: dict[str, float]) -> float:
     return diff
 
 
-def test_replay_matches_batch_scores_across_a_restart(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
+def test_replay_matches_batch_scores_across_a_server_process_restart(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
     src, data = tiny
     layout = HomeLayout(tmp_path / "home")
     shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
@@ -67,11 +73,33 @@ def test_replay_matches_batch_scores_across_a_restart(tiny: tuple[HomeLayout, Ti
             assert result["flagged"] == (result["score"] >= result["threshold"])
             online[result["transaction_id"]] = result["score"]
     assert (layout.online_state() / "fraud.sqlite").exists()
-    # a new server on the same home continues from the persisted state
-    with FraudServer(layout) as server, httpx.Client() as client:
-        for row in period[half:]:
-            [result] = post_scores(client, server.url, key, [row])
-            online[result["transaction_id"]] = result["score"]
+    # a new server process (python -m flows.serve) on the same home continues from the persisted state
+    port = free_port()
+    env = {**os.environ, "INDUSFLOW_HOME": str(layout.root), "INDUSFLOW_SERVE_SENSOR_MODEL": "",
+           "INDUSFLOW_SERVE_AUDIT_SALT": "test-salt", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            assert time.monotonic() < deadline, "the server process did not become ready"
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        with httpx.Client() as client:
+            for row in period[half:]:
+                [result] = post_scores(client, url, key, [row])
+                online[result["transaction_id"]] = result["score"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
     _compare(data, online)
 
 
