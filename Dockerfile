@@ -7,7 +7,14 @@
 # mount the shared volume of the deployment config (home_volume in infra/deployments.yaml):
 #   docker run -v indusflow-home:/data/indusflow indusflow-worker ...
 # The folder exists in the image, owned by the run user, so a new named volume takes that owner.
-FROM python:3.11-slim
+#
+# Second target, the REST API (python -m flows.serve; README "Serving"):
+#   docker build --target serve -t indusflow-serve .
+#   docker run -p 8000:8000 -v indusflow-home:/data/indusflow indusflow-serve
+# It listens on 0.0.0.0:8000 inside the container (every scoring route needs an API key or a
+# JWT); keys are added with: docker run --rm -v indusflow-home:/data/indusflow indusflow-serve \
+#   python -m flows.serve keys add NAME --scope fraud:score
+FROM python:3.11-slim AS base
 
 ARG TORCH_SPEC="torch==2.13.0"
 ARG TORCH_INDEX="https://download.pytorch.org/whl/cpu"
@@ -32,6 +39,17 @@ RUN pip install ".[all]"
 
 USER indusflow
 VOLUME ["/data"]
+
+FROM base AS serve
+ENV INDUSFLOW_SERVE_HOST=0.0.0.0 \
+    INDUSFLOW_SERVE_PORT=8000
+EXPOSE 8000
+HEALTHCHECK --interval=30s --timeout=5s --start-period=60s \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"
+CMD ["python", "-m", "flows.serve"]
+
+# The default target (last stage): the flow worker.
+FROM base AS worker
 # A docker/kubernetes worker starts this image per flow run with its own command;
 # the default command runs a worker for a process pool, for a single-container set-up.
 CMD ["prefect", "worker", "start", "--pool", "indusflow-process", "--type", "process"]

@@ -101,6 +101,15 @@ class HomeLayout:
         path.chmod(0o700)
         return path
 
+    # -- online serving
+    def serving(self) -> Path:
+        """State of the REST API: hashed API keys, the audit log, the audit salt, online feature state."""
+        return self._area("serving")
+
+    def online_state(self) -> Path:
+        """The embedded online feature state of the REST API (per-account/terminal history, SQLite)."""
+        return self._area("serving", "online-state")
+
 
 def home_layout() -> HomeLayout:
     """The layout of the configured home (``INDUSFLOW_HOME``), read now."""

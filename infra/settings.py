@@ -211,6 +211,88 @@ class LLMSettings(BaseSettings):
         return bool(self.url and self.model)
 
 
+class ServeSettings(BaseSettings):
+    """The online REST API (``python -m flows.serve``): where it listens, who may call it, its limits."""
+
+    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_SERVE_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="Address the API binds to (loopback unless told otherwise).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the API.")
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="Redis URL (redis://host:6379/0) shared by replicas: rate limits and the online "
+        "feature state. Default: in-process memory and files under the home.",
+    )
+    jwt_hs256_secret: SecretStr | None = Field(
+        default=None, description="Accept HS256 bearer tokens signed with this secret (optional)."
+    )
+    jwt_rs256_public_key: SecretStr | None = Field(
+        default=None, description="Accept RS256 bearer tokens verified with this PEM public key (optional)."
+    )
+    jwt_audience: str | None = Field(default=None, description="Required 'aud' claim of bearer tokens, if set.")
+    ip_allow_list: str | None = Field(
+        default=None,
+        description="Comma-separated client addresses or networks (10.0.0.0/8,127.0.0.1) allowed to call "
+        "the API. Default: any address.",
+    )
+    default_rate_limit: str = Field(
+        default="1000/minute",
+        description="Rate limit of a key without its own ('N/second|minute|hour'), per key, shared "
+        "across replicas through Redis when configured.",
+    )
+    max_body_bytes: int = Field(default=1_048_576, ge=1, description="Largest request body accepted (413 above).")
+    max_rows: int = Field(default=1024, ge=1, description="Most rows one request may carry (413 above).")
+    max_readings: int = Field(
+        default=50_000, ge=1,
+        description="Most long-format sensor readings one request may carry (413 above); a window of "
+        "fast sensors holds many readings per grid step, so this is larger than max_rows.",
+    )
+    request_timeout_s: float = Field(default=10.0, gt=0, description="Per-request time limit (504 after).")
+    audit_salt: SecretStr | None = Field(
+        default=None,
+        description="Secret salt for the account ids hashed into the audit log. Default: a random salt "
+        "created once under <home>/serving/.",
+    )
+    audit_dir: Path | None = Field(
+        default=None,
+        description="Folder of the audit log (audit.jsonl). Default: <home>/serving/. Replicas sharing a "
+        "home give each its own folder (the Kubernetes manifest uses the pod name).",
+    )
+    audit_max_bytes: int = Field(
+        default=50_000_000, ge=1024, description="Audit log size at which it is rotated (audit.jsonl.1, ...)."
+    )
+    audit_backups: int = Field(default=5, ge=1, description="Rotated audit files kept.")
+    breaker_error_share: float = Field(
+        default=0.3, gt=0, le=1, description="Share of failed model calls over the window that opens the breaker."
+    )
+    breaker_window_s: float = Field(default=30.0, gt=0, description="Window of the breaker's error share.")
+    breaker_min_calls: int = Field(
+        default=10, ge=1, description="Model calls in the window before the breaker may open."
+    )
+    breaker_cooldown_s: float = Field(
+        default=30.0, gt=0, description="How long an open breaker answers 503 before it tries the model again."
+    )
+    reload_poll_s: float = Field(
+        default=5.0, gt=0, description="How often the registry's champion alias is checked for a new version."
+    )
+    batch_max_size: int = Field(default=64, ge=1, description="Most requests scored together (dynamic batching).")
+    batch_max_wait_ms: float = Field(
+        default=2.0, ge=0, description="Longest a request waits for others to join its batch."
+    )
+    fraud_model: str | None = Field(
+        default="fraud-seq",
+        description="Registered fraud model served at /v1/fraud/score (its champion). Empty: not served.",
+    )
+    sensor_model: str | None = Field(
+        default="sensor-rul",
+        description="Registered sensor model served at /v1/sensor/predict (its champion). Empty: not served.",
+    )
+
+    def allowed_networks(self) -> list[str]:
+        """The allow-list as a list of entries (empty: any address)."""
+        return [e.strip() for e in (self.ip_allow_list or "").split(",") if e.strip()]
+
+
 def get_core_settings() -> CoreSettings:
     """Read the core settings from the environment now."""
     return CoreSettings()
@@ -260,13 +342,18 @@ def get_llm_settings() -> LLMSettings:
     return LLMSettings()
 
 
+def get_serve_settings() -> ServeSettings:
+    """Read the serving settings from the environment now."""
+    return ServeSettings()
+
+
 # ------------------------------------------------------------------------------------
 # the configuration table of the README is generated from these classes
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
     CoreSettings, TrainSettings, PrefectSetupSettings, RunnerSettings, TuneSettings, DeploySettings,
-    MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings,
+    MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings,
 )
 
 

@@ -144,19 +144,19 @@ class FraudPreprocessor:
         if not hasattr(self, "vocab_"):
             raise RuntimeError("FraudPreprocessor is not fitted")
         sorted_df, order = self._sorted(df)
-        steps = _scale(step_features(sorted_df).to_numpy(), self.step_mean_, self.step_std_)
+        steps = scale_features(step_features(sorted_df).to_numpy(), self.step_mean_, self.step_std_)
         cats = np.column_stack(
             [self._encode(sorted_df, col) for col in STEP_CATEGORICAL]
         )
         account = sorted_df[S.ACCOUNT_ID].to_numpy()
         change = np.r_[True, account[1:] != account[:-1]]
         starts = np.maximum.accumulate(np.where(change, np.arange(len(account)), 0))
-        ctx = [_scale(self._static(sorted_df), self.static_mean_, self.static_std_)]
+        ctx = [scale_features(self._static(sorted_df), self.static_mean_, self.static_std_)]
         if self.window_feature_names:
             if window is None:
                 raise ValueError("this preprocessor needs window features")
             win = window[list(self.window_feature_names)].to_numpy(dtype="float64")[order]
-            ctx.append(_scale(win, self.window_mean_, self.window_std_))
+            ctx.append(scale_features(win, self.window_mean_, self.window_std_))
         labels = (
             pd.to_numeric(sorted_df[S.LABEL], errors="coerce").to_numpy(dtype="float32")
             if S.LABEL in sorted_df
@@ -224,7 +224,8 @@ def _stats(x: np.ndarray) -> tuple[list[float], list[float]]:
     return mean.tolist(), std.tolist()
 
 
-def _scale(x: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
+def scale_features(x: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
+    """Standardise columns with stored means/stds; NaN and inf become 0, clipped to +-10."""
     out = (x - np.asarray(mean)) / np.asarray(std)
     return np.nan_to_num(out, nan=0.0, posinf=0.0, neginf=0.0).clip(-10, 10)
 

@@ -19,7 +19,7 @@ from infra.store import safe_stem
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorSource
 from solutions.sensor.features import make_windows
-from solutions.sensor.model import predict, predict_outputs
+from solutions.sensor.model import SensorRULModel, predict, predict_outputs
 from solutions.sensor.pipeline import predictor_from_params, preprocessing_from_params
 from solutions.sensor.schema import BadReadingReport
 
@@ -44,7 +44,7 @@ def units_to_score(grid: pd.DataFrame, source: SensorSource) -> pd.DataFrame:
 
 def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: BadReadingReport | None = None, *,
                  state_dict: dict | None = None, variant: nn.Module | None = None,
-                 ) -> tuple[pd.DataFrame, BadReadingReport | None]:
+                 net: SensorRULModel | None = None) -> tuple[pd.DataFrame, BadReadingReport | None]:
     """Predicted RUL, failure probability and alert flag of each asset's latest window.
 
     Args:
@@ -54,9 +54,10 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
         report: the grid's bad readings; a copy comes back with the assets padded to one window.
         state_dict: the weights of a registered ``SensorRULModel``.
         variant: a compressed variant as a plain module (instead of ``state_dict``).
+        net: the registered model already loaded (the online path keeps it loaded).
     """
     report = report.model_copy(deep=True) if report is not None else None
-    if variant is not None:
+    if variant is not None or net is not None:
         norm, wcfg = preprocessing_from_params(ref.params)
     else:
         if state_dict is None:

@@ -31,6 +31,8 @@ BAD = [
     (["flows.rag", "eval", "--data", MISSING], "QA file not found"),
     (["flows.compress", "--model", "no-such-model"], "no model named 'no-such-model'"),
     (["flows.compress", "--model", "m", "--tolerance", "2"], "--tolerance: Input should be less than 1"),
+    (["flows.serve", "--port", "70000"], "--port 70000: not a TCP port"),
+    (["flows.serve", "keys", "add", "x", "--scope", "Fraud Score"], "scope 'Fraud Score' is not of the form"),
 ]
 
 
@@ -85,5 +87,7 @@ def test_every_module_and_command_has_help() -> None:
         for i, cmds in enumerate(commands.values())
     )
     script += "\nfrom flows.compress.cli import main as mc\ntry:\n    mc(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+    script += "\nfrom flows.serve.cli import main as ms\nfor argv in (['--help'], ['keys', '--help'], ['keys', 'add', '--help']):\n"
+    script += "    try:\n        ms(argv)\n    except SystemExit as e:\n        assert e.code == 0, argv\n"
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

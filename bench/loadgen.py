@@ -1,0 +1,121 @@
+"""Loopback HTTP load for the serving benches: closed-loop clients and a fixed-rate phase.
+
+Closed loop: ``concurrency`` clients each send their next request when the previous one is
+answered, for ``seconds``. Fixed rate: requests start on a fixed schedule (open loop, so a slow
+server cannot slow the offered load down), bounded by ``max_in_flight``. Both only ever talk to
+127.0.0.1. Latencies are measured from send to the full answer. A request the client gave up on
+(30 s timeout, connection error) is counted as status ``599``, apart from the server's 5xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+
+def summary(latencies: list[float], statuses: Counter[int], elapsed: float, rows_per_request: int) -> dict[str, Any]:
+    """requests/s, rows/s, p50/p99 (ms) and status counts of one phase."""
+    ok = statuses.get(200, 0)
+    lat = sorted(latencies)
+
+    def pct(p: float) -> float | None:
+        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
+
+    return {
+        "requests": sum(statuses.values()),
+        "req_per_s": round(ok / elapsed, 1),
+        "rows_per_s": round(ok * rows_per_request / elapsed, 1),
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "mean_ms": round(statistics.fmean(lat) * 1000, 2) if lat else None,
+        "status": {str(k): v for k, v in sorted(statuses.items())},
+    }
+
+
+async def closed_loop(url: str, make_body: Callable[[int], Any], *, concurrency: int, seconds: float,
+                      rows_per_request: int, headers: dict[str, str] | None = None,
+                      warmup_s: float = 0.5) -> dict[str, Any]:
+    """``concurrency`` clients, each one request at a time, for ``seconds`` (after a warm-up)."""
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"the benches only load the loopback address; got {url}")
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=30, limits=limits, headers=headers) as client:
+        counter = 0
+        stop_at = time.perf_counter() + warmup_s + seconds
+        start_measure = time.perf_counter() + warmup_s
+
+        async def one_client() -> None:
+            nonlocal counter
+            while True:
+                now = time.perf_counter()
+                if now >= stop_at:
+                    return
+                counter += 1
+                body = make_body(counter)
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post(url, json=body)
+                    code = r.status_code
+                except httpx.HTTPError:
+                    code = 599
+                t1 = time.perf_counter()
+                if start_measure <= t1 <= stop_at:  # answers completed inside the window
+                    latencies.append(t1 - t0)
+                    statuses[code] += 1
+
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return summary(latencies, statuses, seconds, rows_per_request)
+
+
+async def fixed_rate(url: str, make_body: Callable[[int], Any], *, rate: float, seconds: float,
+                     rows_per_request: int, headers: dict[str, str] | None = None,
+                     max_in_flight: int = 256) -> dict[str, Any]:
+    """Start ``rate`` requests per second for ``seconds`` (at most ``max_in_flight`` open at once)."""
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"the benches only load the loopback address; got {url}")
+    latencies: list[float] = []
+    statuses: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    gate = asyncio.Semaphore(max_in_flight)
+    skipped = 0
+    async with httpx.AsyncClient(timeout=30, limits=limits, headers=headers) as client:
+
+        async def one(i: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                r = await client.post(url, json=make_body(i))
+                code = r.status_code
+            except httpx.HTTPError:
+                code = 599
+            latencies.append(time.perf_counter() - t0)
+            statuses[code] += 1
+            gate.release()
+
+        tasks = []
+        start = time.perf_counter()
+        total = int(rate * seconds)
+        for i in range(total):
+            target = start + i / rate
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if gate.locked():
+                skipped += 1  # the server is behind by max_in_flight: count it, do not queue without bound
+                continue
+            await gate.acquire()
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - start
+    out = summary(latencies, statuses, elapsed, rows_per_request)
+    out.update(offered_rate=rate, seconds=seconds, not_sent_over_in_flight_cap=skipped,
+               errors_5xx=sum(v for k, v in statuses.items() if 500 <= k < 599),
+               client_gave_up=statuses.get(599, 0))
+    return out

@@ -1,0 +1,229 @@
+"""The REST API under load: fraud scoring with dynamic batching on and off. Prints one JSON line.
+
+A small fraud model is trained for a few steps on synthetic transactions and registered as the
+champion in a throwaway home; then the real server command (``python -m flows.serve``, with API
+keys, rate limits, audit log and metrics all on) serves it twice, one after the other: batching
+off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size and wait). Closed-loop
+clients on 127.0.0.1 at concurrency 1, 16 and 64 send single-transaction and 256-row requests of
+new transactions (each account's transactions in time order); then a fixed-rate phase (200
+single-transaction requests/s for 60 s by default) on the batching-on server counts 5xx answers.
+
+Targets (notes, not tests): p99 <= 25 ms at 200 single requests/s; >= 20,000 rows/s with 256-row
+requests; batching on >= 3x off at concurrency 64.
+
+Usage: ``python bench/serve_bench.py [--seconds 5] [--load-seconds 60] [--rate 200] [--quick]``
+(``--quick``: 2 s phases and a 10 s load phase).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import itertools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODEL = "fraud-seq"
+N_ACCOUNTS = 20_000
+N_TERMINALS = 2_000
+
+
+def register_model(home: Path) -> None:
+    """Train the tiny fraud model a few steps and register it as champion under ``home``."""
+    import torch
+
+    from infra.registry import ModelRegistry
+    from infra.tables import assign_periods, time_split, validate_table
+    from solutions.fraud import pipeline as P
+    from solutions.fraud.config import SequenceModelConfig
+    from solutions.fraud.synthetic import generate_transactions
+
+    torch.manual_seed(0)
+    raw = generate_transactions(n_accounts=200, n_terminals=60, n_days=28, fraud_rate=0.03, seed=1)
+    df = validate_table(raw, P.transaction_schema(), "bench")
+    split = time_split(df["timestamp"], train_days=14, val_days=3, delay_days=7, test_days=3)
+    feats = P.build_features(df, assign_periods(df["timestamp"], split), 7)
+    cfg = SequenceModelConfig(seq_len=16)
+    setup = P.sequence_setup(df, feats, cfg, periods=("train",))
+    model = P.build_model(setup.preprocessor, cfg, pos_weight=3.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    model.train()
+    for i, batch in enumerate(setup.datamodule.train_dataloader()):
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(batch).float(), batch["y"])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if i >= 20:
+            break
+    registry = ModelRegistry(home / "registry")
+    params = P.model_params(model, setup.preprocessor, cfg, threshold=0.5, split={"delay_days": 7})
+    ref = registry.register(MODEL, model.state_dict(), params=params, metrics={"test/auprc": 0.0},
+                            primary_metric="test/auprc")
+    registry.set_alias(MODEL, "champion", ref.version)
+
+
+class Transactions:
+    """New transactions in time order: transaction n at base + n seconds, account n mod N."""
+
+    def __init__(self) -> None:
+        self.counter = itertools.count()
+        self.base = dt.datetime(2025, 3, 1)
+
+    def one(self) -> dict[str, Any]:
+        n = next(self.counter)
+        return {"transaction_id": f"tx{n}", "account_id": f"A{n % N_ACCOUNTS}",
+                "timestamp": (self.base + dt.timedelta(seconds=n)).isoformat(), "amount": 10.0 + (n * 7919) % 500,
+                "terminal_id": f"T{(n * 31) % N_TERMINALS}", "channel": "pos", "category": "grocery",
+                "age": 30 + n % 40, "occupation": "teacher", "account_age_days": 100 + n % 900}
+
+    def body(self, rows: int) -> dict[str, Any]:
+        return {"transactions": [self.one() for _ in range(rows)]}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(home: Path, batch_size: int, wait_ms: float) -> tuple[subprocess.Popen[bytes], str]:
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size), "INDUSFLOW_SERVE_BATCH_MAX_WAIT_MS": str(wait_ms),
+           "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
+           "INDUSFLOW_SERVE_MAX_ROWS": "4096"}
+    env.pop("INDUSFLOW_SERVE_REDIS_URL", None)
+    log = home / f"server-{port}.log"
+    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
+        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"the server did not become ready: {log.read_text()[-2000:]}")
+        time.sleep(0.3)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the server process group (the server runs in its own session)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def batch_histogram(url: str, key: str) -> dict[str, float]:
+    """Mean rows per model call, from the server's own metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", headers={"X-API-Key": key}, timeout=10).text
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("indusflow_batch_size_sum", "indusflow_batch_size_count")):
+            values[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
+    count = values.get("indusflow_batch_size_count", 0.0)
+    return {"model_calls": count,
+            "mean_rows_per_call": round(values.get("indusflow_batch_size_sum", 0.0) / count, 2) if count else 0.0}
+
+
+def run_phases(url: str, key: str, tx: Transactions, seconds: float) -> dict[str, Any]:
+    from loadgen import closed_loop
+
+    out: dict[str, Any] = {}
+    for rows in (1, 256):
+        for conc in (1, 16, 64):
+            out[f"c{conc}_rows{rows}"] = asyncio.run(closed_loop(
+                f"{url}/v1/fraud/score", lambda i, r=rows: tx.body(r), concurrency=conc, seconds=seconds,
+                rows_per_request=rows, headers={"X-API-Key": key}))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per closed-loop phase")
+    parser.add_argument("--load-seconds", type=float, default=60.0, help="length of the fixed-rate phase")
+    parser.add_argument("--rate", type=float, default=200.0, help="requests/s of the fixed-rate phase")
+    parser.add_argument("--quick", action="store_true", help="2 s phases and a 10 s fixed-rate phase")
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.load_seconds = 2.0, 10.0
+
+    from loadgen import fixed_rate
+
+    from infra.serving.auth import KeyStore
+    from infra.settings import ServeSettings
+
+    defaults = ServeSettings()
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    try:
+        register_model(tmp)
+        key, _ = KeyStore(tmp / "serving" / "keys.json").add("bench", ["admin"])
+        tx = Transactions()
+        results: dict[str, Any] = {}
+        for label, size, wait in (("batching_off", 1, 0.0),
+                                  ("batching_on", defaults.batch_max_size, defaults.batch_max_wait_ms)):
+            t0 = time.perf_counter()
+            proc, url = start_server(tmp, size, wait)
+            try:
+                results[label] = {"batch_max_size": size, "batch_max_wait_ms": wait,
+                                  "ready_s": round(time.perf_counter() - t0, 1),
+                                  **run_phases(url, key, tx, args.seconds), "batches": batch_histogram(url, key)}
+                if label == "batching_on":
+                    results["fixed_rate"] = asyncio.run(fixed_rate(
+                        f"{url}/v1/fraud/score", lambda i: tx.body(1), rate=args.rate, seconds=args.load_seconds,
+                        rows_per_request=1, headers={"X-API-Key": key}))
+            finally:
+                stop_server(proc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    on, off = results["batching_on"], results["batching_off"]
+    gain = {phase: (round(on[phase]["rows_per_s"] / off[phase]["rows_per_s"], 2)
+                    if on[phase]["rows_per_s"] > 0 and off[phase]["rows_per_s"] > 0 else None)
+            for phase in on if phase.startswith("c")}
+    best_rows = max(on[p]["rows_per_s"] for p in on if p.endswith("rows256"))
+    load = results["fixed_rate"]
+    targets = {
+        "p99_ms_at_fixed_rate": {"value": load["p99_ms"], "target": 25, "met": (load["p99_ms"] or 1e9) <= 25},
+        "rows_per_s_256_row_requests": {"value": best_rows, "target": 20000, "met": best_rows >= 20000},
+        "batching_gain_c64_single": {"value": gain["c64_rows1"], "target": 3, "met": (gain["c64_rows1"] or 0) >= 3},
+        "fixed_rate_5xx": {"value": load["errors_5xx"], "target": 0, "met": load["errors_5xx"] == 0},
+    }
+    import torch
+
+    print(json.dumps({"bench": "serve", "cores": os.cpu_count(), "device": "cpu",
+                      "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
+                      "cuda_available": torch.cuda.is_available(), "seconds_per_phase": args.seconds,
+                      "targets": targets, "batching_gain_rows_per_s": gain, **results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""``create_app``: the REST API around the verticals' routers.
+
+Every vertical module listed in :data:`DEFAULT_VERTICALS` exposes ``build(services) -> Vertical
+| None`` (None: not served, e.g. no model configured); ``create_app`` mounts its router, starts
+its model slots when the server starts and stops them when it stops. Shared by every route:
+the middleware of :mod:`infra.serving.middleware` and the dependencies of
+:mod:`infra.serving.auth` (see :mod:`infra.serving` for the whole contract).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse, Response
+
+from infra.home import HomeLayout, home_layout
+from infra.registry import ModelRegistry
+from infra.serving.auth import Principal, require_scope
+from infra.serving.middleware import EXCEPTION_HANDLERS, ServingMiddleware
+from infra.serving.runtime import Services, Vertical
+from infra.settings import ServeSettings, get_serve_settings
+
+log = logging.getLogger(__name__)
+
+#: Vertical modules of ``flows.serve`` mounted by default, in order.
+DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor")
+METRICS_SCOPE = "metrics:read"
+
+
+def default_verticals(services: Services) -> list[Vertical]:
+    """The verticals of :data:`DEFAULT_VERTICALS` that are present and configured."""
+    out = []
+    for name in DEFAULT_VERTICALS:
+        module_name = f"{__package__}.{name}"
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            log.warning("serving: no module %s, the %s routes are not served", module_name, name)
+            continue
+        vertical = module.build(services)
+        if vertical is not None:
+            out.append(vertical)
+    return out
+
+
+def create_app(settings: ServeSettings | None = None, *,
+               verticals: Sequence[Vertical] | None = None,
+               build_verticals: Sequence[object] | None = None,
+               layout: HomeLayout | None = None, registry: ModelRegistry | None = None) -> FastAPI:
+    """The FastAPI app of the REST API.
+
+    Args:
+        settings: serving settings (default: read from the environment now).
+        verticals: ready-made verticals (tests); default: :func:`default_verticals`.
+        build_verticals: callables ``build(services) -> Vertical | None`` to use instead of
+            the default modules (tests and benches mount their own).
+        layout: the home (default: ``INDUSFLOW_HOME``).
+        registry: the model registry (default: the home's).
+    """
+    settings = settings if settings is not None else get_serve_settings()
+    layout = layout if layout is not None else home_layout()
+    services = Services.from_settings(settings, layout, registry)
+    mounted: list[Vertical] = list(verticals or [])
+    if build_verticals is not None:
+        mounted += [v for v in (b(services) for b in build_verticals) if v is not None]  # type: ignore[operator]
+    elif verticals is None:
+        mounted += default_verticals(services)
+    slots = [slot for v in mounted for slot in v.slots]
+    for slot in slots:
+        if slot not in services.slots:
+            services.slots.append(slot)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for slot in services.slots:
+            slot.start()
+        for vertical in mounted:
+            if vertical.on_start is not None:
+                vertical.on_start()
+        try:
+            yield
+        finally:
+            for vertical in mounted:
+                if vertical.on_stop is not None:
+                    vertical.on_stop()
+            for slot in services.slots:
+                slot.stop()
+
+    app = FastAPI(
+        title="indusflow serving API",
+        description="Online scoring of the registered champions. Send an API key in `X-API-Key` "
+        "(or `Authorization: Bearer`); `python -m flows.serve keys add` creates one.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.serving = services
+    for exc_type, handler in EXCEPTION_HANDLERS.items():
+        app.add_exception_handler(exc_type, handler)
+
+    @app.get("/healthz", tags=["probes"])
+    async def healthz() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["probes"])
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 only when every served model has a version loaded."""
+        models = {slot.name: slot.version for slot in services.slots}
+        waiting = {slot.name: slot.last_error or "loading" for slot in services.slots if not slot.ready}
+        body = {"ready": not waiting, "models": models, "waiting": waiting}
+        return JSONResponse(body, status_code=200 if not waiting else 503)
+
+    @app.get("/metrics", tags=["probes"])
+    async def metrics(principal: Annotated[Principal, Depends(require_scope(METRICS_SCOPE))]) -> Response:
+        """Prometheus metrics (scope ``metrics:read`` or ``admin``)."""
+        return Response(services.metrics.render(), media_type=services.metrics.content_type)
+
+    for vertical in mounted:
+        app.include_router(vertical.router)
+    app.add_middleware(ServingMiddleware, services=services)
+    return app

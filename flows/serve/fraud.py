@@ -1,0 +1,216 @@
+"""``POST /v1/fraud/score``: the fraud champion scores transactions as they arrive.
+
+Each request carries one or more transactions in the project's transaction schema (the
+batch path's column names, or source names with the same ``columns`` mapping as
+``fraud score --columns``). Their features come from the online feature state
+(:mod:`solutions.fraud.online`: embedded SQLite under the home, or Redis when
+``INDUSFLOW_SERVE_REDIS_URL`` is set), so a transaction scores exactly as the batch ``score``
+path scores it in a file holding everything seen before it. Concurrent requests are scored
+together by a :class:`~infra.serving.batching.DynamicBatcher`, in arrival order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.errors import DataValidationError
+from infra.registry import ModelRef
+from infra.serving.audit import record_audit
+from infra.serving.auth import Principal, require_scope
+from infra.serving.batching import DynamicBatcher
+from infra.serving.quotas import check_rows
+from infra.serving.runtime import Services, Vertical
+from solutions.fraud import schema as S
+
+if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
+    from solutions.fraud.online import OnlineFraudModel, OnlineFraudState
+
+SCOPE = "fraud:score"
+LABEL_SCOPE = "fraud:label"
+#: Earlier transactions kept per account for sequences (a served model's seq_len - 1 at most).
+HISTORY_LEN = 63
+
+_EXAMPLE = {
+    "transactions": [
+        {"transaction_id": "tx-1001", "account_id": "A17", "timestamp": "2025-02-27T14:03:11",
+         "amount": 42.5, "terminal_id": "T9", "channel": "pos", "category": "grocery",
+         "age": 41, "occupation": "teacher", "account_age_days": 830}
+    ]
+}
+
+
+class FraudScoreRequest(BaseModel):
+    """Transactions to score, in arrival order (one account's rows in time order)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
+
+    transactions: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="One object per transaction: transaction_id, account_id, timestamp, amount (required), "
+        "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional: "
+        "a known label feeds the delayed terminal risk of later transactions).",
+    )
+    columns: dict[str, str] | None = Field(
+        default=None, description="Column mapping canonical -> source name, as `fraud score --columns`.",
+        examples=[{"account_id": "CUSTOMER_ID", "timestamp": "TX_DATETIME", "amount": "TX_AMOUNT"}],
+    )
+
+
+class FraudScore(BaseModel):
+    """One transaction's score."""
+
+    transaction_id: str
+    score: float = Field(description="Fraud probability.")
+    flagged: bool = Field(description="score >= threshold.")
+    threshold: float
+    model: str
+    model_version: int
+
+
+class FraudScoreResponse(BaseModel):
+    """Scores in request order, with the version that scored them."""
+
+    model: str
+    model_version: int
+    threshold: float
+    results: list[FraudScore]
+
+
+class FraudLabelRequest(BaseModel):
+    """Labels that became known after scoring (chargebacks, investigations)."""
+
+    labels: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="One object per transaction: transaction_id, terminal_id, timestamp (as scored), label (0/1).",
+        examples=[[{"transaction_id": "tx-1001", "terminal_id": "T9", "timestamp": "2025-02-27T14:03:11",
+                    "label": 1}]],
+    )
+    columns: dict[str, str] | None = Field(default=None, description="Column mapping canonical -> source name.")
+
+
+class FraudLabelResponse(BaseModel):
+    """How many labels were recorded; the ids the state does not hold."""
+
+    recorded: int
+    unknown: list[str] = Field(description="Transaction ids never scored, or older than the terminal windows keep.")
+
+
+def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
+    """A registered fraud version (or a compressed variant of one) ready for online scoring."""
+    from solutions.fraud import pipeline as P
+    from solutions.fraud.model import build_module
+    from solutions.fraud.online import OnlineFraudModel
+    from tasks.compress import load_variant
+
+    if "compression" in ref.params:
+        net = load_variant(ref, services.registry, build_module)
+        pre, cfg = P.preprocessing_from_params(ref.params)
+    else:
+        net, pre, cfg = P.model_from_params(ref.params, services.registry.load_state_dict(ref))
+    if cfg.seq_len - 1 > HISTORY_LEN:
+        raise ValueError(f"{ref.spec} uses seq_len {cfg.seq_len}; online serving keeps {HISTORY_LEN} "
+                         "earlier transactions per account")
+    return OnlineFraudModel.from_registry(net, pre, cfg.seq_len, ref.name, ref.version, ref.params)
+
+
+_Item = tuple[list[dict[str, Any]], dict[str, str] | None]
+_Result = tuple[ModelRef, Any]  # scores (np.ndarray) or the error that refused the request
+
+
+def build(services: Services) -> Vertical | None:
+    """The fraud vertical of the API (None when no fraud model is configured)."""
+    name = services.settings.fraud_model
+    if not name:
+        return None
+    slot = services.slot(name, lambda ref: load_online_model(ref, services))
+    redis_url = services.settings.redis_url.get_secret_value() if services.settings.redis_url else None
+    holder: dict[str, OnlineFraudState] = {}
+
+    def state() -> OnlineFraudState:
+        from solutions.fraud.online import OnlineFraudState, open_state_store
+
+        if "state" not in holder:
+            holder["state"] = OnlineFraudState.for_model(
+                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
+        return holder["state"]
+
+    def score_batch(items: list[_Item]) -> list[_Result]:
+        from solutions.fraud.online import score_requests
+
+        ref, model = slot.current()  # one version for the whole batch
+        out: list[_Result] = []
+        # requests with different column mappings are validated separately, in order
+        start = 0
+        while start < len(items):
+            end = start + 1
+            while end < len(items) and items[end][1] == items[start][1]:
+                end += 1
+            with slot.breaker.guard():
+                results = score_requests(model, state(), [rows for rows, _ in items[start:end]], items[start][1])
+            out += [(ref, r) for r in results]
+            start = end
+        services.metrics.observe_batch(name, sum(len(rows) for rows, _ in items))
+        return out
+
+    batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
+        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher")
+    router = APIRouter(tags=["fraud"])
+
+    @router.post("/v1/fraud/score", response_model=FraudScoreResponse)
+    async def score(body: FraudScoreRequest, request: Request,
+                    principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> FraudScoreResponse:
+        """Score transactions with the fraud champion and add them to the online state."""
+        check_rows(request, len(body.transactions))
+        from solutions.fraud.online import OrderError  # loaded with the model by now
+
+        [(ref, result)] = await batcher.submit([(body.transactions, body.columns)])
+        if isinstance(result, OrderError):
+            raise HTTPException(status_code=409, detail=str(result))
+        if isinstance(result, DataValidationError):
+            raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
+                                                         "rows": result.rows})
+        if isinstance(result, Exception):
+            raise HTTPException(status_code=422, detail={"error": str(result)})
+        threshold = float(ref.params.get("threshold", 0.5))
+        id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
+        acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
+        results = [
+            FraudScore(transaction_id=str(row.get(id_col)), score=float(s), flagged=bool(s >= threshold),
+                       threshold=threshold, model=ref.name, model_version=ref.version)
+            for row, s in zip(body.transactions, result, strict=True)
+        ]
+        flagged = sum(r.flagged for r in results)
+        record_audit(request, model=ref.name, model_version=ref.version, rows=len(results),
+                     decisions={"flagged": flagged, "passed": len(results) - flagged},
+                     subjects=[row.get(acct_col) for row in body.transactions])
+        return FraudScoreResponse(model=ref.name, model_version=ref.version, threshold=threshold, results=results)
+
+    @router.post("/v1/fraud/labels", response_model=FraudLabelResponse)
+    async def labels(body: FraudLabelRequest, request: Request,
+                     principal: Annotated[Principal, Depends(require_scope(LABEL_SCOPE))]) -> FraudLabelResponse:
+        """Record known labels: later transactions' delayed terminal risk counts them, as in the batch path."""
+        from solutions.fraud.online import apply_labels
+
+        check_rows(request, len(body.labels))
+        try:
+            unknown = await run_in_threadpool(apply_labels, state(), body.labels, body.columns)
+        except DataValidationError as exc:
+            raise HTTPException(status_code=422, detail={"error": str(exc), "column": exc.column,
+                                                         "rows": exc.rows}) from exc
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail={"error": str(exc)}) from exc
+        ref = slot.current()[0] if slot.ready else None
+        record_audit(request, model=name, model_version=ref.version if ref else 0, rows=len(body.labels),
+                     decisions={"recorded": len(body.labels) - len(unknown), "unknown": len(unknown)})
+        return FraudLabelResponse(recorded=len(body.labels) - len(unknown), unknown=unknown)
+
+    def stop() -> None:
+        batcher.close()
+        if "state" in holder:
+            holder.pop("state").store.close()
+
+    return Vertical("fraud", router, [slot], on_stop=stop)

@@ -1,0 +1,24 @@
+"""Generic machinery of the online REST API (no domain code; the app is ``flows/serve``).
+
+The contract with a vertical's routes (``flows/serve/fraud.py``, ``flows/serve/sensor.py``):
+a vertical module exposes ``build(services: Services) -> Vertical`` (:mod:`infra.serving.runtime`).
+It asks ``services.slot(model_name, loader)`` for a :class:`~infra.serving.slot.ModelSlot` (the
+registry champion, loaded by ``loader(ref) -> object`` in the background and hot-reloaded when the
+alias moves; ``slot.current()`` returns ``(ModelRef, object)`` — take it once per request or batch
+and label the response with that ``ref.version``). Its routes declare
+``principal: Annotated[Principal, Depends(require_scope("fraud:score"))]`` (:mod:`infra.serving.auth`: 401
+without or with a bad API key / JWT, 403 without the scope — ``admin`` grants every scope — and
+429 + ``Retry-After`` over the key's rate limit), call ``check_rows(request, n)``
+(:mod:`infra.serving.quotas`, 413 above ``max_rows``; the body size is limited before the route
+runs), wrap every model call in ``with slot.breaker.guard(): ...`` (failures open the circuit
+breaker: 503 with a reason and ``Retry-After`` during its cool-down; ``DataValidationError`` and
+``HTTPException`` are user errors and do not count), report each scored batch with
+``services.metrics.observe_batch(model_name, size)``, and end with
+``record_audit(request, model=..., model_version=..., rows=n, decisions={"flagged": k},
+subjects=[raw account ids])`` (:mod:`infra.serving.audit`; ids are hashed with the secret salt
+before anything is written, the key itself never is). The ASGI middleware
+(:mod:`infra.serving.middleware`) applies the IP allow-list, the body-size limit and the
+per-request timeout, and writes the audit line and the request metrics of every request.
+``Vertical(name, router, slots, on_start, on_stop)`` is mounted by ``flows.serve.app.create_app``;
+``/readyz`` answers 200 only when every slot of every vertical has a model loaded.
+"""

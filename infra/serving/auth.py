@@ -1,0 +1,296 @@
+"""Who is calling: API keys (stored hashed under the home), JWT bearer tokens, scopes.
+
+An API key reads ``ifk_<key id>_<secret>``; the store keeps the key id, a random salt and
+``sha256(salt + secret)`` only, so the key is shown once (by ``python -m flows.serve keys add``)
+and never again. The secret holds 256 random bits, so a fast salted hash is as strong as a slow
+one here (scrypt protects guessable passwords, and would cost ~50 ms per request). A key comes in
+the ``X-API-Key`` header or as ``Authorization: Bearer <key>``; any other bearer token is a JWT,
+verified with the HS256 secret or the RS256 public key of the settings (``exp`` required; scopes
+from the ``scope`` claim, space-separated, or a ``scopes`` list).
+
+Routes declare what they need with ``Depends(require_scope("fraud:score"))``; ``admin`` grants
+every scope.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.store import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "ifk_"
+ADMIN = "admin"
+_KEY_RE = re.compile(r"^ifk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
+_SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*(:[a-z][a-z0-9_-]*)?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+
+
+class AuthError(Exception):
+    """A bad credential (401) or a missing scope (403); the message names no secret."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Principal:
+    """An authenticated caller.
+
+    Attributes:
+        key_id: the API key's id, or ``jwt:<hash of the subject>``; safe to log.
+        scopes: what it may call.
+        rate_limit: its own rate limit (``N/minute``), or None for the server default.
+    """
+
+    key_id: str
+    scopes: frozenset[str]
+    rate_limit: str | None = None
+
+    def allows(self, scope: str) -> bool:
+        """True when the principal holds ``scope`` or ``admin``."""
+        return scope in self.scopes or ADMIN in self.scopes
+
+
+class ApiKeyRecord(BaseModel):
+    """One stored key: its id, hash and salt, never the key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key_id: str
+    name: str
+    salt: str
+    sha256: str
+    scopes: list[str]
+    rate_limit: str | None = None
+    created_at: str
+    revoked_at: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+def check_scopes(scopes: Iterable[str]) -> list[str]:
+    """Validated scope names (``fraud:score``, ``admin``); ValueError names the bad one."""
+    out = []
+    for scope in scopes:
+        if not _SCOPE_RE.match(scope):
+            raise ValueError(f"scope {scope!r} is not of the form area:action (e.g. fraud:score) or admin")
+        out.append(scope)
+    if not out:
+        raise ValueError("a key needs at least one scope (e.g. fraud:score, sensor:predict, admin)")
+    return sorted(set(out))
+
+
+def _digest(salt: str, secret: str) -> str:
+    return hashlib.sha256(bytes.fromhex(salt) + secret.encode()).hexdigest()
+
+
+class KeyStore:
+    """API keys in one JSON file (``<home>/serving/keys.json``), hashed; re-read when it changes.
+
+    Several processes may add or revoke keys at once (a lock file serialises the writers); a
+    running server sees a change at its next request.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._cache: tuple[float, int, dict[str, ApiKeyRecord]] | None = None
+        self._guard = threading.Lock()
+
+    # -- reading
+    def _load(self) -> dict[str, ApiKeyRecord]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        cached = self._cache
+        if cached is not None and cached[0] == stat.st_mtime and cached[1] == stat.st_size:
+            return cached[2]
+        with self._guard:
+            records = {r["key_id"]: ApiKeyRecord(**r) for r in json.loads(self.path.read_text())["keys"]}
+            self._cache = (stat.st_mtime, stat.st_size, records)
+        return records
+
+    def list(self) -> list[ApiKeyRecord]:
+        """Every key (revoked ones too), oldest first."""
+        return sorted(self._load().values(), key=lambda r: r.created_at)
+
+    def verify(self, key: str) -> ApiKeyRecord | None:
+        """The active record of ``key``, or None (unknown, malformed or revoked)."""
+        match = _KEY_RE.match(key)
+        if not match:
+            return None
+        record = self._load().get(match.group(1))
+        if record is None or not record.active:
+            return None
+        return record if hmac.compare_digest(record.sha256, _digest(record.salt, match.group(2))) else None
+
+    # -- writing
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, ApiKeyRecord]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                self._cache = None
+                records = dict(self._load())
+                yield records
+                write_json_atomic(self.path, {"keys": [r.model_dump() for r in records.values()]})
+                self._cache = None
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def add(self, name: str, scopes: Iterable[str], rate_limit: str | None = None) -> tuple[str, ApiKeyRecord]:
+        """Create a key; returns ``(key, record)`` — the key is not stored and cannot be shown again."""
+        if not _NAME_RE.match(name):
+            raise ValueError(f"key name {name!r}: use 1-64 letters, digits, spaces, '.', '_' or '-'")
+        scope_list = check_scopes(scopes)
+        if rate_limit is not None:
+            from infra.serving.quotas import parse_rate
+
+            parse_rate(rate_limit)
+        secret = secrets.token_urlsafe(32)
+        salt = secrets.token_hex(16)
+        with self._locked() as records:
+            key_id = secrets.token_hex(6)
+            while key_id in records:
+                key_id = secrets.token_hex(6)
+            record = ApiKeyRecord(
+                key_id=key_id, name=name, salt=salt, sha256=_digest(salt, secret), scopes=scope_list,
+                rate_limit=rate_limit, created_at=dt.datetime.now(dt.UTC).isoformat(),
+            )
+            records[key_id] = record
+        return f"{KEY_PREFIX}{key_id}_{secret}", record
+
+    def revoke(self, key_id: str) -> ApiKeyRecord:
+        """Revoke a key by id (it stays listed, marked revoked); KeyError if unknown."""
+        with self._locked() as records:
+            if key_id not in records:
+                known = ", ".join(sorted(records)) or "none"
+                raise KeyError(f"no API key with id {key_id!r} (known ids: {known})")
+            record = records[key_id]
+            if record.active:
+                record = record.model_copy(update={"revoked_at": dt.datetime.now(dt.UTC).isoformat()})
+                records[key_id] = record
+        return record
+
+
+class Authenticator:
+    """Turns request headers into a :class:`Principal` (API key or JWT).
+
+    Args:
+        keys: the key store.
+        hs256_secret: secret of HS256 tokens, if accepted.
+        rs256_public_key: PEM public key of RS256 tokens, if accepted.
+        audience: the required ``aud`` claim, if any.
+    """
+
+    def __init__(self, keys: KeyStore, *, hs256_secret: str | None = None,
+                 rs256_public_key: str | None = None, audience: str | None = None) -> None:
+        self.keys = keys
+        self._jwt_keys: list[tuple[str, str]] = []
+        if hs256_secret:
+            self._jwt_keys.append(("HS256", hs256_secret))
+        if rs256_public_key:
+            self._jwt_keys.append(("RS256", rs256_public_key))
+        self.audience = audience
+
+    def authenticate(self, api_key: str | None, authorization: str | None) -> Principal:
+        """The caller, or :class:`AuthError` (401)."""
+        token = None
+        if authorization:
+            scheme, _, value = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not value.strip():
+                raise AuthError(401, "the Authorization header must be 'Bearer <token>'")
+            token = value.strip()
+        if api_key is None and token is not None and token.startswith(KEY_PREFIX):
+            api_key, token = token, None
+        if api_key is not None:
+            record = self.keys.verify(api_key.strip())
+            if record is None:
+                raise AuthError(401, "invalid or revoked API key")
+            return Principal(record.key_id, frozenset(record.scopes), record.rate_limit)
+        if token is not None:
+            return self._from_jwt(token)
+        raise AuthError(401, "no credential: send X-API-Key or Authorization: Bearer <token>")
+
+    def _from_jwt(self, token: str) -> Principal:
+        import jwt
+
+        if not self._jwt_keys:
+            raise AuthError(401, "bearer tokens are not accepted by this server (no JWT key configured)")
+        claims = None
+        for algorithm, key in self._jwt_keys:
+            try:
+                claims = jwt.decode(
+                    token, key, algorithms=[algorithm], audience=self.audience,
+                    options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+                )
+                break
+            except jwt.PyJWTError:
+                continue
+        if claims is None:
+            raise AuthError(401, "invalid bearer token (signature, expiry, audience or claims)")
+        raw = claims.get("scopes", claims.get("scope", ""))
+        scopes = raw.split() if isinstance(raw, str) else [str(s) for s in raw]
+        subject = hashlib.sha256(str(claims["sub"]).encode()).hexdigest()[:12]
+        return Principal(f"jwt:{subject}", frozenset(scopes), None)
+
+
+def require_scope(scope: str) -> Callable[[Request], Any]:
+    """A FastAPI dependency: the authenticated :class:`Principal` holding ``scope``.
+
+    401 without or with a bad credential, 403 without the scope, 429 (``Retry-After``) over the
+    key's rate limit, 503 when the rate limiter's store (Redis) cannot be reached (fail closed). The principal is also left on ``request.state.principal`` for the audit.
+    """
+    check_scopes([scope])
+
+    async def dependency(request: Request) -> Principal:
+        services = request.app.state.serving
+        try:
+            principal = services.auth.authenticate(
+                request.headers.get("x-api-key"), request.headers.get("authorization")
+            )
+        except AuthError as exc:
+            raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": 'Bearer, ApiKey'}) from None
+        request.state.principal = principal
+        if not principal.allows(scope):
+            raise HTTPException(403, f"this credential lacks the scope {scope!r}")
+        try:
+            decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
+        except Exception as exc:  # noqa: BLE001 - the counter store (Redis) is down: refuse, do not go unlimited
+            log.error("rate limiter unavailable: %s", type(exc).__name__)
+            raise HTTPException(503, "the rate limiter is unavailable; retry later",
+                                headers={"Retry-After": "5"}) from None
+        if not decision.allowed:
+            services.metrics.rate_limited.labels(scope=scope).inc()
+            raise HTTPException(
+                429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
+                headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),
+                         "X-RateLimit-Remaining": "0"},
+            )
+        return principal
+
+    dependency.__name__ = f"require_{scope.replace(':', '_')}"
+    return dependency

@@ -1,0 +1,722 @@
+"""Online feature state of the fraud vertical: score one new transaction exactly as the
+batch path would have scored it inside a file holding everything seen before it.
+
+The batch path (:func:`solutions.fraud.scoring.score_transactions`) computes two kinds of
+per-transaction inputs from a file, both from the past only:
+
+* the sequence model's step features (:func:`solutions.fraud.sequences.step_features`):
+  gap to the account's previous transaction, the mean of ALL its earlier amounts, whether
+  the (account, terminal) pair is new, hour and weekday; a row's step features never
+  change once computed, so the state keeps them as computed;
+* the window features (:class:`solutions.fraud.features.WindowFeatures`): the account's
+  count and mean amount over ``(t - w, t]`` and the terminal's count and fraud share over
+  ``[t - delay - w, t - delay)`` (the DELAYED terminal risk: labels are known ``delay``
+  days late), for ``w`` in the windows (1/7/30 days).
+
+The minimal state for that, per account: the count and sum of its amounts, the terminals
+it used, and its recent rows (those inside the longest window, at least the last
+``history_len`` for sequences); per terminal: its rows (time, label, id) inside
+``delay + max(window) + 1`` days. Rows are applied in arrival order, exactly like the
+batch path's stable sort by time keeps a file's order for equal timestamps; a row older
+than its account's latest row is refused (its step features would depend on rows that
+came after it).
+
+Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
+home (embedded, one process or several on one machine; a restart loses nothing) and
+Redis (several replicas share it). Both hold one JSON document per account and per
+terminal (orjson: floats round-trip exactly); an update is read, computed and written
+inside the store's exclusive section.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+import pandas as pd
+import torch
+
+from infra.errors import DataValidationError
+from infra.tables import ColumnSpec, TableSchema, validate_table
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor, scale_features
+
+__all__ = [
+    "ACCOUNT",
+    "TERMINAL",
+    "OnlineFraudModel",
+    "OnlineFraudState",
+    "OnlineStateStore",
+    "OrderError",
+    "RedisStateStore",
+    "RowInputs",
+    "Rows",
+    "SqliteStateStore",
+    "apply_labels",
+    "label_schema",
+    "open_state_store",
+    "score_requests",
+    "validate_rows",
+]
+
+ACCOUNT = "account"
+TERMINAL = "terminal"
+_NS_PER_DAY = 86_400 * 10**9
+_NS_PER_S = 10**9
+_NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids together
+
+
+class OrderError(ValueError):
+    """A transaction is older than the latest one already applied for its account."""
+
+
+# ------------------------------------------------------------------------------------
+# stores
+
+
+class OnlineStateStore(Protocol):
+    """Key -> JSON document store for accounts and terminals, with an exclusive section.
+
+    ``read`` and ``write`` are called only inside ``exclusive()``; the section commits on a
+    normal exit and discards the writes when it exits with an exception.
+    """
+
+    def exclusive(self) -> Any:
+        """A context manager: no other writer (thread, process, replica) runs inside it."""
+
+    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The stored documents of ``keys`` (absent keys are left out)."""
+
+    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
+        """Store (replace) these documents."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class SqliteStateStore:
+    """The embedded store: one SQLite file (WAL, one transaction per update).
+
+    Args:
+        path: the database file (its folder is created).
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.execute(
+            "CREATE TABLE IF NOT EXISTS state (kind TEXT NOT NULL, key TEXT NOT NULL, doc BLOB NOT NULL, "
+            "PRIMARY KEY (kind, key))"
+        )
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            rows = self._conn.execute(
+                f"SELECT key, doc FROM state WHERE kind = ? AND key IN ({marks})", [kind, *chunk]
+            )
+            out.update({key: orjson.loads(doc) for key, doc in rows})
+        return out
+
+    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
+        self._conn.executemany(
+            "INSERT OR REPLACE INTO state (kind, key, doc) VALUES (?, ?, ?)",
+            [(kind, key, orjson.dumps(doc)) for key, doc in docs.items()],
+        )
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+class RedisStateStore:
+    """The shared store: one Redis string per account and per terminal (``<prefix>:<kind>:<key>``).
+
+    Updates from several replicas are serialised by one Redis lock; writes go in one
+    MULTI/EXEC transaction after the whole batch was computed.
+
+    Args:
+        url: ``redis://host:port/db``.
+        prefix: key prefix.
+        lock_timeout_s: the lock expires after this (a crashed replica cannot block others).
+    """
+
+    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+        self.prefix = prefix
+        self._lock_timeout_s = lock_timeout_s
+        self._pending: dict[str, dict[str, dict[str, Any]]] = {}
+        self._thread_lock = threading.Lock()
+
+    def _key(self, kind: str, key: str) -> str:
+        return f"{self.prefix}:{kind}:{key}"
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._thread_lock:
+            lock = self._redis.lock(
+                f"{self.prefix}:lock", timeout=self._lock_timeout_s, blocking_timeout=self._lock_timeout_s
+            )
+            if not lock.acquire():
+                raise TimeoutError("could not take the online-state lock in Redis")
+            self._pending = {}
+            try:
+                yield
+                if self._pending:
+                    pipe = self._redis.pipeline(transaction=True)
+                    for kind, docs in self._pending.items():
+                        if not docs:
+                            continue
+                        pipe.mset({self._key(kind, k): orjson.dumps(d) for k, d in docs.items()})
+                    pipe.execute()
+            finally:
+                self._pending = {}
+                lock.release()
+
+    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        unique = list(dict.fromkeys(keys))
+        if not unique:
+            return {}
+        values = self._redis.mget([self._key(kind, k) for k in unique])
+        return {k: orjson.loads(v) for k, v in zip(unique, values, strict=True) if v is not None}
+
+    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
+        if docs:
+            self._pending.setdefault(kind, {}).update(docs)
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def open_state_store(folder: Path, redis_url: str | None = None) -> OnlineStateStore:
+    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite``."""
+    if redis_url:
+        return RedisStateStore(redis_url)
+    return SqliteStateStore(folder / "fraud.sqlite")
+
+
+# ------------------------------------------------------------------------------------
+# request rows
+
+
+def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Request rows -> a validated canonical frame, as the batch path validates a file.
+
+    Args:
+        records: one mapping per transaction (source column names).
+        columns: the column mapping canonical -> source (as ``--columns`` of ``score``).
+
+    Raises:
+        DataValidationError: naming the column and the rows (0-based) at fault, or rows of
+            one account out of time order.
+    """
+    frame = pd.DataFrame.from_records(list(records))
+    frame = S.ColumnMapping(dict(columns or {})).apply(frame)
+    schema = P.transaction_schema(for_scoring=True).model_copy(update={"min_rows": 1})
+    table = validate_table(frame, schema, source="request")
+    ts = table[S.TIMESTAMP]
+    prev = ts.groupby(table[S.ACCOUNT_ID], sort=False).shift(1)
+    back = (ts < prev).to_numpy()
+    if back.any():
+        rows = [int(i) for i in np.flatnonzero(back)[:5]]
+        raise DataValidationError(
+            "rows of one account must be in time order (the online state applies them in order)",
+            source="request", column=S.TIMESTAMP, rows=rows,
+        )
+    return table
+
+
+# ------------------------------------------------------------------------------------
+# features from the state
+
+
+@dataclass
+class RowInputs:
+    """What one transaction feeds the model, before the model's scaling.
+
+    Attributes:
+        steps: raw step features of the account's earlier rows and this one (oldest first;
+            at most ``history_len + 1``).
+        step_cats: (channel, category) strings of the same rows.
+        window: window features by name.
+        static: ``(age, account_age_days)`` raw (NaN when unknown).
+        occupation: occupation string or None.
+    """
+
+    steps: list[list[float]]
+    step_cats: list[tuple[str | None, str | None]]
+    window: dict[str, float]
+    static: tuple[float, float]
+    occupation: str | None
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _opt_float(value: Any) -> float:
+    return float("nan") if _opt_str(value) is None else float(value)
+
+
+@dataclass
+class Rows:
+    """Validated rows as plain Python lists, extracted once per batch (pandas per row is slow).
+
+    Build with :meth:`from_frame`; :meth:`part` cuts one request's rows out of a batch.
+    """
+
+    t_ns: list[int]
+    hours: list[int]
+    minutes: list[int]
+    dows: list[int]
+    accounts: list[str]
+    terminals: list[str | None]
+    amounts: list[float]
+    labels: list[float]
+    tx_ids: list[str | None]
+    channels: list[str | None]
+    categories: list[str | None]
+    ages: list[float]
+    acc_ages: list[float]
+    occupations: list[str | None]
+    has_terminal: bool
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Rows:
+        """From a validated frame (canonical columns), in row order."""
+        def column(name: str) -> list[Any]:
+            return frame[name].tolist() if name in frame.columns else [None] * len(frame)
+
+        stamps = pd.DatetimeIndex(frame[S.TIMESTAMP])
+        return cls(
+            t_ns=frame[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist(),
+            hours=stamps.hour.tolist(), minutes=stamps.minute.tolist(), dows=stamps.dayofweek.tolist(),
+            accounts=[str(a) for a in frame[S.ACCOUNT_ID].tolist()],
+            terminals=[_opt_str(t) for t in column(S.TERMINAL_ID)],
+            amounts=pd.to_numeric(frame[S.AMOUNT], errors="coerce").astype("float64").tolist(),
+            labels=[_opt_float(v) for v in column(S.LABEL)],
+            tx_ids=[_opt_str(v) for v in column(S.TRANSACTION_ID)],
+            channels=[_opt_str(v) for v in column(S.CHANNEL)],
+            categories=[_opt_str(v) for v in column(S.CATEGORY)],
+            ages=[_opt_float(v) for v in column(S.AGE)],
+            acc_ages=[_opt_float(v) for v in column(S.ACCOUNT_AGE_DAYS)],
+            occupations=[_opt_str(v) for v in column(S.OCCUPATION)],
+            has_terminal=S.TERMINAL_ID in frame.columns,
+        )
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+    def part(self, start: int, end: int) -> Rows:
+        """Rows ``start:end``."""
+        values = {name: getattr(self, name)[start:end] for name in self.__dataclass_fields__ if name != "has_terminal"}
+        return Rows(**values, has_terminal=self.has_terminal)
+
+
+@dataclass
+class _Pending:
+    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    terminals: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class OnlineFraudState:
+    """Computes the batch path's inputs of new transactions from a store and updates it.
+
+    Args:
+        store: where the state lives.
+        windows_days: window lengths (the batch path's :class:`WindowFeatures` defaults).
+        history_len: earlier rows kept per account for sequences (a model's ``seq_len - 1``
+            must not exceed it).
+        max_recent: at most this many rows per account (bounds a document; an account
+            with more rows inside the longest window gets approximate window features).
+    """
+
+    def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = (1, 7, 30),
+                 history_len: int = 255, max_recent: int = 4096) -> None:
+        self.store = store
+        self.windows_days = tuple(int(w) for w in windows_days)
+        self.history_len = int(history_len)
+        self.max_recent = max(int(max_recent), self.history_len)
+
+    @classmethod
+    def for_model(cls, store: OnlineStateStore, **kwargs: Any) -> OnlineFraudState:
+        """A state whose windows are those of the batch path's window transformer."""
+        return cls(store, windows_days=P.window_transformer(7).windows_days, **kwargs)
+
+    @contextmanager
+    def update(self) -> Iterator[_Batch]:
+        """An exclusive update: compute rows with the yielded batch; committed on exit."""
+        with self.store.exclusive():
+            batch = _Batch(self)
+            yield batch
+            self.store.write(ACCOUNT, batch.pending.accounts)
+            self.store.write(TERMINAL, batch.pending.terminals)
+
+
+class _Batch:
+    """The rows of one update, applied in order over a copy-on-write view of the state."""
+
+    def __init__(self, state: OnlineFraudState) -> None:
+        self.state = state
+        self.pending = _Pending()
+
+    def load(self, accounts: Sequence[str], terminals: Sequence[str]) -> None:
+        """Read the documents the next rows need (once per batch)."""
+        need_a = [a for a in accounts if a not in self.pending.accounts]
+        need_t = [t for t in terminals if t not in self.pending.terminals]
+        got_a = self.state.store.read(ACCOUNT, need_a)
+        got_t = self.state.store.read(TERMINAL, need_t)
+        for a in need_a:
+            self.pending.accounts[a] = got_a.get(a) or {"n": 0, "sum": 0.0, "terms": [], "recent": []}
+        for t in need_t:
+            self.pending.terminals[t] = got_t.get(t) or {"rows": []}
+
+    def check(self, rows: Rows | pd.DataFrame) -> None:
+        """Raise :class:`OrderError` when a row is older than its account's latest row, or is a
+        transaction already applied (a client's retry: applying it twice would count it twice)."""
+        rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
+        for i, (acct, t, tx) in enumerate(zip(rows.accounts, rows.t_ns, rows.tx_ids, strict=True)):
+            recent = self.pending.accounts[acct]["recent"]
+            if tx is not None and any(len(r) > 5 and r[5] == tx and r[0] == t for r in reversed(recent)):
+                raise OrderError(f"row {i}: transaction {tx!r} was already scored; it is not applied twice")
+            if recent and t < recent[-1][0]:
+                last = pd.Timestamp(recent[-1][0])
+                raise OrderError(
+                    f"row {i}: the transaction at {pd.Timestamp(t)} is older than the latest one "
+                    f"already scored for its account ({last}); online scoring is order-based"
+                )
+
+    def apply(self, rows: Rows | pd.DataFrame, delay_days: int) -> list[RowInputs]:
+        """Compute every row's inputs in order and add the rows to the state.
+
+        Args:
+            rows: validated rows (a frame with canonical columns, or its :class:`Rows`), in arrival order.
+            delay_days: the model's label delay of the terminal windows.
+        """
+        r = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
+        windows = self.state.windows_days
+        wmax = max(windows)
+        cap_s = float(wmax) * 86_400.0
+        delay_ns = int(delay_days) * _NS_PER_DAY
+        has_terminal = r.has_terminal
+        t_ns, hours, minutes, dows = r.t_ns, r.hours, r.minutes, r.dows
+        accounts, terminals, amounts, labels, tx_ids = r.accounts, r.terminals, r.amounts, r.labels, r.tx_ids
+        channels, categories = r.channels, r.categories
+        ages, acc_ages, occupations = r.ages, r.acc_ages, r.occupations
+        self.load(accounts, [t if t is not None else _NULL_TERMINAL for t in terminals] if has_terminal else [])
+
+        out: list[RowInputs] = []
+        for i, acct_id in enumerate(accounts):
+            t, amount = t_ns[i], amounts[i]
+            acct = self.pending.accounts[acct_id]
+            recent: list[list[Any]] = acct["recent"]
+            if recent and t < recent[-1][0]:
+                raise OrderError(f"row {i}: older than the latest transaction already scored for its account")
+            # -- step features (solutions.fraud.sequences.step_features)
+            amount_c = max(amount, 0.0) if not math.isnan(amount) else amount
+            gap = (t - recent[-1][0]) / _NS_PER_S if recent else None
+            prior_mean = acct["sum"] / acct["n"] if acct["n"] > 0 else amount_c
+            term = terminals[i]
+            new_terminal = has_terminal and term is not None and term not in acct["terms"]
+            hour = hours[i] + minutes[i] / 60.0
+            step = [
+                float(np.log1p(amount_c)),
+                float(np.log1p(min(max(MAX_GAP_S if gap is None else gap, 0.0), MAX_GAP_S))),
+                float(np.sin(2 * np.pi * hour / 24)),
+                float(np.cos(2 * np.pi * hour / 24)),
+                float(np.sin(2 * np.pi * dows[i] / 7)),
+                float(np.cos(2 * np.pi * dows[i] / 7)),
+                float(new_terminal),
+                float(np.log1p(amount_c) - np.log1p(prior_mean)),
+                float(gap is None),
+            ]
+            assert len(step) == len(STEP_NUMERIC)
+            # -- window features (solutions.fraud.features.WindowFeatures)
+            win: dict[str, float] = {
+                "amount": amount,
+                "log_amount": float(np.log1p(max(amount, 0.0))),
+                "hour": float(hours[i]),
+                "is_weekend": float(dows[i] >= 5),
+                "is_night": float(hours[i] >= 22 or hours[i] < 6),
+                "secs_since_prev": min(gap, cap_s) if gap is not None else cap_s,
+            }
+            amt0 = 0.0 if math.isnan(amount) else amount
+            for w in windows:
+                lo = t - w * _NS_PER_DAY
+                inside = [r[1] for r in recent if r[0] > lo]
+                nb = len(inside) + 1
+                win[f"cust_nb_tx_{w}d"] = float(nb)
+                win[f"cust_mean_amount_{w}d"] = (math.fsum(inside) + amt0) / nb
+            mean_max = win[f"cust_mean_amount_{wmax}d"]
+            win[f"amount_over_cust_mean_{wmax}d"] = amount / mean_max if mean_max > 0 else 1.0
+            term_key = (term if term is not None else _NULL_TERMINAL) if has_terminal else None
+            if term_key is not None:
+                rows = self.pending.terminals[term_key]["rows"]
+                times = [r[0] for r in rows]
+                hi = bisect.bisect_left(times, t - delay_ns)
+                for w in windows:
+                    lo = bisect.bisect_left(times, t - delay_ns - w * _NS_PER_DAY)
+                    known = [r[1] for r in rows[lo:hi] if r[1] is not None]
+                    win[f"term_nb_tx_{w}d"] = float(hi - lo)
+                    win[f"term_risk_{w}d"] = sum(1.0 for v in known if v > 0) / len(known) if known else 0.0
+            out.append(RowInputs(
+                steps=[r[4] for r in recent[-self.state.history_len:]] + [step] if self.state.history_len else [step],
+                step_cats=[(r[2], r[3]) for r in recent[-self.state.history_len:]] + [(channels[i], categories[i])]
+                if self.state.history_len else [(channels[i], categories[i])],
+                window=win,
+                static=(ages[i], acc_ages[i]),
+                occupation=occupations[i],
+            ))
+            # -- add the row to the state
+            recent.append([t, amount, channels[i], categories[i], step, tx_ids[i]])
+            keep_from = t - wmax * _NS_PER_DAY
+            cut = 0
+            while cut < len(recent) - self.state.history_len and recent[cut][0] <= keep_from:
+                cut += 1
+            cut = max(cut, len(recent) - self.state.max_recent)
+            if cut:
+                del recent[:cut]
+            if not math.isnan(amount_c):
+                acct["n"] += 1
+                acct["sum"] += amount_c
+            if new_terminal:
+                acct["terms"].append(term)
+            if term_key is not None:
+                trows = self.pending.terminals[term_key]["rows"]
+                label = None if math.isnan(labels[i]) else float(labels[i])
+                pos = bisect.bisect_right([r[0] for r in trows], t)
+                trows.insert(pos, [t, label, tx_ids[i]])
+                horizon = trows[-1][0] - delay_ns - (wmax + 1) * _NS_PER_DAY
+                drop = bisect.bisect_left([r[0] for r in trows], horizon)
+                if drop:
+                    del trows[:drop]
+        return out
+
+
+def label_schema() -> TableSchema:
+    """Label feedback rows: which transaction (id, terminal, time) turned out fraud or legit."""
+    return TableSchema(
+        name="fraud-labels",
+        columns=(
+            ColumnSpec(name=S.TRANSACTION_ID, kind="id"),
+            ColumnSpec(name=S.TERMINAL_ID, kind="id"),
+            ColumnSpec(name=S.TIMESTAMP, kind="datetime"),
+            ColumnSpec(name=S.LABEL, kind="binary"),
+        ),
+    )
+
+
+def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
+                 columns: Mapping[str, str] | None = None) -> list[str]:
+    """Record labels that became known after scoring (the delayed terminal risk reads them).
+
+    A label counts for later transactions exactly as a label present in the scored row
+    does in the batch path: in the terminal windows ``[t - delay - w, t - delay)``.
+
+    Args:
+        state: the online state.
+        records: rows with transaction_id, terminal_id, timestamp (as scored) and label.
+        columns: the column mapping canonical -> source.
+
+    Returns:
+        The transaction ids not found in the state (never scored, or older than the
+        terminal windows keep).
+
+    Raises:
+        DataValidationError: a column is missing or a value cannot be read (names it).
+    """
+    frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
+    table = validate_table(frame, label_schema(), source="request")
+    t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
+    terminals = [str(t) for t in table[S.TERMINAL_ID].tolist()]
+    missing: list[str] = []
+    with state.update() as batch:
+        batch.load([], terminals)
+        for tx, term, t, label in zip(table[S.TRANSACTION_ID].tolist(), terminals, t_ns,
+                                      table[S.LABEL].tolist(), strict=True):
+            rows = batch.pending.terminals[term]["rows"]
+            times = [r[0] for r in rows]
+            lo, hi = bisect.bisect_left(times, t), bisect.bisect_right(times, t)
+            hits = [r for r in rows[lo:hi] if r[2] == str(tx)]
+            if not hits:
+                missing.append(str(tx))
+            for r in hits:
+                r[1] = float(label)
+    return missing
+
+
+# ------------------------------------------------------------------------------------
+# the model side
+
+
+@dataclass(frozen=True)
+class OnlineFraudModel:
+    """A loaded fraud version, ready to score :class:`RowInputs`.
+
+    Attributes:
+        net: the network (eval mode).
+        preprocessor: its preprocessing.
+        seq_len: steps per sequence.
+        threshold: its decision threshold.
+        delay_days: the label delay of its terminal windows.
+        name: registry name. version: registry version.
+    """
+
+    net: torch.nn.Module
+    preprocessor: FraudPreprocessor
+    seq_len: int
+    threshold: float
+    delay_days: int
+    name: str
+    version: int
+
+    @classmethod
+    def from_registry(cls, net: torch.nn.Module, preprocessor: FraudPreprocessor, seq_len: int,
+                      name: str, version: int, params: Mapping[str, Any]) -> OnlineFraudModel:
+        """From a registered version's parts (threshold and delay read from its params)."""
+        delay = float(params.get("split", {}).get("delay_days", 7))
+        net.eval()
+        return cls(net=net, preprocessor=preprocessor, seq_len=int(seq_len),
+                   threshold=float(params.get("threshold", 0.5)),
+                   delay_days=P.window_transformer(delay).delay_days, name=name, version=int(version))
+
+    def tensors(self, rows: Sequence[RowInputs]) -> dict[str, torch.Tensor]:
+        """The model's batch for these rows, built like :class:`SequenceDataset` does."""
+        pre = self.preprocessor
+        n, L = len(rows), self.seq_len
+        n_num = len(STEP_NUMERIC)
+        step_num = np.zeros((n, L, n_num + 1), dtype="float32")
+        step_cat = np.zeros((n, L, 2), dtype="int64")
+        lookups = [{v: i + 1 for i, v in enumerate(pre.vocab_.get(col, []))} for col in (S.CHANNEL, S.CATEGORY)]
+        occ = {v: i + 1 for i, v in enumerate(pre.vocab_.get(S.OCCUPATION, []))}
+        names = list(pre.window_feature_names)
+        ctx = np.zeros((n, 2 + len(names)), dtype="float64")
+        ctx_cat = np.zeros((n, 1), dtype="int64")
+        for i, row in enumerate(rows):
+            steps = row.steps[-L:]
+            cats = row.step_cats[-L:]
+            k = len(steps)
+            scaled = scale_features(np.asarray(steps, dtype="float64"), pre.step_mean_, pre.step_std_).astype("float32")
+            step_num[i, L - k:, :n_num] = scaled
+            step_num[i, L - k:, n_num] = 1.0
+            for j, (channel, category) in enumerate(cats):
+                step_cat[i, L - k + j, 0] = lookups[0].get(channel, 0) if channel is not None else 0
+                step_cat[i, L - k + j, 1] = lookups[1].get(category, 0) if category is not None else 0
+            age, acc_age = row.static
+            static = np.array([[age, np.log1p(max(acc_age, 0.0)) if not math.isnan(acc_age) else np.nan]])
+            ctx[i, :2] = scale_features(static, pre.static_mean_, pre.static_std_)[0]
+            if names:
+                try:
+                    win = np.array([[row.window[name] for name in names]], dtype="float64")
+                except KeyError as exc:
+                    raise DataValidationError(
+                        f"the model needs window feature {exc.args[0]!r}, which these rows cannot give "
+                        "(is a column such as terminal_id missing?)", source="request",
+                    ) from exc
+                ctx[i, 2:] = scale_features(win, pre.window_mean_, pre.window_std_)[0]
+            ctx_cat[i, 0] = occ.get(row.occupation, 0) if row.occupation is not None else 0
+        return {
+            "step_num": torch.from_numpy(step_num),
+            "step_cat": torch.from_numpy(step_cat),
+            "ctx_num": torch.from_numpy(ctx.astype("float32")),
+            "ctx_cat": torch.from_numpy(ctx_cat),
+        }
+
+    def predict(self, rows: Sequence[RowInputs]) -> np.ndarray:
+        """Fraud probabilities of ``rows`` (float64), one model call."""
+        if not rows:
+            return np.zeros(0)
+        batch = self.tensors(rows)
+        device = next(self.net.parameters()).device
+        with torch.inference_mode():
+            logits = self.net({k: v.to(device) for k, v in batch.items()})
+        return torch.sigmoid(logits.float()).cpu().numpy().astype("float64")
+
+
+def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
+                   requests: Sequence[Sequence[Mapping[str, Any]]],
+                   columns: Mapping[str, str] | None = None) -> list[np.ndarray | Exception]:
+    """Score several requests' rows in order with one validation pass and one model call.
+
+    The rows of all requests are validated together (one pass over each column, as the
+    batch path validates a file); when that fails, each request is validated alone so that
+    only the faulty ones get the error. Each request is then applied atomically: one whose
+    rows break the time order of an account gets an :class:`OrderError` and leaves the
+    state as it was. If the model call fails, nothing is committed.
+
+    Args:
+        model: the version that scores.
+        state: the online state.
+        requests: per request, its rows (source column names).
+        columns: the column mapping canonical -> source.
+
+    Returns:
+        Per request: its scores (float64, row order) or the error that refused it.
+    """
+    if model.seq_len - 1 > state.history_len:
+        raise ValueError(f"the model's seq_len {model.seq_len} needs more history than the state keeps "
+                         f"({state.history_len} rows per account)")
+    frames: list[Rows | Exception] = []
+    try:
+        table = Rows.from_frame(validate_rows([row for rows in requests for row in rows], columns))
+        start = 0
+        for rows in requests:
+            frames.append(table.part(start, start + len(rows)))
+            start += len(rows)
+    except (DataValidationError, ValueError):
+        for rows in requests:
+            try:
+                frames.append(Rows.from_frame(validate_rows(rows, columns)))
+            except (DataValidationError, ValueError) as exc:
+                frames.append(exc)
+    results: list[np.ndarray | Exception] = []
+    spans: list[tuple[int, int]] = []
+    inputs: list[RowInputs] = []
+    with state.update() as batch:
+        for frame in frames:
+            if isinstance(frame, Exception):
+                results.append(frame)
+                spans.append((0, 0))
+                continue
+            batch.load(frame.accounts, [])
+            try:
+                batch.check(frame)
+            except OrderError as exc:
+                results.append(exc)
+                spans.append((0, 0))
+                continue
+            rows = batch.apply(frame, model.delay_days)
+            spans.append((len(inputs), len(inputs) + len(rows)))
+            inputs.extend(rows)
+            results.append(np.zeros(0))
+        scores = model.predict(inputs)
+    return [r if isinstance(r, Exception) else scores[a:b] for r, (a, b) in zip(results, spans, strict=True)]

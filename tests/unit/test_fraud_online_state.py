@@ -1,0 +1,89 @@
+"""The fraud online state computes the batch path's step and window features row by row (ties in
+time included), refuses out-of-order rows without changing the state, and stays bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from infra.tables import validate_table
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud.online import (
+    ACCOUNT,
+    TERMINAL,
+    OnlineFraudState,
+    OrderError,
+    SqliteStateStore,
+    validate_rows,
+)
+from solutions.fraud.sequences import step_features
+
+
+def _frame(n: int = 400, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    minutes = np.sort(rng.integers(0, 60 * 24 * 50, n))
+    minutes[10:20] = minutes[10]  # ties: several rows at one instant
+    return pd.DataFrame({
+        S.TRANSACTION_ID: [f"t{i}" for i in range(n)],
+        S.ACCOUNT_ID: rng.choice(["a", "b", "c", "d"], n),
+        S.TIMESTAMP: (pd.Timestamp("2025-01-01") + pd.to_timedelta(minutes, unit="min")).astype(str),
+        S.AMOUNT: rng.gamma(2.0, 30.0, n).round(2),
+        S.LABEL: rng.random(n) < 0.2,
+        S.TERMINAL_ID: rng.choice(["x", "y", "z"], n),
+        S.CHANNEL: rng.choice(["pos", "web"], n),
+    })
+
+
+def test_rows_get_the_batch_paths_features(tmp_path) -> None:
+    raw = _frame()
+    df = validate_table(raw, P.transaction_schema(for_scoring=True), "t")
+    wf = P.window_transformer(7).fit(df)
+    batch_win = wf.transform(df)
+    keys = df[[S.ACCOUNT_ID, S.TIMESTAMP]].reset_index(drop=True)
+    order = keys.sort_values([S.ACCOUNT_ID, S.TIMESTAMP], kind="stable").index.to_numpy()
+    steps = step_features(df.iloc[order].reset_index(drop=True))
+    batch_steps = np.empty_like(steps.to_numpy())
+    batch_steps[order] = steps.to_numpy()
+
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    rows = []
+    for start in range(0, len(raw), 37):  # requests of varying size, in arrival order
+        with state.update() as batch:
+            rows += batch.apply(validate_rows(raw.iloc[start : start + 37].to_dict("records")), delay_days=7)
+    online_win = pd.DataFrame([r.window for r in rows])
+    for name in online_win.columns:
+        np.testing.assert_allclose(online_win[name], batch_win[name], rtol=1e-9, atol=1e-9, err_msg=name)
+    np.testing.assert_allclose(np.array([r.steps[-1] for r in rows]), batch_steps, rtol=1e-9, atol=1e-9)
+
+
+def test_an_out_of_order_row_is_refused_and_changes_nothing(tmp_path) -> None:
+    store = SqliteStateStore(tmp_path / "s.sqlite")
+    state = OnlineFraudState.for_model(store)
+    row = {S.TRANSACTION_ID: "1", S.ACCOUNT_ID: "a", S.TIMESTAMP: "2025-01-02 10:00", S.AMOUNT: 5.0,
+           S.TERMINAL_ID: "x"}
+    with state.update() as batch:
+        batch.apply(validate_rows([row]), delay_days=7)
+    before = store.read(ACCOUNT, ["a"])
+    with pytest.raises(OrderError, match="older"), state.update() as batch:
+        batch.load(["a"], [])
+        batch.check(validate_rows([{**row, S.TRANSACTION_ID: "2", S.TIMESTAMP: "2025-01-01 10:00"}]))
+    assert store.read(ACCOUNT, ["a"]) == before
+    with pytest.raises(Exception, match="time order"):
+        validate_rows([row, {**row, S.TIMESTAMP: "2025-01-01 09:00"}])
+
+
+def test_state_documents_stay_bounded(tmp_path) -> None:
+    store = SqliteStateStore(tmp_path / "s.sqlite")
+    state = OnlineFraudState.for_model(store, history_len=4, max_recent=50)
+    stamps = pd.date_range("2025-01-01", periods=900, freq="2h")  # 75 days, 12 a day
+    rows = [{S.TRANSACTION_ID: str(i), S.ACCOUNT_ID: "a", S.TIMESTAMP: str(t), S.AMOUNT: 1.0, S.TERMINAL_ID: "x"}
+            for i, t in enumerate(stamps)]
+    with state.update() as batch:
+        batch.apply(validate_rows(rows), delay_days=7)
+    account = store.read(ACCOUNT, ["a"])["a"]
+    terminal = store.read(TERMINAL, ["x"])["x"]
+    assert len(account["recent"]) == 50 and account["n"] == 900  # capped; the all-time mean still counts all
+    span_days = (terminal["rows"][-1][0] - terminal["rows"][0][0]) / 86_400e9
+    assert span_days <= 7 + 30 + 1  # only what the delayed terminal windows can still need
