@@ -205,7 +205,7 @@ def collect_lineage(
         environment=current_environment(),
         parent=parent,
         git_commit=current_git_commit(),
-        created_at=dt.datetime.now(dt.timezone.utc).isoformat(),
+        created_at=dt.datetime.now(dt.UTC).isoformat(),
     )
 
 
@@ -268,8 +268,8 @@ def render_lineage(lineage: Lineage) -> str:
         ("period", ", ".join(f"{k} {v}" for k, v in lineage.data.period.items()) or "—"),
         ("seeds", ", ".join(f"{k}={v}" for k, v in lineage.seeds.items()) or "—"),
         ("precision / deterministic", f"{lineage.precision or '—'} / {lineage.deterministic}"),
-        ("threads", f"{lineage.hardware.get('num_threads', '—')} (torch {env.torch_threads}, "
-                    f"{env.usable_cpus} usable cores)"),
+        ("threads", (f"{lineage.hardware.get('num_threads', '—')} (torch {env.torch_threads}, "
+                     f"{env.usable_cpus} usable cores)")),
         ("hardware", f"{env.cpu}" + (f"; GPU {env.gpu}" if env.gpu else "")),
         ("software", f"Python {env.python}, {env.os}; {pk}"),
         ("parent", lineage.parent or "—"),
