@@ -282,6 +282,18 @@ class ModelRegistry:
         log.info("registered %s:%d (%s=%s)", name, version, primary_metric, metrics[primary_metric])
         return self.get(name, version)
 
+    def write_version_file(self, ref: ModelRef, file_name: str, text: str) -> Path:
+        """Write (atomically) a document about a version into its folder, e.g. a model card.
+        The weights and ``meta.json`` cannot be overwritten this way."""
+        if file_name in {WEIGHTS_FILE, META_FILE}:
+            raise ValueError(f"{file_name} of a version is written once, at registration")
+        folder = Path(self.get(ref.name, ref.version).path)
+        target = safe_join(folder, check_name(file_name, "file name"))
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+        return target
+
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point an alias at a version (no quality gate: use :meth:`promote` for champion)."""
         check_name(alias, "alias")

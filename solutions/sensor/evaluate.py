@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.registry import ModelRegistry
+from infra.registry import ModelRef, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
 from solutions.sensor.model import SensorRULModel, predict
@@ -123,11 +123,18 @@ def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> f
     if champion is None:
         return None
     try:
-        model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
-        ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
-                          last_only=True, pad=True).labelled()
-        pred, _ = predict(model, ws.x)
+        y, pred = rul_predictions(registry, champion, data)
     except (KeyError, ValueError, RuntimeError) as exc:
         log.warning("could not re-score champion %s on this data (%s); using its stored metric", champion.spec, exc)
         return None
-    return rmse(ws.rul, pred)
+    return rmse(y, pred)
+
+
+def rul_predictions(registry: ModelRegistry, version: ModelRef, data: SupervisedData) -> tuple[np.ndarray, np.ndarray]:
+    """(true RUL, a registered version's predicted RUL) on the last window of this run's
+    test cuts, each version with its own normaliser and window settings."""
+    model, norm, wcfg = predictor_from_params(version.params, registry.load_state_dict(version))
+    ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
+                      last_only=True, pad=True).labelled()
+    pred, _ = predict(model, ws.x)
+    return ws.rul, pred
