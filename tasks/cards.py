@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from prefect import task
+from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import RegistryError
@@ -301,3 +303,7 @@ def refresh_parent_card(ref: ModelRef) -> str | None:
     if markdown is not None:
         publish_card(markdown, parent.name)
     return markdown
+
+
+refresh_parent_card_task = task(refresh_parent_card, name="refresh-model-card", cache_policy=NONE,
+                                description="List a newly registered variant on its parent's model card.")
