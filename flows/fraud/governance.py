@@ -75,7 +75,7 @@ def fraud_lineage(ref: DatasetRef, prepared: PreparedFeatures, config: FraudTrai
     if data is None:
         seeds["synthetic_data"] = config.data.seed
     return collect_lineage(data_hash=ref.content_hash, data_source=data or "synthetic (seeded generator)",
-                           rows=prepared.rows, period={"split": prepared.split}, seeds=seeds, hardware=hardware,
+                           rows=prepared.rows, period={"periods": prepared.split}, seeds=seeds, hardware=hardware,
                            precision=trained.precision)
 
 
@@ -106,7 +106,7 @@ def fraud_card(registration: RegistrationResult, ref: DatasetRef, prepared: Prep
         features=FC.feature_names(setup.preprocessor.window_feature_names),
         metrics=metrics, comparisons=comparisons, sections=[section],
         limitations=[*FC.LIMITATIONS, *small_sample_limitations(metrics, int(y.sum()))],
-        promotion=registration.decision.model_dump(), data={"split": prepared.split},
+        promotion=registration.decision.model_dump(),
     )
     markdown = write_card(ModelRegistry(), registration.model, card)
     publish_card(markdown, registration.model.name)

@@ -34,8 +34,11 @@ DEFAULT_K = 100
 
 
 def feature_names(window_feature_names: tuple[str, ...] | list[str]) -> list[str]:
-    """Per-step, static and window features the sequence model sees."""
-    return [*STEP_NUMERIC, *STEP_CATEGORICAL, *STATIC_NUMERIC, *STATIC_CATEGORICAL, *window_feature_names]
+    """Per-step, static and window features the sequence model sees (``step/``, ``static/``,
+    ``window/`` prefixes: the same name can be a per-step and a window feature)."""
+    return ([f"step/{n}" for n in (*STEP_NUMERIC, *STEP_CATEGORICAL)]
+            + [f"static/{n}" for n in (*STATIC_NUMERIC, *STATIC_CATEGORICAL)]
+            + [f"window/{n}" for n in window_feature_names])
 
 
 def card_precision_at_k(day: pd.DataFrame, k: int) -> tuple[float, int]:
