@@ -3,7 +3,7 @@
 The generic metric reports (RMSE/MAE, PR-AUC) come from ``tasks``; this module computes
 what only the sensor vertical knows: the predictions on its test protocol, the PHM08 score
 and the uncapped RMSE, alert lead times, the registered metric names, the winner against
-the baseline and the champion re-scored on this run's test cuts.
+the baseline and a registered version's predictions on this run's test cuts.
 """
 
 from __future__ import annotations
@@ -115,19 +115,6 @@ def registry_metrics(rul: Mapping[str, float], alert: Mapping[str, float], failu
 def winner(cnn_rmse: float, baseline_rmse: float | None) -> str:
     """``baseline`` when its test RMSE is lower than the CNN's, else ``cnn``."""
     return "baseline" if baseline_rmse is not None and baseline_rmse < cnn_rmse else "cnn"
-
-
-def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> float | None:
-    """The current champion's RMSE on this run's test cuts (a fair comparison), if it fits."""
-    champion = registry.champion(name) if name in registry.models() else None
-    if champion is None:
-        return None
-    try:
-        y, pred = rul_predictions(registry, champion, data)
-    except (KeyError, ValueError, RuntimeError) as exc:
-        log.warning("could not re-score champion %s on this data (%s); using its stored metric", champion.spec, exc)
-        return None
-    return rmse(y, pred)
 
 
 def rul_predictions(registry: ModelRegistry, version: ModelRef, data: SupervisedData) -> tuple[np.ndarray, np.ndarray]:
