@@ -81,12 +81,30 @@ def plan_reproduction(ref: ModelRef) -> ReproductionPlan:
     if not lineage.parameters:
         raise ReproductionError(f"{ref.spec}: its lineage records no flow parameters to re-run")
     blocking, minor = environment_differences(lineage.environment)
+    minor += trainer_differences(lineage)
     if blocking:
         raise ReproductionError(f"{ref.spec} was trained with other major versions: {'; '.join(blocking)} "
                                 "(install the recorded versions to reproduce it)")
     for text in minor:
         log.warning("%s: environment differs (%s): figures may move within the tolerance", ref.spec, text)
     return ReproductionPlan(model=ref.spec, lineage=lineage, minor_differences=minor)
+
+
+def trainer_differences(lineage: Lineage) -> list[str]:
+    """Thread count and determinism the re-run would use, where they differ from the recorded
+    ones (each with the setting that restores it)."""
+    from infra.compute import resolve_training
+
+    now = resolve_training(lineage.flow)
+    notes = []
+    recorded_threads = lineage.hardware.get("num_threads")
+    if recorded_threads and recorded_threads != now.num_threads:
+        notes.append(f"threads {recorded_threads} -> {now.num_threads} "
+                     f"(INDUSFLOW_TRAIN_NUM_THREADS={recorded_threads} restores it)")
+    if lineage.deterministic is not None and lineage.deterministic != now.deterministic:
+        notes.append(f"deterministic {lineage.deterministic} -> {now.deterministic} "
+                     f"(INDUSFLOW_TRAIN_DETERMINISTIC={str(lineage.deterministic).lower()} restores it)")
+    return notes
 
 
 def check_data_hash(plan: ReproductionPlan, content_hash: str, source: str | None) -> None:

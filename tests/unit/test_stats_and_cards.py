@@ -141,5 +141,9 @@ def test_lineage_is_stored_and_reproduction_is_checked(tmp_path: Path) -> None:
     stale = _register(reg, extra_files=lineage_files(old, tmp_path))
     with pytest.raises(ReproductionError, match=r"torch 1\.13\.1 -> "):
         plan_reproduction(stale)
+    # another thread count is not blocking, but named with the setting that restores it
+    threads = lineage.model_copy(update={"hardware": {"num_threads": 99}})
+    minor = plan_reproduction(_register(reg, extra_files=lineage_files(threads, tmp_path))).minor_differences
+    assert any(m.startswith("threads 99 -> ") and "INDUSFLOW_TRAIN_NUM_THREADS=99" in m for m in minor)
     with pytest.raises(ReproductionError, match="no lineage"):
         plan_reproduction(_register(reg))
