@@ -24,7 +24,7 @@ def fraud_reproduce(model: str = "fraud-seq", tolerance: float = 0.005) -> Repro
     registered as ``<name>-reproduce``, so the original's champion never moves.
 
     Args:
-        model: the version to reproduce, NAME[:VERSION|@alias] (default: the champion).
+        model: the version to reproduce, NAME[:VERSION|@alias] (a bare NAME: its champion).
         tolerance: largest accepted change of the primary metric (test PR-AUC).
     """
     original = resolve_model(model)

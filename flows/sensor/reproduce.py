@@ -24,7 +24,7 @@ def sensor_reproduce(model: str = "sensor-rul", tolerance: float = 0.05) -> Repr
     The re-run is registered as ``<name>-reproduce``, so the original's champion never moves.
 
     Args:
-        model: the version to reproduce, NAME[:VERSION|@alias] (default: the champion).
+        model: the version to reproduce, NAME[:VERSION|@alias] (a bare NAME: its champion).
         tolerance: largest accepted change of the primary metric (test RUL RMSE, in grid steps).
     """
     original = st.resolve_model_step(model)
