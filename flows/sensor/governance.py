@@ -95,7 +95,7 @@ def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P
         metrics += intervals(y_fail, cnn.prob_all, ["pr_auc", "roc_auc"])
     comparisons = []
     if baseline is not None:
-        comparisons.append(Comparison(against=f"baseline ({E.BASELINE_NAME})",
+        comparisons.append(Comparison(against=E.BASELINE_NAME,
                                       test=paired(METRIC, y, cnn.rul_last, baseline.rul_last)))
     if champion is not None and champion.test is not None and champion.version != registration.model.version:
         comparisons.append(Comparison(against=f"champion before ({champion.champion})", test=champion.test))
