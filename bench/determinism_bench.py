@@ -67,7 +67,7 @@ def sensor_case():
     data = P.supervised_windows(grid, splits, labelled, norm, cfg.window, BadReadingReport())
     dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
                           cfg.finetune.batch_size, seed=cfg.finetune.seed)
-    build = lambda: P.build_predictor(len(norm.channels_), cfg.model, cfg.window, 2e-3, data.train.fail,  # noqa: E731
+    build = lambda: P.build_predictor(len(norm.channels_), cfg.model, cfg.window, 2e-3, data.train.fail,
                                       cfg.finetune.seed)
     return build, dm, "val/rmse", cfg.finetune.seed
 
