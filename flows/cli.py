@@ -54,6 +54,8 @@ class Command:
         check: pre-flight check of the validated keyword arguments; raises
             :class:`~infra.errors.IndusflowError` or ``ValueError`` for a user error.
         prepare: maps the validated keyword arguments to the flow's (e.g. derived values).
+        exit_code: the exit code of a finished run from its result (default: 0), e.g. 1 when a
+            reproduction is outside its tolerance.
     """
 
     name: str | None
@@ -66,6 +68,7 @@ class Command:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     check: Callable[[dict[str, Any]], None] | None = None
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    exit_code: Callable[[Any], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -382,7 +385,8 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str]) -> int:
+def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str],
+             exit_code: Callable[[Any], int] | None = None) -> int:
     """Run a flow under the project's Prefect defaults; print a summary and the JSON result."""
     try:
         with prefect_cli_settings():
@@ -394,7 +398,7 @@ def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[A
     if as_json:
         sys.stdout.flush()
         print(json.dumps(json.loads(result.model_dump_json()), separators=(",", ":")))
-    return 0
+    return exit_code(result) if exit_code is not None else 0
 
 
 def make_main(prog: str, description: str, commands: Sequence[Command]) -> Callable[[list[str] | None], int]:
@@ -424,6 +428,7 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
-        return run_flow(lambda: chosen.command.flow(**kwargs), as_json=args.json, summary=chosen.command.summary)
+        return run_flow(lambda: chosen.command.flow(**kwargs), as_json=args.json, summary=chosen.command.summary,
+                        exit_code=chosen.command.exit_code)
 
     return main

@@ -32,6 +32,7 @@ class HardwareRequest(BaseModel):
     precision: str | None = Field(default=None, description="Lightning precision, e.g. 32-true, bf16-mixed.")
     strategy: str | None = Field(default=None, description="Lightning strategy: ddp, fsdp, ...")
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads.")
+    deterministic: bool | None = Field(default=None, description="Deterministic algorithms (None: the setting).")
 
 
 def resolve_training(flow_name: str | None = None, request: HardwareRequest | None = None) -> TrainerArgs:
@@ -57,4 +58,6 @@ def resolve_training(flow_name: str | None = None, request: HardwareRequest | No
     strategy = request.strategy or (settings.strategy if "strategy" in explicit else base.strategy)
     spec_threads = int(profile.cpus) if profile is not None and profile.cpus and profile.cpus >= 1 else None
     threads = request.num_threads or settings.num_threads or spec_threads or usable_cpus()
-    return base.model_copy(update={"precision": precision, "strategy": strategy, "num_threads": threads})
+    deterministic = request.deterministic if request.deterministic is not None else settings.deterministic
+    return base.model_copy(update={"precision": precision, "strategy": strategy, "num_threads": threads,
+                                   "deterministic": deterministic})

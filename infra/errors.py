@@ -54,3 +54,7 @@ class RegistryError(IndusflowError):
 
 class PathEscapeError(IndusflowError, ValueError):
     """A user-given relative path would leave the folder it must stay in."""
+
+
+class ReproductionError(IndusflowError):
+    """A registered version cannot be reproduced here: its data or a major package version changed."""

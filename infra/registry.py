@@ -21,7 +21,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,25 @@ class PromotionDecision(BaseModel):
     champion_value: float | None
     promoted: bool
     reason: str
+    p_value: float | None = Field(
+        default=None, description="Paired-bootstrap p-value of 'the candidate beats the champion', when measured.")
+    alpha: float | None = Field(default=None, description="Significance level the rule required (None: off).")
+    rescored_in_lock: bool = Field(
+        default=False, description="The champion changed after the caller compared: re-compared inside the lock.")
+
+
+class ChampionComparison(BaseModel):
+    """The candidate compared with one champion version on the candidate's evaluation data.
+
+    Promotion is compare-and-swap: a comparison counts only while ``champion_version`` is
+    still the champion inside the registry lock.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    champion_version: int = Field(description="The champion version that was scored.")
+    champion_value: float | None = Field(description="Its primary metric on the candidate's data (None: unknown).")
+    p_value: float | None = Field(default=None, description="Paired-bootstrap p-value of 'candidate is better'.")
 
 
 def parse_model_spec(spec: str) -> tuple[str, str]:
@@ -263,6 +282,18 @@ class ModelRegistry:
         log.info("registered %s:%d (%s=%s)", name, version, primary_metric, metrics[primary_metric])
         return self.get(name, version)
 
+    def write_version_file(self, ref: ModelRef, file_name: str, text: str) -> Path:
+        """Write (atomically) a document about a version into its folder, e.g. a model card.
+        The weights and ``meta.json`` cannot be overwritten this way."""
+        if file_name in {WEIGHTS_FILE, META_FILE}:
+            raise ValueError(f"{file_name} of a version is written once, at registration")
+        folder = Path(self.get(ref.name, ref.version).path)
+        target = safe_join(folder, check_name(file_name, "file name"))
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, target)
+        return target
+
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point an alias at a version (no quality gate: use :meth:`promote` for champion)."""
         check_name(alias, "alias")
@@ -279,24 +310,51 @@ class ModelRegistry:
         champion_value: float | None = None,
         min_delta: float = 0.0,
         strict: bool = False,
+        comparison: ChampionComparison | None = None,
+        recompare: Callable[[ModelRef], ChampionComparison | None] | None = None,
+        alpha: float | None = None,
     ) -> PromotionDecision:
         """Move ``champion`` to ``candidate`` only if it beats the current champion.
 
+        Compare-and-swap: the champion is read inside the registry lock. A ``comparison``
+        made against another version (a champion promoted meanwhile by another run) is
+        stale: it is made again inside the lock with ``recompare`` or, without one, the
+        current champion's recorded metric is compared (and no p-value is known).
+
         Args:
             candidate: a registered version.
-            champion_value: the champion's primary metric measured on the candidate's
-                evaluation data. Pass it when the champion was re-scored on the same data
-                (a fair comparison); otherwise the champion's stored metric is used.
+            champion_value: the current champion's primary metric on the candidate's data,
+                with no version attached: trusted only when no ``comparison`` is given and
+                no other champion appeared since (the version is checked inside the lock).
             min_delta: the margin by which the candidate must win.
             strict: raise :class:`QualityGateError` when the candidate is not promoted.
+            comparison: the candidate compared with a named champion version.
+            recompare: compares the candidate with a given champion version (called inside
+                the lock when ``comparison`` names a version that is no longer champion).
+            alpha: significance gate: also require the paired-bootstrap p-value < alpha
+                (None: off). A missing p-value fails the gate.
         """
         metric = candidate.primary_metric
         value = candidate.primary_value()
+        p_value: float | None = None
+        rescored = False
         with self._lock(candidate.name):
             aliases = self._aliases(candidate.name)
             current = self.get(candidate.name, aliases[CHAMPION]) if CHAMPION in aliases else None
-            if current is not None and champion_value is None:
-                champion_value = current.metrics.get(metric)
+            if current is not None and current.version != candidate.version:
+                if comparison is None and champion_value is not None:
+                    comparison = ChampionComparison(champion_version=current.version, champion_value=champion_value)
+                if comparison is not None and comparison.champion_version != current.version:
+                    log.info("champion of %s moved from v%d to v%d since the comparison: comparing again",
+                             candidate.name, comparison.champion_version, current.version)
+                    comparison = recompare(current) if recompare is not None else None
+                    rescored = True
+                if comparison is not None and comparison.champion_version == current.version:
+                    champion_value, p_value = comparison.champion_value, comparison.p_value
+                else:
+                    champion_value = None
+                if champion_value is None:
+                    champion_value = current.metrics.get(metric)
             sign = 1.0 if candidate.higher_is_better else -1.0
             if value is None:
                 promoted, reason = False, f"candidate has no {metric}"
@@ -312,6 +370,15 @@ class ModelRegistry:
                     f"{metric} {value:.4f} beats champion v{current.version} "
                     f"{champion_value:.4f} by more than {min_delta}"
                 )
+                if alpha is not None and (p_value is None or p_value >= alpha):
+                    promoted = False
+                    reason = (
+                        f"{metric} {value:.4f} beats champion v{current.version} {champion_value:.4f}, "
+                        + ("but no paired test against it is known" if p_value is None
+                           else f"but not significantly (paired bootstrap p={p_value:.3f} >= alpha {alpha})")
+                    )
+                elif alpha is not None:
+                    reason += f", significantly (paired bootstrap p={p_value:.3f} < alpha {alpha})"
             else:
                 promoted = False
                 reason = (
@@ -330,6 +397,9 @@ class ModelRegistry:
             champion_value=champion_value,
             promoted=promoted,
             reason=reason,
+            p_value=p_value,
+            alpha=alpha,
+            rescored_in_lock=rescored,
         )
         log.info("promotion of %s: %s", candidate.spec, reason)
         if strict and not promoted:

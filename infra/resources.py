@@ -93,6 +93,7 @@ class TrainerArgs(BaseModel):
     concurrency_name: str | None = None
     fell_back: bool = False
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads (None: leave torch's).")
+    deterministic: bool = Field(default=True, description="Lightning deterministic=True (torch deterministic algorithms).")
 
 
 def cuda_count() -> int:

@@ -65,6 +65,32 @@ class TrainSettings(BaseSettings):
         default=None,
         description="Show Lightning's progress bar. Default: only when stderr is a terminal.",
     )
+    deterministic: bool = Field(
+        default=True,
+        description="Deterministic training: torch's deterministic algorithms (Lightning "
+        "deterministic=True), seeded data order and sampling, fixed thread count; the same run "
+        "gives the same weights on the same hardware class. false: faster non-deterministic kernels "
+        "where torch has them (mostly GPU).",
+    )
+
+
+class GovernanceSettings(BaseSettings):
+    """Model governance: confidence intervals, the significance gate, reproduction."""
+
+    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_GOVERNANCE_", extra="ignore")
+
+    significance_alpha: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Champion rule: also require the candidate to beat the champion significantly "
+        "(paired bootstrap p-value < alpha, e.g. 0.05). Unset: off (the p-value is still shown on "
+        "the model card).",
+    )
+    bootstrap_resamples: int = Field(
+        default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
+    )
+    bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
 
 
 class PrefectSetupSettings(BaseSettings):
@@ -303,6 +329,11 @@ def get_train_settings() -> TrainSettings:
     return TrainSettings()
 
 
+def get_governance_settings() -> GovernanceSettings:
+    """Read the governance settings from the environment now."""
+    return GovernanceSettings()
+
+
 def get_prefect_setup_settings() -> PrefectSetupSettings:
     """Read the Prefect set-up settings from the environment now."""
     return PrefectSetupSettings()
@@ -352,8 +383,8 @@ def get_serve_settings() -> ServeSettings:
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
-    CoreSettings, TrainSettings, PrefectSetupSettings, RunnerSettings, TuneSettings, DeploySettings,
-    MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings,
+    CoreSettings, TrainSettings, GovernanceSettings, PrefectSetupSettings, RunnerSettings, TuneSettings,
+    DeploySettings, MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings,
 )
 
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
-from infra.registry import ModelRef, ModelRegistry, PromotionDecision
+from infra.registry import ChampionComparison, ModelRef, ModelRegistry, PromotionDecision
+from infra.settings import get_governance_settings
+from tasks.lineage import LINEAGE_FILE, Lineage, lineage_json, render_lineage
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +26,7 @@ class RegistrationResult(BaseModel):
 
     model: ModelRef
     decision: PromotionDecision
+    lineage: Lineage | None = None
 
 
 def register_model(
@@ -37,6 +42,9 @@ def register_model(
     champion_value: float | None = None,
     strict: bool = False,
     tags: Mapping[str, str] | None = None,
+    comparison: ChampionComparison | None = None,
+    recompare: Callable[[ModelRef], ChampionComparison | None] | None = None,
+    lineage: Lineage | None = None,
 ) -> RegistrationResult:
     """Write ``module``'s weights as a new version, then try to promote it to champion.
 
@@ -46,21 +54,41 @@ def register_model(
         higher_is_better: False for errors such as RMSE (lower wins the champion rule).
         strict: raise :class:`~infra.errors.QualityGateError` if it is not promoted
             (the version stays registered, the champion does not move).
+        comparison: the candidate compared with a named champion version (value and
+            paired-bootstrap p-value); replaces ``champion_value``.
+        recompare: compares the candidate with another champion version; called inside the
+            registry lock when the champion moved since ``comparison`` (compare-and-swap).
+        lineage: stored as ``lineage.json`` in the version folder.
+
+    The significance gate (``INDUSFLOW_GOVERNANCE_SIGNIFICANCE_ALPHA``) applies when set.
     """
     registry = ModelRegistry()
-    ref = registry.register(
-        name,
-        module.state_dict(),
-        params=params,
-        metrics=metrics,
-        primary_metric=primary_metric,
-        higher_is_better=higher_is_better,
-        data_hash=data_hash,
-        parent=parent,
-        tags=tags,
-    )
-    decision = registry.promote(ref, champion_value=champion_value, strict=strict)
-    return RegistrationResult(model=registry.get(name, ref.version), decision=decision)
+    with tempfile.TemporaryDirectory() as tmp:
+        extra = lineage_files(lineage, Path(tmp))
+        ref = registry.register(
+            name,
+            module.state_dict(),
+            params=params,
+            metrics=metrics,
+            primary_metric=primary_metric,
+            higher_is_better=higher_is_better,
+            data_hash=data_hash,
+            parent=parent,
+            tags=tags,
+            extra_files=extra,
+        )
+    decision = registry.promote(ref, champion_value=champion_value, comparison=comparison, recompare=recompare,
+                                alpha=get_governance_settings().significance_alpha, strict=strict)
+    return RegistrationResult(model=registry.get(name, ref.version), decision=decision, lineage=lineage)
+
+
+def lineage_files(lineage: Lineage | None, folder: Path) -> dict[str, Path]:
+    """``{"lineage.json": path}`` written into ``folder`` (empty without a lineage)."""
+    if lineage is None:
+        return {}
+    path = folder / LINEAGE_FILE
+    path.write_text(lineage_json(lineage))
+    return {LINEAGE_FILE: path}
 
 
 def render_promotion(decision: PromotionDecision) -> str:
@@ -75,6 +103,11 @@ def render_promotion(decision: PromotionDecision) -> str:
         f"| candidate | {decision.candidate_version} | {fmt(decision.candidate_value)} |\n"
         f"| champion before | {decision.champion_version or '—'} | {fmt(decision.champion_value)} |\n\n"
         f"Reason: {decision.reason}\n"
+        + (f"\nPaired bootstrap p-value (candidate better than the champion): {decision.p_value:.4f}"
+           + (f" (gate: alpha {decision.alpha})" if decision.alpha is not None else " (gate off)") + "\n"
+           if decision.p_value is not None else "")
+        + ("\nThe champion moved during this run: compared again inside the registry lock.\n"
+           if decision.rescored_in_lock else "")
     )
 
 
@@ -84,7 +117,10 @@ def register_and_publish(*args: Any, **kwargs: Any) -> RegistrationResult:
     from tasks.evaluate import artifact_key, publish_eval_report
 
     result = register_model(*args, **kwargs)
-    publish_eval_report(render_promotion(result.decision), key=artifact_key(f"{result.decision.name}-promotion"),
+    markdown = render_promotion(result.decision)
+    if result.lineage is not None:
+        markdown += "\n" + render_lineage(result.lineage)
+    publish_eval_report(markdown, key=artifact_key(f"{result.decision.name}-promotion"),
                         description="Champion rule: challenger vs champion on the same test data")
     return result
 

@@ -258,6 +258,7 @@ def train_model(
             limit_val_batches=spec.limit_val_batches,
             log_every_n_steps=10,
             num_sanity_val_steps=0,
+            deterministic=hw.deterministic,
         )
         last = ckpt_dir / "last.ckpt"
         resume = last if last.exists() else None

@@ -24,6 +24,7 @@ from infra.home import home_layout
 from infra.registry import ModelRegistry
 from solutions.fraud.compress import FraudHeldOut
 from solutions.sensor.compress import SensorHeldOut
+from tasks.cards import refresh_parent_card_task
 from tasks.compress import Bench, choose_candidate
 
 #: The flow's defaults (frozen models: one shared instance each).
@@ -77,6 +78,7 @@ def model_compress(
     if chosen is not None and config.register_variant:
         variants = {name: v for stage in stages for name, v in stage.variants.items()}
         variant = register_variant(ref, target, chosen, variants[chosen.name], bench.base, config, out_dir)
+        refresh_parent_card_task(variant)  # the parent's model card lists its variants
     result = CompressResult(
         source=ref.spec, primary_metric=ref.primary_metric, higher_is_better=ref.higher_is_better,
         original_metric=bench.base, tolerance=config.tolerance, data_note=target.data_note, candidates=rows,

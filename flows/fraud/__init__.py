@@ -9,6 +9,7 @@ Run ``python -m flows.fraud <command> --help``; the deployments name them by ent
 from __future__ import annotations
 
 from flows.fraud.adapt import fraud_adapt
+from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.results import (
     FraudAdaptResult,
     FraudBatchScoreResult,
@@ -28,6 +29,7 @@ __all__ = [
     "FraudTuneResult",
     "fraud_adapt",
     "fraud_batch_score",
+    "fraud_reproduce",
     "fraud_score",
     "fraud_train",
     "fraud_tune",

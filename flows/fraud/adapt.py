@@ -87,7 +87,7 @@ def fraud_adapt(
         parent.name, net, params=adapted_params(parent, net, setup, ref, new, fraction, tuned.freeze),
         metrics=R.adapt_metrics(before, after), primary_metric=PRIMARY_METRIC, data_hash=ref.content_hash,
         parent=parent.spec, strict=strict, tags={"kind": "adapted"},
-        champion_value=rescore_champion(parent.name, ref, new, known={parent.version: before.new.pr_auc}),
+        comparison=rescore_champion(parent.name, ref, new, known={parent.version: before.new.pr_auc}),
     )
     publish_report(R.render_adapt_report(parent, before, after, tuned.freeze, new.split, registration.decision),
                    out_dir, artifact_key("fraud-adapt-report"), "Before/after fine-tuning on a new fraud pattern")

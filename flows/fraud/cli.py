@@ -15,6 +15,7 @@ import pandas as pd
 
 from flows.cli import Command, make_main
 from flows.fraud.adapt import fraud_adapt
+from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.results import FraudAdaptResult, FraudScoreResult, FraudTrainResult, FraudTuneResult
 from flows.fraud.score import fraud_batch_score, fraud_score
 from flows.fraud.steps import fraud_space
@@ -23,6 +24,7 @@ from flows.fraud.tune import fraud_tune
 from infra.registry import ModelRegistry, parse_model_spec
 from solutions.fraud.schema import ColumnMapping
 from tasks.ledger import inbox_summary
+from tasks.reproduce import reproduce_exit_code, reproduce_summary
 
 #: Flag names shared by the commands that train (fields whose names would collide or mislead).
 TRAINING_FLAGS = {
@@ -114,6 +116,13 @@ def check_batch(kwargs: dict[str, Any]) -> None:
     _check_files(kwargs, "accounts")
     _check_columns(kwargs)
     _check_model(kwargs, fraud_batch_score, registered=False)
+
+
+def check_reproduce(kwargs: dict[str, Any]) -> None:
+    """The model is registered and the tolerance is not negative."""
+    if kwargs.get("tolerance", 0.0) < 0:
+        raise ValueError(f"--tolerance: {kwargs['tolerance']} is negative")
+    _check_model(kwargs, fraud_reproduce, registered=True)
 
 
 def adapt_old_data(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -236,11 +245,16 @@ COMMANDS = (
         hidden={"config.baseline.enabled"},
         check=check_tune,
     ),
+    Command(
+        "reproduce", fraud_reproduce, reproduce_summary,
+        help="re-train a registered version from its lineage; exit 0 when its metrics hold",
+        check=check_reproduce, exit_code=reproduce_exit_code,
+    ),
 )
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, tune. "
+    "Fraud detection: train, adapt, score, batch-score an inbox, tune, reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",
     COMMANDS,

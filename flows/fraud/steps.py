@@ -18,7 +18,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.fraud.results import PreparedFeatures, StageReports
-from infra.registry import ModelRef, ModelRegistry
+from infra.registry import ChampionComparison, ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
 from infra.tables import assign_periods, time_split, write_table
@@ -164,14 +164,18 @@ def evaluate_on_test(name: str, scores: SC.ValTestScores, fpr_target: float, out
 
 @task(name="rescore-champion", cache_policy=NONE)
 def rescore_champion(model_name: str, ref: DatasetRef, prepared: PreparedFeatures,
-                     known: Mapping[int, float] | None = None) -> float | None:
-    """The current champion's test PR-AUC on this run's data (``known``: version -> value
-    already measured here), or None without a champion."""
+                     known: Mapping[int, float] | None = None) -> ChampionComparison | None:
+    """The current champion's test PR-AUC on this run's data, tied to its version (``known``:
+    version -> value already measured here), or None without a champion. Promotion uses it
+    only while that version is still the champion (compare-and-swap)."""
     registry = ModelRegistry()
     champion = registry.champion(model_name) if model_name in registry.models() else None
-    if champion is not None and known and champion.version in known:
-        return known[champion.version]
-    return SC.champion_pr_auc(registry, model_name, ref.read(), prepared.features.read())
+    if champion is None:
+        return None
+    if known and champion.version in known:
+        return ChampionComparison(champion_version=champion.version, champion_value=known[champion.version])
+    value = SC.champion_pr_auc(registry, model_name, ref.read(), prepared.features.read(), champion=champion)
+    return ChampionComparison(champion_version=champion.version, champion_value=value)
 
 
 def write_report(markdown: str, out_dir: Path) -> Path:

@@ -7,6 +7,7 @@ import time
 from prefect import flow
 
 from flows.fraud import reports as R
+from flows.fraud.governance import compare_with_champion, fraud_card, fraud_lineage, recompare_with
 from flows.fraud.results import FraudTrainResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -17,7 +18,6 @@ from flows.fraud.steps import (
     obtain_transactions,
     prepare_features,
     publish_report,
-    rescore_champion,
     score_val_test,
     sequence_train_spec,
     setup_sequences,
@@ -27,6 +27,7 @@ from infra.home import home_layout
 from solutions.fraud import pipeline as P
 from solutions.fraud.config import FraudTrainConfig
 from solutions.fraud.scoring import winner
+from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, plot_comparison
 from tasks.register import register_model_task
 from tasks.train import train_model_task
@@ -70,7 +71,9 @@ def fraud_train(
     seq_report = evaluate_on_test("sequence", sequence, config.fpr_target, out_dir)
     base_report = evaluate_on_test("baseline", baseline, config.fpr_target, out_dir) if baseline is not None else None
     images = plot_comparison(R.comparison_curves(sequence, baseline), "test", out_dir, stem="fraud")
-    # -- register + champion rule (champion re-scored on this test period)
+    # -- register with lineage + champion rule (champion re-scored on this test period, compare-and-swap)
+    champion = compare_with_champion(config.model_name, ref, prepared, sequence)
+    lineage = fraud_lineage(ref, prepared, config, data, hardware, trained)
     registration = register_model_task(
         config.model_name,
         model,
@@ -79,9 +82,12 @@ def fraud_train(
         metrics=R.train_metrics(seq_report, base_report),
         primary_metric=PRIMARY_METRIC,
         data_hash=ref.content_hash,
-        champion_value=rescore_champion(config.model_name, ref, prepared),
+        comparison=as_comparison(champion),
+        recompare=recompare_with(config.model_name, ref, prepared, sequence),
+        lineage=lineage,
         strict=strict,
     )
+    fraud_card(registration, ref, prepared, setup, sequence, baseline, champion)
     publish_report(R.render_train_report(seq_report, base_report, prepared.split, images, registration.decision),
                    out_dir, artifact_key("fraud-train-report"), "Sequence vs baseline on the test period")
     return FraudTrainResult(

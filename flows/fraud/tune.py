@@ -88,7 +88,7 @@ def fraud_tune(
         metrics={**test_report.metrics(), OBJECTIVE: summary.best_value},
         primary_metric=PRIMARY_METRIC,
         data_hash=ref.content_hash,
-        champion_value=rescore_champion(config.model_name, ref, prepared),
+        comparison=rescore_champion(config.model_name, ref, prepared),
         strict=strict,
     )
     # -- reports

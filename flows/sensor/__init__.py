@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from flows.sensor.batch import sensor_batch_score
 from flows.sensor.pretrain import sensor_pretrain
+from flows.sensor.reproduce import sensor_reproduce
 from flows.sensor.results import (
     SensorBatchScoreResult,
     SensorPretrainResult,
@@ -21,6 +22,7 @@ __all__ = [
     "SensorTrainResult",
     "sensor_batch_score",
     "sensor_pretrain",
+    "sensor_reproduce",
     "sensor_score",
     "sensor_train",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 from flows.cli import Command, make_main
 from flows.sensor.batch import sensor_batch_score
 from flows.sensor.pretrain import sensor_pretrain
+from flows.sensor.reproduce import sensor_reproduce
 from flows.sensor.results import (
     SensorBatchScoreResult,
     SensorPretrainResult,
@@ -21,10 +22,12 @@ from flows.sensor.results import (
 )
 from flows.sensor.score import sensor_score
 from flows.sensor.train import sensor_train
+from infra.registry import ModelRegistry, parse_model_spec
 from solutions.sensor.config import SensorSource
 from solutions.sensor.data import check_source_files
 from solutions.sensor.schema import ColumnMapping
 from tasks.ledger import inbox_summary
+from tasks.reproduce import reproduce_exit_code, reproduce_summary
 
 # flag names where a field name alone would collide or be unclear
 _FLEET = {"config.fleet.seed": "seed"}
@@ -79,6 +82,17 @@ def _check_batch(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"--inbox: {inbox} does not exist (give a folder, a file or a glob)")
     if kwargs.get("settle_seconds", 0.0) < 0:
         raise ValueError("--settle-seconds must be >= 0")
+
+
+def _check_reproduce(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("tolerance", 0.0) < 0:
+        raise ValueError(f"--tolerance: {kwargs['tolerance']} is negative")
+    spec = kwargs.get("model", "sensor-rul")
+    try:
+        parse_model_spec(spec)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().resolve(spec)  # RegistryError names the registered models
 
 
 # ------------------------------------------------------------------------------------
@@ -151,6 +165,11 @@ COMMANDS = [
         help="score every new readings file of an inbox folder/glob (ledger + quarantine)",
         hidden={*_TRAINING, "config.fleet", _RANGES},
         check=_check_batch,
+    ),
+    Command(
+        "reproduce", sensor_reproduce, reproduce_summary,
+        help="re-train a registered version from its lineage; exit 0 when its metrics hold",
+        check=_check_reproduce, exit_code=reproduce_exit_code,
     ),
 ]
 

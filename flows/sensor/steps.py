@@ -199,12 +199,6 @@ def plot_rul_step(data: P.SupervisedData, cnn: E.TestPredictions, baseline: E.Te
     return images
 
 
-@task(name="rescore-champion", cache_policy=NONE)
-def champion_rmse_step(name: str, data: P.SupervisedData) -> float | None:
-    """The current champion's RMSE on this run's test cuts, for a fair champion rule."""
-    return E.champion_rmse(ModelRegistry(), name, data)
-
-
 def train_metrics(cnn: ModelEvaluation, baseline: ModelEvaluation | None) -> dict[str, float]:
     """The metrics registered with the new version (finite ones only)."""
     return E.registry_metrics(

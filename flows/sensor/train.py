@@ -7,6 +7,7 @@ import time
 from prefect import flow
 
 from flows.sensor import steps as st
+from flows.sensor.governance import compare_with_champion, recompare_with, sensor_card, sensor_lineage
 from flows.sensor.pretrain import sensor_pretrain
 from flows.sensor.results import SensorTrainResult
 from infra.home import home_layout
@@ -14,6 +15,7 @@ from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor.config import SensorConfig, SensorSource
 from solutions.sensor.data import window_config
+from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.finetune import finetune_model_task
 from tasks.register import register_model_task
@@ -64,15 +66,20 @@ def sensor_train(
     base = st.evaluate_step(E.BASELINE_NAME, setup.data, base_pred, None, wcfg.horizon, out_dir,
                             failure_name="baseline") if base_pred else None
     images = st.plot_rul_step(setup.data, cnn_pred, base_pred, out_dir)
-    # -- register; the champion rule compares the champion re-scored on the same test cuts
+    # -- register with lineage; the champion rule compares the champion re-scored on the same
+    #    test cuts (compare-and-swap), then the model card
+    champion = compare_with_champion(config.model_name, setup.data, cnn_pred)
+    lineage = sensor_lineage(grid_ref, source, config, setup, encoder, spec.hardware, trained)
     registration = register_model_task(
         config.model_name, model,
         params=P.model_params(model, setup.normalizer, wcfg, threshold=cnn.threshold, label_fraction=ft.label_fraction,
                               split=config.split.model_dump(), encoder=encoder.spec if encoder else None),
         metrics=st.train_metrics(cnn, base), primary_metric=P.PRIMARY_METRIC, higher_is_better=False,
         data_hash=grid_ref.content_hash, parent=encoder.spec if encoder else None,
-        champion_value=st.champion_rmse_step(config.model_name, setup.data), strict=strict,
+        comparison=as_comparison(champion), recompare=recompare_with(config.model_name, setup.data, cnn_pred),
+        lineage=lineage, strict=strict,
     )
+    sensor_card(registration, source, setup, cnn_pred, base_pred, champion)
     markdown = st.train_report_step(f"sensor-train: RUL, {source.describe()}", cnn, base, wcfg.horizon, setup.report,
                                     registration.decision, images, out_dir)
     publish_eval_report_task(markdown, key=artifact_key("sensor-train-report"), description="RUL / failure model vs baseline")

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
+from infra.determinism import epoch_rng
 from solutions.fraud.sequences import FraudArrays, SequenceDataset, collate_batch
 
 
@@ -135,7 +136,10 @@ class NegativeSubsampler(Sampler[int]):
 
     Fraud data is ~99% legit; seeing a new subset of legit transactions every epoch cuts
     the cost of an epoch by about ``1/rate`` while every negative is still seen over
-    several epochs.
+    several epochs. With ``rate`` 1 it is a seeded shuffle of every row.
+
+    Epoch ``e`` draws from a generator seeded with ``(seed, e)`` (Lightning calls
+    :meth:`set_epoch`), so a run resumed at epoch ``e`` sees what an uninterrupted run sees.
     """
 
     def __init__(self, labels: np.ndarray, rate: float, seed: int = 0) -> None:
@@ -145,15 +149,25 @@ class NegativeSubsampler(Sampler[int]):
         self.pos = np.flatnonzero(labels > 0.5)
         self.neg = np.flatnonzero(labels <= 0.5)
         self.n_neg = max(1, int(round(rate * len(self.neg)))) if len(self.neg) else 0
-        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.epoch = 0
+        self._epoch_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the samples of ``epoch`` next (called by Lightning before each epoch)."""
+        self.epoch, self._epoch_set = int(epoch), True
 
     def __len__(self) -> int:
         return len(self.pos) + self.n_neg
 
     def __iter__(self):
-        neg = self.rng.choice(self.neg, size=self.n_neg, replace=False) if self.n_neg else self.neg
+        rng = epoch_rng(self.seed, self.epoch)
+        if not self._epoch_set:  # a plain loop without set_epoch: next epoch next time
+            self.epoch += 1
+        self._epoch_set = False
+        neg = rng.choice(self.neg, size=self.n_neg, replace=False) if self.n_neg else self.neg
         order = np.concatenate([self.pos, neg])
-        self.rng.shuffle(order)
+        rng.shuffle(order)
         return iter(order.tolist())
 
 
@@ -191,8 +205,6 @@ class FraudDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        if self.negative_rate >= 1.0:
-            return self._loader("train", shuffle=True)
         dataset = SequenceDataset(self.arrays, self.splits["train"], self.seq_len)
         labels = self.arrays.label[torch.as_tensor(self.splits["train"])].numpy()
         sampler = NegativeSubsampler(labels, self.negative_rate, self.seed)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from infra.determinism import seeded
 from infra.tables import ColumnSpec, TableSchema
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
@@ -165,7 +166,13 @@ def sequence_setup(
 def build_model(
     preprocessor: FraudPreprocessor, cfg: SequenceModelConfig, pos_weight: float
 ) -> FraudSequenceModel:
-    """A fresh sequence model sized for ``preprocessor``'s features."""
+    """A fresh sequence model sized for ``preprocessor``'s features; its initial weights
+    follow ``cfg.seed`` alone."""
+    with seeded(cfg.seed):
+        return _new_model(preprocessor, cfg, pos_weight)
+
+
+def _new_model(preprocessor: FraudPreprocessor, cfg: SequenceModelConfig, pos_weight: float) -> FraudSequenceModel:
     return FraudSequenceModel(
         n_step_numeric=preprocessor.n_step_numeric(),
         cardinalities=preprocessor.cardinalities(),

@@ -125,15 +125,16 @@ def scores_for(model_ref: ModelRef, registry: ModelRegistry, data: pd.DataFrame,
 
 
 def champion_pr_auc(registry: ModelRegistry, model_name: str, data: pd.DataFrame, features: pd.DataFrame,
-                    period: str = "test") -> float | None:
-    """The current champion's PR-AUC on this run's period (a fair comparison), if any.
+                    period: str = "test", champion: ModelRef | None = None) -> float | None:
+    """The current champion's (or ``champion``'s) PR-AUC on this run's period (a fair comparison), if any.
 
     None when there is no champion or it cannot score this data (the registry's stored
     metric is then compared instead).
     """
     from sklearn.metrics import average_precision_score
 
-    champion = registry.champion(model_name) if model_name in registry.models() else None
+    if champion is None:
+        champion = registry.champion(model_name) if model_name in registry.models() else None
     if champion is None:
         return None
     try:

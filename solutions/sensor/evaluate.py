@@ -3,7 +3,7 @@
 The generic metric reports (RMSE/MAE, PR-AUC) come from ``tasks``; this module computes
 what only the sensor vertical knows: the predictions on its test protocol, the PHM08 score
 and the uncapped RMSE, alert lead times, the registered metric names, the winner against
-the baseline and the champion re-scored on this run's test cuts.
+the baseline and a registered version's predictions on this run's test cuts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.registry import ModelRegistry
+from infra.registry import ModelRef, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
 from solutions.sensor.model import SensorRULModel, predict
@@ -117,17 +117,11 @@ def winner(cnn_rmse: float, baseline_rmse: float | None) -> str:
     return "baseline" if baseline_rmse is not None and baseline_rmse < cnn_rmse else "cnn"
 
 
-def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> float | None:
-    """The current champion's RMSE on this run's test cuts (a fair comparison), if it fits."""
-    champion = registry.champion(name) if name in registry.models() else None
-    if champion is None:
-        return None
-    try:
-        model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
-        ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
-                          last_only=True, pad=True).labelled()
-        pred, _ = predict(model, ws.x)
-    except (KeyError, ValueError, RuntimeError) as exc:
-        log.warning("could not re-score champion %s on this data (%s); using its stored metric", champion.spec, exc)
-        return None
-    return rmse(ws.rul, pred)
+def rul_predictions(registry: ModelRegistry, version: ModelRef, data: SupervisedData) -> tuple[np.ndarray, np.ndarray]:
+    """(true RUL, a registered version's predicted RUL) on the last window of this run's
+    test cuts, each version with its own normaliser and window settings."""
+    model, norm, wcfg = predictor_from_params(version.params, registry.load_state_dict(version))
+    ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
+                      last_only=True, pad=True).labelled()
+    pred, _ = predict(model, ws.x)
+    return ws.rul, pred

@@ -240,7 +240,9 @@ class WindowDataModule(L.LightningDataModule):
             gen = torch.Generator().manual_seed(self.seed)
             sampler = RandomSampler(self.train_ds, replacement=True, num_samples=self.min_samples, generator=gen)
             return DataLoader(self.train_ds, batch_size=self.batch_size, sampler=sampler, drop_last=True)
-        return DataLoader(self.train_ds, batch_size=self.batch_size, shuffle=True, drop_last=n > self.batch_size)
+        gen = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train_ds, batch_size=self.batch_size, shuffle=True, drop_last=n > self.batch_size,
+                          generator=gen)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_ds, batch_size=1024)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from infra.determinism import seeded
 from infra.registry import ModelRef, ModelRegistry
 from infra.store import stable_hash
 from solutions.sensor import schema as S
@@ -160,18 +161,23 @@ def pretrain_windows(grid: pd.DataFrame, splits: dict[str, list[str]], normalize
 
 
 def build_pretrainer(n_channels: int, mcfg: ModelConfig, pcfg: PretrainConfig) -> MaskedReconstruction:
-    return MaskedReconstruction(
-        n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr
-    )
+    """A fresh masked-reconstruction model; its initial weights follow ``pcfg.seed`` alone."""
+    with seeded(pcfg.seed):
+        return MaskedReconstruction(
+            n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr
+        )
 
 
-def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: float, fail: np.ndarray) -> SensorRULModel:
+def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: float, fail: np.ndarray,
+                    seed: int = 0) -> SensorRULModel:
+    """A fresh RUL/failure model; its initial weights follow ``seed`` alone."""
     pos = float(np.nansum(fail))
     neg = float(np.sum(~np.isnan(fail))) - pos
-    return SensorRULModel(
-        n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
-        pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0,
-    )
+    with seeded(seed):
+        return SensorRULModel(
+            n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
+            pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0,
+        )
 
 
 def rul_extra(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -288,7 +294,7 @@ def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConf
                   encoder_state: dict[str, Any] | None = None) -> tuple[SensorRULModel, WindowDataModule]:
     """A fresh RUL/failure model (with the pre-trained encoder's weights, if given) and its data."""
     ft, data = config.finetune, setup.data
-    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail)
+    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail, ft.seed)
     if encoder_state is not None:
         model.load_encoder(encoder_state)
     dm = WindowDataModule(
