@@ -49,3 +49,10 @@ class RegistryError(IndusflowError):
 
 class PathEscapeError(IndusflowError, ValueError):
     """A user-given relative path would leave the folder it must stay in."""
+
+
+class InfrastructureError(IndusflowError):
+    """The job cannot do its work here (no model, a missing setting, an unreachable share).
+
+    Not the input's fault: batch jobs leave the file for the next run instead of quarantining it.
+    """

@@ -7,6 +7,7 @@ timestamps and model names before a flow run starts, and renders each result for
 
 from __future__ import annotations
 
+import codecs
 import inspect
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,15 @@ def _check_since(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"--since: {since!r} is not a timestamp (e.g. 2025-01-31 or 2025-01-31T12:00)") from None
 
 
+def _check_encoding(kwargs: dict[str, Any]) -> None:
+    encoding = kwargs.get("encoding")
+    if encoding:
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            raise ValueError(f"--encoding: unknown text encoding {encoding!r} (e.g. utf-8, gbk, latin-1)") from None
+
+
 def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None:
     spec = _given(kwargs, flow, "model")
     try:
@@ -105,6 +115,7 @@ def check_score(kwargs: dict[str, Any]) -> None:
     """Files exist, mapping and ``--since`` are valid, the model is registered."""
     check_train(kwargs)
     _check_since(kwargs)
+    _check_encoding(kwargs)
     _check_model(kwargs, fraud_score, registered=True)
 
 
@@ -113,6 +124,7 @@ def check_batch(kwargs: dict[str, Any]) -> None:
     file waits: a schedule may fire before the first training)."""
     _check_files(kwargs, "accounts")
     _check_columns(kwargs)
+    _check_encoding(kwargs)
     _check_model(kwargs, fraud_batch_score, registered=False)
 
 

@@ -49,7 +49,7 @@ def sensor_batch_score(
     out_dir = st.batch_output_dir(output_dir)
     run = process_inbox(
         "sensor-batch-score", location, model, settle_s=settle_seconds,
-        make_scorer=lambda spec: partial(st.score_readings_file, model=spec, columns=dict(mapping), threshold=threshold,
-                                         config=config, out_dir=str(out_dir), csv=csv),
+        make_scorer=lambda ref: partial(st.score_readings_file, model=ref, columns=dict(mapping), threshold=threshold,
+                                        config=config, out_dir=str(out_dir), csv=csv),
     )
     return SensorBatchScoreResult(**run.model_dump(), bad_readings=st.collect_bad_readings_step(run.outputs))

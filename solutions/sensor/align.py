@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
-from infra.tables import read_table
+from infra.tables import describe_columns, read_table
 from solutions.sensor import schema as S
 from solutions.sensor.config import AlignConfig
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
@@ -35,7 +35,7 @@ def apply_mapping(
     absent = [src for src in mapping.columns.values() if src not in df.columns]
     if absent:
         raise DataValidationError(
-            f"the column mapping names {absent}, which the table does not have; it has {list(df.columns)}",
+            f"the column mapping names {absent}, which the table does not have; it has {describe_columns(df.columns)}",
             source=source,
             column=absent[0],
         )
@@ -43,7 +43,7 @@ def apply_mapping(
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}. "
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}. "
             "Map them with --columns canonical=SOURCE,...",
             source=source,
             column=missing[0],
@@ -97,7 +97,7 @@ def clean_readings(
     missing = [c for c in S.READING_COLUMNS if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}",
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}",
             source=source, column=missing[0],
         )
     if len(df) == 0:
@@ -176,7 +176,7 @@ def clean_events(df: pd.DataFrame, source: str = "events") -> pd.DataFrame:
     missing = [c for c in (S.ASSET, S.FAILURE_TIME) if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}", source=source, column=missing[0]
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}", source=source, column=missing[0]
         )
     out = pd.DataFrame({S.ASSET: df[S.ASSET].astype("string").to_numpy()})
     out["failure_t"] = to_seconds(df[S.FAILURE_TIME], source, S.FAILURE_TIME)
