@@ -41,7 +41,7 @@ def test_links_out_of_the_inbox_are_refused_never_read(tmp_path: Path, monkeypat
     monkeypatch.setattr(LG, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
     scan = scan_inbox(inbox, FileLedger("links", root=tmp_path / "l"))
     assert [Path(f.path).name for f in scan.pending] == ["good.csv"]
-    assert set(map(lambda k: Path(k).name, scan.refused)) == {"passwd.csv"}
+    assert {Path(k).name for k in scan.refused} == {"passwd.csv"}
     assert "symbolic link" in next(iter(scan.refused.values()))
     assert hashed == ["good.csv"]  # the link's target was never opened
     # a glob through a linked folder does not leave the inbox either
