@@ -58,6 +58,15 @@ def detect_encoding(path: Path) -> str:
     return next((e for e in PREFERRED_ENCODINGS if e in tied), best.encoding)
 
 
+def check_encoding(encoding: str) -> str:
+    """``encoding`` if Python knows it; else ``ValueError`` naming common ones."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown text encoding {bounded(encoding, 40)!r} (e.g. utf-8, gbk, latin-1)") from None
+    return encoding
+
+
 def read_table(path: Path, encoding: str | None = None) -> pd.DataFrame:
     """Read a CSV or Parquet file, deciding by content (Parquet magic) then by suffix.
 
@@ -79,9 +88,9 @@ def read_table(path: Path, encoding: str | None = None) -> pd.DataFrame:
             raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
         if encoding:
             try:
-                codecs.lookup(encoding)
-            except LookupError as exc:
-                raise DataValidationError(f"unknown text encoding {bounded(encoding, 40)!r}", source=str(path)) from exc
+                check_encoding(encoding)
+            except ValueError as exc:
+                raise DataValidationError(str(exc), source=str(path)) from None
         return pd.read_csv(path, low_memory=False, encoding=encoding or detect_encoding(path))
     except DataValidationError:
         raise

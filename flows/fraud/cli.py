@@ -7,7 +7,6 @@ timestamps and model names before a flow run starts, and renders each result for
 
 from __future__ import annotations
 
-import codecs
 import inspect
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from flows.fraud.steps import fraud_space
 from flows.fraud.train import fraud_train
 from flows.fraud.tune import fraud_tune
 from infra.registry import ModelRegistry, parse_model_spec
+from infra.tables import check_encoding
 from solutions.fraud.schema import ColumnMapping
 from tasks.ledger import inbox_summary
 
@@ -71,12 +71,11 @@ def _check_since(kwargs: dict[str, Any]) -> None:
 
 
 def _check_encoding(kwargs: dict[str, Any]) -> None:
-    encoding = kwargs.get("encoding")
-    if encoding:
+    if kwargs.get("encoding"):
         try:
-            codecs.lookup(encoding)
-        except LookupError:
-            raise ValueError(f"--encoding: unknown text encoding {encoding!r} (e.g. utf-8, gbk, latin-1)") from None
+            check_encoding(kwargs["encoding"])
+        except ValueError as exc:
+            raise ValueError(f"--encoding: {exc}") from None
 
 
 def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None:

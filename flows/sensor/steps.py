@@ -276,7 +276,7 @@ def sensor_variant_at(ref: ModelRef) -> object:
 
 
 def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[str, str], threshold: float | None,
-                        config: SensorConfig, out_dir: str, csv: bool) -> ScoredFile:
+                        config: SensorConfig, out_dir: str, csv: bool, encoding: str | None = None) -> ScoredFile:
     """Score the latest window of every asset in one long-format readings file of an inbox,
     with the exact version the flow resolved (loaded once per worker).
 
@@ -289,7 +289,8 @@ def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[st
     loaded = load_once(ref, sensor_variant_at if SC.is_variant(ref) else sensor_weights_at)
     path = Path(file.path)
     with reading_content(file.path):
-        grid, bad = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256).build()
+        grid, bad = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256,
+                                    encoding=encoding).build()
         if grid.empty:
             raise DataValidationError("no readings left after cleaning", source=str(path))
     if SC.is_variant(ref):

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
-from infra.tables import describe_columns, read_table
+from infra.tables import content_error, describe_columns, detect_encoding, read_table
 from solutions.sensor import schema as S
 from solutions.sensor.config import AlignConfig
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
@@ -336,9 +336,9 @@ def table_header(path: Path) -> list[str]:
             import pyarrow.parquet as pq
 
             return list(pq.read_schema(path).names)
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        return [str(c) for c in pd.read_csv(path, nrows=0, encoding=detect_encoding(path)).columns]
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise DataValidationError(f"cannot be read as a table: {exc}", source=source) from exc
+        raise DataValidationError(f"cannot be read as a table: {content_error(exc)}", source=source) from exc
 
 
 def check_table_columns(path: Path, mapping: ColumnMapping, kind: str = "readings") -> None:
@@ -356,14 +356,16 @@ def load_readings(
     mapping: ColumnMapping,
     cfg: AlignConfig,
     events_path: Path | None = None,
+    encoding: str | None = None,
 ) -> tuple[pd.DataFrame, BadReadingReport]:
-    """Read, map, clean and align a long-format readings file (plus an optional events file)."""
+    """Read, map, clean and align a long-format readings file (plus an optional events file);
+    CSV text in ``encoding``, or the detected one."""
     source = str(path)
-    df = apply_mapping(read_table(path), mapping, S.READING_COLUMNS, source)
+    df = apply_mapping(read_table(path, encoding), mapping, S.READING_COLUMNS, source)
     readings, report = clean_readings(df, cfg, source)
     events = None
     if events_path is not None:
         event_map = ColumnMapping({k: v for k, v in mapping.columns.items() if k in S.EVENT_COLUMNS})
-        raw = apply_mapping(read_table(events_path), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
+        raw = apply_mapping(read_table(events_path, encoding), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
         events = clean_events(raw, str(events_path))
     return align_readings(readings, events, cfg, report)
