@@ -64,7 +64,7 @@ def _free_port() -> int:
 def _child(args: list[str], env: dict[str, str]) -> dict:
     # this checkout's code, not an installed copy
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
