@@ -10,7 +10,9 @@ Prints one JSON line:
 - ``score_rows_per_s_flow`` vs ``score_rows_per_s_direct``: the ``fraud-batch-score`` flow
   on one inbox file vs calling its scoring function on the same file; ``score_ratio``
   (median direct time / median flow time). Both start cold: the worker's loaded model is
-  forgotten before each timed call, so each pays one model load, as a fresh run does.
+  forgotten before each timed call, so each pays one model load, as a fresh run does; both
+  score with one intra-op thread (``OMP_NUM_THREADS=1``; the direct call runs in the main
+  thread, whose thread count the training had raised).
 """
 
 from __future__ import annotations
@@ -115,6 +117,8 @@ def orchestration(n: int, repeats: int) -> dict:
 
 def _scoring_worker(rows: int, repeats: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
     import flows.fraud as F
     from flows.fraud.cli import main as fraud_main
     from flows.fraud.steps import score_inbox_file
@@ -130,6 +134,9 @@ def _scoring_worker(rows: int, repeats: int) -> None:
                 "--seq-len", "8", "--no-baseline", "--model", "bench-score"])
         ref = ModelRegistry().resolve("bench-score")
         spec = ref.spec
+        # training set this (main) thread's intra-op threads to the usable cores; the flow's
+        # worker threads start with OMP_NUM_THREADS=1: score with one thread on both sides
+        torch.set_num_threads(1)
         work = Path(os.environ["INDUSFLOW_HOME"])
         df = generate_transactions(n_accounts=max(50, rows // 18), n_terminals=max(30, rows // 40), n_days=10, seed=9)
         df = df.drop(columns=["label", "scenario"], errors="ignore").head(rows)
