@@ -1,6 +1,6 @@
 """Orchestration overhead and batch-scoring throughput, side by side in one run.
 
-    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 100000]
+    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 100000] [--part all|tasks|scoring]
 
 Prints one JSON line:
 - ``ms_per_task_ephemeral`` / ``ms_per_task_server``: median over repeats of
@@ -8,7 +8,11 @@ Prints one JSON line:
   API and on a local ``prefect server start`` (each in its own process, fresh home, after
   one warm-up flow so start-up is reported apart as ``*_start_s``);
 - ``score_rows_per_s_flow`` vs ``score_rows_per_s_direct``: the ``fraud-batch-score`` flow
-  on one inbox file vs calling its scoring function on the same file; ``score_ratio``.
+  on one inbox file vs calling its scoring function on the same file; ``score_ratio``
+  (median direct time / median flow time). Both start cold: the worker's loaded model is
+  forgotten before each timed call, so each pays one model load, as a fresh run does; both
+  score with one intra-op thread (``OMP_NUM_THREADS=1``; the direct call runs in the main
+  thread, whose thread count the training had raised).
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ def _free_port() -> int:
 
 
 def _child(args: list[str], env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    # this checkout's code, not an installed copy
+    env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -111,6 +117,8 @@ def orchestration(n: int, repeats: int) -> dict:
 
 def _scoring_worker(rows: int, repeats: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
     import flows.fraud as F
     from flows.fraud.cli import main as fraud_main
     from flows.fraud.steps import score_inbox_file
@@ -119,31 +127,45 @@ def _scoring_worker(rows: int, repeats: int) -> None:
     from infra.store import sha256_file
     from solutions.fraud.synthetic import generate_transactions
     from tasks.ledger import InboxFile
+    from tasks.worker_models import clear_loaded_models
 
     with prefect_cli_settings():
         fraud_main(["train", "--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "1",
                 "--seq-len", "8", "--no-baseline", "--model", "bench-score"])
-        spec = ModelRegistry().resolve("bench-score").spec
+        ref = ModelRegistry().resolve("bench-score")
+        spec = ref.spec
+        # training set this (main) thread's intra-op threads to the usable cores; the flow's
+        # worker threads start with OMP_NUM_THREADS=1: score with one thread on both sides
+        torch.set_num_threads(1)
         work = Path(os.environ["INDUSFLOW_HOME"])
         df = generate_transactions(n_accounts=max(50, rows // 18), n_terminals=max(30, rows // 40), n_days=10, seed=9)
         df = df.drop(columns=["label", "scenario"], errors="ignore").head(rows)
         flow_s, direct_s = [], []
-        for r in range(repeats):
+
+        def run_flow(r: int) -> None:
             inbox = work / f"inbox-{r}"
             inbox.mkdir()
-            path = inbox / "batch.parquet"
-            df.assign(amount=df["amount"] + r * 1e-6).to_parquet(path, index=False)  # new content each repeat
+            df.assign(amount=df["amount"] + r * 1e-6).to_parquet(inbox / "batch.parquet", index=False)  # new content
+            clear_loaded_models()
             t0 = time.perf_counter()
             result = F.fraud_batch_score(inbox=str(inbox), model=spec, settle_seconds=0)
             flow_s.append(time.perf_counter() - t0)
             assert result.scored == 1, result
-            # a new table hash so the direct call validates the file again, like the flow did
+
+        def run_direct(r: int) -> None:
+            path = work / f"direct-{r}" / "batch.parquet"
+            path.parent.mkdir()
             df.assign(amount=df["amount"] + r * 1e-6 + 5e-7).to_parquet(path, index=False)
             file = InboxFile(path=str(path), sha256=sha256_file(path), size=path.stat().st_size)
+            clear_loaded_models()
             t0 = time.perf_counter()
-            scored = score_inbox_file(file, model=spec, columns={}, accounts=None, out_dir=str(work / "direct"), csv=False)
+            scored = score_inbox_file(file, model=ref, columns={}, accounts=None, out_dir=str(path.parent), csv=False)
             direct_s.append(time.perf_counter() - t0)
             assert scored.rows == len(df)
+
+        for r in range(repeats):  # alternate the order so neither side always runs first
+            for step in ((run_flow, run_direct) if r % 2 == 0 else (run_direct, run_flow)):
+                step(r)
     print(json.dumps({"rows": len(df), "flow_s": flow_s, "direct_s": direct_s}))
 
 
@@ -169,6 +191,8 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", type=int, default=100000)
+    p.add_argument("--part", choices=("all", "tasks", "scoring"), default="all",
+                   help="measure the orchestration overhead, the batch-scoring ratio, or both")
     p.add_argument("--worker-tasks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-score", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -178,7 +202,8 @@ def main() -> None:
     if a.worker_score:
         _scoring_worker(a.worker_score, a.repeats)
         return
-    figures = {**orchestration(a.tasks, a.repeats), **scoring(a.rows, a.repeats)}
+    figures = {**(orchestration(a.tasks, a.repeats) if a.part in ("all", "tasks") else {}),
+               **(scoring(a.rows, a.repeats) if a.part in ("all", "scoring") else {})}
     print(json.dumps(figures))
 
 

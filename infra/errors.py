@@ -58,3 +58,10 @@ class PathEscapeError(IndusflowError, ValueError):
 
 class ReproductionError(IndusflowError):
     """A registered version cannot be reproduced here: its data or a major package version changed."""
+
+
+class InfrastructureError(IndusflowError):
+    """The job cannot do its work here (no model, a missing setting, an unreachable share).
+
+    Not the input's fault: batch jobs leave the file for the next run instead of quarantining it.
+    """

@@ -6,7 +6,9 @@ Shared by the generic load task and the verticals' own readers (``solutions`` ma
 
 from __future__ import annotations
 
+import codecs
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
@@ -18,9 +20,61 @@ from pydantic import BaseModel, ConfigDict
 from infra.errors import DataValidationError
 from infra.store import atomic_path, stable_hash
 
+#: How much of a CSV the encoding detection looks at, and how many bytes of non-ASCII lines it weighs.
+DETECT_SAMPLE_BYTES = 4 << 20
+DETECT_TEXT_BYTES = 64 << 10
+#: Among equally likely encodings, the first of these wins (Western European, then CJK).
+PREFERRED_ENCODINGS = ("utf_8", "cp1252", "latin_1", "gb18030", "big5", "cp932", "cp949", "cp1251", "cp1250")
 
-def read_table(path: Path) -> pd.DataFrame:
-    """Read a CSV or Parquet file, deciding by content (Parquet magic) then by suffix."""
+
+def detect_encoding(path: Path) -> str:
+    """The text encoding of a CSV file: UTF-8 when its bytes decode as UTF-8, else the best
+    guess of ``charset-normalizer`` over the lines that hold non-ASCII bytes.
+
+    Raises :class:`DataValidationError` when no encoding fits (pass one explicitly then).
+    """
+    with open(path, "rb") as handle:
+        sample = handle.read(DETECT_SAMPLE_BYTES)
+    if sample.startswith(codecs.BOM_UTF8):
+        return "utf-8-sig"
+    if sample.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return "utf-16"
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(sample, final=False)  # a cut last character is fine
+        return "utf-8"
+    except UnicodeDecodeError:
+        pass
+    from charset_normalizer import from_bytes
+
+    # the ASCII lines carry no evidence; the lines with other bytes do
+    text = b"\n".join(line for line in sample.splitlines() if max(line, default=0) > 127)[:DETECT_TEXT_BYTES]
+    matches = from_bytes(text)
+    best = matches.best()
+    if best is None:
+        raise DataValidationError("cannot tell its text encoding; pass one explicitly (e.g. --encoding gbk)",
+                                  source=str(path))
+    # equally good readings (same bytes, same characters): take the most common encoding
+    tied = {m.encoding for m in matches if (m.chaos, m.coherence) == (best.chaos, best.coherence)}
+    return next((e for e in PREFERRED_ENCODINGS if e in tied), best.encoding)
+
+
+def check_encoding(encoding: str) -> str:
+    """``encoding`` if Python knows it; else ``ValueError`` naming common ones."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ValueError(f"unknown text encoding {bounded(encoding, 40)!r} (e.g. utf-8, gbk, latin-1)") from None
+    return encoding
+
+
+def read_table(path: Path, encoding: str | None = None) -> pd.DataFrame:
+    """Read a CSV or Parquet file, deciding by content (Parquet magic) then by suffix.
+
+    A CSV is decoded with ``encoding``, or with the detected one (:func:`detect_encoding`).
+    Errors of the content raise :class:`DataValidationError` with a bounded message that
+    quotes no cell; errors of the machine (permission denied, disk, a lost mount: an
+    ``OSError`` with an errno) propagate unchanged.
+    """
     if not path.exists():
         raise DataValidationError("file not found", source=str(path))
     if path.stat().st_size == 0:
@@ -32,13 +86,54 @@ def read_table(path: Path) -> pd.DataFrame:
             return pd.read_parquet(path)
         if path.suffix.lower() in {".parquet", ".pq"}:
             raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
-        return pd.read_csv(path, low_memory=False)
+        if encoding:
+            try:
+                check_encoding(encoding)
+            except ValueError as exc:
+                raise DataValidationError(str(exc), source=str(path)) from None
+        return pd.read_csv(path, low_memory=False, encoding=encoding or detect_encoding(path))
     except DataValidationError:
         raise
+    except OSError as exc:
+        if exc.errno is not None:  # the machine, not the file: let the caller retry
+            raise
+        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
     except pd.errors.EmptyDataError as exc:
         raise DataValidationError("file has no header and no rows", source=str(path)) from exc
-    except (pd.errors.ParserError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise DataValidationError(f"cannot be parsed: {exc}", source=str(path)) from exc
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
+
+
+# --------------------------------------------------------------------------------------
+# messages that quote no content
+
+#: At most this many column names in a message, each cut to ``MAX_NAME_CHARS``.
+MAX_COLUMNS_SHOWN = 12
+MAX_NAME_CHARS = 32
+_LONG_NUMBER = re.compile(r"\d[\d .\-]{4,}\d")
+_EMAIL = re.compile(r"[^\s@,;]+@[^\s@,;]+")
+
+
+def bounded(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters, with e-mail addresses and long digit
+    runs (phone, card and ID numbers) masked."""
+    text = _EMAIL.sub("<email>", str(text))
+    text = _LONG_NUMBER.sub(lambda m: "#" * min(len(m.group()), 8), text)
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_columns(columns: Iterable[object]) -> str:
+    """A bounded, redacted list of a file's column names for an error message."""
+    names = [str(c) for c in columns]
+    shown = [bounded(n, MAX_NAME_CHARS) for n in names[:MAX_COLUMNS_SHOWN]]
+    more = f" and {len(names) - MAX_COLUMNS_SHOWN} more" if len(names) > MAX_COLUMNS_SHOWN else ""
+    return "[" + ", ".join(repr(n) for n in shown) + "]" + more
+
+
+def content_error(exc: BaseException) -> str:
+    """A parser's error, bounded and redacted: its type and the start of its message."""
+    return f"{type(exc).__name__}: {bounded(str(exc), 160)}"
 
 
 def check_column_mapping(columns: Mapping[str, str], canonical: Iterable[str]) -> dict[str, str]:
@@ -65,15 +160,48 @@ def check_column_mapping(columns: Mapping[str, str], canonical: Iterable[str]) -
 
 def write_table(frame: pd.DataFrame, target: Path, csv: bool = False) -> Path | None:
     """Write ``frame`` as Parquet, and as CSV beside it if asked, each atomically (readers
-    never see a half-written file). Returns the CSV's path when one was written."""
+    never see a half-written file). Returns the CSV's path when one was written.
+
+    The CSV is for people and spreadsheets: text cells that a spreadsheet would run as a
+    formula are escaped (:func:`escape_formulas`); the Parquet keeps the values as they are.
+    """
     with atomic_path(target) as tmp:
         frame.to_parquet(tmp, index=False)
     if not csv:
         return None
     csv_path = target.with_suffix(".csv")
     with atomic_path(csv_path) as tmp:
-        frame.to_csv(tmp, index=False)
+        # CRLF rows (RFC 4180): the writer then quotes a cell holding a bare CR, which would end a row
+        escape_formulas(frame).to_csv(tmp, index=False, lineterminator="\r\n")
     return csv_path
+
+
+#: First characters that make a spreadsheet read a cell as a formula (OWASP CSV injection).
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+_PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def escape_cell(value: object) -> object:
+    """A text cell starting with ``= + - @``, a tab or a carriage return, prefixed with ``'``
+    so a spreadsheet shows it as text; plain numbers (``-1.5``) and non-text values unchanged."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_PREFIXES):
+        return value
+    if _PLAIN_NUMBER.fullmatch(value):
+        return value
+    return "'" + value
+
+
+def escape_formulas(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``frame`` whose text cells (and column names) are escaped with :func:`escape_cell`."""
+    out = frame.copy()
+    for name in out.columns:
+        col = out[name]
+        if pd.api.types.is_object_dtype(col) or pd.api.types.is_string_dtype(col) or isinstance(
+            col.dtype, pd.CategoricalDtype
+        ):
+            out[name] = col.astype(object).map(escape_cell)
+    out.columns = [escape_cell(c) for c in out.columns]
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -119,16 +247,13 @@ def _bad_rows(mask: pd.Series) -> list[int]:
     return [int(i) for i in np.flatnonzero(mask.to_numpy())[:MAX_ROWS_SHOWN]]
 
 
-def _examples(series: pd.Series, rows: list[int]) -> str:
-    return ", ".join(repr(series.iloc[r]) for r in rows[:3])
-
-
 def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.DataFrame:
     """Coerce types and check a table against ``schema``.
 
     Returns a new frame with only the schema's columns (optional ones when present),
     typed, in file order. Raises :class:`DataValidationError` naming the file, the column
-    and the first offending rows (0-based data rows; CSV line = row + 2).
+    and the first offending rows (0-based data rows; CSV line = row + 2), and never any
+    other error for bad cells. Messages quote no cell (only a bounded list of column names).
     """
     if len(df) < schema.min_rows:
         raise DataValidationError(
@@ -137,7 +262,7 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
     missing = [c.name for c in schema.columns if c.required and c.name not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; the file has {list(df.columns)}. "
+            f"missing required column(s) {missing}; the file has {describe_columns(df.columns)}. "
             "Map differently named columns with a column mapping (e.g. --columns "
             f"{missing[0]}=YOUR_COLUMN).",
             source=source,
@@ -148,7 +273,15 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
         if spec.name not in df.columns:
             continue
         raw = df[spec.name].reset_index(drop=True)
-        col = _coerce(raw, spec, source)
+        if isinstance(raw, pd.DataFrame):
+            raise DataValidationError("the column appears more than once", source=source, column=spec.name)
+        try:
+            col = _coerce(raw, spec, source)
+        except DataValidationError:
+            raise
+        except (ValueError, TypeError, OverflowError, ArithmeticError, pd.errors.OutOfBoundsDatetime) as exc:
+            raise DataValidationError(f"values cannot be read as {spec.kind}: {type(exc).__name__}",
+                                      source=source, column=spec.name) from exc
         if not spec.nullable:
             nulls = col.isna()
             if nulls.any():
@@ -164,8 +297,7 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
             if low.any():
                 rows = _bad_rows(low)
                 raise DataValidationError(
-                    f"{int(low.sum())} value(s) below the minimum {spec.min_value}: "
-                    f"{_examples(raw, rows)}",
+                    f"{int(low.sum())} value(s) below the minimum {spec.min_value}",
                     source=source,
                     column=spec.name,
                     rows=rows,
@@ -194,7 +326,7 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         if bad.any():
             rows = _bad_rows(bad)
             raise DataValidationError(
-                f"{int(bad.sum())} non-numeric or infinite value(s), e.g. {_examples(raw, rows)}",
+                f"{int(bad.sum())} non-numeric or infinite value(s)",
                 source=source,
                 column=spec.name,
                 rows=rows,
@@ -209,13 +341,23 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         if bad.any():
             rows = _bad_rows(bad)
             raise DataValidationError(
-                f"{int(bad.sum())} unparseable timestamp(s), e.g. {_examples(raw, rows)}",
+                f"{int(bad.sum())} unparseable timestamp(s)",
                 source=source,
                 column=spec.name,
                 rows=rows,
             )
         if getattr(col.dt, "tz", None) is not None:
             col = col.dt.tz_convert("UTC").dt.tz_localize(None)
+        outside = col.notna() & ((col < pd.Timestamp.min) | (col > pd.Timestamp.max))
+        if outside.any():
+            rows = _bad_rows(outside)
+            raise DataValidationError(
+                f"{int(outside.sum())} timestamp(s) outside the supported range "
+                f"{pd.Timestamp.min:%Y-%m-%d} to {pd.Timestamp.max:%Y-%m-%d}",
+                source=source,
+                column=spec.name,
+                rows=rows,
+            )
         return col.astype("datetime64[ns]")
     if spec.kind == "binary":
         mapped = raw.map(_to_binary)
@@ -223,8 +365,7 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         if bad.any():
             rows = _bad_rows(bad)
             raise DataValidationError(
-                f"{int(bad.sum())} value(s) that are not a binary label (0/1, true/false), "
-                f"e.g. {_examples(raw, rows)}",
+                f"{int(bad.sum())} value(s) that are not a binary label (0/1, true/false)",
                 source=source,
                 column=spec.name,
                 rows=rows,

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.store import atomic_path, sha256_file, stable_hash
-from infra.tables import TableSchema, read_table, validate_table
+from infra.tables import TableSchema, describe_columns, read_table, validate_table
 
 log = logging.getLogger(__name__)
 
@@ -44,31 +44,34 @@ def load_table(
     schema: TableSchema,
     *,
     columns: Mapping[str, str] | None = None,
+    encoding: str | None = None,
 ) -> DatasetRef:
     """Read, rename (canonical <- source), validate and store a table as Parquet.
 
-    The stored file is content-addressed (source bytes + schema + mapping), so loading
-    an unchanged file again reuses the stored Parquet without parsing it.
+    The stored file is content-addressed (source bytes + schema + mapping + a given CSV
+    encoding), so loading an unchanged file again reuses the stored Parquet without parsing
+    it. A CSV's encoding is detected unless ``encoding`` names it.
     """
     path = Path(path)
     if not path.exists():
         raise DataValidationError("file not found", source=str(path))
     mapping = dict(columns or {})
     key = stable_hash(
-        {"file": sha256_file(path), "schema": schema.fingerprint(), "columns": mapping}
+        {"file": sha256_file(path), "schema": schema.fingerprint(), "columns": mapping,
+         **({"encoding": encoding} if encoding else {})}
     )
     target = home_layout().datasets() / f"{schema.name}-{key}.parquet"
     meta_path = target.with_suffix(".json")
     if target.exists() and meta_path.exists():
         log.info("reusing validated %s for %s (content hash %s)", target.name, path, key)
         return DatasetRef(**json.loads(meta_path.read_text()))
-    df = read_table(path)
+    df = read_table(path, encoding)
     if mapping:
         absent = [src for src in mapping.values() if src not in df.columns]
         if absent:
             raise DataValidationError(
                 f"column mapping names {absent}, which the file does not have; "
-                f"it has {list(df.columns)}",
+                f"it has {describe_columns(df.columns)}",
                 source=str(path),
                 column=absent[0],
             )

@@ -6,10 +6,21 @@ task (on the flow's task runner: threads or Dask), and records every outcome:
 
 - ``scored``: the output file, rows and model version; the same content is never scored
   again, under any name;
-- ``quarantined``: the file could not be read or validated; a copy and the reason go to
+- ``quarantined``: reading or validating the file's content raised (any error, a
+  timestamp out of range included); a copy and the reason go to
   ``<home>/quarantine/<ledger>/`` and the file is not retried until its content changes;
-- a file whose scoring failed for another reason (a bug, a lost worker) is not recorded
-  and is retried by the next run; the run ends Failed after scoring the others.
+- ``released``: scoring failed for a reason that is not the file's (no model, a worker
+  that cannot reach the home, permission denied, disk full, a bug): the file is never
+  quarantined nor counted as seen, and the next run retries it; the run ends Failed after
+  scoring the others.
+
+A run **claims** its files under the ledger lock before scoring them (a ``claimed`` line
+with its owner), so two runs on one inbox never score a file twice; a claim whose process
+is gone (same host) or older than the claim timeout is taken over.
+
+The inbox never leads outside itself: a symbolic link (or a file reached through one) is
+refused with a reason, never read, hashed or copied. Error messages quote no cell of a
+file, only a bounded, redacted list of its column names.
 
 The ledger is an append-only JSON-lines file under ``<home>/ledgers/`` written under an
 exclusive lock; its last line for a content hash wins.
@@ -22,7 +33,9 @@ import glob
 import logging
 import os
 import shutil
+import socket
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -33,13 +46,21 @@ from prefect import task
 from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.errors import IndusflowError
+from infra.errors import DataValidationError, IndusflowError, InfrastructureError, RegistryError
 from infra.home import home_layout
+from infra.registry import ModelRef
 from infra.store import check_name, safe_join, sha256_file, write_json_atomic
+from infra.tables import bounded, content_error
 
 log = logging.getLogger(__name__)
 
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+#: Statuses that settle a content hash for good (until the content changes).
+SETTLED = ("scored", "quarantined")
+#: A claim older than this is taken over by another run (its run died on another host).
+CLAIM_TIMEOUT_S = 6 * 3600.0
+#: Longest reason kept in the ledger, the report and the quarantine folder.
+MAX_REASON_CHARS = 400
 
 
 class InboxFile(BaseModel):
@@ -81,8 +102,9 @@ class LedgerEntry(BaseModel):
     path: str
     size: int
     mtime_ns: int | None = Field(default=None, description="Lets the next scan skip re-hashing an untouched file.")
-    status: Literal["scored", "quarantined"]
+    status: Literal["scored", "quarantined", "claimed", "released"]
     reason: str | None = None
+    owner: str | None = Field(default=None, description="The run holding a claim: host:pid:run-id.")
     output: str | None = None
     rows: int | None = None
     model: str | None = None
@@ -97,6 +119,9 @@ class InboxScan(BaseModel):
     seen_before: int
     settling: int = Field(description="Files skipped because they changed in the last seconds.")
     duplicates: int = Field(description="Files whose content appears twice in this scan.")
+    refused: dict[str, str] = Field(default_factory=dict,
+                                    description="Files not read at all (symbolic links out of the inbox) -> why.")
+    claimed_elsewhere: int = Field(default=0, description="New files another running job had claimed.")
 
 
 class FileLedger:
@@ -134,36 +159,104 @@ class FileLedger:
                 out[entry.sha256] = entry
         return out
 
-    def record(self, entry: LedgerEntry) -> None:
-        with self._locked(), open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(entry.model_dump_json() + "\n")
+    def _append(self, entries: list[LedgerEntry]) -> None:
+        if not entries:
+            return
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write("".join(e.model_dump_json() + "\n" for e in entries))
             handle.flush()
             os.fsync(handle.fileno())
 
+    def record(self, entry: LedgerEntry) -> None:
+        with self._locked():
+            self._append([entry])
 
-def list_inbox(location: str | Path, suffixes: tuple[str, ...] = TABLE_SUFFIXES) -> list[Path]:
+    def claim(self, files: list[InboxFile], owner: str,
+              timeout_s: float = CLAIM_TIMEOUT_S) -> tuple[list[InboxFile], int, int]:
+        """Claim ``files`` for the run ``owner`` under the lock, reading the ledger inside it.
+
+        Returns the files claimed now, how many were settled in the meantime (another run
+        scored or quarantined them) and how many another live run holds.
+        """
+        claimed: list[InboxFile] = []
+        settled = elsewhere = 0
+        with self._locked():
+            known = self.entries()
+            for f in files:
+                entry = known.get(f.sha256)
+                if entry is not None and entry.status in SETTLED:
+                    settled += 1
+                elif entry is not None and entry.status == "claimed" and entry.owner != owner \
+                        and not claim_is_stale(entry, timeout_s):
+                    elsewhere += 1
+                else:
+                    claimed.append(f)
+            self._append([LedgerEntry(sha256=f.sha256, path=f.path, size=f.size, mtime_ns=f.mtime_ns,
+                                      status="claimed", owner=owner) for f in claimed])
+        return claimed, settled, elsewhere
+
+
+def run_owner() -> str:
+    """A claim owner for this run: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def claim_is_stale(entry: LedgerEntry, timeout_s: float = CLAIM_TIMEOUT_S) -> bool:
+    """A claim whose process is gone (same host) or that is older than ``timeout_s``."""
+    host, _, rest = (entry.owner or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+    return (datetime.now(UTC) - entry.at).total_seconds() > timeout_s
+
+
+def list_inbox(location: str | Path, suffixes: tuple[str, ...] = TABLE_SUFFIXES,
+               refused: dict[str, str] | None = None) -> list[Path]:
     """The data files at ``location``: a folder (its files, not sub-folders), a glob, or one file.
 
-    Hidden files and partial downloads (``.part``, ``.tmp``, ``.crdownload``) are skipped.
+    Hidden files and partial downloads (``.part``, ``.tmp``, ``.crdownload``) are skipped. A
+    symbolic link, or a file whose real path leaves the inbox, is never followed: it is
+    left out and, when ``refused`` is given, named there with the reason.
     """
     text = str(location)
     path = Path(text).expanduser()
     if any(ch in text for ch in "*?["):
         candidates = [Path(p) for p in glob.glob(str(path), recursive=True)]
+        magic = next(i for i, part in enumerate(path.parts) if any(ch in part for ch in "*?["))
+        base = Path(*path.parts[:magic]) if magic else Path(".")
     elif path.is_dir():
         candidates = list(path.iterdir())
-    elif path.is_file():
+        base = path
+    elif path.is_file() or path.is_symlink():
         candidates = [path]
+        base = path.parent
     else:
         candidates = []
+        base = path
+    root = base.resolve()
     keep = []
     for p in candidates:
-        if not p.is_file() or p.name.startswith("."):
+        if p.name.startswith(".") or p.suffix.lower() in {".part", ".tmp", ".crdownload"}:
             continue
-        if p.suffix.lower() in {".part", ".tmp", ".crdownload"}:
+        if p.suffix.lower() not in suffixes:
             continue
-        if p.suffix.lower() in suffixes:
-            keep.append(p.resolve())
+        if p.is_symlink():
+            if refused is not None:
+                refused[str(p)] = "a symbolic link: the inbox never follows links (copy the file in instead)"
+            continue
+        if not p.is_file():
+            continue
+        real = p.resolve()
+        if not real.is_relative_to(root):
+            if refused is not None:
+                refused[str(p)] = "reached through a symbolic link that leaves the inbox"
+            continue
+        keep.append(real)
     return sorted(keep)
 
 
@@ -177,13 +270,14 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
     pending: list[InboxFile] = []
     seen = settling = duplicates = 0
     hashes: set[str] = set()
-    for path in list_inbox(location, suffixes):
-        stat = path.stat()
+    refused: dict[str, str] = {}
+    for path in list_inbox(location, suffixes, refused):
+        stat = path.stat(follow_symlinks=False)
         if settle_s and now - stat.st_mtime < settle_s:
             settling += 1  # probably still being copied in; the next run takes it
             continue
         digest = stamps.get((str(path), stat.st_size, stat.st_mtime_ns)) or sha256_file(path)
-        if digest in known:
+        if digest in known and known[digest].status in SETTLED:
             seen += 1
             continue
         if digest in hashes:
@@ -191,27 +285,61 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
             continue
         hashes.add(digest)
         pending.append(InboxFile(path=str(path), sha256=digest, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
+    for name, why in refused.items():
+        log.warning("inbox %s: %s not read: %s", location, name, why)
     return InboxScan(location=str(location), pending=pending, seen_before=seen, settling=settling,
-                     duplicates=duplicates)
+                     duplicates=duplicates, refused=refused)
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """Errors of the machine or the set-up, not of the file: no model, a missing setting, a
+    worker that cannot reach the home, permission denied, disk full, out of memory."""
+    if isinstance(exc, (InfrastructureError, RegistryError, MemoryError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno is not None
 
 
 def _is_bad_input(exc: BaseException) -> bool:
     """Errors that mean "this file is bad", not "the job is broken"."""
+    if is_infrastructure_error(exc):
+        return False
     if isinstance(exc, IndusflowError):
         return True
     names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(names & {"ArrowException", "ParserError", "EmptyDataError", "UnicodeDecodeError"})
 
 
+@contextmanager
+def reading_content(source: str) -> Iterator[None]:
+    """Around reading and validating one file: any error there is the file's content
+    (a :class:`DataValidationError` with a bounded message), unless it is the machine's."""
+    try:
+        yield
+    except DataValidationError:
+        raise
+    except Exception as exc:
+        if is_infrastructure_error(exc):
+            raise
+        raise DataValidationError(f"cannot be read: {content_error(exc)}", source=source) from exc
+
+
+def check_still_regular(file: InboxFile) -> None:
+    """Refuse a file that was swapped for a symbolic link after the scan."""
+    if os.path.islink(file.path):
+        raise DataValidationError("became a symbolic link after the scan; not read", source=file.path)
+
+
 def score_one(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> FileOutcome:
     """Score one file; a bad-input error becomes a quarantine outcome, anything else raises."""
     started = time.perf_counter()
     try:
+        check_still_regular(file)
         result = score(file)
     except Exception as exc:
         if not _is_bad_input(exc):
             raise
-        return FileOutcome(file=file, status="quarantined", reason=f"{type(exc).__name__}: {exc}",
+        return FileOutcome(file=file, status="quarantined", reason=bounded(f"{type(exc).__name__}: {exc}",
+                                                                           MAX_REASON_CHARS),
                            seconds=time.perf_counter() - started)
     return FileOutcome(file=file, status="scored", scored=result, seconds=time.perf_counter() - started)
 
@@ -227,10 +355,13 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"{file.sha256[:12]}-{file.name}"
     target = safe_join(folder, stem)
-    try:
-        shutil.copy2(file.path, target)
-    except OSError as exc:  # the original stays where it is; the reason is what matters
-        log.warning("could not copy %s to quarantine: %s", file.path, exc)
+    if os.path.islink(file.path):  # never copy what a link points to
+        log.warning("not copying %s to quarantine: it is a symbolic link", file.path)
+    else:
+        try:
+            shutil.copy2(file.path, target, follow_symlinks=False)
+        except OSError as exc:  # the original stays where it is; the reason is what matters
+            log.warning("could not copy %s to quarantine: %s", file.path, exc)
     write_json_atomic(folder / f"{stem}.reason.json", {"path": file.path, "sha256": file.sha256, "reason": reason})
     entry = LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
                         status="quarantined", reason=reason)
@@ -239,18 +370,27 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     return entry
 
 
+def release(file: InboxFile, reason: str, ledger: FileLedger) -> None:
+    """Give up a claim without settling the file: the next run retries it."""
+    ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+                              status="released", reason=reason))
+
+
 def score_inbox(files: list[InboxFile], score: Callable[[InboxFile], ScoredFile],
                 ledger: FileLedger) -> list[FileOutcome]:
-    """Fan the files out on the flow's task runner; record each outcome as it completes."""
+    """Fan the files out on the flow's task runner; record each outcome as it completes.
+
+    A file that failed for a reason other than its content is released, not settled."""
     futures = [score_file_task.submit(score, f) for f in files]
     outcomes: list[FileOutcome] = []
     for file, future in zip(files, futures):
         try:
             outcome = future.result()
-        except Exception as exc:  # not a data problem: leave it for the next run
-            log.error("scoring %s failed (%s: %s); it stays in the inbox for the next run",
-                      file.path, type(exc).__name__, exc)
-            outcomes.append(FileOutcome(file=file, status="failed", reason=f"{type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - not a data problem: leave it for the next run
+            reason = bounded(f"{type(exc).__name__}: {exc}", MAX_REASON_CHARS)
+            log.error("scoring %s failed (%s); it stays in the inbox for the next run", file.path, reason)
+            release(file, reason, ledger)
+            outcomes.append(FileOutcome(file=file, status="failed", reason=reason))
             continue
         if outcome.status == "scored" and outcome.scored is not None:
             ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
@@ -268,10 +408,16 @@ def render_inbox_report(title: str, scan: InboxScan, outcomes: list[FileOutcome]
     counts = {s: sum(o.status == s for o in outcomes) for s in ("scored", "quarantined", "failed")}
     lines = [
         f"## {title} with {model}", "",
-        f"Inbox `{scan.location}`: {len(scan.pending)} new file(s), {scan.seen_before} already handled, "
-        f"{scan.duplicates} duplicate(s) in this scan, {scan.settling} still changing.", "",
-        f"Scored {counts['scored']}, quarantined {counts['quarantined']}, failed {counts['failed']}.", "",
+        (f"Inbox `{scan.location}`: {len(scan.pending)} new file(s), {scan.seen_before} already handled, "
+        f"{scan.duplicates} duplicate(s) in this scan, {scan.settling} still changing, "
+        f"{scan.claimed_elsewhere} claimed by another run, {len(scan.refused)} refused (links)."), "",
+        (f"Scored {counts['scored']}, quarantined {counts['quarantined']}, failed {counts['failed']} "
+        "(failed files stay in the inbox for the next run)."), "",
     ]
+    for name, why in scan.refused.items():
+        lines.append(f"- refused `{Path(name).name}`: {why}")
+    if scan.refused:
+        lines.append("")
     if outcomes:
         lines += ["| file | status | rows | output / reason |", "|---|---|---|---|"]
         for o in outcomes:
@@ -303,16 +449,20 @@ class InboxRun(BaseModel):
     outputs: list[str]
     quarantine: dict[str, str] = Field(description="Quarantined file -> reason.")
     seconds: float
+    claimed_elsewhere: int = Field(default=0, description="New files left to another run that had claimed them.")
+    refused: dict[str, str] = Field(default_factory=dict, description="Files never read (symbolic links) -> why.")
 
 
-def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[str], Callable[[InboxFile], ScoredFile]],
+def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[ModelRef], Callable[[InboxFile], ScoredFile]],
                   *, settle_s: float = 30.0) -> InboxRun:
     """One batch-scoring run: scan the inbox against the job's ledger, resolve ``model`` to one
     exact version (only when there is something to score: a schedule may fire before the first
-    training), fan the files out, record outcomes, publish the report artifact.
+    training), claim the new files, fan them out, record outcomes, publish the report artifact.
 
-    ``make_scorer(model_spec)`` returns the vertical's per-file scoring function (picklable,
+    ``make_scorer(model_ref)`` returns the vertical's per-file scoring function (picklable,
     e.g. a ``functools.partial`` of a module-level function, so it can run on Dask workers).
+    It receives the version resolved here, once, with its absolute path: a worker reads the
+    model from there, never resolves it against its own settings.
     Raises after scoring the others when a file failed for a reason other than bad input.
     """
     from infra.registry import ModelRegistry
@@ -321,13 +471,24 @@ def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[st
     started = time.perf_counter()
     ledger = FileLedger(job)
     scan = scan_inbox(location, ledger, settle_s=settle_s)
+
+    def nothing(seen: int, note: str) -> InboxRun:
+        log.info("inbox %s: no new file (%d seen before, %d still changing%s)", location, seen, scan.settling, note)
+        return InboxRun(model=model, inbox=location, new_files=0, seen_before=seen, scored=0, quarantined=0,
+                        failed=0, rows=0, flagged=0, outputs=[], quarantine={}, seconds=time.perf_counter() - started,
+                        refused=scan.refused)
+
     if not scan.pending:
-        log.info("inbox %s: no new file (%d seen before, %d still changing)", location, scan.seen_before, scan.settling)
-        return InboxRun(model=model, inbox=location, new_files=0, seen_before=scan.seen_before, scored=0, quarantined=0,
-                        failed=0, rows=0, flagged=0, outputs=[], quarantine={}, seconds=time.perf_counter() - started)
-    spec = ModelRegistry().resolve(model).spec  # one version for the whole run
-    log.info("inbox %s: %d new file(s), %d seen before; scoring with %s", location, len(scan.pending), scan.seen_before, spec)
-    outcomes = score_inbox(scan.pending, make_scorer(spec), ledger)
+        return nothing(scan.seen_before, "")
+    ref = ModelRegistry().resolve(model)  # one version for the whole run; a missing model fails the run
+    spec = ref.spec
+    files, settled, elsewhere = ledger.claim(scan.pending, run_owner())
+    scan = scan.model_copy(update={"pending": files, "seen_before": scan.seen_before + settled,
+                                   "claimed_elsewhere": elsewhere})
+    if not files:
+        return nothing(scan.seen_before, f", {elsewhere} claimed by another run")
+    log.info("inbox %s: %d new file(s), %d seen before; scoring with %s", location, len(files), scan.seen_before, spec)
+    outcomes = score_inbox(files, make_scorer(ref), ledger)
     counts = outcome_counts(outcomes)
     publish_eval_report(render_inbox_report(job, scan, outcomes, spec), key=artifact_key(job),
                         description="Inbox scoring: scored, quarantined and failed files")
@@ -335,21 +496,22 @@ def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[st
         raise RuntimeError(f"{counts['failed']} file(s) failed to score for reasons other than bad input; "
                            "they stay in the inbox for the next run (see the log)")
     return InboxRun(
-        model=spec, inbox=location, new_files=len(scan.pending), seen_before=scan.seen_before,
+        model=spec, inbox=location, new_files=len(files), seen_before=scan.seen_before,
         scored=counts["scored"], quarantined=counts["quarantined"], failed=counts["failed"],
         rows=sum(o.scored.rows for o in outcomes if o.scored),
         flagged=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
         outputs=[o.scored.output for o in outcomes if o.scored],
         quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, claimed_elsewhere=elsewhere, refused=scan.refused,
     )
 
 
 def inbox_summary(job: str, run: InboxRun, rows: str = "rows", flagged: str = "flagged") -> str:
     """The command line's summary of a batch-scoring run."""
-    lines = [f"{job} with {run.model}: inbox {run.inbox}: {run.new_files} new file(s), {run.seen_before} seen before; "
+    lines = [(f"{job} with {run.model}: inbox {run.inbox}: {run.new_files} new file(s), {run.seen_before} seen before; "
              f"scored {run.scored} ({run.rows} {rows}, {run.flagged} {flagged}), quarantined {run.quarantined}, "
-             f"failed {run.failed}"]
+             f"failed {run.failed}")]
     lines += [f"  quarantined {path}: {reason}" for path, reason in run.quarantine.items()]
+    lines += [f"  refused {path}: {reason}" for path, reason in run.refused.items()]
     return "\n".join(lines)
 

@@ -265,7 +265,9 @@ def train_model(
         if resume:
             log.info("resuming run %s from %s", spec.run_key, resume)
         started = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
+        # weights_only: a checkpoint is read as tensors and plain values, never unpickled as code,
+        # whatever torch's own default is
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
     seconds = time.perf_counter() - started
 
     best = checkpoint.best_model_path or None

@@ -22,6 +22,7 @@ from flows.fraud.steps import fraud_space
 from flows.fraud.train import fraud_train
 from flows.fraud.tune import fraud_tune
 from infra.registry import ModelRegistry, parse_model_spec
+from infra.tables import check_encoding
 from solutions.fraud.schema import ColumnMapping
 from tasks.ledger import inbox_summary
 from tasks.reproduce import reproduce_exit_code, reproduce_summary
@@ -71,6 +72,14 @@ def _check_since(kwargs: dict[str, Any]) -> None:
             raise ValueError(f"--since: {since!r} is not a timestamp (e.g. 2025-01-31 or 2025-01-31T12:00)") from None
 
 
+def _check_encoding(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("encoding"):
+        try:
+            check_encoding(kwargs["encoding"])
+        except ValueError as exc:
+            raise ValueError(f"--encoding: {exc}") from None
+
+
 def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None:
     spec = _given(kwargs, flow, "model")
     try:
@@ -107,6 +116,7 @@ def check_score(kwargs: dict[str, Any]) -> None:
     """Files exist, mapping and ``--since`` are valid, the model is registered."""
     check_train(kwargs)
     _check_since(kwargs)
+    _check_encoding(kwargs)
     _check_model(kwargs, fraud_score, registered=True)
 
 
@@ -115,6 +125,7 @@ def check_batch(kwargs: dict[str, Any]) -> None:
     file waits: a schedule may fire before the first training)."""
     _check_files(kwargs, "accounts")
     _check_columns(kwargs)
+    _check_encoding(kwargs)
     _check_model(kwargs, fraud_batch_score, registered=False)
 
 

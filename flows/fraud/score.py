@@ -37,6 +37,7 @@ def fraud_score(
     output: str | None = None,
     csv: bool = False,
     since: str | None = None,
+    encoding: str | None = None,
 ) -> FraudScoreResult:
     """Batch-score a transactions file with the champion (or a named version); write
     scores (Parquet, CSV on request) with the model version used, and a summary artifact.
@@ -50,9 +51,11 @@ def fraud_score(
         output: Parquet output (default: <home>/scores/<input>-<model>-v<version>.parquet).
         csv: also write a CSV beside the Parquet.
         since: score only rows at or after this timestamp; earlier rows are history.
+        encoding: text encoding of CSV input (default: detected, e.g. utf-8, gb18030, cp1252).
     """
     scorer = load_scoring_model_task(resolve_model(model))
-    ref = obtain_transactions(data, columns or {}, SyntheticDataConfig(), accounts, for_scoring=True)
+    ref = obtain_transactions(data, columns or {}, SyntheticDataConfig(), accounts, for_scoring=True,
+                              encoding=encoding)
     scored = score_file_task(scorer, ref, since)
     target = Path(output).expanduser() if output else home_layout().scores() / score_file_name(data, scorer.ref)
     csv_path = write_scores(scored, target, csv)
@@ -77,6 +80,7 @@ def fraud_batch_score(
     output_dir: str | None = None,
     csv: bool = False,
     settle_seconds: float = 30.0,
+    encoding: str | None = None,
 ) -> FraudBatchScoreResult:
     """Score every new transactions file (CSV/Parquet) in ``inbox`` with the champion.
 
@@ -93,6 +97,7 @@ def fraud_batch_score(
         output_dir: where score files go (default: <home>/scores/fraud-batch).
         csv: also write a CSV beside each Parquet.
         settle_seconds: skip files modified in the last N seconds (still being copied).
+        encoding: text encoding of CSV files (default: detected per file, e.g. utf-8, gb18030, cp1252).
     """
     location = inbox or str(home_layout().inbox("fraud"))
     mapping = dict(ColumnMapping(dict(columns or {})).columns)
@@ -100,7 +105,7 @@ def fraud_batch_score(
     out_dir.mkdir(parents=True, exist_ok=True)
     run = process_inbox(
         "fraud-batch-score", location, model, settle_s=settle_seconds,
-        make_scorer=lambda spec: partial(score_inbox_file, model=spec, columns=mapping, accounts=accounts,
-                                         out_dir=str(out_dir), csv=csv),
+        make_scorer=lambda ref: partial(score_inbox_file, model=ref, columns=mapping, accounts=accounts,
+                                        out_dir=str(out_dir), csv=csv, encoding=encoding),
     )
     return FraudBatchScoreResult(**run.model_dump())

@@ -21,7 +21,7 @@ from flows.fraud.results import PreparedFeatures, StageReports
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
-from infra.tables import assign_periods, time_split, write_table
+from infra.tables import assign_periods, read_table, time_split, validate_table, write_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud import scoring as SC
@@ -32,12 +32,13 @@ from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.sequences import FraudPreprocessor
 from solutions.fraud.synthetic import generate_transactions
 from tasks.compress import load_variant
-from tasks.data import DatasetRef, load_table, load_table_task
+from tasks.data import DatasetRef, load_table_task
 from tasks.evaluate import EvalReport, choose_threshold, evaluate_binary, publish_eval_report_task
-from tasks.ledger import InboxFile, ScoredFile
-from tasks.prepare import materialize_table, materialize_table_task
+from tasks.ledger import InboxFile, ScoredFile, reading_content
+from tasks.prepare import materialize_table_task
 from tasks.train import TrainSpec, train_model
 from tasks.tune import Param, StudyRef, TuneConfig, storage_url, validate_space
+from tasks.worker_models import load_once
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def obtain_transactions(
     synthetic: SyntheticDataConfig,
     accounts: str | None = None,
     for_scoring: bool = False,
+    encoding: str | None = None,
 ) -> DatasetRef:
     """Validated transactions: the given file (mapped) or the seeded synthetic default,
     with the accounts table joined when one is given."""
@@ -75,9 +77,9 @@ def obtain_transactions(
         path = Path(generated.path)
     else:
         path = Path(data).expanduser()
-    ref = load_table_task(path, transaction_schema(for_scoring), columns=columns)
+    ref = load_table_task(path, transaction_schema(for_scoring), columns=columns, encoding=encoding)
     if accounts:
-        acc = load_table_task(Path(accounts).expanduser(), accounts_schema())
+        acc = load_table_task(Path(accounts).expanduser(), accounts_schema(), encoding=encoding)
         ref = materialize_table_task.with_options(name="merge-accounts")(
             "fraud-merged", {"tx": ref.content_hash, "accounts": acc.content_hash},
             lambda: P.merge_accounts(ref.read(), acc.read()),
@@ -323,18 +325,39 @@ def evaluate_labelled(scored: SC.ScoredTransactions, name: str) -> EvalReport | 
     return evaluate_binary(part[0], part[1], name=name, split="scored", threshold=scored.threshold)
 
 
-def score_inbox_file(file: InboxFile, *, model: str, columns: dict[str, str], accounts: str | None,
-                     out_dir: str, csv: bool) -> ScoredFile:
-    """Score one inbox file with an exact model version (plain: runs on any task-runner worker)."""
-    registry = ModelRegistry()
-    scorer = load_scoring_model(registry.resolve(model), registry)
-    ref = load_table(Path(file.path), transaction_schema(for_scoring=True), columns=columns)
+def scoring_model_at(model_ref: ModelRef) -> ScoringModel:
+    """Load a version for scoring from its own folder (its registry is the folder above it),
+    whatever this worker's home is."""
+    return load_scoring_model(model_ref, ModelRegistry(Path(model_ref.path).parents[1]))
+
+
+def read_transactions(path: Path, columns: Mapping[str, str], accounts: str | None,
+                      encoding: str | None = None) -> pd.DataFrame:
+    """Read, map and validate a transactions file in memory (and join the accounts table)."""
+    raw = read_table(path, encoding)
+    mapping = ColumnMapping(dict(columns))
+    table = validate_table(mapping.apply(raw) if mapping.columns else raw, transaction_schema(for_scoring=True),
+                           source=str(path))
     if accounts:
-        acc = load_table(Path(accounts).expanduser(), accounts_schema())
-        tx = ref
-        ref = materialize_table("fraud-merged", {"tx": tx.content_hash, "accounts": acc.content_hash},
-                                lambda: P.merge_accounts(tx.read(), acc.read()))
-    scored = score_file(scorer, ref)
+        acc_path = Path(accounts).expanduser()
+        table = P.merge_accounts(table, validate_table(read_table(acc_path, encoding), accounts_schema(),
+                                                       source=str(acc_path)))
+    return table
+
+
+def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str], accounts: str | None,
+                     out_dir: str, csv: bool, encoding: str | None = None) -> ScoredFile:
+    """Score one inbox file with the exact version the flow resolved (plain: runs on any
+    task-runner worker, loads the model once per worker, reads the file once, hashes nothing).
+
+    Any error while reading or validating the file is the file's (quarantined); not reaching
+    the model, permissions and disk errors are the machine's (the file is retried).
+    """
+    scorer = load_once(model, scoring_model_at)
+    with reading_content(file.path):
+        table = read_transactions(Path(file.path), columns, accounts, encoding)
+    scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, scorer.ref, table,
+                                   source=file.path)
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name
     write_table(scored.table, target, csv)

@@ -25,6 +25,7 @@ def sensor_batch_score(
     csv: bool = False,
     settle_seconds: float = 30.0,
     config: SensorConfig = SensorConfig(),  # noqa: B008 - a frozen typed default renders a UI form
+    encoding: str | None = None,
 ) -> SensorBatchScoreResult:
     """Score every new long-format readings file (CSV/Parquet) in ``inbox`` with the champion:
     each asset's latest window gets predicted RUL, failure probability and an alert flag.
@@ -43,13 +44,14 @@ def sensor_batch_score(
         csv: also write a CSV beside each Parquet.
         settle_seconds: skip files modified in the last N seconds (still being copied).
         config: settings of the sensor vertical (alignment; windows come from the model).
+        encoding: text encoding of CSV files (default: detected per file, e.g. utf-8, gb18030, cp1252).
     """
     mapping = ColumnMapping(dict(columns or {})).columns  # a bad mapping fails before any file is read
     location = inbox or str(home_layout().inbox("sensor"))
     out_dir = st.batch_output_dir(output_dir)
     run = process_inbox(
         "sensor-batch-score", location, model, settle_s=settle_seconds,
-        make_scorer=lambda spec: partial(st.score_readings_file, model=spec, columns=dict(mapping), threshold=threshold,
-                                         config=config, out_dir=str(out_dir), csv=csv),
+        make_scorer=lambda ref: partial(st.score_readings_file, model=ref, columns=dict(mapping), threshold=threshold,
+                                        config=config, out_dir=str(out_dir), csv=csv, encoding=encoding),
     )
     return SensorBatchScoreResult(**run.model_dump(), bad_readings=st.collect_bad_readings_step(run.outputs))

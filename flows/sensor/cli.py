@@ -23,6 +23,7 @@ from flows.sensor.results import (
 from flows.sensor.score import sensor_score
 from flows.sensor.train import sensor_train
 from infra.registry import ModelRegistry, parse_model_spec
+from infra.tables import check_encoding
 from solutions.sensor.config import SensorSource
 from solutions.sensor.data import check_source_files
 from solutions.sensor.schema import ColumnMapping
@@ -76,6 +77,11 @@ def _check_score(kwargs: dict[str, Any]) -> None:
 
 def _check_batch(kwargs: dict[str, Any]) -> None:
     _check_threshold(kwargs)
+    if kwargs.get("encoding"):
+        try:
+            check_encoding(kwargs["encoding"])
+        except ValueError as exc:
+            raise ValueError(f"--encoding: {exc}") from None
     ColumnMapping(dict(kwargs.get("columns") or {}))
     inbox = kwargs.get("inbox")
     if inbox and not any(ch in inbox for ch in "*?[") and not Path(inbox).expanduser().exists():

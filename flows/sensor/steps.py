@@ -41,10 +41,11 @@ from tasks.evaluate_regression import (
     plot_trajectories,
     render_regression_report,
 )
-from tasks.ledger import InboxFile, ScoredFile
+from tasks.ledger import InboxFile, ScoredFile, reading_content
 from tasks.prepare import materialize_table, materialize_table_task
 from tasks.register import render_promotion
 from tasks.train import TrainSpec
+from tasks.worker_models import load_once
 
 log = logging.getLogger(__name__)
 
@@ -258,17 +259,38 @@ def write_scores_step(scores: pd.DataFrame, target: Path, csv: bool) -> Path | N
     return write_table(scores, target, csv)
 
 
-def score_readings_file(file: InboxFile, *, model: str, columns: Mapping[str, str], threshold: float | None,
-                        config: SensorConfig, out_dir: str, csv: bool) -> ScoredFile:
-    """Score the latest window of every asset in one long-format readings file of an inbox.
+def sensor_weights_at(ref: ModelRef) -> dict:
+    """A registered version's tensors, read from its own folder (whatever this worker's home is)."""
+    return ModelRegistry(Path(ref.path).parents[1]).load_state_dict(ref)
 
-    The bad-reading counts the reader measured are written beside the score file.
+
+def sensor_variant_at(ref: ModelRef) -> object:
+    """A compressed variant as a plain module, read from its own folder."""
+    return load_variant(ref, ModelRegistry(Path(ref.path).parents[1]), build_module)
+
+
+def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[str, str], threshold: float | None,
+                        config: SensorConfig, out_dir: str, csv: bool, encoding: str | None = None) -> ScoredFile:
+    """Score the latest window of every asset in one long-format readings file of an inbox,
+    with the exact version the flow resolved (loaded once per worker).
+
+    The grid is built in memory (the file is scored once; nothing is stored under this
+    worker's home). The bad-reading counts the reader measured are written beside the score
+    file. Errors while reading the file are the file's (quarantined); the model's and the
+    machine's are retried.
     """
-    ref = ModelRegistry().resolve(model)
+    ref = model
+    loaded = load_once(ref, sensor_variant_at if SC.is_variant(ref) else sensor_weights_at)
     path = Path(file.path)
-    plan = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256)
-    grid_ref, bad = grid_table(plan)
-    scores, report = score_grid(ref, grid_ref.read(), SC.alert_threshold(ref, threshold), bad)
+    with reading_content(file.path):
+        grid, bad = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256,
+                                    encoding=encoding).build()
+        if grid.empty:
+            raise DataValidationError("no readings left after cleaning", source=str(path))
+    if SC.is_variant(ref):
+        scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, variant=loaded)
+    else:
+        scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, state_dict=loaded)
     if scores.empty:
         raise DataValidationError("no asset has a complete window of readings", source=str(path))
     target = SC.batch_scores_path(Path(out_dir), path, file.sha256, ref)

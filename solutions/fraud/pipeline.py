@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from infra.determinism import seeded
-from infra.tables import ColumnSpec, TableSchema
+from infra.tables import ColumnSpec, TableSchema, describe_columns
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
 from solutions.fraud.features import WindowFeatureBaseline, WindowFeatures
@@ -83,7 +83,7 @@ def accounts_schema() -> TableSchema:
 def merge_accounts(transactions: pd.DataFrame, accounts: pd.DataFrame) -> pd.DataFrame:
     """Join static per-account attributes (age, occupation, account age) onto transactions."""
     if S.ACCOUNT_ID not in accounts:
-        raise ValueError(f"the accounts table has no {S.ACCOUNT_ID!r} column: {list(accounts.columns)}")
+        raise ValueError(f"the accounts table has no {S.ACCOUNT_ID!r} column: {describe_columns(accounts.columns)}")
     dupes = accounts[S.ACCOUNT_ID].duplicated()
     if dupes.any():
         first = accounts.loc[dupes, S.ACCOUNT_ID].iloc[0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from infra.tables import check_column_mapping
+from infra.tables import check_column_mapping, describe_columns
 
 TRANSACTION_ID = "transaction_id"
 ACCOUNT_ID = "account_id"
@@ -123,7 +123,7 @@ class ColumnMapping:
             if source not in df.columns:
                 raise ValueError(
                     f"source column {source!r} (mapped to {canonical!r}) not found; "
-                    f"available columns: {list(map(str, df.columns))}"
+                    f"available columns: {describe_columns(df.columns)}"
                 )
         for canonical, source in self.columns.items():
             if canonical != source and canonical in df.columns and (canonical not in self.columns.values()):

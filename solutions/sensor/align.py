@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
-from infra.tables import read_table
+from infra.tables import content_error, describe_columns, detect_encoding, read_table
 from solutions.sensor import schema as S
 from solutions.sensor.config import AlignConfig
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
@@ -35,7 +35,7 @@ def apply_mapping(
     absent = [src for src in mapping.columns.values() if src not in df.columns]
     if absent:
         raise DataValidationError(
-            f"the column mapping names {absent}, which the table does not have; it has {list(df.columns)}",
+            f"the column mapping names {absent}, which the table does not have; it has {describe_columns(df.columns)}",
             source=source,
             column=absent[0],
         )
@@ -43,7 +43,7 @@ def apply_mapping(
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}. "
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}. "
             "Map them with --columns canonical=SOURCE,...",
             source=source,
             column=missing[0],
@@ -97,7 +97,7 @@ def clean_readings(
     missing = [c for c in S.READING_COLUMNS if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}",
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}",
             source=source, column=missing[0],
         )
     if len(df) == 0:
@@ -176,7 +176,7 @@ def clean_events(df: pd.DataFrame, source: str = "events") -> pd.DataFrame:
     missing = [c for c in (S.ASSET, S.FAILURE_TIME) if c not in df.columns]
     if missing:
         raise DataValidationError(
-            f"missing required column(s) {missing}; it has {list(df.columns)}", source=source, column=missing[0]
+            f"missing required column(s) {missing}; it has {describe_columns(df.columns)}", source=source, column=missing[0]
         )
     out = pd.DataFrame({S.ASSET: df[S.ASSET].astype("string").to_numpy()})
     out["failure_t"] = to_seconds(df[S.FAILURE_TIME], source, S.FAILURE_TIME)
@@ -336,9 +336,9 @@ def table_header(path: Path) -> list[str]:
             import pyarrow.parquet as pq
 
             return list(pq.read_schema(path).names)
-        return [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        return [str(c) for c in pd.read_csv(path, nrows=0, encoding=detect_encoding(path)).columns]
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError, ValueError) as exc:
-        raise DataValidationError(f"cannot be read as a table: {exc}", source=source) from exc
+        raise DataValidationError(f"cannot be read as a table: {content_error(exc)}", source=source) from exc
 
 
 def check_table_columns(path: Path, mapping: ColumnMapping, kind: str = "readings") -> None:
@@ -356,14 +356,16 @@ def load_readings(
     mapping: ColumnMapping,
     cfg: AlignConfig,
     events_path: Path | None = None,
+    encoding: str | None = None,
 ) -> tuple[pd.DataFrame, BadReadingReport]:
-    """Read, map, clean and align a long-format readings file (plus an optional events file)."""
+    """Read, map, clean and align a long-format readings file (plus an optional events file);
+    CSV text in ``encoding``, or the detected one."""
     source = str(path)
-    df = apply_mapping(read_table(path), mapping, S.READING_COLUMNS, source)
+    df = apply_mapping(read_table(path, encoding), mapping, S.READING_COLUMNS, source)
     readings, report = clean_readings(df, cfg, source)
     events = None
     if events_path is not None:
         event_map = ColumnMapping({k: v for k, v in mapping.columns.items() if k in S.EVENT_COLUMNS})
-        raw = apply_mapping(read_table(events_path), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
+        raw = apply_mapping(read_table(events_path, encoding), event_map, (S.ASSET, S.FAILURE_TIME), str(events_path))
         events = clean_events(raw, str(events_path))
     return align_readings(readings, events, cfg, report)

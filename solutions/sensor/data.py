@@ -76,7 +76,7 @@ def cmapss_plan(folder: Path, subset: str) -> GridPlan:
 
 
 def readings_plan(data: Path, events: Path | None, columns: Mapping[str, str], align: AlignConfig,
-                  data_sha256: str | None = None) -> GridPlan:
+                  data_sha256: str | None = None, encoding: str | None = None) -> GridPlan:
     """The grid of a long-format readings file (and its failure events, if any)."""
     data = Path(data).expanduser()
     events = Path(events).expanduser() if events else None
@@ -86,8 +86,10 @@ def readings_plan(data: Path, events: Path | None, columns: Mapping[str, str], a
         "columns": dict(columns),
         "align": align.model_dump(),
         "v": GRID_VERSION,
+        **({"encoding": encoding} if encoding else {}),
     }
-    return GridPlan("sensor-grid", key, lambda: load_readings(data, ColumnMapping(dict(columns)), align, events))
+    return GridPlan("sensor-grid", key,
+                    lambda: load_readings(data, ColumnMapping(dict(columns)), align, events, encoding))
 
 
 def fleet_key(fleet: SyntheticFleetConfig) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Inbox batch scoring: the processed-files ledger, quarantine, and the Dask fan-out."""
+"""Inbox batch scoring: the processed-files ledger, quarantine, claims, links, machine errors,
+and the fan-out on a Dask scheduler and worker started as separate processes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import flows.fraud as F
 from flows.fraud.cli import main
 from infra.home import home_layout
 from infra.registry import ModelRegistry
-from infra.runners import make_task_runner
 from solutions.fraud.synthetic import generate_transactions
 from tasks.ledger import FileLedger
 
@@ -86,14 +86,165 @@ def test_file_still_being_written_waits_for_the_next_run(tmp_path: Path, champio
     assert result.new_files == 0 and result.scored == 0
 
 
-def test_batch_scoring_fans_out_on_a_local_dask_cluster(tmp_path: Path, champion: str) -> None:
-    pytest.importorskip("prefect_dask")
-    inbox = tmp_path / "dask-inbox"
+# ------------------------------------------------------------------------------------
+# hardening: links, far-future timestamps, machine errors, concurrent runs, remote workers
+
+
+def _tree_text(root: Path) -> str:
+    return "".join(p.read_bytes().decode("utf-8", "replace") for p in root.rglob("*")
+                   if p.is_file() and not p.is_symlink() and p.suffix in {".json", ".jsonl", ".csv", ".md"})
+
+
+def test_links_are_refused_far_future_quarantined_and_formulas_escaped(tmp_path: Path, champion: str) -> None:
+    inbox = tmp_path / "hostile"
     inbox.mkdir()
-    for seed in (21, 22, 23):
-        _transactions(seed=seed, days=3).to_parquet(inbox / f"part-{seed}.parquet", index=False)
-    (inbox / "bad.csv").write_text("account_id,timestamp\nA,not-a-time\n")
-    runner = make_task_runner("dask", workers=2)
-    result = F.fraud_batch_score.with_options(task_runner=runner)(inbox=str(inbox), model=MODEL, settle_seconds=0)
-    assert result.scored == 3 and result.quarantined == 1 and result.failed == 0
-    assert all(Path(p).exists() for p in result.outputs)
+    good = _transactions(seed=31, days=3)
+    good["transaction_id"] = good["transaction_id"].astype(str)
+    good.loc[0, "transaction_id"] = '=HYPERLINK("http://evil.example","x")'
+    good.loc[1, "transaction_id"] = "+cmd|' /C calc'!A0"
+    good.to_csv(inbox / "good.csv", index=False)
+    future = _transactions(seed=32, days=3).astype({"timestamp": str})
+    future.loc[5, "timestamp"] = "2262-04-12 00:00:00"
+    future.to_csv(inbox / "future.csv", index=False)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (inbox / "passwd.csv").symlink_to(secret)
+
+    result = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0, csv=True)
+    assert result.scored == 1 and result.quarantined == 1 and result.failed == 0
+    assert {Path(k).name for k in result.refused} == {"passwd.csv"}
+    reason = result.quarantine[str((inbox / "future.csv").resolve())]
+    assert "outside the supported range" in reason and "timestamp" in reason
+    # the link's target was never read or copied anywhere
+    assert "root:x:0:0" not in _tree_text(home_layout().root) and "root:x:0:0" not in result.model_dump_json()
+    # the people's CSV escapes formula cells; the Parquet keeps the ids as they are
+    csv_text = Path(result.outputs[0]).with_suffix(".csv").read_text()
+    assert "'=HYPERLINK(" in csv_text and "'+cmd|" in csv_text and "\n=HYPERLINK" not in csv_text
+    assert pd.read_parquet(result.outputs[0])["transaction_id"].str.startswith("=").sum() == 1
+    # the next run neither fails nor retries the quarantined file
+    again = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
+    assert again.new_files == 0 and again.seen_before == 2
+
+
+def test_machine_errors_never_quarantine_and_the_file_is_retried(tmp_path: Path, champion: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import tasks.worker_models as WM
+    from infra.errors import InfrastructureError
+
+    inbox = tmp_path / "retry"
+    inbox.mkdir()
+    for seed in (41, 42):
+        _transactions(seed=seed, days=3).to_parquet(inbox / f"f{seed}.parquet", index=False)
+
+    def unreachable(ref):
+        raise InfrastructureError(f"this worker cannot reach model {ref.spec} at {ref.path}")
+
+    monkeypatch.setattr(WM, "reachable_version", unreachable)
+    state = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0, return_state=True)
+    assert state.is_failed()
+    entries = [e for e in FileLedger("fraud-batch-score").entries().values() if Path(e.path).parent == inbox.resolve()]
+    assert sorted(e.status for e in entries) == ["released", "released"]
+    assert all("cannot reach model" in e.reason for e in entries)
+    qdir = home_layout().quarantine("fraud-batch-score")
+    assert not any(p.name.endswith(("f41.parquet", "f42.parquet")) for p in qdir.iterdir())
+    monkeypatch.undo()
+    fixed = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
+    assert fixed.scored == 2 and fixed.quarantined == 0 and fixed.seen_before == 0
+
+
+def test_two_runs_on_one_inbox_score_each_file_exactly_once(tmp_path: Path, champion: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    inbox = tmp_path / "shared"
+    inbox.mkdir()
+    for seed in range(51, 55):
+        _transactions(seed=seed, days=3).to_parquet(inbox / f"f{seed}.parquet", index=False)
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0), range(2)))
+    assert sum(r.scored for r in runs) == 4 and all(r.failed == 0 for r in runs)
+    outputs = [o for r in runs for o in r.outputs]
+    assert len(outputs) == len(set(outputs)) == 4
+    scored = [e for e in FileLedger("fraud-batch-score").entries().values()
+              if Path(e.path).parent == inbox.resolve() and e.status == "scored"]
+    assert len(scored) == 4
+
+
+def test_batch_on_separate_dask_scheduler_and_worker_processes_with_another_home(
+        tmp_path: Path, champion: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers started apart, with their own INDUSFLOW_HOME (no model there): the flow hands
+    them the version it resolved, so the good files are scored and only the bad one is quarantined."""
+    pytest.importorskip("prefect_dask")
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from distributed import Client
+
+    repo = Path(__file__).resolve().parents[2]
+    worker_home = tmp_path / "worker-home"
+    env = {**os.environ, "PYTHONPATH": str(repo), "INDUSFLOW_HOME": str(worker_home), "OMP_NUM_THREADS": "1",
+           "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    sched_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                               "--port", "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(120):
+            if sched_file.exists() and sched_file.stat().st_size:
+                break
+            time.sleep(0.5)
+        procs.append(subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                       str(sched_file), "--nworkers", "1", "--nthreads", "2", "--no-dashboard"],
+                                      env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(scheduler_file=str(sched_file), timeout=60) as client:
+            client.wait_for_workers(1, timeout=120)
+            address = client.scheduler.address
+        inbox = tmp_path / "remote"
+        inbox.mkdir()
+        for seed in (61, 62):
+            _transactions(seed=seed, days=3).to_parquet(inbox / f"part-{seed}.parquet", index=False)
+        (inbox / "bad.csv").write_text("account_id,timestamp\nA,not-a-time\n")
+        monkeypatch.setenv("INDUSFLOW_RUNNER_KIND", "dask")
+        monkeypatch.setenv("INDUSFLOW_RUNNER_DASK_ADDRESS", address)
+        result = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
+        assert result.scored == 2 and result.quarantined == 1 and result.failed == 0, result
+        assert all(Path(p).exists() for p in result.outputs)
+        assert set(result.quarantine) == {str((inbox / "bad.csv").resolve())}
+        assert not (worker_home / "registry").exists() or not any((worker_home / "registry").iterdir())
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in reversed(procs):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_latin1_and_gbk_transactions_score_like_utf8(tmp_path: Path, champion: str, capsys) -> None:
+    base = _transactions(seed=71, days=3)
+    accented = base.assign(account_id="Zoë-Müller-" + base["account_id"].astype(str),
+                           terminal_id="Café-Señor-" + base["terminal_id"].astype(str))
+    chinese = base.assign(account_id="账户张三" + base["account_id"].astype(str),
+                          terminal_id="北京终端" + base["terminal_id"].astype(str))
+    inbox = tmp_path / "encodings"
+    inbox.mkdir()
+    for name, frame, encoding in (("acc-utf8", accented, "utf-8"), ("acc-latin1", accented, "latin-1"),
+                                  ("zh-utf8", chinese, "utf-8"), ("zh-gbk", chinese, "gbk")):
+        (inbox / f"{name}.csv").write_bytes(frame.to_csv(index=False).encode(encoding))
+    result = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
+    assert result.scored == 4 and result.quarantined == 0, result.quarantine
+    out = {Path(o).name.split("-")[0] + "-" + Path(o).name.split("-")[1]: pd.read_parquet(o) for o in result.outputs}
+    pd.testing.assert_frame_equal(out["acc-latin1"], out["acc-utf8"])
+    pd.testing.assert_frame_equal(out["zh-gbk"], out["zh-utf8"])
+    assert out["zh-gbk"]["account_id"].str.startswith("账户张三").all()
+    # the one-file command with the encoding named
+    target = tmp_path / "gbk-scores.parquet"
+    assert main(["score", "--data", str(inbox / "zh-gbk.csv"), "--encoding", "gbk", "--model", MODEL,
+                 "--output", str(target), "--json"]) == 0
+    capsys.readouterr()
+    named = pd.read_parquet(target)
+    assert named["score"].tolist() == out["zh-utf8"]["score"].tolist()
+    assert main(["score", "--data", str(inbox / "zh-gbk.csv"), "--encoding", "klingon", "--model", MODEL]) == 2
+    assert "--encoding: unknown text encoding" in capsys.readouterr().err
