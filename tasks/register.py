@@ -37,6 +37,8 @@ def register_model(
     champion_value: float | None = None,
     strict: bool = False,
     tags: Mapping[str, str] | None = None,
+    kind: str = "torch",
+    extra_files: Mapping[str, Any] | None = None,
 ) -> RegistrationResult:
     """Write ``module``'s weights as a new version, then try to promote it to champion.
 
@@ -46,11 +48,14 @@ def register_model(
         higher_is_better: False for errors such as RMSE (lower wins the champion rule).
         strict: raise :class:`~infra.errors.QualityGateError` if it is not promoted
             (the version stays registered, the champion does not move).
+        kind: what the version loads into (``infra.registry.KIND_*``).
+        extra_files: file name -> path of files stored beside the weights (e.g. a skops
+            model); ``module`` may be None when such a file is the whole model.
     """
     registry = ModelRegistry()
     ref = registry.register(
         name,
-        module.state_dict(),
+        module.state_dict() if module is not None else {},
         params=params,
         metrics=metrics,
         primary_metric=primary_metric,
@@ -58,6 +63,8 @@ def register_model(
         data_hash=data_hash,
         parent=parent,
         tags=tags,
+        kind=kind,
+        extra_files=extra_files,
     )
     decision = registry.promote(ref, champion_value=champion_value, strict=strict)
     return RegistrationResult(model=registry.get(name, ref.version), decision=decision)
