@@ -122,11 +122,19 @@ def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> f
     champion = registry.champion(name) if name in registry.models() else None
     if champion is None:
         return None
+    from solutions.sensor.candidates import load_baseline  # (candidates imports this module)
+    from solutions.sensor.pipeline import preprocessing_from_params
+
     try:
-        model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
+        gbm = load_baseline(champion)  # a GBM or ensemble champion (skops files)
+        if champion.kind == "sklearn-skops":
+            model, (norm, wcfg) = None, preprocessing_from_params(champion.params)
+        else:
+            model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
         ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                           last_only=True, pad=True).labelled()
-        pred, _ = predict(model, ws.x)
+        preds = ([predict(model, ws.x)[0]] if model is not None else []) + ([gbm.predict_rul(ws.x)] if gbm else [])
+        pred = np.mean(preds, axis=0)
     except (KeyError, ValueError, RuntimeError) as exc:
         log.warning("could not re-score champion %s on this data (%s); using its stored metric", champion.spec, exc)
         return None
