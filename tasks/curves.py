@@ -93,6 +93,7 @@ class CurveRecorder(Callback):
         self._norm_n = 0
         self._steps = 0
         self._samples = 0
+        self._lr: float | None = None
         self._t0 = time.perf_counter()
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -105,6 +106,8 @@ class CurveRecorder(Callback):
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset_epoch()
+        # the rate this epoch trains with (an epoch-wise scheduler steps before the epoch-end hooks)
+        self._lr = _scalar(trainer.optimizers[0].param_groups[0].get("lr")) if trainer.optimizers else None
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         step, self._steps = self._steps, self._steps + 1
@@ -131,14 +134,11 @@ class CurveRecorder(Callback):
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         seconds = time.perf_counter() - self._t0
         metrics = trainer.callback_metrics
-        lr = None
-        if trainer.optimizers:
-            lr = _scalar(trainer.optimizers[0].param_groups[0].get("lr"))
         row: dict[str, float | None] = {
             "epoch": float(trainer.current_epoch),
             "train/loss": _scalar(self._loss_sum / self._loss_n) if self._loss_n else _scalar(metrics.get("train/loss")),
             "val/loss": _scalar(metrics.get("val/loss")),
-            "lr": lr,
+            "lr": self._lr,
             "grad_norm": _scalar(self._norm_sum / self._norm_n) if self._norm_n else None,
             "epoch_seconds": round(seconds, 3),
             "samples_per_s": round(self._samples * trainer.world_size / seconds, 1) if seconds > 0 else None,
