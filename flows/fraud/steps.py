@@ -18,6 +18,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.fraud.results import PreparedFeatures, StageReports
+from infra.errors import DataValidationError
 from infra.registry import ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
@@ -248,6 +249,9 @@ def resolve_model(spec: str) -> ModelRef:
 @task(name="load-for-fine-tuning", cache_policy=NONE)
 def load_for_finetuning(parent: ModelRef) -> tuple[FraudSequenceModel, FraudPreprocessor, SequenceModelConfig]:
     """The parent's network in training mode, its preprocessor and sequence settings."""
+    if parent.kind == CA.KINDS[CA.BASELINE]:
+        raise DataValidationError(f"{parent.spec} is the gradient-boosting baseline (kind {parent.kind}): adapt "
+                                  "fine-tunes a sequence model; pass --model NAME:VERSION of a sequence or ensemble version")
     model, pre, cfg = P.model_from_params(parent.params, ModelRegistry().load_state_dict(parent))
     model.train()
     return model, pre, cfg
