@@ -2,6 +2,10 @@
 
 The checkpoint folder is fixed by the run key, so re-running an interrupted training
 resumes from ``last.ckpt`` instead of starting over; a completed one is not retrained.
+Every epoch's loss, validation metric, learning rate and gradient norm go to ``curves.csv``
+beside the checkpoints and, inside a Prefect run, to a table artifact updated while it trains
+(:mod:`tasks.curves`); TensorBoard logs too when ``tensorboard`` is installed. Multi-process
+strategies (ddp) work as Lightning launches them: rank 0 alone cleans up and writes the result.
 """
 
 from __future__ import annotations
