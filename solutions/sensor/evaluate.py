@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.registry import ModelRegistry
+from infra.registry import KIND_SKLEARN, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
 from solutions.sensor.model import SensorRULModel, predict
@@ -127,7 +127,7 @@ def champion_rmse(registry: ModelRegistry, name: str, data: SupervisedData) -> f
 
     try:
         gbm = load_baseline(champion)  # a GBM or ensemble champion (skops files)
-        if champion.kind == "sklearn-skops":
+        if champion.kind == KIND_SKLEARN:
             model, (norm, wcfg) = None, preprocessing_from_params(champion.params)
         else:
             model, norm, wcfg = predictor_from_params(champion.params, registry.load_state_dict(champion))
