@@ -78,6 +78,8 @@ class TrainResult(BaseModel):
     train_seconds: float
     samples_per_s: float | None
     metrics: dict[str, float] = Field(default_factory=dict)
+    samples_per_cpu_s: float | None = Field(
+        default=None, description="Training samples per CPU second of this process (robust to a busy machine).")
     curves_csv: str | None = Field(default=None, description="Per-epoch curves (CSV) beside the checkpoints.")
 
 
@@ -139,13 +141,16 @@ def _make_epoch_recorder():
             self.epochs: list[int] = []
             self.samples = 0
             self.seconds = 0.0
+            self.cpu_seconds = 0.0
             self._t0 = 0.0
+            self._c0 = 0.0
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.start_epoch = trainer.current_epoch
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             self._t0 = time.perf_counter()
+            self._c0 = time.process_time()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             first = batch[0] if isinstance(batch, (list, tuple)) else batch
@@ -153,11 +158,13 @@ def _make_epoch_recorder():
                 first = next(iter(first.values()))
             self.samples += int(getattr(first, "shape", [1])[0])
             self._t_last = time.perf_counter()
+            self._c_last = time.process_time()
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             # training batches only (validation runs before this hook in Lightning 2)
             elapsed = max(0.0, getattr(self, "_t_last", self._t0) - self._t0)
             self.seconds += elapsed
+            self.cpu_seconds += max(0.0, getattr(self, "_c_last", self._c0) - self._c0)
             self.epochs.append(trainer.current_epoch)
             shown = {
                 k: float(v)
@@ -321,6 +328,8 @@ def train_model(
         train_seconds=seconds,
         samples_per_s=(recorder.samples * trainer.world_size / recorder.seconds) if recorder.seconds > 0 else None,
         metrics=metrics,
+        samples_per_cpu_s=(recorder.samples * trainer.world_size / recorder.cpu_seconds)
+        if recorder.cpu_seconds > 0 else None,
         curves_csv=str(curves.path) if curves.path.exists() else None,
     )
     if trainer.is_global_zero:
