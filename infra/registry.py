@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "meta.json"
 CHAMPION = "champion"
+#: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
+KIND_TORCH = "torch"
+KIND_SKLEARN = "sklearn-skops"  # a scikit-learn model in a skops file (infra.sklearn_store), no tensors
+KIND_TORCH_SKLEARN = "torch+sklearn-skops"  # an ensemble: the tensors and a skops file
+SKLEARN_FILE = "model.skops"
 
 
 class ModelRef(BaseModel):
@@ -66,6 +71,10 @@ class ModelRef(BaseModel):
     @property
     def weights_path(self) -> Path:
         return Path(self.path) / WEIGHTS_FILE
+
+    def file(self, file_name: str) -> Path:
+        """A file stored with this version (``extra_files`` of the registration)."""
+        return safe_join(Path(self.path), check_name(file_name, "file name"))
 
     def primary_value(self) -> float | None:
         return self.metrics.get(self.primary_metric)

@@ -45,6 +45,8 @@ def register_model(
     comparison: ChampionComparison | None = None,
     recompare: Callable[[ModelRef], ChampionComparison | None] | None = None,
     lineage: Lineage | None = None,
+    kind: str = "torch",
+    extra_files: Mapping[str, Any] | None = None,
 ) -> RegistrationResult:
     """Write ``module``'s weights as a new version, then try to promote it to champion.
 
@@ -59,15 +61,18 @@ def register_model(
         recompare: compares the candidate with another champion version; called inside the
             registry lock when the champion moved since ``comparison`` (compare-and-swap).
         lineage: stored as ``lineage.json`` in the version folder.
+        kind: what the version loads into (``infra.registry.KIND_*``).
+        extra_files: file name -> path of files stored beside the weights (e.g. a skops
+            model); ``module`` may be None when such a file is the whole model.
 
     The significance gate (``INDUSFLOW_GOVERNANCE_SIGNIFICANCE_ALPHA``) applies when set.
     """
     registry = ModelRegistry()
     with tempfile.TemporaryDirectory() as tmp:
-        extra = lineage_files(lineage, Path(tmp))
+        extra = {**(extra_files or {}), **lineage_files(lineage, Path(tmp))}
         ref = registry.register(
             name,
-            module.state_dict(),
+            module.state_dict() if module is not None else {},
             params=params,
             metrics=metrics,
             primary_metric=primary_metric,
@@ -75,6 +80,7 @@ def register_model(
             data_hash=data_hash,
             parent=parent,
             tags=tags,
+            kind=kind,
             extra_files=extra,
         )
     decision = registry.promote(ref, champion_value=champion_value, comparison=comparison, recompare=recompare,

@@ -2,6 +2,10 @@
 
 The checkpoint folder is fixed by the run key, so re-running an interrupted training
 resumes from ``last.ckpt`` instead of starting over; a completed one is not retrained.
+Every epoch's loss, validation metric, learning rate and gradient norm go to ``curves.csv``
+beside the checkpoints and, inside a Prefect run, to a table artifact updated while it trains
+(:mod:`tasks.curves`); TensorBoard logs too when ``tensorboard`` is installed. Multi-process
+strategies (ddp) work as Lightning launches them: rank 0 alone cleans up and writes the result.
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class TrainResult(BaseModel):
     train_seconds: float
     samples_per_s: float | None
     metrics: dict[str, float] = Field(default_factory=dict)
+    samples_per_cpu_s: float | None = Field(
+        default=None, description="Training samples per CPU second of this process (robust to a busy machine).")
+    curves_csv: str | None = Field(default=None, description="Per-epoch curves (CSV) beside the checkpoints.")
 
 
 def _lightning():
@@ -134,13 +141,16 @@ def _make_epoch_recorder():
             self.epochs: list[int] = []
             self.samples = 0
             self.seconds = 0.0
+            self.cpu_seconds = 0.0
             self._t0 = 0.0
+            self._c0 = 0.0
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.start_epoch = trainer.current_epoch
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             self._t0 = time.perf_counter()
+            self._c0 = time.process_time()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             first = batch[0] if isinstance(batch, (list, tuple)) else batch
@@ -148,11 +158,13 @@ def _make_epoch_recorder():
                 first = next(iter(first.values()))
             self.samples += int(getattr(first, "shape", [1])[0])
             self._t_last = time.perf_counter()
+            self._c_last = time.process_time()
 
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
             # training batches only (validation runs before this hook in Lightning 2)
             elapsed = max(0.0, getattr(self, "_t_last", self._t0) - self._t0)
             self.seconds += elapsed
+            self.cpu_seconds += max(0.0, getattr(self, "_c_last", self._c0) - self._c0)
             self.epochs.append(trainer.current_epoch)
             shown = {
                 k: float(v)
@@ -168,6 +180,30 @@ def _make_epoch_recorder():
             )
 
     return EpochRecorder()
+
+
+def _global_rank() -> int:
+    """This process's rank in a multi-process training (0 before the processes start)."""
+    import os
+
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def _loggers(ckpt_dir: Path) -> list[Any]:
+    """Lightning's CSV logger, plus TensorBoard's when ``tensorboard`` is installed."""
+    import importlib.util
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers: list[Any] = [CSVLogger(save_dir=ckpt_dir, name="logs")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        loggers.append(TensorBoardLogger(save_dir=ckpt_dir, name="tensorboard", default_hp_metric=False))
+    return loggers
 
 
 def checkpoint_dir(run_key: str) -> Path:
@@ -198,11 +234,13 @@ def train_model(
 
     L = _lightning()
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-    from lightning.pytorch.loggers import CSVLogger
+
+    from tasks.curves import make_curve_recorder
 
     _quiet_lightning()
     ckpt_dir = checkpoint_dir(spec.run_key)
-    if spec.fresh and ckpt_dir.exists():
+    # the other ranks of a multi-process run start while rank 0 trains: only rank 0 cleans up
+    if spec.fresh and ckpt_dir.exists() and _global_rank() == 0:
         log.info("fresh training asked: removing %s", ckpt_dir)
         shutil.rmtree(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -238,6 +276,7 @@ def train_model(
     )
     stopper = EarlyStopping(monitor=spec.monitor, mode=spec.mode, patience=spec.patience)
     recorder = _make_epoch_recorder()
+    curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
     # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
     # two trainings never share one card
     with gpu_slot(hw) as cards:
@@ -249,8 +288,8 @@ def train_model(
             devices=cards if cards is not None else devices,
             strategy=strategy,
             precision=precision,
-            callbacks=[checkpoint, stopper, recorder, *callbacks],
-            logger=CSVLogger(save_dir=ckpt_dir, name="logs"),
+            callbacks=[checkpoint, stopper, recorder, curves, *callbacks],
+            logger=_loggers(ckpt_dir),
             enable_progress_bar=_show_progress(),
             enable_model_summary=False,
             gradient_clip_val=spec.gradient_clip_val,
@@ -290,10 +329,14 @@ def train_model(
         precision=str(trainer.precision),
         accelerator=type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
         train_seconds=seconds,
-        samples_per_s=(recorder.samples / recorder.seconds) if recorder.seconds > 0 else None,
+        samples_per_s=(recorder.samples * trainer.world_size / recorder.seconds) if recorder.seconds > 0 else None,
         metrics=metrics,
+        samples_per_cpu_s=(recorder.samples * trainer.world_size / recorder.cpu_seconds)
+        if recorder.cpu_seconds > 0 else None,
+        curves_csv=str(curves.path) if curves.path.exists() else None,
     )
-    write_json_atomic(done, json.loads(result.model_dump_json()))
+    if trainer.is_global_zero:
+        write_json_atomic(done, json.loads(result.model_dump_json()))
     log.info(
         "trained %s: epochs %s, best %s=%s, %.1f s",
         spec.run_key,

@@ -12,6 +12,7 @@ from prefect.cache_policies import NONE
 from flows.fraud.results import PreparedFeatures
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
+from solutions.fraud import candidates as CA
 from solutions.fraud import card as FC
 from solutions.fraud import pipeline as P
 from solutions.fraud import scoring as SC
@@ -35,6 +36,9 @@ from tasks.train import TrainResult
 
 #: The champion rule's metric in :mod:`tasks.stats` terms (``test/auprc``).
 METRIC = "pr_auc"
+#: How the card names the other candidates of a training run.
+CANDIDATE_LABELS = {CA.SEQUENCE: "sequence model (same run)", CA.BASELINE: "baseline (HistGB on window features)",
+                    CA.ENSEMBLE: "ensemble of sequence model and HistGB (same run)"}
 
 
 def champion_check(model_name: str, ref: DatasetRef, prepared: PreparedFeatures, candidate: SC.ValTestScores,
@@ -81,15 +85,15 @@ def fraud_lineage(ref: DatasetRef, prepared: PreparedFeatures, config: FraudTrai
 
 @task(name="write-model-card", cache_policy=NONE)
 def fraud_card(registration: RegistrationResult, ref: DatasetRef, prepared: PreparedFeatures,
-               setup: P.SequenceSetup, sequence: SC.ValTestScores, baseline: SC.ValTestScores | None,
-               champion: ChampionCheck | None, k: int = FC.DEFAULT_K) -> str:
-    """The version's model card (``card.json`` + ``card.md`` in its folder, and an artifact)."""
-    y, s = sequence.y_test, sequence.s_test
+               setup: P.SequenceSetup, choice: CA.CandidateChoice, champion: ChampionCheck | None,
+               k: int = FC.DEFAULT_K) -> str:
+    """The version's model card (``card.json`` + ``card.md`` in its folder, and an artifact): the
+    registered candidate's test metrics, compared with the other candidates of the run and the champion."""
+    registered = choice.scores[choice.winner]
+    y, s = registered.y_test, registered.s_test
     metrics = intervals(y, s, ["pr_auc", "roc_auc"])
-    comparisons = []
-    if baseline is not None:
-        comparisons.append(Comparison(against="baseline (HistGB on window features)",
-                                      test=paired(METRIC, y, s, baseline.s_test)))
+    comparisons = [Comparison(against=CANDIDATE_LABELS[name], test=paired(METRIC, y, s, other.s_test))
+                   for name, other in choice.scores.items() if name != choice.winner]
     if champion is not None and champion.test is not None and champion.version != registration.model.version:
         comparisons.append(Comparison(against=f"champion before ({champion.champion})", test=champion.test))
     df, feats = ref.read(), prepared.features.read()

@@ -34,7 +34,8 @@ class FraudTrainResult(BaseModel):
     train: TrainResult
     sequence: EvalReport
     baseline: EvalReport | None
-    winner: str = Field(description="Which model had the higher test PR-AUC.")
+    winner: str = Field(description="The candidate registered: highest validation PR-AUC (sequence, baseline, ensemble).")
+    candidates_val_auprc: dict[str, float] = Field(default_factory=dict, description="Validation PR-AUC per candidate.")
     model: ModelRef
     promotion: PromotionDecision
     report_dir: str

@@ -18,10 +18,12 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.fraud.results import PreparedFeatures, StageReports
+from infra.errors import DataValidationError
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
 from infra.tables import assign_periods, read_table, time_split, validate_table, write_table
+from solutions.fraud import candidates as CA
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud import scoring as SC
@@ -120,6 +122,51 @@ def fit_baseline(ref: DatasetRef, prepared: PreparedFeatures, seed: int, num_thr
     return SC.baseline_val_test(ref.read(), prepared.features.read(), seed, num_threads)
 
 
+@task(name="fit-baseline", cache_policy=NONE)
+def fit_baseline_candidate(ref: DatasetRef, prepared: PreparedFeatures, seed: int,
+                           num_threads: int | None) -> CA.BaselineCandidate:
+    """Fit the window-feature GBM on the train period (validation stays unseen); its scores."""
+    return CA.fit_baseline_candidate(ref.read(), prepared.features.read(), seed, num_threads)
+
+
+@task(name="choose-candidate", cache_policy=NONE)
+def choose_candidate(sequence: SC.ValTestScores, baseline: CA.BaselineCandidate | None) -> CA.CandidateChoice:
+    """Sequence model, GBM or their ensemble: the highest validation PR-AUC wins."""
+    choice = CA.choose_on_validation(sequence, baseline.scores if baseline else None)
+    log.info("candidates (val PR-AUC) %s: registering the %s", choice.val_pr_auc, choice.winner)
+    return choice
+
+
+@dataclass(frozen=True)
+class WinnerRegistration:
+    """What ``register-model`` stores for the winner: module (None for the GBM), params, kind, files."""
+
+    module: Any
+    params: dict[str, Any]
+    kind: str
+    extra_files: dict[str, Path]
+
+
+@task(name="prepare-registration", cache_policy=NONE)
+def winner_registration(choice: CA.CandidateChoice, model: FraudSequenceModel, setup: P.SequenceSetup,
+                        baseline: CA.BaselineCandidate | None, cfg: SequenceModelConfig, split: SplitConfig,
+                        delay_days: float, out_dir: Path) -> WinnerRegistration:
+    """The winner's registration: its threshold chosen on validation, its files (skops for a GBM)."""
+    scores = choice.scores[choice.winner]
+    common = {"threshold": val_threshold(scores.y_val, scores.s_val), "split": split.model_dump(),
+              "candidate": choice.winner, "candidates_val_auprc": choice.val_pr_auc}
+    params: dict[str, Any] = {}
+    files: dict[str, Path] = {}
+    if choice.winner != CA.BASELINE:
+        params.update(P.model_params(model, setup.preprocessor, cfg))
+    if choice.winner != CA.SEQUENCE and baseline is not None:
+        params.update(CA.baseline_params(baseline, delay_days))
+        files = CA.baseline_files(baseline, out_dir / "baseline")
+    params.update(common)
+    return WinnerRegistration(module=None if choice.winner == CA.BASELINE else model, params=params,
+                              kind=choice.kind, extra_files=files)
+
+
 @task(name="set-up-sequences", cache_policy=NONE)
 def setup_sequences(ref: DatasetRef, prepared: PreparedFeatures, cfg: SequenceModelConfig,
                     preprocessor: FraudPreprocessor | None = None) -> P.SequenceSetup:
@@ -208,6 +255,9 @@ def resolve_model(spec: str) -> ModelRef:
 @task(name="load-for-fine-tuning", cache_policy=NONE)
 def load_for_finetuning(parent: ModelRef) -> tuple[FraudSequenceModel, FraudPreprocessor, SequenceModelConfig]:
     """The parent's network in training mode, its preprocessor and sequence settings."""
+    if parent.kind == CA.KINDS[CA.BASELINE]:
+        raise DataValidationError(f"{parent.spec} is the gradient-boosting baseline (kind {parent.kind}): adapt "
+                                  "fine-tunes a sequence model; pass --model NAME:VERSION of a sequence or ensemble version")
     model, pre, cfg = P.model_from_params(parent.params, ModelRegistry().load_state_dict(parent))
     model.train()
     return model, pre, cfg
@@ -278,19 +328,23 @@ class ScoringModel:
 
     ref: ModelRef
     net: Any
-    preprocessor: FraudPreprocessor
-    config: SequenceModelConfig
+    preprocessor: FraudPreprocessor | None
+    config: SequenceModelConfig | None
+    baseline: CA.StoredBaseline | None = None
 
 
 def load_scoring_model(model_ref: ModelRef, registry: ModelRegistry | None = None) -> ScoringModel:
     """Load a version for scoring (an INT8 / pruned / distilled variant through ``load_variant``)."""
     registry = registry or ModelRegistry()
+    baseline = CA.load_baseline(model_ref)  # the GBM of a GBM or ensemble version (skops, allow-listed)
+    if model_ref.kind == CA.KINDS[CA.BASELINE]:
+        return ScoringModel(ref=model_ref, net=None, preprocessor=None, config=None, baseline=baseline)
     if "compression" in model_ref.params:
         net = load_variant(model_ref, registry, build_module)
         pre, cfg = P.preprocessing_from_params(model_ref.params)
     else:
         net, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
-    return ScoringModel(ref=model_ref, net=net, preprocessor=pre, config=cfg)
+    return ScoringModel(ref=model_ref, net=net, preprocessor=pre, config=cfg, baseline=baseline)
 
 
 load_scoring_model_task = task(load_scoring_model, name="load-model", cache_policy=NONE)
@@ -299,7 +353,7 @@ load_scoring_model_task = task(load_scoring_model, name="load-model", cache_poli
 def score_file(model: ScoringModel, ref: DatasetRef, since: str | None = None) -> SC.ScoredTransactions:
     """Score the validated transactions of ``ref`` (rows before ``since`` are history only)."""
     return SC.score_transactions(model.net, model.preprocessor, model.config, model.ref, ref.read(),
-                                 source=ref.source, since=since)
+                                 source=ref.source, since=since, baseline=model.baseline)
 
 
 score_file_task = task(score_file, name="score-transactions", cache_policy=NONE)

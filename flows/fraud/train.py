@@ -13,20 +13,20 @@ from flows.fraud.steps import (
     PRIMARY_METRIC,
     build_sequence_model,
     check_periods,
+    choose_candidate,
     evaluate_on_test,
-    fit_baseline,
+    fit_baseline_candidate,
     obtain_transactions,
     prepare_features,
     publish_report,
     score_val_test,
     sequence_train_spec,
     setup_sequences,
+    winner_registration,
 )
 from infra.compute import resolve_training
 from infra.home import home_layout
-from solutions.fraud import pipeline as P
 from solutions.fraud.config import FraudTrainConfig
-from solutions.fraud.scoring import winner
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, plot_comparison
 from tasks.register import register_model_task
@@ -42,9 +42,10 @@ def fraud_train(
     fresh: bool = False,
     strict: bool = False,
 ) -> FraudTrainResult:
-    """Train the fraud sequence model and the gradient-boosting baseline, evaluate both on
-    the same test period, register the sequence model and promote it if it beats the
-    champion. Without ``data`` it trains on the seeded synthetic transactions.
+    """Train the fraud sequence model and the gradient-boosting baseline, choose on the
+    validation period between them and their ensemble, register the winner (the test period
+    only reports) and promote it if it beats the champion. Without ``data`` it trains on the
+    seeded synthetic transactions.
 
     Args:
         data: transactions CSV or Parquet (default: seeded synthetic data).
@@ -62,33 +63,43 @@ def fraud_train(
     check_periods(ref, prepared)
     out_dir = home_layout().new_report("fraud-train")
     # -- baseline and sequence model
-    baseline = fit_baseline(ref, prepared, config.model.seed, hardware.num_threads) if config.baseline.enabled else None
+    baseline = (fit_baseline_candidate(ref, prepared, config.model.seed, hardware.num_threads)
+                if config.baseline.enabled else None)
     setup = setup_sequences(ref, prepared, config.model)
     model = build_sequence_model(ref, prepared, setup, config.model)
     trained = train_model_task(model, setup.datamodule, sequence_train_spec(prepared, config.model, fresh=fresh, hardware=hardware))
-    # -- evaluate both on the same test period
+    # -- the candidates compared on validation; the test period only reports
     sequence = score_val_test(model, setup, ref, prepared)
+    choice = choose_candidate(sequence, baseline)
     seq_report = evaluate_on_test("sequence", sequence, config.fpr_target, out_dir)
-    base_report = evaluate_on_test("baseline", baseline, config.fpr_target, out_dir) if baseline is not None else None
-    images = plot_comparison(R.comparison_curves(sequence, baseline), "test", out_dir, stem="fraud")
-    # -- register with lineage + champion rule (champion re-scored on this test period, compare-and-swap)
-    champion = compare_with_champion(config.model_name, ref, prepared, sequence)
+    base_report = evaluate_on_test("baseline", baseline.scores, config.fpr_target, out_dir) if baseline else None
+    winner_report = (evaluate_on_test(choice.winner, choice.scores[choice.winner], config.fpr_target, out_dir)
+                     if choice.winner == "ensemble" else base_report if choice.winner == "baseline" else seq_report)
+    images = plot_comparison(R.comparison_curves(sequence, baseline.scores if baseline else None), "test", out_dir,
+                             stem="fraud")
+    # -- register the winner with lineage + champion rule (champion re-scored on this test period, compare-and-swap)
+    winning = winner_registration(choice, model, setup, baseline, config.model, config.split,
+                                  config.baseline.delay_days, out_dir)
+    winner_scores = choice.scores[choice.winner]
+    champion = compare_with_champion(config.model_name, ref, prepared, winner_scores)
     lineage = fraud_lineage(ref, prepared, config, data, hardware, trained)
     registration = register_model_task(
         config.model_name,
-        model,
-        params=P.model_params(model, setup.preprocessor, config.model, threshold=seq_report.threshold,
-                              split=config.split.model_dump()),
-        metrics=R.train_metrics(seq_report, base_report),
+        winning.module,
+        kind=winning.kind,
+        extra_files=winning.extra_files,
+        params=winning.params,
+        metrics={**R.train_metrics(winner_report, base_report), **choice.metrics()},
         primary_metric=PRIMARY_METRIC,
         data_hash=ref.content_hash,
         comparison=as_comparison(champion),
-        recompare=recompare_with(config.model_name, ref, prepared, sequence),
+        recompare=recompare_with(config.model_name, ref, prepared, winner_scores),
         lineage=lineage,
         strict=strict,
     )
-    fraud_card(registration, ref, prepared, setup, sequence, baseline, champion)
-    publish_report(R.render_train_report(seq_report, base_report, prepared.split, images, registration.decision),
+    fraud_card(registration, ref, prepared, setup, choice, champion)
+    publish_report(choice.render() + "\n" + R.render_train_report(seq_report, base_report, prepared.split, images,
+                                                                  registration.decision),
                    out_dir, artifact_key("fraud-train-report"), "Sequence vs baseline on the test period")
     return FraudTrainResult(
         dataset=ref,
@@ -97,7 +108,8 @@ def fraud_train(
         train=trained,
         sequence=seq_report,
         baseline=base_report,
-        winner=winner(seq_report.pr_auc, base_report.pr_auc if base_report else None),
+        winner=choice.winner,
+        candidates_val_auprc=choice.val_pr_auc,
         model=registration.model,
         promotion=registration.decision,
         report_dir=str(out_dir),

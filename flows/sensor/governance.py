@@ -34,6 +34,9 @@ from tasks.train import TrainResult
 
 #: The champion rule's metric in :mod:`tasks.stats` terms (``test/rmse``, lower is better).
 METRIC = "rmse"
+#: How the card names the other candidates of a training run.
+CANDIDATE_LABELS = {"cnn": "1D-CNN (same run)", "baseline": E.BASELINE_NAME,
+                    "ensemble": "mean of 1D-CNN and HistGB (same run)"}
 
 
 def champion_check(name: str, data: P.SupervisedData, candidate: E.TestPredictions,
@@ -85,18 +88,19 @@ def sensor_lineage(grid_ref: DatasetRef, source: SensorSource, config: SensorCon
 
 @task(name="write-model-card", cache_policy=NONE)
 def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P.SupervisedSetup,
-                cnn: E.TestPredictions, baseline: E.TestPredictions | None, champion: ChampionCheck | None) -> str:
-    """The version's model card (``card.json`` + ``card.md`` in its folder, and an artifact)."""
+                winner: str, candidates: dict[str, E.TestPredictions], champion: ChampionCheck | None) -> str:
+    """The version's model card (``card.json`` + ``card.md`` in its folder, and an artifact): the
+    registered candidate's test metrics, compared with the run's other candidates and the champion."""
     data = setup.data
     y = data.test_last.rul
-    metrics = intervals(y, cnn.rul_last, ["rmse", "mae"])
+    registered = candidates[winner]
+    metrics = intervals(y, registered.rul_last, ["rmse", "mae"])
     y_fail = E.fail_labels(data.test_all)
     if E.has_both_classes(y_fail):
-        metrics += intervals(y_fail, cnn.prob_all, ["pr_auc", "roc_auc"])
-    comparisons = []
-    if baseline is not None:
-        comparisons.append(Comparison(against=E.BASELINE_NAME,
-                                      test=paired(METRIC, y, cnn.rul_last, baseline.rul_last)))
+        metrics += intervals(y_fail, registered.prob_all, ["pr_auc", "roc_auc"])
+    comparisons = [Comparison(against=CANDIDATE_LABELS.get(name, name),
+                              test=paired(METRIC, y, registered.rul_last, other.rul_last))
+                   for name, other in candidates.items() if name != winner]
     if champion is not None and champion.test is not None and champion.version != registration.model.version:
         comparisons.append(Comparison(against=f"champion before ({champion.champion})", test=champion.test))
     card = build_card(

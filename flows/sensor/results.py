@@ -50,7 +50,7 @@ class SensorTrainResult(BaseModel):
     baseline_failure: EvalReport | None
     alerts: dict[str, float] = Field(description="Lead time of the CNN's first alerts on failed test assets.")
     threshold: float
-    winner: str = Field(description="Lower test RMSE: cnn or baseline.")
+    winner: str = Field(description="The candidate registered: lowest validation RUL RMSE (cnn, baseline, ensemble).")
     model: ModelRef
     promotion: PromotionDecision
     report_dir: str

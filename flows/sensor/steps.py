@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from prefect import task
@@ -23,13 +24,14 @@ from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision
 from infra.store import write_json_atomic
 from infra.tables import write_table
+from solutions.sensor import candidates as CA
 from solutions.sensor import data as D
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor import scoring as SC
 from solutions.sensor.config import SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
-from solutions.sensor.model import SensorRULModel, WindowDataModule, build_module
+from solutions.sensor.model import SensorRULModel, WindowDataModule, build_module, predict
 from solutions.sensor.schema import BadReadingReport
 from tasks.compress import load_variant
 from tasks.data import DatasetRef
@@ -156,6 +158,60 @@ def baseline_step(data: P.SupervisedData, seed: int) -> E.TestPredictions:
 
 
 @dataclass(frozen=True)
+class BaselineCandidate:
+    """The GBM fitted on the training windows and its predictions on the test protocol."""
+
+    gbm: Any
+    predictions: E.TestPredictions
+
+
+@task(name="fit-baseline", cache_policy=NONE)
+def baseline_candidate_step(data: P.SupervisedData, seed: int) -> BaselineCandidate:
+    """Fit the gradient-boosting baseline on the training windows; the model and its predictions."""
+    gbm = E.fit_baseline(data.train, seed)
+    return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data))
+
+
+@task(name="choose-candidate", cache_policy=NONE)
+def choose_candidate_step(model: SensorRULModel, baseline: BaselineCandidate | None,
+                          data: P.SupervisedData) -> CA.SensorChoice:
+    """CNN, GBM or their mean: the lowest validation RUL RMSE wins (the test assets only report)."""
+    cnn_val, _ = predict(model, data.val.x)
+    gbm_val = baseline.gbm.predict_rul(data.val.x) if baseline is not None else None
+    choice = CA.choose_on_validation(data.val.rul, cnn_val, gbm_val)
+    log.info("candidates (val RUL RMSE) %s: registering the %s", choice.val_rmse, choice.winner)
+    return choice
+
+
+def ensemble_predictions(cnn: E.TestPredictions, gbm: E.TestPredictions) -> E.TestPredictions:
+    """The mean of two models' predictions."""
+    rul_all = (cnn.rul_all + gbm.rul_all) / 2 if cnn.rul_all is not None and gbm.rul_all is not None else None
+    return E.TestPredictions((cnn.rul_last + gbm.rul_last) / 2, (cnn.prob_val + gbm.prob_val) / 2,
+                             (cnn.prob_all + gbm.prob_all) / 2, rul_all)
+
+
+@dataclass(frozen=True)
+class WinnerRegistration:
+    """What ``register-model`` stores for the winner: module (None for the GBM), kind, files, params."""
+
+    module: Any
+    kind: str
+    extra_files: dict[str, Path]
+    params: dict[str, Any]
+
+
+@task(name="prepare-registration", cache_policy=NONE)
+def winner_registration_step(choice: CA.SensorChoice, model: SensorRULModel, baseline: BaselineCandidate | None,
+                             out_dir: Path) -> WinnerRegistration:
+    """The winner's module, kind and files (skops for a GBM); its params beside the shared ones."""
+    if choice.winner == CA.CNN or baseline is None:
+        return WinnerRegistration(model, choice.kind, {}, {"candidate": choice.winner})
+    files = CA.baseline_files(baseline.gbm, out_dir / "baseline")
+    return WinnerRegistration(None if choice.winner == CA.BASELINE else model, choice.kind, files,
+                              {"candidate": choice.winner, **CA.baseline_params(baseline.gbm)})
+
+
+@dataclass(frozen=True)
 class ModelEvaluation:
     """One model on the test protocol: RUL report, failure report, alert threshold and lead times."""
 
@@ -240,9 +296,13 @@ def score_grid(ref: ModelRef, grid: pd.DataFrame, threshold: float, bad: BadRead
                ) -> tuple[pd.DataFrame, BadReadingReport | None]:
     """Scores of each asset's latest window with a registered model or a compressed variant of it."""
     registry = ModelRegistry()
+    baseline = CA.load_baseline(ref)  # the GBM of a GBM or ensemble version (skops, allow-listed)
+    if ref.kind == CA.KINDS[CA.BASELINE]:
+        return SC.scores_table(ref, grid, threshold, bad, baseline=baseline)
     if SC.is_variant(ref):
-        return SC.scores_table(ref, grid, threshold, bad, variant=load_variant(ref, registry, build_module))
-    return SC.scores_table(ref, grid, threshold, bad, state_dict=registry.load_state_dict(ref))
+        return SC.scores_table(ref, grid, threshold, bad, variant=load_variant(ref, registry, build_module),
+                               baseline=baseline)
+    return SC.scores_table(ref, grid, threshold, bad, state_dict=registry.load_state_dict(ref), baseline=baseline)
 
 
 @task(name="score-latest-windows", cache_policy=NONE)

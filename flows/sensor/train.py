@@ -62,24 +62,36 @@ def sensor_train(
     out_dir = home_layout().new_report("sensor-train")
     cnn_pred = st.predict_cnn_step(model, setup.data)
     cnn = st.evaluate_step("cnn", setup.data, cnn_pred, ft.alert_threshold, wcfg.horizon, out_dir)
-    base_pred = st.baseline_step(setup.data, ft.seed) if config.baseline else None
+    baseline = st.baseline_candidate_step(setup.data, ft.seed) if config.baseline else None
+    base_pred = baseline.predictions if baseline else None
     base = st.evaluate_step(E.BASELINE_NAME, setup.data, base_pred, None, wcfg.horizon, out_dir,
                             failure_name="baseline") if base_pred else None
     images = st.plot_rul_step(setup.data, cnn_pred, base_pred, out_dir)
+    # -- the candidates compared on the validation assets; the winner is registered
+    choice = st.choose_candidate_step(model, baseline, setup.data)
+    candidates = {"cnn": cnn_pred, **({"baseline": base_pred} if base_pred else {})}
+    if choice.winner == "ensemble":
+        candidates["ensemble"] = st.ensemble_predictions(cnn_pred, base_pred)
+    winner_pred = candidates[choice.winner]
+    winner = {"cnn": cnn, "baseline": base}.get(choice.winner) or st.evaluate_step(
+        "ensemble", setup.data, winner_pred, None, wcfg.horizon, out_dir)
+    winning = st.winner_registration_step(choice, model, baseline, out_dir)
     # -- register with lineage; the champion rule compares the champion re-scored on the same
     #    test cuts (compare-and-swap), then the model card
-    champion = compare_with_champion(config.model_name, setup.data, cnn_pred)
+    champion = compare_with_champion(config.model_name, setup.data, winner_pred)
     lineage = sensor_lineage(grid_ref, source, config, setup, encoder, spec.hardware, trained)
     registration = register_model_task(
-        config.model_name, model,
-        params=P.model_params(model, setup.normalizer, wcfg, threshold=cnn.threshold, label_fraction=ft.label_fraction,
-                              split=config.split.model_dump(), encoder=encoder.spec if encoder else None),
-        metrics=st.train_metrics(cnn, base), primary_metric=P.PRIMARY_METRIC, higher_is_better=False,
+        config.model_name, winning.module, kind=winning.kind, extra_files=winning.extra_files,
+        params=P.model_params(model, setup.normalizer, wcfg, threshold=winner.threshold,
+                              label_fraction=ft.label_fraction, split=config.split.model_dump(),
+                              encoder=encoder.spec if encoder else None, **winning.params),
+        metrics={**st.train_metrics(winner, base), **choice.metrics()}, primary_metric=P.PRIMARY_METRIC,
+        higher_is_better=False,
         data_hash=grid_ref.content_hash, parent=encoder.spec if encoder else None,
-        comparison=as_comparison(champion), recompare=recompare_with(config.model_name, setup.data, cnn_pred),
+        comparison=as_comparison(champion), recompare=recompare_with(config.model_name, setup.data, winner_pred),
         lineage=lineage, strict=strict,
     )
-    sensor_card(registration, source, setup, cnn_pred, base_pred, champion)
+    sensor_card(registration, source, setup, choice.winner, candidates, champion)
     markdown = st.train_report_step(f"sensor-train: RUL, {source.describe()}", cnn, base, wcfg.horizon, setup.report,
                                     registration.decision, images, out_dir)
     publish_eval_report_task(markdown, key=artifact_key("sensor-train-report"), description="RUL / failure model vs baseline")
@@ -89,6 +101,6 @@ def sensor_train(
         assets={k: len(v) for k, v in setup.splits.items()}, windows=setup.data.window_counts(),
         train=trained, freeze=freeze, rul=cnn.rul, baseline_rul=base.rul if base else None, failure=cnn.failure,
         baseline_failure=base.failure if base else None, alerts=cnn.alerts, threshold=cnn.threshold,
-        winner=E.winner(cnn.rul.rmse, base.rul.rmse if base else None), model=registration.model,
+        winner=choice.winner, model=registration.model,
         promotion=registration.decision, report_dir=str(out_dir), seconds=time.perf_counter() - started,
     )

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
-from infra.registry import ModelRef, ModelRegistry
+from infra.registry import KIND_SKLEARN, ModelRef, ModelRegistry
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
@@ -118,10 +119,19 @@ def train_pos_weight(data: pd.DataFrame, features: pd.DataFrame, negative_rate: 
 
 def scores_for(model_ref: ModelRef, registry: ModelRegistry, data: pd.DataFrame, features: pd.DataFrame,
                period: str) -> np.ndarray:
-    """A registered version's scores on one period of this data (its own preprocessing)."""
-    model, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
-    setup = P.sequence_setup(data, features, cfg, preprocessor=pre, periods=(period,))
-    return P.score_period(model, setup, period)
+    """A registered version's scores on one period of this data (its own preprocessing), of
+    whichever kind it is: the sequence model, the GBM or their ensemble (mean)."""
+    from solutions.fraud.candidates import load_baseline
+
+    parts = []
+    if model_ref.kind != KIND_SKLEARN:
+        model, pre, cfg = P.model_from_params(model_ref.params, registry.load_state_dict(model_ref))
+        setup = P.sequence_setup(data, features, cfg, preprocessor=pre, periods=(period,))
+        parts.append(P.score_period(model, setup, period))
+    baseline = load_baseline(model_ref)
+    if baseline is not None:
+        parts.append(baseline.scores(features, period))
+    return np.mean(parts, axis=0)
 
 
 def champion_pr_auc(registry: ModelRegistry, model_name: str, data: pd.DataFrame, features: pd.DataFrame,
@@ -212,21 +222,24 @@ class ScoredTransactions:
         return int(self.table["flagged"].sum())
 
 
-def score_transactions(net: FraudSequenceModel, pre: FraudPreprocessor, cfg: SequenceModelConfig,
+def score_transactions(net: FraudSequenceModel | None, pre: FraudPreprocessor | None, cfg: SequenceModelConfig | None,
                        model_ref: ModelRef, data: pd.DataFrame, *, source: str,
-                       since: str | None = None) -> ScoredTransactions:
+                       since: str | None = None, baseline: Any = None) -> ScoredTransactions:
     """Score validated transactions with one model version.
 
-    Rows before ``since`` serve only as history for sequences and window features.
+    Rows before ``since`` serve only as history for sequences and window features. A
+    version of kind ``sklearn-skops`` scores with its GBM alone (``net`` None), one of kind
+    ``torch+sklearn-skops`` with the mean of both.
 
     Args:
-        net: the version's network (fp32, or a compressed variant of it).
-        pre: the preprocessor it was trained with.
-        cfg: its sequence settings.
+        net: the version's network (fp32, or a compressed variant of it); None for a GBM.
+        pre: the preprocessor it was trained with (None for a GBM).
+        cfg: its sequence settings (None for a GBM).
         model_ref: the version (threshold, split and name come from it).
         data: the validated transactions.
         source: where they came from, for error messages.
         since: score only rows at or after this timestamp.
+        baseline: the version's GBM (``solutions.fraud.candidates.StoredBaseline``), if any.
 
     Raises:
         DataValidationError: the model needs window features this data cannot give.
@@ -237,15 +250,22 @@ def score_transactions(net: FraudSequenceModel, pre: FraudPreprocessor, cfg: Seq
     if since:
         periods[(data[S.TIMESTAMP] < pd.Timestamp(since)).to_numpy()] = "history"
     feats = P.build_features(data, periods, delay)
-    missing = [c for c in pre.window_feature_names if c not in feats]
-    if missing:
-        raise DataValidationError(
-            f"the model needs window features {missing}, which this file cannot give "
-            "(is a column such as terminal_id missing?)",
-            source=source,
-        )
-    setup = P.sequence_setup(data, feats, cfg, preprocessor=pre, periods=("score",))
-    scores = P.score_period(net, setup, "score")
+    parts = []
+    if net is not None:
+        missing = [c for c in pre.window_feature_names if c not in feats]
+        if missing:
+            raise DataValidationError(
+                f"the model needs window features {missing}, which this file cannot give "
+                "(is a column such as terminal_id missing?)",
+                source=source,
+            )
+        setup = P.sequence_setup(data, feats, cfg, preprocessor=pre, periods=("score",))
+        parts.append(P.score_period(net, setup, "score"))
+    if baseline is not None:
+        parts.append(baseline.scores(feats, "score", source))
+    if not parts:
+        raise ValueError(f"{model_ref.spec}: nothing to score with (no network and no baseline)")
+    scores = np.mean(parts, axis=0)
     rows = periods == "score"
     table = data.loc[rows, [S.TRANSACTION_ID, S.ACCOUNT_ID, S.TIMESTAMP]].reset_index(drop=True)
     table["score"] = scores

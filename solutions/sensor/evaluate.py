@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infra.registry import ModelRef, ModelRegistry
+from infra.registry import KIND_SKLEARN, ModelRef, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
 from solutions.sensor.model import SensorRULModel, predict
@@ -119,9 +119,17 @@ def winner(cnn_rmse: float, baseline_rmse: float | None) -> str:
 
 def rul_predictions(registry: ModelRegistry, version: ModelRef, data: SupervisedData) -> tuple[np.ndarray, np.ndarray]:
     """(true RUL, a registered version's predicted RUL) on the last window of this run's
-    test cuts, each version with its own normaliser and window settings."""
-    model, norm, wcfg = predictor_from_params(version.params, registry.load_state_dict(version))
+    test cuts, each version with its own normaliser and window settings; a GBM or ensemble
+    version (skops files) is scored by its GBM (alone or averaged with the CNN)."""
+    from solutions.sensor.candidates import load_baseline  # (candidates imports this module)
+    from solutions.sensor.pipeline import preprocessing_from_params
+
+    gbm = load_baseline(version)
+    if version.kind == KIND_SKLEARN:
+        model, (norm, wcfg) = None, preprocessing_from_params(version.params)
+    else:
+        model, norm, wcfg = predictor_from_params(version.params, registry.load_state_dict(version))
     ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                       last_only=True, pad=True).labelled()
-    pred, _ = predict(model, ws.x)
-    return ws.rul, pred
+    preds = ([predict(model, ws.x)[0]] if model is not None else []) + ([gbm.predict_rul(ws.x)] if gbm else [])
+    return ws.rul, np.mean(preds, axis=0)

@@ -9,12 +9,13 @@ caller (the generic loader lives in ``tasks``) and passed in as a plain module.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from torch import nn
 
-from infra.registry import ModelRef
+from infra.registry import KIND_SKLEARN, ModelRef
 from infra.store import safe_stem
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorSource
@@ -44,7 +45,8 @@ def units_to_score(grid: pd.DataFrame, source: SensorSource) -> pd.DataFrame:
 
 def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: BadReadingReport | None = None, *,
                  state_dict: dict | None = None, variant: nn.Module | None = None,
-                 net: SensorRULModel | None = None) -> tuple[pd.DataFrame, BadReadingReport | None]:
+                 net: SensorRULModel | None = None, baseline: Any = None,
+                 ) -> tuple[pd.DataFrame, BadReadingReport | None]:
     """Predicted RUL, failure probability and alert flag of each asset's latest window.
 
     Args:
@@ -55,9 +57,14 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
         state_dict: the weights of a registered ``SensorRULModel``.
         variant: a compressed variant as a plain module (instead of ``state_dict``).
         net: the registered model already loaded (the online path keeps it loaded).
+        baseline: the version's GBM (``solutions.sensor.candidates.load_baseline``) for a version
+            of kind ``sklearn-skops`` (alone) or ``torch+sklearn-skops`` (outputs averaged).
     """
     report = report.model_copy(deep=True) if report is not None else None
-    if variant is not None or net is not None:
+    gbm_only = ref.kind == KIND_SKLEARN
+    if gbm_only and baseline is None:
+        raise ValueError(f"{ref.spec} is a GBM: scores_table needs its baseline")
+    if variant is not None or net is not None or gbm_only:
         norm, wcfg = preprocessing_from_params(ref.params)
     else:
         if state_dict is None:
@@ -65,10 +72,15 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
         net, norm, wcfg = predictor_from_params(ref.params, state_dict)
     ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                       last_only=True, pad=True, report=report)
-    if variant is not None:
+    if gbm_only:
+        rul, prob = baseline.predict_rul(ws.x), baseline.predict_fail_proba(ws.x)
+    elif variant is not None:
         rul, prob = predict_outputs(variant, ws.x, float(ref.params["hparams"].get("rul_cap", wcfg.rul_cap)))
     else:
         rul, prob = predict(net, ws.x)
+    if baseline is not None and not gbm_only:  # an ensemble: the mean of both
+        rul = (np.asarray(rul) + baseline.predict_rul(ws.x)) / 2
+        prob = (np.asarray(prob) + baseline.predict_fail_proba(ws.x)) / 2
     frame = pd.DataFrame({
         S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
         "alert": np.asarray(prob) >= threshold, "model": ref.name, "model_version": ref.version,

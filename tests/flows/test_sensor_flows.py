@@ -41,7 +41,8 @@ def test_pretrain_train_score_end_to_end(capsys: pytest.CaptureFixture) -> None:
     scratch = _last_json(capsys.readouterr().out)
     assert scratch["pretrained_from"] is None and scratch["baseline_rul"] is None
     assert scratch["model"]["version"] == 2  # champion rule decides; lower test RMSE wins
-    assert scratch["promotion"]["promoted"] == (scratch["rul"]["rmse"] < tuned["rul"]["rmse"])
+    # (v1 is whichever candidate won on validation: the champion value is its re-scored test RMSE)
+    assert scratch["promotion"]["promoted"] == (scratch["rul"]["rmse"] < scratch["promotion"]["champion_value"])
 
     out_file = Path(tuned["report_dir"]).parent / "scores-tiny.parquet"
     assert main(["score", *FLEET, "--model", "rul-tiny:1", "--output", str(out_file), "--json"]) == 0

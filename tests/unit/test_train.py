@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from infra.compute import HardwareRequest, resolve_training
 from infra.hardware import auto_precision
+from tasks.curves import read_curves
 from tasks.finetune import finetune_model, freeze_all_but_top
 from tasks.train import TrainSpec, checkpoint_dir, train_model
 
@@ -92,6 +93,11 @@ def test_interrupted_training_resumes_from_last_ckpt() -> None:
     assert resumed.resumed_from_epoch == 3
     assert resumed.epochs_trained_now == [3, 4], "epochs before the crash must not be retrained"
     assert resumed.epochs_completed == 5
+    # the curves of the whole training, one row per epoch, the crashed call's rows kept
+    rows = read_curves(Path(resumed.curves_csv))
+    assert [r["epoch"] for r in rows] == [0, 1, 2, 3, 4]
+    assert all(r["lr"] == pytest.approx(1e-2) and r["grad_norm"] > 0 and r["train/loss"] > 0 for r in rows)
+    assert all(r["val/loss"] is not None for r in rows) and rows[-1]["val/loss"] < rows[0]["train/loss"]
     fresh = train_model(Tiny(), Data(), spec.model_copy(update={"fresh": True}))
     assert fresh.epochs_trained_now == [0, 1, 2, 3, 4] and fresh.resumed_from_epoch is None
 

@@ -1,0 +1,91 @@
+"""The candidates of a ``sensor-train`` run (CNN, GBM, their mean), chosen on validation;
+the GBM stored without pickle.
+
+The CNN early-stops on the validation assets and the GBM is fitted on the training assets
+only, so the validation windows are unseen by both weights; the candidate with the lowest
+validation RUL RMSE is registered (the ensemble only when it beats both alone) and the test
+assets only report. Registered kinds as in ``infra.registry``: ``torch`` (the CNN),
+``sklearn-skops`` (the GBM's RUL regressor and failure classifier in skops files) and
+``torch+sklearn-skops`` (both, outputs averaged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infra.registry import KIND_SKLEARN, KIND_TORCH, KIND_TORCH_SKLEARN, ModelRef
+from infra.sklearn_store import load_estimator, save_estimator
+from solutions.sensor.baseline import WindowGBM
+from solutions.sensor.evaluate import rmse
+
+CNN, BASELINE, ENSEMBLE = "cnn", "baseline", "ensemble"
+KINDS = {CNN: KIND_TORCH, BASELINE: KIND_SKLEARN, ENSEMBLE: KIND_TORCH_SKLEARN}
+RUL_FILE, FAIL_FILE = "rul.skops", "fail.skops"
+
+
+@dataclass(frozen=True)
+class SensorChoice:
+    """The winner on validation and every candidate's validation RUL RMSE."""
+
+    winner: str
+    val_rmse: dict[str, float]
+
+    @property
+    def kind(self) -> str:
+        """The registry kind of the winner."""
+        return KINDS[self.winner]
+
+    def metrics(self) -> dict[str, float]:
+        """``val/<candidate>/rmse`` of every candidate."""
+        return {f"val/{k}/rmse": v for k, v in self.val_rmse.items()}
+
+    def render(self) -> str:
+        """Markdown table of the candidates (validation decides, test reports)."""
+        rows = [f"| {k} | {v:.3f} | {'**registered**' if k == self.winner else ''} |" for k, v in self.val_rmse.items()]
+        return "\n".join(["## Candidates (chosen on validation; the test assets only report)", "",
+                          "| candidate | val RUL RMSE | |", "|---|---|---|", *rows]) + "\n"
+
+
+def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.ndarray | None) -> SensorChoice:
+    """Lowest validation RUL RMSE wins (on a tie the simpler, listed first)."""
+    known = ~np.isnan(rul_val)
+    preds = {CNN: cnn_val}
+    if gbm_val is not None:
+        preds[BASELINE] = gbm_val
+        preds[ENSEMBLE] = (cnn_val + gbm_val) / 2
+    val = {k: rmse(rul_val[known], p[known]) for k, p in preds.items()} if known.any() else {CNN: float("nan")}
+    winner = CNN
+    for name, value in val.items():
+        if np.isfinite(value) and (not np.isfinite(val[winner]) or value < val[winner]):
+            winner = name
+    return SensorChoice(winner=winner, val_rmse=val)
+
+
+def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:
+    """The GBM's estimators as skops files in ``folder``; ``{file name: path}`` for the registry."""
+    files = {RUL_FILE: save_estimator(gbm.regressor_, folder / RUL_FILE)}
+    if gbm.classifier_ is not None:
+        files[FAIL_FILE] = save_estimator(gbm.classifier_, folder / FAIL_FILE)
+    return files
+
+
+def baseline_params(gbm: WindowGBM) -> dict[str, Any]:
+    """JSON parameters of a registered GBM (the constant failure label when one class was seen)."""
+    return {"baseline": {"architecture": "WindowGBM", "constant_fail": gbm.constant_, "n_threads": gbm.n_threads}}
+
+
+def load_baseline(ref: ModelRef) -> WindowGBM | None:
+    """The GBM of a version whose kind holds one, rebuilt from its skops files (None otherwise)."""
+    if ref.kind not in (KIND_SKLEARN, KIND_TORCH_SKLEARN):
+        return None
+    info = ref.params.get("baseline") or {}
+    gbm = WindowGBM(n_threads=int(info.get("n_threads") or 1))
+    gbm.regressor_ = load_estimator(ref.file(RUL_FILE))
+    fail = ref.file(FAIL_FILE)
+    gbm.classifier_ = load_estimator(fail) if fail.exists() else None
+    gbm.constant_ = info.get("constant_fail")
+    return gbm
