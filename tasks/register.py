@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -37,6 +38,7 @@ def register_model(
     champion_value: float | None = None,
     strict: bool = False,
     tags: Mapping[str, str] | None = None,
+    extra_files: Mapping[str, Path] | None = None,
 ) -> RegistrationResult:
     """Write ``module``'s weights as a new version, then try to promote it to champion.
 
@@ -46,6 +48,8 @@ def register_model(
         higher_is_better: False for errors such as RMSE (lower wins the champion rule).
         strict: raise :class:`~infra.errors.QualityGateError` if it is not promoted
             (the version stays registered, the champion does not move).
+        extra_files: file name -> path of files stored in the version folder (e.g. the
+            reference profile of :mod:`tasks.monitoring`).
     """
     registry = ModelRegistry()
     ref = registry.register(
@@ -58,6 +62,7 @@ def register_model(
         data_hash=data_hash,
         parent=parent,
         tags=tags,
+        extra_files=extra_files,
     )
     decision = registry.promote(ref, champion_value=champion_value, strict=strict)
     return RegistrationResult(model=registry.get(name, ref.version), decision=decision)

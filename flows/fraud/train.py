@@ -7,6 +7,7 @@ import time
 from prefect import flow
 
 from flows.fraud import reports as R
+from flows.fraud.monitoring import TrainingSource, profile_step, training_transactions
 from flows.fraud.results import FraudTrainResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -28,6 +29,7 @@ from solutions.fraud import pipeline as P
 from solutions.fraud.config import FraudTrainConfig
 from solutions.fraud.scoring import winner
 from tasks.evaluate import artifact_key, plot_comparison
+from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
 from tasks.train import train_model_task
 
@@ -40,6 +42,7 @@ def fraud_train(
     config: FraudTrainConfig = FraudTrainConfig(),  # noqa: B008 - a typed default renders a UI form
     fresh: bool = False,
     strict: bool = False,
+    source: TrainingSource | None = None,
 ) -> FraudTrainResult:
     """Train the fraud sequence model and the gradient-boosting baseline, evaluate both on
     the same test period, register the sequence model and promote it if it beats the
@@ -52,11 +55,13 @@ def fraud_train(
         config: data, split, sequence model, baseline and registry name.
         fresh: retrain from scratch even if this run's checkpoints exist.
         strict: fail (QualityGateError) if the new version does not beat the champion.
+        source: accumulated (the latest window of the scored-and-labelled dataset), file
+            (``data``) or synthetic; default: ``data`` when given, else synthetic.
     """
     started = time.perf_counter()
     hardware = resolve_training("fraud-train")
     # -- data
-    ref = obtain_transactions(data, columns or {}, config.data, accounts)
+    ref = training_transactions(source, data, columns or {}, config.data, accounts, config.split, obtain_transactions)
     prepared = prepare_features(ref, config.split, config.baseline.delay_days)
     check_periods(ref, prepared)
     out_dir = home_layout().new_report("fraud-train")
@@ -81,6 +86,7 @@ def fraud_train(
         data_hash=ref.content_hash,
         champion_value=rescore_champion(config.model_name, ref, prepared),
         strict=strict,
+        extra_files={PROFILE_FILE: profile_step(ref, prepared, sequence.s_test, out_dir)},
     )
     publish_report(R.render_train_report(seq_report, base_report, prepared.split, images, registration.decision),
                    out_dir, artifact_key("fraud-train-report"), "Sequence vs baseline on the test period")
