@@ -7,6 +7,7 @@ import time
 from prefect import flow
 
 from flows.sensor import steps as st
+from flows.sensor.monitoring import profile_step
 from flows.sensor.pretrain import sensor_pretrain
 from flows.sensor.results import SensorTrainResult
 from infra.home import home_layout
@@ -16,6 +17,7 @@ from solutions.sensor.config import SensorConfig, SensorSource
 from solutions.sensor.data import window_config
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.finetune import finetune_model_task
+from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
 from tasks.train import train_model_task
 
@@ -72,6 +74,7 @@ def sensor_train(
         metrics=st.train_metrics(cnn, base), primary_metric=P.PRIMARY_METRIC, higher_is_better=False,
         data_hash=grid_ref.content_hash, parent=encoder.spec if encoder else None,
         champion_value=st.champion_rmse_step(config.model_name, setup.data), strict=strict,
+        extra_files={PROFILE_FILE: profile_step(grid_ref, setup, cnn_pred.rul_last, out_dir)},
     )
     markdown = st.train_report_step(f"sensor-train: RUL, {source.describe()}", cnn, base, wcfg.horizon, setup.report,
                                     registration.decision, images, out_dir)
