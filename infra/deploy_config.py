@@ -94,6 +94,7 @@ class MonitoringSpec(BaseModel):
     score_psi: float = Field(default=0.25, gt=0, description="The scores drift when their PSI exceeds this.")
     ks: float | None = Field(default=0.3, gt=0, le=1, description="KS distance limit of numeric features (None: off).")
     missing_delta: float = Field(default=0.1, ge=0, le=1, description="Rise of a feature's missing share that counts as drift.")
+    min_rows: int = Field(default=30, ge=1, description="A column with fewer values in a run is recorded, not judged.")
     consecutive_runs: int = Field(default=3, ge=1, description="Drifted batch runs in a row that trigger the deployment.")
     min_metric: float | None = Field(default=None, description="Realised primary metric below this fails the gate.")
     max_drop: float | None = Field(

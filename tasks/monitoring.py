@@ -208,6 +208,8 @@ def compare(profile: Profile, frame: pd.DataFrame, scores: Sequence[float] | np.
 
 def flag(row: DriftRow, t: MonitoringSpec) -> DriftRow:
     """The row with ``flagged`` and ``reason`` set from the thresholds."""
+    if row.rows < t.min_rows:
+        return row.model_copy(update={"flagged": False, "reason": f"{row.rows} value(s): too few to judge"})
     reasons = []
     limit = t.score_psi if row.feature == SCORE else t.psi
     if math.isfinite(row.psi) and row.psi > limit:
@@ -415,7 +417,7 @@ def check_drift(job: str, model_spec: str, model_path: str | Path, frame: pd.Dat
                              {"job": job, "model": model_spec, "flagged": flagged, "streak": streak},
                              related={"indusflow.job": job})
         mark_run(DRIFT_TAG)
-    finite = [r.psi for r in rows if math.isfinite(r.psi)]
+    finite = [r.psi for r in rows if math.isfinite(r.psi) and r.rows >= spec.min_rows]
     return DriftSummary(model=model_spec, rows=len(frame), features=len(rows), flagged=flagged,
                         max_psi=max(finite) if finite else float("nan"), streak=streak,
                         table=str(folder / "drift"), plot=str(image) if image else None, event_emitted=emitted)

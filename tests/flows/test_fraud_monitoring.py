@@ -12,16 +12,14 @@ import pytest
 import yaml
 
 import flows.fraud as F
-from infra.deploy_config import DEFAULT_CONFIG
+from infra.deploy_config import DEFAULT_CONFIG, load_deploy_config
 from infra.errors import DataValidationError
 from infra.home import home_layout
-from infra.registry import ModelRegistry
 from solutions.fraud.config import (
     BaselineConfig,
     FraudTrainConfig,
     SequenceModelConfig,
     SplitConfig,
-    SyntheticDataConfig,
 )
 from solutions.fraud.synthetic import generate_transactions
 from tasks import monitoring as MON
@@ -41,8 +39,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A home of its own (registry, ledgers, inboxes) and a deployment config copy."""
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
     config = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    config["monitoring"]["fraud-monitor"].update(min_labels=50, consecutive_days=3, max_drop=0.3, reference_days=2,
-                                                    consecutive_runs=99)
+    # small daily samples: judge pooled windows (2 reference days, the last 4 days)
+    config["monitoring"]["fraud-monitor"].update(min_labels=50, consecutive_days=4, max_drop=0.3, reference_days=2)
     path = tmp_path / "deployments.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(path))
@@ -73,37 +71,79 @@ def _train_initial(frame: pd.DataFrame, tmp: Path, name: str = "fraud-seq") -> F
                                                                  baseline=BaselineConfig(enabled=False)))
 
 
-def test_closed_loop_new_pattern_drop_adapt_recovery(home: Path) -> None:
-    n_days, pattern_day, first_scored = 23, 16, 14
+def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_accumulated_data(home: Path) -> None:
+    """Days 0-13 train v1. From day 14 each day's transactions are batch-scored (with four
+    days of history in the file), yesterday's labels arrive and the monitor runs. A new
+    fraud pattern starts on day 16; the monitor sees the champion's realised PR-AUC fall
+    below its gate, starts fraud-adapt on the accumulated data, the champion rule promotes
+    the adapted version, and its realised PR-AUC on the following days is higher."""
+    n_days, pattern_day, first_scored = 24, 16, 14
     data = generate_transactions(n_accounts=400, n_terminals=150, n_days=n_days, seed=11, fraud_rate=0.03,
-                                 new_pattern=True, new_pattern_rate=0.06, new_pattern_from=pattern_day / n_days)
+                                 new_pattern=True, new_pattern_rate=0.08, new_pattern_from=pattern_day / n_days)
     data["transaction_id"] = data["transaction_id"].astype(str)
+    nightly = next(d for d in load_deploy_config().deployments if d.name == "nightly-retrain")
+    assert nightly.parameters == {"source": "accumulated"}
+    nightly_config = FraudTrainConfig(split=SplitConfig(train_days=5, val_days=1, delay_days=1, test_days=2),
+                                      model=MODEL.model_copy(update={"max_epochs": 2}),
+                                      baseline=BaselineConfig(enabled=False))
+    with pytest.raises(DataValidationError, match="accumulated dataset holds nothing yet"):
+        F.fraud_train(**nightly.parameters, config=nightly_config)  # before anything accumulated: a clear error
+
     initial = _train_initial(data.loc[data["timestamp"] < START + pd.Timedelta(days=first_scored)], home)
     profile = Path(initial.model.path) / MON.PROFILE_FILE
     assert profile.exists() and "amount" in MON.Profile.load(profile).columns
-    retrain = {"config": FraudTrainConfig(data=SyntheticDataConfig(), model=MODEL,
-                                          split=SplitConfig(train_days=4, val_days=1, delay_days=0, test_days=1)),
-               "max_epochs": 4, "fraction": 0.3}
+    retrain = {"config": FraudTrainConfig(model=MODEL, split=SplitConfig(train_days=4, val_days=1, delay_days=0,
+                                                                         test_days=1)),
+               "max_epochs": 6, "fraction": 0.5}
     figures = []
-    import time
-    t0 = time.perf_counter()
     for day in range(first_scored, n_days):
         _drop_in(_day(data, day, HISTORY), f"day-{day:02d}")
         batch = F.fraud_batch_score(settle_seconds=0)
         if day > first_scored:  # labels arrive one day after scoring
             _labels_in(_day(data, day - 1), f"labels-{day - 1:02d}")
         monitor = F.fraud_monitor(settle_seconds=0, top_k=10, retrain_parameters=retrain)
-        perf = {(str(r["day"])[:10], r["model_version"]): r for r in monitor.performance}
-        labelled = START + pd.Timedelta(days=day - 1)
-        row = next((r for (d, _), r in perf.items() if d == str(labelled.date())), None)
+        labelled = str((START + pd.Timedelta(days=day - 1)).date())
+        row = next((r for r in monitor.performance if str(r["day"])[:10] == labelled), {})
         figures.append({
-            "day": day, "scored_with": batch.model, "psi_max": batch.drift.max_psi if batch.drift else math.nan,
-            "labelled_day": day - 1, "pr_auc": row["pr_auc"] if row else math.nan,
-            "roc_auc": row["roc_auc"] if row else math.nan, "version": row["model_version"] if row else None,
-            "decision": monitor.decision.reason[:80], "retrain": monitor.dispatched.how if monitor.dispatched else "",
-            "promoted": monitor.retrain_result.promotion.promoted if monitor.retrain_result else None,
-            "flagged": sorted(batch.drift.flagged) if batch.drift else None, "t": round(time.perf_counter() - t0, 1),
+            "day": day, "scored_with": batch.model, "drifted": sorted(batch.drift.flagged),
+            "max_psi": round(batch.drift.max_psi, 3), "labels_of_day": day - 1, "version": row.get("model_version"),
+            "pr_auc": row.get("pr_auc", math.nan), "roc_auc": row.get("roc_auc", math.nan),
+            "recall@1%fpr": row.get("recall_at_fpr", math.nan), "cp@10": row.get("card_precision_at_k", math.nan),
+            "retrain": monitor.dispatched.how if monitor.dispatched else "",
+            "promoted": monitor.retrain_result.promotion.promoted if monitor.retrain_result else "",
         })
-        print(figures[-1])
-    table = pd.DataFrame(figures)
-    print(table.to_string())
+        if monitor.dispatched:
+            adapt = monitor.retrain_result
+            print(f"day {day}: {monitor.decision.reason}\n  fraud-adapt {adapt.parent} -> {adapt.model.spec}: "
+                  f"{adapt.promotion.reason}")
+    table = pd.DataFrame(figures).set_index("day")
+    with pd.option_context("display.width", 200, "display.precision", 3):
+        print(table)
+    # no drift on the inputs (the pattern hides in ordinary amounts); the drop comes from labels
+    assert not table["drifted"].map(bool).any()
+    triggered = table.index[table["retrain"] != ""].tolist()
+    assert len(triggered) == 1 and triggered[0] > pattern_day + 1, table  # after the pattern, once
+    assert table.loc[triggered[0], "promoted"] is True
+    after = table.loc[table["scored_with"] == "fraud-seq:2"]
+    assert len(after) >= 2 and (after.index > triggered[0]).all()
+    v1_pattern_days = table.loc[(table["labels_of_day"] >= pattern_day) & (table["version"] == 1), "pr_auc"]
+    v2_days = table.loc[table["version"] == 2, "pr_auc"]
+    assert len(v2_days) >= 1 and v2_days.mean() > v1_pattern_days.mean() + 0.1, table  # recovery
+    # the monitoring plot and report of the last run
+    assert Path(monitor.report_dir, "realised_pr_auc.png").exists()
+    assert "| v2 |" in Path(monitor.report_dir, "report.md").read_text()
+
+    # a feed that switches to cents: flagged by name, an event, the run tagged (still Completed)
+    cents = _day(data, n_days - 1, HISTORY)
+    _drop_in(cents.assign(amount=cents["amount"] * 100), "cents")
+    drifted = F.fraud_batch_score(settle_seconds=0)
+    assert "amount" in drifted.drift.flagged and drifted.drift.event_emitted
+    assert Path(drifted.drift.plot).exists()
+
+    # the nightly retrain with its deployment's parameters trains on the accumulated data
+    result = F.fraud_train(**nightly.parameters, config=nightly_config)
+    assert "fraud-accumulated" in result.dataset.source
+    accumulated = pd.read_parquet(result.dataset.path)
+    assert accumulated["transaction_id"].isin(data["transaction_id"]).all()
+    assert accumulated["timestamp"].min() >= START + pd.Timedelta(days=first_scored - HISTORY)
+    assert result.model.version == 3 and (Path(result.model.path) / MON.PROFILE_FILE).exists()
