@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from prefect import flow
 
 import flows.fraud as F
 from infra.deploy_config import DEFAULT_CONFIG, load_deploy_config
@@ -23,6 +24,7 @@ from solutions.fraud.config import (
 )
 from solutions.fraud.synthetic import generate_transactions
 from tasks import monitoring as MON
+from tasks.dispatch import dispatch
 
 START = pd.Timestamp("2025-01-01")
 #: Reads the account's last transactions; no window features (their delayed terminal-risk
@@ -147,3 +149,24 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     assert accumulated["transaction_id"].isin(data["transaction_id"]).all()
     assert accumulated["timestamp"].min() >= START + pd.Timedelta(days=first_scored - HISTORY)
     assert result.model.version == 3 and (Path(result.model.path) / MON.PROFILE_FILE).exists()
+
+
+@flow(name="dispatch-probe")
+def dispatch_probe(x: int = 0) -> int:
+    """A flow to dispatch."""
+    return x + 1
+
+
+def test_dispatch_runs_the_registered_deployment_else_the_flow_in_process() -> None:
+    from prefect.client.orchestration import get_client
+
+    with pytest.raises(LookupError, match="not registered"):
+        dispatch("dispatch-probe/on-demand", {"x": 1})
+    direct = dispatch("dispatch-probe/on-demand", {"x": 1}, fallback=dispatch_probe)
+    assert direct.how == "direct" and direct.result == 2 and direct.flow_run_id is None
+    dispatch_probe.to_deployment(name="on-demand").apply()
+    started = dispatch("dispatch-probe/on-demand", {"x": 5}, fallback=dispatch_probe)
+    assert started.how == "deployment" and started.result is None
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(started.flow_run_id)
+    assert run.parameters == {"x": 5} and run.state is not None and run.state.is_scheduled()
