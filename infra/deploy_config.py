@@ -96,7 +96,11 @@ class MonitoringSpec(BaseModel):
     missing_delta: float = Field(default=0.1, ge=0, le=1, description="Rise of a feature's missing share that counts as drift.")
     min_rows: int = Field(default=30, ge=1, description="A column with fewer values in a run is recorded, not judged.")
     consecutive_runs: int = Field(default=3, ge=1, description="Drifted batch runs in a row that trigger the deployment.")
-    min_metric: float | None = Field(default=None, description="Realised primary metric below this fails the gate.")
+    metric: str = Field(
+        default="pr_auc",
+        description="The realised metric the gate judges (a column of the monitor's performance table, "
+        "e.g. pr_auc, roc_auc, recall_at_fpr).")
+    min_metric: float | None = Field(default=None, description="Realised metric below this fails the gate.")
     max_drop: float | None = Field(
         default=0.3, gt=0, lt=1,
         description="Realised metric below (1 - max_drop) x the version's reference fails the gate.")

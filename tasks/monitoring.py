@@ -469,7 +469,7 @@ def retrain_decision(champion: str, reference: float | None, recent: float | Non
               "drift_streak": streak}
     reasons = []
     if fails:
-        reasons.append(f"realised metric {recent:.4f} over the last {spec.consecutive_days} labelled day(s) is "
+        reasons.append(f"realised {spec.metric} {recent:.4f} over the last {spec.consecutive_days} labelled day(s) is "
                        f"{'below' if higher_is_better else 'above'} the gate {gate:.4f}"
                        + (f" (reference {reference:.4f})" if reference is not None else ""))
     if streak >= spec.consecutive_runs:

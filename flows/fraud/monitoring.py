@@ -238,8 +238,8 @@ def performance_step(fpr: float, k: int, min_labels: int, out_dir: Path) -> pd.D
 @task(name="decide-retrain", cache_policy=NONE)
 def decide_step(model: str, performance: pd.DataFrame, spec: MonitoringSpec, fpr: float,
                 k: int) -> MON.RetrainDecision:
-    """The champion's realised PR-AUC over its last ``consecutive_days`` labelled days below
-    the gate set by its first ``reference_days``, or its batch runs drifted
+    """The champion's realised ``spec.metric`` over its last ``consecutive_days`` labelled days
+    below the gate set by its first ``reference_days``, or its batch runs drifted
     ``consecutive_runs`` times in a row: retrain (once per champion version: the champion
     rule decides what follows)."""
     registry = ModelRegistry()
@@ -247,17 +247,20 @@ def decide_step(model: str, performance: pd.DataFrame, spec: MonitoringSpec, fpr
     champion = registry.champion(name) if name in registry.models() else None
     if champion is None:
         return MON.RetrainDecision(trigger=False, reason=f"no champion of {name} yet")
+    if spec.metric not in performance.columns.drop([M.DAY, "model", "model_version"]):
+        raise ValueError(f"monitoring.fraud-monitor.metric {spec.metric!r} is not a realised metric "
+                         f"(use one of {[c for c in performance.columns if c not in (M.DAY, 'model', 'model_version')]})")
     mine = performance.loc[(performance["model"] == name) & (performance["model_version"] == champion.version)
-                           & (performance["labelled"] >= spec.min_labels) & performance["pr_auc"].notna()]
+                           & (performance["labelled"] >= spec.min_labels) & performance[spec.metric].notna()]
     days = sorted(mine[M.DAY].tolist())
     reference = recent = None
-    if spec.reference_days == 0:
-        reference = champion.primary_value()
+    if spec.reference_days == 0 and spec.metric == "pr_auc":
+        reference = champion.primary_value()  # test/auprc: the same metric on the test period
     if len(days) >= spec.reference_days + spec.consecutive_days:
         joined = M.join_labels(all_scores(), all_labels())
         if spec.reference_days:
-            reference = M.pooled_metric(joined, champion.version, days[: spec.reference_days], fpr=fpr, k=k)
-        recent = M.pooled_metric(joined, champion.version, days[-spec.consecutive_days:], fpr=fpr, k=k)
+            reference = M.pooled_metric(joined, champion.version, days[: spec.reference_days], spec.metric, fpr=fpr, k=k)
+        recent = M.pooled_metric(joined, champion.version, days[-spec.consecutive_days:], spec.metric, fpr=fpr, k=k)
     drift = MON.read_rows(home_layout().monitoring(BATCH_JOB), "drift")
     flags = []
     if not drift.empty:
