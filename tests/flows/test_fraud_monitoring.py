@@ -121,8 +121,8 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     table = pd.DataFrame(figures).set_index("day")
     with pd.option_context("display.width", 250, "display.precision", 3, "display.max_columns", 20):
         print(table.to_string())
-    # no drift on the inputs (the pattern hides in ordinary amounts); the drop comes from labels
-    assert not table["drifted"].map(bool).any()
+    # no input feature drifts (the pattern hides in ordinary amounts; the scores may move)
+    assert all(set(flagged) <= {MON.SCORE} for flagged in table["drifted"]), table
     triggered = table.index[table["retrain"] != ""].tolist()
     assert len(triggered) == 1 and triggered[0] > pattern_day + 1, table  # after the pattern, once
     assert table.loc[triggered[0], "promoted"] is True
