@@ -81,7 +81,7 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     fraud pattern starts on day 16; the monitor sees the champion's realised recall at 5% FPR
     fall below its gate, starts fraud-adapt on the accumulated data, the champion rule promotes
     the adapted version, and its realised PR-AUC on the following days is higher."""
-    n_days, pattern_day, first_scored = 26, 16, 14
+    n_days, pattern_day, first_scored = 24, 16, 14
     data = generate_transactions(n_accounts=500, n_terminals=150, n_days=n_days, seed=11, fraud_rate=0.04,
                                  new_pattern=True, new_pattern_rate=0.06, new_pattern_from=pattern_day / n_days)
     data["transaction_id"] = data["transaction_id"].astype(str)
@@ -120,6 +120,13 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
             adapt = monitor.retrain_result
             print(f"day {day}: {monitor.decision.reason}\n  fraud-adapt {adapt.parent} -> {adapt.model.spec}: "
                   f"{adapt.promotion.reason}")
+    _labels_in(_day(data, n_days - 1), f"labels-{n_days - 1:02d}")  # the last day's labels arrive
+    last = F.fraud_monitor(settle_seconds=0, top_k=10, fpr_target=0.05, retrain_parameters=retrain)
+    row = next(r for r in last.performance if str(r["day"])[:10] == str((START + pd.Timedelta(days=n_days - 1)).date()))
+    figures.append({"day": n_days, "scored_with": "", "drifted": [], "max_psi": math.nan, "labels_of_day": n_days - 1,
+                    "version": row["model_version"], "pr_auc": row["pr_auc"], "roc_auc": row["roc_auc"],
+                    "recall@5%fpr": row["recall_at_fpr"], "cp@10": row["card_precision_at_k"], "retrain": "",
+                    "promoted": ""})
     table = pd.DataFrame(figures).set_index("day")
     with pd.option_context("display.width", 250, "display.precision", 3, "display.max_columns", 20):
         print(table.to_string())
@@ -129,13 +136,13 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     assert len(triggered) == 1 and triggered[0] > pattern_day + 1, table  # after the pattern, once
     assert table.loc[triggered[0], "promoted"] is True
     after = table.loc[table["scored_with"] == "fraud-seq:2"]
-    assert len(after) >= 2 and (after.index > triggered[0]).all()
+    assert len(after) >= 1 and (after.index > triggered[0]).all()
     v1_pattern_days = table.loc[(table["labels_of_day"] >= pattern_day) & (table["version"] == 1), "pr_auc"]
     v2_days = table.loc[table["version"] == 2, "pr_auc"]
     assert len(v2_days) >= 1 and v2_days.mean() > v1_pattern_days.mean() + 0.1, table  # recovery
     # the monitoring plot and report of the last run
-    assert Path(monitor.report_dir, "realised_pr_auc.png").exists()
-    assert "| v2 |" in Path(monitor.report_dir, "report.md").read_text()
+    assert Path(last.report_dir, "realised_pr_auc.png").exists()
+    assert "| v2 |" in Path(last.report_dir, "report.md").read_text()
 
     # a feed that switches to cents: flagged by name, an event, the run tagged (still Completed)
     cents = _day(data, n_days - 1, HISTORY)
