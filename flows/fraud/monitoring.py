@@ -29,7 +29,7 @@ from solutions.fraud.config import SplitConfig, SyntheticDataConfig
 from solutions.fraud.pipeline import accounts_schema, transaction_schema
 from tasks import accumulate as A
 from tasks import monitoring as MON
-from tasks.data import DatasetRef, load_table, load_table_task
+from tasks.data import DatasetRef, load_table
 from tasks.dispatch import Dispatched, dispatch
 from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
 from tasks.prepare import materialize_table
@@ -196,6 +196,9 @@ def accumulated_transactions(split: SplitConfig) -> DatasetRef:
     return load_table(Path(stored.path), transaction_schema())
 
 
+load_accumulated_task = task(accumulated_transactions, name="load-accumulated", cache_policy=NONE)
+
+
 def training_transactions(source: TrainingSource | None, data: str | None, columns: dict[str, str],
                           synthetic: SyntheticDataConfig, accounts: str | None, split: SplitConfig,
                           obtain: Any) -> DatasetRef:
@@ -207,8 +210,7 @@ def training_transactions(source: TrainingSource | None, data: str | None, colum
     if source == "accumulated":
         if data:
             raise ValueError("source 'accumulated' trains on the accumulated dataset; drop data (or use source 'file')")
-        return load_table_task.with_options(name="load-accumulated")(
-            Path(accumulated_transactions(split).path), transaction_schema())
+        return load_accumulated_task(split)
     if source == "file" and not data:
         raise ValueError("source 'file' needs data (a transactions CSV or Parquet)")
     if source == "synthetic" and data:
