@@ -62,8 +62,11 @@ def test_psi_and_ks_basics(tmp_path: Path) -> None:
     assert profile.columns["x"].missing_share == 0.25 and profile.columns["c"].categories == {"a": 2 / 3, "b": 1 / 3}
     assert MON.Profile.load(profile.save(tmp_path / "p.json")) == profile
     # a column that vanished from the feed: missing share 1, flagged
-    row = MON.compare(profile, pd.DataFrame({"c": ["a"] * 4}), None, SPEC)[0]
+    row = MON.compare(profile, pd.DataFrame({"c": ["a"] * 40}), None, SPEC)[0]
     assert row.feature == "x" and row.flagged and "missing" in row.reason
+    # a handful of values is recorded, not judged
+    few = MON.compare(profile, pd.DataFrame({"x": [100.0] * 5, "c": ["z"] * 5}), None, SPEC)
+    assert not any(r.flagged for r in few) and "too few" in few[0].reason
 
 
 def test_realised_metrics_per_day_and_version() -> None:
