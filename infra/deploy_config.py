@@ -81,6 +81,46 @@ class DeploymentSpec(BaseModel):
         return self.flow.replace(":", ".")
 
 
+class MonitoringSpec(BaseModel):
+    """Thresholds of a watched job (``monitoring.<flow name>`` in the config).
+
+    A batch-scoring flow uses the drift fields; a monitor flow uses the performance gate,
+    the streaks and the trigger (and reads its batch job's drift rows).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    psi: float = Field(default=0.25, gt=0, description="A feature drifts when its PSI exceeds this.")
+    score_psi: float = Field(default=0.25, gt=0, description="The scores drift when their PSI exceeds this.")
+    ks: float | None = Field(default=0.3, gt=0, le=1, description="KS distance limit of numeric features (None: off).")
+    missing_delta: float = Field(default=0.1, ge=0, le=1, description="Rise of a feature's missing share that counts as drift.")
+    min_rows: int = Field(default=30, ge=1, description="A column with fewer values in a run is recorded, not judged.")
+    consecutive_runs: int = Field(default=3, ge=1, description="Drifted batch runs in a row that trigger the deployment.")
+    metric: str = Field(
+        default="pr_auc",
+        description="The realised metric the gate judges (a column of the monitor's performance table, "
+        "e.g. pr_auc, roc_auc, recall_at_fpr).")
+    min_metric: float | None = Field(default=None, description="Realised metric below this fails the gate.")
+    max_drop: float | None = Field(
+        default=0.3, gt=0, lt=1,
+        description="Realised metric below (1 - max_drop) x the version's reference fails the gate.")
+    reference_days: int = Field(
+        default=3, ge=0,
+        description="The reference: the realised metric of the version's first N labelled days, pooled "
+        "(0: its registered test metric). No relative gate until it has them.")
+    consecutive_days: int = Field(
+        default=2, ge=1, description="The recent window: the last N labelled days, pooled, are judged against the gate.")
+    min_labels: int = Field(default=50, ge=1, description="Labelled rows a scored day needs to count.")
+    trigger: str | None = Field(default=None, description="flow-name/deployment-name to run when a streak is reached.")
+
+    @field_validator("trigger")
+    @classmethod
+    def _trigger(cls, v: str | None) -> str | None:
+        if v is not None and (v.count("/") != 1 or not all(v.split("/"))):
+            raise ValueError(f"{v!r}: use flow-name/deployment-name (e.g. fraud-adapt/on-drift-adapt)")
+        return v
+
+
 class DeployConfig(BaseModel):
     """The whole file."""
 
@@ -93,6 +133,8 @@ class DeployConfig(BaseModel):
         default=None,
         description="The home on a shared volume for docker/kubernetes pools (None: the image's own).",
     )
+    monitoring: dict[str, MonitoringSpec] = Field(
+        default_factory=dict, description="Drift and performance thresholds per flow name.")
     deployments: list[DeploymentSpec] = Field(default_factory=list)
 
     @field_validator("timezone")
@@ -120,6 +162,15 @@ class DeployConfig(BaseModel):
 
     def resource_for(self, flow_name: str) -> ResourceSpec | None:
         return self.resources.get(flow_name)
+
+    def deployment(self, flow_name: str, name: str) -> DeploymentSpec | None:
+        """The deployment ``name`` of the flow whose function is named like ``flow_name``
+        (``fraud-adapt`` -> ``...:fraud_adapt``), or None."""
+        function = flow_name.replace("-", "_")
+        for d in self.deployments:
+            if d.name == name and d.flow.rpartition(":")[2] == function:
+                return d
+        return None
 
 
 def config_path() -> Path:
@@ -154,6 +205,21 @@ def load_deploy_config(path: Path | None = None) -> DeployConfig:
 @lru_cache(maxsize=8)
 def _cached(path: str, mtime: float, tz: str | None) -> DeployConfig:
     return load_deploy_config(Path(path))
+
+
+def current_config() -> DeployConfig:
+    """The current deployment config (re-read when its file changes)."""
+    path = config_path()
+    try:
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        raise DeployConfigError(f"deployment config {path} does not exist (INDUSFLOW_DEPLOY_CONFIG)") from None
+    return _cached(str(path), mtime, get_deploy_settings().timezone)
+
+
+def monitoring_spec(flow_name: str) -> MonitoringSpec:
+    """The monitoring thresholds of ``flow_name`` (the defaults when it has no entry)."""
+    return current_config().monitoring.get(flow_name) or MonitoringSpec()
 
 
 def resource_spec(flow_name: str) -> ResourceSpec | None:

@@ -85,6 +85,15 @@ class HomeLayout:
         """Files a batch job could not read or validate, with their reasons."""
         return self._area("quarantine", check_name(job, "job name"))
 
+    # -- after deployment
+    def monitoring(self, job: str) -> Path:
+        """Monitoring tables of a job (drift per run, realised performance), ``monitoring/<job>/``."""
+        return self._area("monitoring", check_name(job, "job name"))
+
+    def accumulated(self, vertical: str) -> Path:
+        """Scored data joined with its arrived labels, Parquet partitioned by day (``day=YYYY-MM-DD/``)."""
+        return self._area("accumulated", check_name(vertical, "vertical name"))
+
     # -- knowledge base
     def milvus(self) -> Path:
         """Milvus Lite database files (the embedded vector store)."""

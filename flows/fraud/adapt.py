@@ -8,6 +8,7 @@ from prefect import flow
 from pydantic import Field
 
 from flows.fraud import reports as R
+from flows.fraud.monitoring import TrainingSource, profile_step, training_transactions
 from flows.fraud.results import FraudAdaptResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -29,6 +30,7 @@ from infra.home import home_layout
 from solutions.fraud.config import FraudTrainConfig, SplitConfig, SyntheticDataConfig
 from tasks.evaluate import artifact_key
 from tasks.finetune import finetune_model_task
+from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
 
 #: Adapting happens once the new pattern has been labelled: no delay, a short recent
@@ -49,6 +51,7 @@ def fraud_adapt(
     max_epochs: Annotated[int, Field(ge=1)] = 6,
     fresh: bool = False,
     strict: bool = False,
+    source: TrainingSource | None = None,
 ) -> FraudAdaptResult:
     """Fine-tune the champion on data holding a new fraud pattern, training only the top
     ``fraction`` of its parameters; report metrics on the new pattern before and after, and
@@ -66,11 +69,13 @@ def fraud_adapt(
         max_epochs: fine-tuning epochs at most.
         fresh: re-run fine-tuning even if this run's checkpoints exist.
         strict: fail if the adapted version does not beat the champion.
+        source: accumulated (the latest window of the scored-and-labelled dataset), file
+            (``data``) or synthetic; default: ``data`` when given, else synthetic.
     """
     parent = resolve_model(model)
     out_dir = home_layout().new_report("fraud-adapt")
     # -- new data (with the new pattern) and the old test set
-    ref = obtain_transactions(data, columns or {}, config.data)
+    ref = training_transactions(source, data, columns or {}, config.data, None, config.split, obtain_transactions)
     new = prepare_features(ref, config.split, config.baseline.delay_days)
     old_ref = obtain_transactions(None, {}, old_data) if old_data is not None else ref
     old = prepare_features(old_ref, config.split, config.baseline.delay_days) if old_data is not None else new
@@ -81,13 +86,15 @@ def fraud_adapt(
     setup = setup_sequences(ref, new, mcfg, preprocessor=pre)
     spec = adapt_train_spec(parent, new, fraction, max_epochs, mcfg.seed, fresh=fresh, hardware=resolve_training("fraud-adapt"))
     tuned = finetune_model_task(net, setup.datamodule, spec, mode="top", fraction=fraction)
-    after = evaluate_stage("after", score_adapted(net, setup, pre, mcfg, ref, new, old_ref, old), threshold, config.fpr_target)
+    adapted = score_adapted(net, setup, pre, mcfg, ref, new, old_ref, old)
+    after = evaluate_stage("after", adapted, threshold, config.fpr_target)
     # -- register with lineage; the champion (maybe not the parent) judged on the same test period
     registration = register_model_task(
         parent.name, net, params=adapted_params(parent, net, setup, ref, new, fraction, tuned.freeze),
         metrics=R.adapt_metrics(before, after), primary_metric=PRIMARY_METRIC, data_hash=ref.content_hash,
         parent=parent.spec, strict=strict, tags={"kind": "adapted"},
         comparison=rescore_champion(parent.name, ref, new, known={parent.version: before.new.pr_auc}),
+        extra_files={PROFILE_FILE: profile_step(ref, new, adapted.s_new, out_dir)},
     )
     publish_report(R.render_adapt_report(parent, before, after, tuned.freeze, new.split, registration.decision),
                    out_dir, artifact_key("fraud-adapt-report"), "Before/after fine-tuning on a new fraud pattern")

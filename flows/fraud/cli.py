@@ -1,4 +1,4 @@
-"""``python -m flows.fraud {train,adapt,score,batch,tune}``: the fraud commands.
+"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune}``: the fraud commands.
 
 Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`); this module
 names the flags where a field name alone would be unclear, checks files, column mappings,
@@ -15,8 +15,15 @@ import pandas as pd
 
 from flows.cli import Command, make_main
 from flows.fraud.adapt import fraud_adapt
+from flows.fraud.monitor import fraud_monitor
 from flows.fraud.reproduce import fraud_reproduce
-from flows.fraud.results import FraudAdaptResult, FraudScoreResult, FraudTrainResult, FraudTuneResult
+from flows.fraud.results import (
+    FraudAdaptResult,
+    FraudMonitorResult,
+    FraudScoreResult,
+    FraudTrainResult,
+    FraudTuneResult,
+)
 from flows.fraud.score import fraud_batch_score, fraud_score
 from flows.fraud.steps import fraud_space
 from flows.fraud.train import fraud_train
@@ -136,6 +143,13 @@ def check_reproduce(kwargs: dict[str, Any]) -> None:
     _check_model(kwargs, fraud_reproduce, registered=True)
 
 
+def check_monitor(kwargs: dict[str, Any]) -> None:
+    """Accounts file and mapping valid, model name well formed."""
+    _check_files(kwargs, "accounts")
+    _check_columns(kwargs)
+    _check_model(kwargs, fraud_monitor, registered=False)
+
+
 def adapt_old_data(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The old regime's data for the forgetting check: the new data's size, seed 0, no new pattern."""
     config = _given(kwargs, fraud_adapt, "config")
@@ -199,6 +213,26 @@ def score_summary(r: FraudScoreResult) -> str:
     )
 
 
+def monitor_summary(r: FraudMonitorResult) -> str:
+    """The human summary of a monitor run: labels in, accumulated data, latest realised
+    metrics per version, the decision."""
+    a = r.accumulated
+    lines = [
+        f"fraud-monitor: {r.labels_files} label file(s), {r.labels_rows} label(s), {len(r.quarantined)} quarantined",
+        f"  accumulated: {a.days} day(s) ({a.first_day} to {a.last_day}), {a.files_added} scored file(s) added",
+    ]
+    latest: dict[int, dict[str, Any]] = {}
+    for row in r.performance:
+        if row.get("pr_auc") == row.get("pr_auc") and row.get("pr_auc") is not None:  # not NaN
+            latest[int(row["model_version"])] = row
+    for version, row in sorted(latest.items()):
+        lines.append(f"  v{version} on {str(row['day'])[:10]}: PR-AUC {row['pr_auc']:.4f}  ROC-AUC {row['roc_auc']:.4f}  "
+                     f"recall@FPR {row['recall_at_fpr']:.4f}  CP@k {row['card_precision_at_k']:.4f}")
+    lines.append(f"  {'retrain started' if r.dispatched else 'no retrain'}: {r.decision.reason}")
+    lines.append(f"  report: {r.report_dir}/report.md")
+    return "\n".join(lines)
+
+
 def tune_summary(r: FraudTuneResult) -> str:
     """The human summary of a tuning run."""
     s = r.summary
@@ -250,6 +284,11 @@ COMMANDS = (
         check=check_batch,
     ),
     Command(
+        "monitor", fraud_monitor, monitor_summary,
+        help="delayed labels -> realised metrics per day, accumulated data, retrain trigger",
+        check=check_monitor,
+    ),
+    Command(
         "tune", fraud_tune, tune_summary,
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
@@ -265,7 +304,7 @@ COMMANDS = (
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, tune, reproduce. "
+    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",
     COMMANDS,

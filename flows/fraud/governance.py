@@ -73,12 +73,15 @@ def recompare_with(model_name: str, ref: DatasetRef, prepared: PreparedFeatures,
 
 @task(name="collect-lineage", cache_policy=NONE)
 def fraud_lineage(ref: DatasetRef, prepared: PreparedFeatures, config: FraudTrainConfig, data: str | None,
-                  hardware: TrainerArgs, trained: TrainResult) -> Lineage:
+                  hardware: TrainerArgs, trained: TrainResult, source: str | None = None) -> Lineage:
     """Data hash and rows per period, seeds, software, hardware and the flow's parameters."""
     seeds = {"model": config.model.seed, "baseline": config.model.seed}
-    if data is None:
+    accumulated = source == "accumulated"
+    if data is None and not accumulated:
         seeds["synthetic_data"] = config.data.seed
-    return collect_lineage(data_hash=ref.content_hash, data_source=data or "synthetic (seeded generator)",
+    described = ("accumulated dataset (latest window of scored and labelled transactions)" if accumulated
+                 else data or "synthetic (seeded generator)")
+    return collect_lineage(data_hash=ref.content_hash, data_source=described,
                            rows=prepared.rows, period={"periods": prepared.split}, seeds=seeds, hardware=hardware,
                            precision=trained.precision)
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.registry import ModelRef, PromotionDecision
 from tasks.data import DatasetRef
+from tasks.dispatch import Dispatched
 from tasks.evaluate import EvalReport
 from tasks.finetune import FreezeReport
 from tasks.ledger import InboxRun
+from tasks.monitoring import DriftSummary, RetrainDecision
 from tasks.train import TrainResult
 from tasks.tune import TuneSummary
 
@@ -90,6 +94,8 @@ class FraudBatchScoreResult(InboxRun):
     """What one ``fraud-batch-score`` run did with the inbox: ``rows`` transactions scored,
     ``flagged`` of them at or above the model's threshold."""
 
+    drift: DriftSummary | None = Field(default=None, description="Inputs and scores against the champion's profile.")
+
 
 class FraudTuneResult(BaseModel):
     """What ``fraud-tune`` produced."""
@@ -110,3 +116,43 @@ class FraudTuneResult(BaseModel):
     promotion: PromotionDecision
     report_dir: str
     seconds: float
+
+
+class LabelsIngest(BaseModel):
+    """What one monitor run took from the labels inbox."""
+
+    model_config = ConfigDict(frozen=True)
+
+    files: int
+    rows: int
+    quarantined: dict[str, str] = Field(default_factory=dict)
+    new_ids: list[str] = Field(default_factory=list, description="Transactions whose label arrived now.")
+
+
+class Accumulated(BaseModel):
+    """The accumulated training dataset after one monitor run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    files_added: int = Field(description="Scored input files added now.")
+    days_written: int = Field(description="Day partitions written now (new rows or arrived labels).")
+    days: int
+    first_day: str | None
+    last_day: str | None
+
+
+class FraudMonitorResult(BaseModel):
+    """What one ``fraud-monitor`` run found and did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    labels_files: int
+    labels_rows: int
+    quarantined: dict[str, str]
+    accumulated: Accumulated
+    performance: list[dict[str, Any]] = Field(description="Realised metrics per scored day and model version.")
+    decision: RetrainDecision
+    dispatched: Dispatched | None = Field(description="The retrain started, if any.")
+    retrain_result: FraudAdaptResult | FraudTrainResult | None = Field(default=None, description="Its result when it ran in-process.")
+    report_dir: str

@@ -8,6 +8,7 @@ from pathlib import Path
 from prefect import flow
 
 from flows.fraud import reports as R
+from flows.fraud.monitoring import drift_step
 from flows.fraud.results import FraudBatchScoreResult, FraudScoreResult
 from flows.fraud.steps import (
     evaluate_labelled,
@@ -87,7 +88,9 @@ def fraud_batch_score(
     ``inbox`` is a folder or a glob (default ``<home>/inbox/fraud``). A file whose content
     was handled before is skipped (processed-files ledger); a file that cannot be read or
     validated is quarantined with its reason and the others are scored. Files changed in the
-    last ``settle_seconds`` are left for the next run (still being copied in).
+    last ``settle_seconds`` are left for the next run (still being copied in). The run's inputs
+    and scores are compared with the champion's profile (drift; thresholds in the deployment
+    config): a drifted run emits an event and is tagged ``drift``.
 
     Args:
         inbox: folder or glob of CSV/Parquet files (default: <home>/inbox/fraud).
@@ -108,4 +111,5 @@ def fraud_batch_score(
         make_scorer=lambda ref: partial(score_inbox_file, model=ref, columns=mapping, accounts=accounts,
                                         out_dir=str(out_dir), csv=csv, encoding=encoding),
     )
-    return FraudBatchScoreResult(**run.model_dump())
+    drift = drift_step(run, mapping, accounts)
+    return FraudBatchScoreResult(**run.model_dump(), drift=drift)

@@ -8,6 +8,7 @@ from prefect import flow
 
 from flows.fraud import reports as R
 from flows.fraud.governance import compare_with_champion, fraud_card, fraud_lineage, recompare_with
+from flows.fraud.monitoring import TrainingSource, profile_step, training_transactions
 from flows.fraud.results import FraudTrainResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -29,6 +30,7 @@ from infra.home import home_layout
 from solutions.fraud.config import FraudTrainConfig
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, plot_comparison
+from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
 from tasks.train import train_model_task
 
@@ -41,6 +43,7 @@ def fraud_train(
     config: FraudTrainConfig = FraudTrainConfig(),  # noqa: B008 - a typed default renders a UI form
     fresh: bool = False,
     strict: bool = False,
+    source: TrainingSource | None = None,
 ) -> FraudTrainResult:
     """Train the fraud sequence model and the gradient-boosting baseline, choose on the
     validation period between them and their ensemble, register the winner (the test period
@@ -54,11 +57,13 @@ def fraud_train(
         config: data, split, sequence model, baseline and registry name.
         fresh: retrain from scratch even if this run's checkpoints exist.
         strict: fail (QualityGateError) if the new version does not beat the champion.
+        source: accumulated (the latest window of the scored-and-labelled dataset), file
+            (``data``) or synthetic; default: ``data`` when given, else synthetic.
     """
     started = time.perf_counter()
     hardware = resolve_training("fraud-train")
     # -- data
-    ref = obtain_transactions(data, columns or {}, config.data, accounts)
+    ref = training_transactions(source, data, columns or {}, config.data, accounts, config.split, obtain_transactions)
     prepared = prepare_features(ref, config.split, config.baseline.delay_days)
     check_periods(ref, prepared)
     out_dir = home_layout().new_report("fraud-train")
@@ -82,12 +87,12 @@ def fraud_train(
                                   config.baseline.delay_days, out_dir)
     winner_scores = choice.scores[choice.winner]
     champion = compare_with_champion(config.model_name, ref, prepared, winner_scores)
-    lineage = fraud_lineage(ref, prepared, config, data, hardware, trained)
+    lineage = fraud_lineage(ref, prepared, config, data, hardware, trained, source)
     registration = register_model_task(
         config.model_name,
         winning.module,
         kind=winning.kind,
-        extra_files=winning.extra_files,
+        extra_files={**winning.extra_files, PROFILE_FILE: profile_step(ref, prepared, winner_scores.s_test, out_dir)},
         params=winning.params,
         metrics={**R.train_metrics(winner_report, base_report), **choice.metrics()},
         primary_metric=PRIMARY_METRIC,

@@ -7,6 +7,7 @@ from functools import partial
 from prefect import flow
 
 from flows.sensor import steps as st
+from flows.sensor.monitoring import drift_step
 from flows.sensor.results import SensorBatchScoreResult
 from infra.home import home_layout
 from infra.runners import ConfiguredTaskRunner
@@ -33,7 +34,9 @@ def sensor_batch_score(
     ``inbox`` is a folder or a glob (default ``<home>/inbox/sensor``). Files are fanned out
     on the configured task runner (threads or Dask). A file handled before is skipped
     (processed-files ledger); an unreadable file is quarantined with its reason. The bad
-    readings counted in each file are written beside its score file.
+    readings counted in each file are written beside its score file. The run's readings and
+    predicted RUL are compared with the champion's profile (drift; thresholds in the
+    deployment config): a drifted run emits an event and is tagged ``drift``.
 
     Args:
         inbox: folder or glob of long-format CSV/Parquet files (default: <home>/inbox/sensor).
@@ -54,4 +57,5 @@ def sensor_batch_score(
         make_scorer=lambda ref: partial(st.score_readings_file, model=ref, columns=dict(mapping), threshold=threshold,
                                         config=config, out_dir=str(out_dir), csv=csv, encoding=encoding),
     )
-    return SensorBatchScoreResult(**run.model_dump(), bad_readings=st.collect_bad_readings_step(run.outputs))
+    drift = drift_step(run, mapping, config)
+    return SensorBatchScoreResult(**run.model_dump(), bad_readings=st.collect_bad_readings_step(run.outputs), drift=drift)

@@ -11,6 +11,7 @@ from tasks.evaluate import EvalReport
 from tasks.evaluate_regression import RegressionReport
 from tasks.finetune import FreezeReport
 from tasks.ledger import InboxRun
+from tasks.monitoring import DriftSummary
 from tasks.train import TrainResult
 
 
@@ -79,3 +80,4 @@ class SensorBatchScoreResult(InboxRun):
     bad_readings: dict[str, BadReadingReport] = Field(
         default_factory=dict, description="Score file -> the bad readings counted in its input file."
     )
+    drift: DriftSummary | None = Field(default=None, description="Readings and predicted RUL against the champion's profile.")

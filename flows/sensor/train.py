@@ -8,6 +8,7 @@ from prefect import flow
 
 from flows.sensor import steps as st
 from flows.sensor.governance import compare_with_champion, recompare_with, sensor_card, sensor_lineage
+from flows.sensor.monitoring import profile_step
 from flows.sensor.pretrain import sensor_pretrain
 from flows.sensor.results import SensorTrainResult
 from infra.home import home_layout
@@ -18,6 +19,7 @@ from solutions.sensor.data import window_config
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.finetune import finetune_model_task
+from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
 from tasks.train import train_model_task
 
@@ -81,7 +83,8 @@ def sensor_train(
     champion = compare_with_champion(config.model_name, setup.data, winner_pred)
     lineage = sensor_lineage(grid_ref, source, config, setup, encoder, spec.hardware, trained)
     registration = register_model_task(
-        config.model_name, winning.module, kind=winning.kind, extra_files=winning.extra_files,
+        config.model_name, winning.module, kind=winning.kind,
+        extra_files={**winning.extra_files, PROFILE_FILE: profile_step(grid_ref, setup, winner_pred.rul_last, out_dir)},
         params=P.model_params(model, setup.normalizer, wcfg, threshold=winner.threshold,
                               label_fraction=ft.label_fraction, split=config.split.model_dump(),
                               encoder=encoder.spec if encoder else None, **winning.params),

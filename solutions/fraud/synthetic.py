@@ -647,6 +647,8 @@ def generate_transactions(
     fraud_rate: float = 0.01,
     seed: int = 0,
     new_pattern: bool = False,
+    new_pattern_rate: float = _NEW_PATTERN_RATE,
+    new_pattern_from: float = 0.7,
 ) -> pd.DataFrame:
     """Generates a labelled synthetic card-transaction table.
 
@@ -684,6 +686,11 @@ def generate_transactions(
         seed: seed of the random generator; the same arguments give an identical
             frame.
         new_pattern: add the ``new_pattern`` scenario in the last 30% of the span.
+        new_pattern_rate: new-pattern fraud as a share of the transactions of its
+            period (default 0.4%; a larger share makes a drop and a recovery visible
+            on small data).
+        new_pattern_from: where in the span the new pattern starts (a fraction of
+            ``n_days``, default 0.7: from day ``ceil(0.7 * n_days)``).
 
     Returns:
         A frame sorted by timestamp (index 0..n-1) with the canonical columns
@@ -726,9 +733,12 @@ def generate_transactions(
     ]
     _compromise_terminals(rng, legit, label, term, max(1, round(_SHARE[_TERM] * target)), n_days)
     if new_pattern:
-        day_lo = int(np.ceil(0.7 * n_days))
+        if not 0.0 < new_pattern_rate < 0.5 or not 0.0 <= new_pattern_from < 1.0:
+            raise ValueError(f"new_pattern_rate must be in (0, 0.5) and new_pattern_from in [0, 1); got "
+                             f"{new_pattern_rate}, {new_pattern_from}")
+        day_lo = int(np.ceil(new_pattern_from * n_days))
         n_recent = (legit.t >= day_lo * DAY).sum()
-        n_new = max(1, round(_NEW_PATTERN_RATE * n_recent / 7.0))
+        n_new = max(1, round(new_pattern_rate * n_recent / 7.0))
         parts.append(_new_pattern(rng, acc, term, n_new, day_lo, n_days))
     labels = [label] + [np.ones(len(p), dtype=np.int8) for p in parts[1:]]
     tx = _concat(parts)

@@ -27,7 +27,10 @@ def test_packaged_config_defines_every_vertical_job() -> None:
     flows = {d.flow for d in config.deployments}
     assert {"flows.fraud:fraud_train", "flows.fraud:fraud_batch_score", "flows.sensor:sensor_batch_score",
             "flows.sensor:sensor_train", "flows.rag:rag_ingest"} <= flows
-    assert all(d.cron for d in config.deployments)
+    on_demand = {"on-drift-adapt"}  # started by fraud-monitor, not by a clock
+    assert all(d.cron for d in config.deployments if d.name not in on_demand)
+    assert config.monitoring["fraud-monitor"].trigger == "fraud-adapt/on-drift-adapt"
+    assert config.deployment("fraud-adapt", "on-drift-adapt").parameters["source"] == "accumulated"
     assert config.gpu_pools and "fraud-train" in config.resources
 
 
