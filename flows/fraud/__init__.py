@@ -9,8 +9,8 @@ Run ``python -m flows.fraud <command> --help``; the deployments name them by ent
 from __future__ import annotations
 
 from flows.fraud.adapt import fraud_adapt
-from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.monitor import fraud_monitor
+from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.results import (
     FraudAdaptResult,
     FraudBatchScoreResult,
