@@ -16,7 +16,14 @@ import pandas as pd
 from infra.registry import ModelRef, ModelRegistry
 from infra.store import stable_hash
 from solutions.sensor import schema as S
-from solutions.sensor.config import ModelConfig, PretrainConfig, SensorConfig, SplitConfig, WindowConfig
+from solutions.sensor.config import (
+    FinetuneConfig,
+    ModelConfig,
+    PretrainConfig,
+    SensorConfig,
+    SplitConfig,
+    WindowConfig,
+)
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
 from solutions.sensor.metrics import alert_lead_times, phm08_score
 from solutions.sensor.model import MaskedReconstruction, SensorRULModel, WindowDataModule
@@ -51,6 +58,8 @@ def split_assets(grid: pd.DataFrame, cfg: SplitConfig) -> dict[str, list[str]]:
         n_test = max(1, round(cfg.test_fraction * len(perm)))
         n_val = max(1, round(cfg.val_fraction * len(perm)))
         test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        log.info("no test units in the data: %d of %d assets held out for test and %d for validation "
+                 "(split by asset, seed %d)", n_test, len(perm), n_val, cfg.seed)
     if len(train) == 0:
         from infra.errors import DataValidationError
 
@@ -161,17 +170,29 @@ def pretrain_windows(grid: pd.DataFrame, splits: dict[str, list[str]], normalize
 
 def build_pretrainer(n_channels: int, mcfg: ModelConfig, pcfg: PretrainConfig) -> MaskedReconstruction:
     return MaskedReconstruction(
-        n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr
+        n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr,
+        pooling=mcfg.pooling,
     )
 
 
-def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: float, fail: np.ndarray) -> SensorRULModel:
+def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: float, fail: np.ndarray,
+                    ft: FinetuneConfig | None = None) -> SensorRULModel:
+    """A fresh RUL/failure model; ``ft`` adds the training recipe (schedule, input noise)."""
     pos = float(np.nansum(fail))
     neg = float(np.sum(~np.isnan(fail))) - pos
+    recipe = {"lr_schedule": ft.lr_schedule, "input_noise": ft.input_noise} if ft is not None else {}
     return SensorRULModel(
         n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
-        pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0,
+        pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0, pooling=mcfg.pooling, **recipe,
     )
+
+
+def train_spec_fields(config: SensorConfig) -> dict[str, Any]:
+    """The early-stopping fields of the supervised run's ``TrainSpec`` (the flow and the
+    benches build it from these, so both train alike)."""
+    ft = config.finetune
+    return {"max_epochs": ft.max_epochs, "patience": ft.patience, "monitor": "val/rmse", "mode": "min",
+            "seed": ft.seed, "smoothing": ft.smoothing}
 
 
 def rul_extra(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -288,7 +309,7 @@ def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConf
                   encoder_state: dict[str, Any] | None = None) -> tuple[SensorRULModel, WindowDataModule]:
     """A fresh RUL/failure model (with the pre-trained encoder's weights, if given) and its data."""
     ft, data = config.finetune, setup.data
-    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail)
+    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail, ft)
     if encoder_state is not None:
         model.load_encoder(encoder_state)
     dm = WindowDataModule(
