@@ -105,13 +105,21 @@ class AlignConfig(BaseModel):
     )
 
 
+#: training-window stride of non-C-MAPSS data when none is configured
+DEFAULT_STRIDE = 3
+
+
 class WindowConfig(BaseModel):
     """Fixed-length windows over the grid."""
 
     model_config = ConfigDict(frozen=True)
 
     length: int = Field(default=30, ge=2, description="Steps per window (30 as for C-MAPSS FD001).")
-    stride: int = Field(default=3, ge=1, description="Steps between training windows.")
+    stride: int | None = Field(
+        default=None, ge=1,
+        description="Steps between training windows (None: 1 for C-MAPSS, every cycle as the standard protocol; "
+        f"{DEFAULT_STRIDE} otherwise).",
+    )
     test_cuts: int = Field(
         default=4, ge=1, description="Synthetic test assets are cut before failure this many times (random cuts)."
     )

@@ -29,6 +29,7 @@ from solutions.sensor.align import (
 )
 from solutions.sensor.cmapss import REGIMES, check_subset, has_test_files, load_cmapss
 from solutions.sensor.config import (
+    DEFAULT_STRIDE,
     AlignConfig,
     SensorConfig,
     SensorSource,
@@ -133,16 +134,19 @@ def build_grid(source: SensorSource, config: SensorConfig) -> tuple[pd.DataFrame
 
 
 def window_config(source: SensorSource, config: SensorConfig) -> WindowConfig:
-    """The window settings, with C-MAPSS regime counts known per subset (one test cut each)."""
+    """The window settings, with C-MAPSS regime counts known per subset (one test cut each
+    when the test file is there) and the training stride resolved (1 for C-MAPSS)."""
     w = config.window
     if source.cmapss_dir:
         # the test file's units are cut already; engines held out of the train file are cut as configured
         held_out = not has_test_files(Path(source.cmapss_dir), source.subset)
         update: dict[str, Any] = {} if held_out else {"test_cuts": 1}
+        if w.stride is None:
+            update["stride"] = 1
         if w.n_regimes == "auto":
             update["n_regimes"] = REGIMES.get(check_subset(source.subset), "auto")
         w = w.model_copy(update=update)
-    return w
+    return w if w.stride is not None else w.model_copy(update={"stride": DEFAULT_STRIDE})
 
 
 def check_source_files(source: SensorSource) -> None:

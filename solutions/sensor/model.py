@@ -229,6 +229,14 @@ class SensorRULModel(L.LightningModule):
             group["lr"] = group["scheduled_from_lr"] * factor
         self._last_lr_factor = factor
 
+    def on_validation_epoch_start(self) -> None:
+        # windows trained with input noise left noisy BatchNorm statistics: re-estimate them on
+        # the clean training windows, so validation (and the checkpoint it picks) sees the model
+        # as it will predict
+        train_ds = getattr(self.trainer.datamodule, "train_ds", None) if self.trainer.training else None
+        if self.hparams.get("input_noise", 0.0) > 0 and train_ds is not None:
+            recalibrate_batchnorm(self.encoder, train_ds.tensors[0])
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
 
@@ -242,6 +250,28 @@ class SensorRULModel(L.LightningModule):
         enc = {k[len("encoder."):]: v for k, v in state_dict.items() if k.startswith("encoder.")}
         self.encoder.load_state_dict(enc)
         return len(enc)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(encoder: SensorEncoder, x: torch.Tensor, batch_size: int = 1024, max_windows: int = 8192) -> None:
+    """Re-estimate the encoder's BatchNorm running statistics on clean windows ``x`` (at most
+    ``max_windows``, evenly spaced), as a cumulative average; the encoder's mode is restored."""
+    norms = [m for m in encoder.modules() if isinstance(m, nn.BatchNorm1d)]
+    if not norms or len(x) == 0:
+        return
+    was_training = encoder.training
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    encoder.train()
+    device = next(encoder.parameters()).device
+    idx = torch.linspace(0, len(x) - 1, min(len(x), max_windows)).long()
+    for i in range(0, len(idx), batch_size):
+        encoder.steps(x[idx[i : i + batch_size]].to(device))
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    encoder.train(was_training)
 
 
 def predict_outputs(module: nn.Module, x: np.ndarray, rul_cap: float, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:

@@ -17,6 +17,7 @@ from infra.registry import ModelRef, ModelRegistry
 from infra.store import stable_hash
 from solutions.sensor import schema as S
 from solutions.sensor.config import (
+    DEFAULT_STRIDE,
     FinetuneConfig,
     ModelConfig,
     PretrainConfig,
@@ -144,8 +145,9 @@ def supervised_windows(
 ) -> SupervisedData:
     """Windows for training (labelled assets), validation and the test protocols."""
     kw = {"length": cfg.length, "rul_cap": cfg.rul_cap, "horizon": cfg.horizon}
-    train = make_windows(rows_of(grid, labelled), normalizer, stride=cfg.stride, report=report, **kw).labelled()
-    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(cfg.stride, 2), **kw).labelled()
+    stride = cfg.stride or DEFAULT_STRIDE
+    train = make_windows(rows_of(grid, labelled), normalizer, stride=stride, report=report, **kw).labelled()
+    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(stride, 2), **kw).labelled()
     test_grid = rows_of(grid, splits["test"])
     cut = cut_test_assets(test_grid, splits["test"], cfg.length, seed, cuts=cfg.test_cuts)
     test_last = make_windows(cut, normalizer, last_only=True, pad=True, report=report, **kw).labelled()
