@@ -135,7 +135,7 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
+    channels: int = Field(default=16, ge=8, description="Width of the first conv layer (the others are 2x).")
     embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
     dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout rate of the encoder and heads.")
     fail_weight: float = Field(default=0.5, ge=0, description="Weight of the failure-in-horizon loss.")
@@ -171,8 +171,8 @@ class FinetuneConfig(BaseModel):
     unfreeze_every: int = Field(default=2, ge=1, description="Epochs between unfreezing steps.")
     lr: float = Field(default=2e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(default=256, ge=8, description="Batch size.")
-    max_epochs: int = Field(default=10, ge=1, description="Training epochs at most.")
-    patience: int = Field(default=3, ge=1, description="Early-stopping patience (epochs).")
+    max_epochs: int = Field(default=12, ge=1, description="Training epochs at most.")
+    patience: int = Field(default=4, ge=1, description="Early-stopping patience (epochs, on the smoothed RMSE).")
     min_samples_per_epoch: int = Field(
         default=4096, ge=1, description="Few-label runs resample the labelled windows up to this."
     )
