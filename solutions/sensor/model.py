@@ -255,8 +255,12 @@ class SensorRULModel(L.LightningModule):
 @torch.no_grad()
 def recalibrate_batchnorm(encoder: SensorEncoder, x: torch.Tensor, batch_size: int = 1024, max_windows: int = 8192) -> None:
     """Re-estimate the encoder's BatchNorm running statistics on clean windows ``x`` (at most
-    ``max_windows``, evenly spaced), as a cumulative average; the encoder's mode is restored."""
-    norms = [m for m in encoder.modules() if isinstance(m, nn.BatchNorm1d)]
+    ``max_windows``, evenly spaced), as a cumulative average; the encoder's mode is restored.
+
+    Layers that do not track statistics (frozen by a fine-tuning schedule, which keeps their
+    pre-trained statistics) are left as they are.
+    """
+    norms = [m for m in encoder.modules() if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
     if not norms or len(x) == 0:
         return
     was_training = encoder.training
