@@ -98,6 +98,13 @@ class RegimeNormalizer:
     def _fit_regimes(self, z: np.ndarray) -> np.ndarray:
         if z.shape[1] == 0 or self.n_regimes == 1:
             return np.zeros((1, z.shape[1]))
+        from threadpoolctl import threadpool_limits
+
+        # at most 5000 points: one OpenMP thread is enough, and more spin-wait on a busy machine
+        with threadpool_limits(1):
+            return self._cluster(z)
+
+    def _cluster(self, z: np.ndarray) -> np.ndarray:
         from sklearn.cluster import KMeans
         from sklearn.metrics import silhouette_score
 

@@ -54,7 +54,8 @@ class Seen(Callback):
         self.values.append(float(trainer.callback_metrics[smoothed_name("val/loss")]))
 
 
-def test_smoothed_early_stopping_outlasts_the_noise() -> None:
+def test_smoothed_early_stopping_outlasts_the_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INDUSFLOW_TRAIN_NUM_THREADS", "1")
     raw = train_model(Noisy(), Data(), TrainSpec(run_key="smooth-raw", max_epochs=12, patience=1))
     assert raw.epochs_trained_now == [0, 1, 2]  # the raw metric stops at the first bump
     seen = Seen()
@@ -83,7 +84,8 @@ def test_cosine_schedule_factor() -> None:
         SensorRULModel(3, channels=8, lr_schedule="linear")
 
 
-def test_rul_model_follows_the_cosine_schedule_and_adds_noise_only_in_training() -> None:
+def test_rul_model_follows_the_cosine_schedule_and_adds_noise_only_in_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INDUSFLOW_TRAIN_NUM_THREADS", "1")  # tiny convolutions: one thread is fastest
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 3, 10)).astype("float32")
     rul = rng.uniform(0, 125, size=64)
