@@ -68,7 +68,7 @@ def sensor_case():
     dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
                           cfg.finetune.batch_size, seed=cfg.finetune.seed)
     build = lambda: P.build_predictor(len(norm.channels_), cfg.model, cfg.window, 2e-3, data.train.fail,
-                                      cfg.finetune.seed)
+                                      seed=cfg.finetune.seed)
     return build, dm, "val/rmse", cfg.finetune.seed
 
 

@@ -1,95 +1,147 @@
-"""Label efficiency on the synthetic fleet: test RMSE with 5%, 20% and 100% of the
-training assets labelled, fine-tuned from the pre-trained encoder vs trained from scratch.
+"""Label efficiency: held-out RMSE with a share of the training assets labelled, fine-tuned
+from the pre-trained encoder vs trained from scratch, over several seeds.
 
-Uses the same plain steps as ``flows.sensor`` (no Prefect): one pre-training, then one
-fine-tuning and one from-scratch run per label fraction and seed, all on the same split
-and test cuts. Prints a markdown table and one JSON line.
+Each seed draws its own split by asset (held-out test assets, validation assets for early
+stopping, training assets), pre-trains the masked-reconstruction encoder once on the
+readings of every training and validation asset (no labels: the unlabelled trajectories),
+then for each label fraction trains the CNN on the labelled share (nested: the 10% set is
+inside the 25% set) twice: from the pre-trained encoder and from scratch, as
+``sensor-train`` does. Scores: RMSE and PHM08 on the last window of each held-out asset's
+random cuts (C-MAPSS test protocol). Runs go seed by seed (every cell gets its first seed
+first) and are appended to ``--out-dir``; ``--resume`` continues an interrupted grid.
 
-Usage: ``python bench/sensor_label_efficiency.py [--fractions 0.05 0.2 1.0] [--seeds 0]``
+Data: a C-MAPSS training file (``--cmapss-dir``, the held-out engines come from it) or the
+seeded synthetic fleet.
+
+Usage::
+
+    nice -n 10 python bench/sensor_label_efficiency.py --cmapss-dir ../shared/data/cmapss \\
+        --fractions 0.1 0.25 1.0 --seeds 0 1 2 --out-dir bench/results
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.2, 1.0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--n-assets", type=int, default=None)
+    parser.add_argument("--cmapss-dir", default=None, help="C-MAPSS folder (default: the synthetic fleet).")
+    parser.add_argument("--subset", default="FD001")
+    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 1.0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--n-assets", type=int, default=None, help="Synthetic fleet size.")
+    parser.add_argument("--max-epochs", type=int, default=None, help="Override the config's fine-tuning epochs.")
+    parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
+    parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
+    parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
+    parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
+    parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
-    os.environ.setdefault("INDUSFLOW_HOME", tempfile.mkdtemp(prefix="bench-label-eff-"))
-    os.environ.setdefault("INDUSFLOW_TRAIN_PROGRESS_BAR", "false")
-    logging.disable(logging.WARNING)
+    from bench.sensor_runs import bench_environment
 
-    import numpy as np
+    bench_environment(args.threads)
 
+    from bench.sensor_runs import plot_curves, pretrain_encoder, train_cnn
+    from solutions.sensor import crossval as CV
     from solutions.sensor import pipeline as P
-    from solutions.sensor.align import align_readings, clean_events, clean_readings
-    from solutions.sensor.config import SensorConfig
-    from solutions.sensor.model import WindowDataModule, predict
-    from solutions.sensor.synthetic import generate_fleet
-    from tasks.finetune import finetune_model
-    from tasks.train import TrainSpec, train_model
+    from solutions.sensor import schema as S
+    from solutions.sensor.config import SensorConfig, SensorSource, SplitConfig
+    from solutions.sensor.data import build_grid, window_config
 
+    started = time.perf_counter()
     cfg = SensorConfig()
     if args.n_assets:
         cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={"n_assets": args.n_assets})})
-    readings, events = generate_fleet(cfg.fleet)
-    clean, report = clean_readings(readings, cfg.align)
-    grid, report = align_readings(clean, clean_events(events), cfg.align, report)
-    splits = P.split_assets(grid, cfg.split)
-    wcfg = cfg.window
-    norm = P.fit_normalizer(grid, splits["train"] + splits["val"], wcfg, cfg.align.op_prefix)
-    t0 = time.perf_counter()
-    tr, va = P.pretrain_windows(grid, splits, norm, wcfg, cfg.pretrain.stride)
-    pre = P.build_pretrainer(len(norm.channels_), cfg.model, cfg.pretrain)
-    pre_res = train_model(pre, WindowDataModule((tr.x,), (va.x,), cfg.pretrain.batch_size),
-                          TrainSpec(run_key="le-pre", max_epochs=cfg.pretrain.max_epochs, patience=cfg.pretrain.patience, monitor="val/loss"))
-    pre_s = time.perf_counter() - t0
-    state = pre.state_dict()
-    ft = cfg.finetune
-    rows = []
-    for seed in args.seeds:
+    if args.max_epochs:
+        cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"max_epochs": args.max_epochs})})
+    if args.pretrain_epochs:
+        cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"max_epochs": args.pretrain_epochs})})
+    if args.channels:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"channels": args.channels})})
+    source = SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset) if args.cmapss_dir else SensorSource()
+    wcfg = window_config(source, cfg)
+    if args.stride:
+        wcfg = wcfg.model_copy(update={"stride": args.stride})
+    grid, _ = build_grid(source, cfg)
+    grid = grid.loc[grid[S.SET] != "test"]  # C-MAPSS: the training file's engines only; test units stay unseen
+    out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="sensor-label-eff-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_file, curves_file = out_dir / "sensor_label_efficiency_runs.jsonl", out_dir / "sensor_label_efficiency_curves.jsonl"
+    if not (args.resume or args.summarize_only):
+        runs_file.unlink(missing_ok=True)
+        curves_file.unlink(missing_ok=True)
+    rows = [json.loads(line) for line in runs_file.read_text().splitlines()] if runs_file.exists() else []
+    curves = [json.loads(line) for line in curves_file.read_text().splitlines()] if curves_file.exists() else []
+    done = {(r["seed"], r["label_fraction"], r["pretrained"]) for r in rows}
+
+    def keep(record: dict[str, Any], target: Path) -> None:
+        with open(target, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    for seed in [] if args.summarize_only else args.seeds:
+        todo = [(f, pre) for f in args.fractions for pre in (True, False) if (seed, f, pre) not in done]
+        if not todo:
+            continue
+        splits = P.split_assets(grid, SplitConfig(val_fraction=cfg.split.val_fraction,
+                                                  test_fraction=cfg.split.test_fraction, seed=seed))
+        t0 = time.perf_counter()
+        fd = CV.fold_data(grid, splits, cfg, wcfg, seed=seed)  # normaliser of the training + validation assets
+        encoder = pretrain_encoder(grid, splits, fd.normalizer, cfg, wcfg, f"le-pre-{seed}") \
+            if any(pre for _, pre in todo) else None
+        pre_s = round(time.perf_counter() - t0, 1)
         for frac in args.fractions:
             labelled = P.labelled_assets(grid, splits["train"], frac, seed)
-            data = P.supervised_windows(grid, splits, labelled, norm, wcfg, report)
+            data = CV.fold_data(grid, splits, cfg, wcfg, labelled=labelled, seed=seed).data
             for pretrained in (True, False):
-                model = P.build_predictor(len(norm.channels_), cfg.model, wcfg, ft.lr, data.train.fail)
-                dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
-                                      ft.batch_size, ft.min_samples_per_epoch, seed)
-                spec = TrainSpec(run_key=f"le-{seed}-{frac}-{int(pretrained)}", max_epochs=ft.max_epochs, patience=ft.patience,
-                                 monitor="val/rmse", mode="min", seed=seed)
-                t1 = time.perf_counter()
-                if pretrained:
-                    model.load_encoder(state)
-                    finetune_model(model, dm, spec, mode="progressive", groups=("heads", "encoder.proj", "encoder.convs"),
-                                   every_n_epochs=ft.unfreeze_every)
-                else:
-                    train_model(model, dm, spec)
-                pred, _ = predict(model, data.test_last.x)
-                rmse = float(np.sqrt(np.mean((pred - data.test_last.rul) ** 2)))
-                rows.append({"seed": seed, "label_fraction": frac, "labelled_assets": len(labelled), "pretrained": pretrained,
-                             "test_rmse": round(rmse, 2), "seconds": round(time.perf_counter() - t1, 1)})
-                print(rows[-1], file=sys.stderr, flush=True)
-    print("| labelled | assets | pre-trained RMSE | scratch RMSE |\n|---|---|---|---|")
-    for frac in args.fractions:
-        sel = [r for r in rows if r["label_fraction"] == frac]
-        p = np.mean([r["test_rmse"] for r in sel if r["pretrained"]])
-        s = np.mean([r["test_rmse"] for r in sel if not r["pretrained"]])
-        print(f"| {frac:.0%} | {sel[0]['labelled_assets']} | {p:.2f} | {s:.2f} |")
-    print(json.dumps({"test_units": len(data.test_last), "pretrain_seconds": round(pre_s, 1),
-                      "pretrain_best_val_loss": pre_res.best_score, "runs": rows}))
+                if (seed, frac, pretrained) in done:
+                    continue
+                run = train_cnn(data, len(fd.normalizer.channels_), cfg, wcfg, seed, f"le-{seed}-{frac}-{int(pretrained)}",
+                                encoder if pretrained else None)
+                row = {"seed": seed, "label_fraction": frac, "labelled_assets": len(labelled),
+                       "train_assets": len(splits["train"]), "test_assets": len(splits["test"]),
+                       "pretrained": pretrained, **CV.rul_scores(data, run.last, run.every),
+                       "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds,
+                       "pretrain_seconds": pre_s}
+                curve = {"seed": seed, "label_fraction": frac, "model": "pre-trained" if pretrained else "scratch",
+                         "val_rmse": run.val_rmse, "best_epoch": run.best_epoch}
+                keep(row, runs_file)
+                keep(curve, curves_file)
+                rows.append(row)
+                curves.append(curve)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+
+    for r in rows:
+        r["model"] = f"{r['label_fraction']:.0%} labelled, " + ("pre-trained" if r["pretrained"] else "scratch")
+    metrics = ("rmse", "phm08")
+    summary = CV.summarize(sorted(rows, key=lambda r: (r["label_fraction"], not r["pretrained"])), metrics)
+    table = CV.render_table(summary, metrics)
+    png = plot_curves(curves, cfg.finetune.smoothing, out_dir / "sensor_label_efficiency_val_curves.png",
+                      group="label_fraction") if curves else None
+    print(table)
+    result = {
+        "bench": "sensor_label_efficiency", "source": source.describe(), "fractions": args.fractions,
+        "seeds": sorted({r["seed"] for r in rows}),
+        "summary": {r["model"]: {"rmse": round(float(r["rmse_mean"]), 3), "rmse_std": CV.finite(r["rmse_std"]),
+                                 "phm08": round(float(r["phm08_mean"]), 3), "phm08_std": CV.finite(r["phm08_std"]),
+                                 "runs": int(r["rmse_count"])} for _, r in summary.iterrows()},
+        "recipe": {"finetune": cfg.finetune.model_dump(), "model": cfg.model.model_dump(),
+                   "pretrain": cfg.pretrain.model_dump(), "window": wcfg.model_dump()},
+        "curves_png": str(png) if png else None, "seconds": round(time.perf_counter() - started, 1),
+    }
+    (out_dir / "sensor_label_efficiency.json").write_text(json.dumps({**result, "runs": rows}, indent=1) + "\n")
+    (out_dir / "sensor_label_efficiency.md").write_text(table + "\n")
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

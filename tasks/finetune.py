@@ -126,6 +126,7 @@ def finetune_model(
     fraction: float = 0.10,
     groups: Sequence[str] = (),
     every_n_epochs: int = 1,
+    callbacks: Sequence[Any] = (),
 ) -> FinetuneResult:
     """Fine-tune ``module`` (weights already loaded, e.g. from the registry).
 
@@ -133,8 +134,9 @@ def finetune_model(
         mode: ``top`` trains only the top ``fraction`` of parameters; ``progressive``
             unfreezes the submodules named in ``groups`` (top first) one every
             ``every_n_epochs`` epochs, through a Lightning ``BaseFinetuning`` callback.
+        callbacks: extra Lightning callbacks, passed on to :func:`tasks.train.train_model`.
     """
-    callbacks: list[Any] = []
+    unfreezing: list[Any] = []
     if mode == "top":
         report = freeze_all_but_top(module, fraction)
     elif mode == "progressive":
@@ -142,7 +144,7 @@ def finetune_model(
             raise ValueError("progressive unfreezing needs the submodule names in `groups`")
         for name in groups:
             module.get_submodule(name)  # fail early on a wrong name
-        callbacks.append(_progressive_callback(groups, every_n_epochs))
+        unfreezing.append(_progressive_callback(groups, every_n_epochs))
         for p in module.parameters():
             p.requires_grad_(False)
         for p in module.get_submodule(groups[0]).parameters():
@@ -157,7 +159,7 @@ def finetune_model(
         100 * report.trainable_fraction,
         mode,
     )
-    result = train_model(module, datamodule, spec, callbacks=callbacks)
+    result = train_model(module, datamodule, spec, callbacks=[*unfreezing, *callbacks])
     if mode == "progressive":
         report = freeze_report(module)
     return FinetuneResult(train=result, freeze=report, mode=mode)

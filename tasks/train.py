@@ -55,6 +55,12 @@ class TrainSpec(BaseModel):
     limit_train_batches: float | int | None = None
     limit_val_batches: float | int | None = None
     fresh: bool = Field(default=False, description="Delete earlier checkpoints of this key.")
+    smoothing: float | None = Field(
+        default=None, ge=0, lt=1,
+        description="Early stopping and the best checkpoint follow a bias-corrected moving average of "
+        "the monitored metric, logged as '<monitor>_smooth' (this weight on the past, e.g. 0.7), so a noisy "
+        "validation metric does not stop training early. None: the raw metric.",
+    )
 
 
 class TrainResult(BaseModel):
@@ -206,6 +212,38 @@ def _loggers(ckpt_dir: Path) -> list[Any]:
     return loggers
 
 
+def smoothed_name(monitor: str) -> str:
+    """The name under which the smoothed ``monitor`` is logged (:attr:`TrainSpec.smoothing`)."""
+    return f"{monitor}_smooth"
+
+
+def _make_smoother(monitor: str, weight: float):
+    from lightning.pytorch.callbacks import Callback
+
+    class MetricSmoother(Callback):
+        """Logs a bias-corrected exponential moving average of ``monitor`` after each validation."""
+
+        def __init__(self) -> None:
+            self.average = 0.0
+            self.count = 0
+
+        def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            value = trainer.callback_metrics.get(monitor)
+            if trainer.sanity_checking or value is None:
+                return
+            self.average = weight * self.average + (1.0 - weight) * float(value)
+            self.count += 1
+            pl_module.log(smoothed_name(monitor), self.average / (1.0 - weight**self.count), on_epoch=True)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"average": self.average, "count": self.count}
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            self.average, self.count = float(state_dict["average"]), int(state_dict["count"])
+
+    return MetricSmoother()
+
+
 def checkpoint_dir(run_key: str) -> Path:
     """The checkpoint folder of a run key."""
     return home_layout().checkpoints(run_key)
@@ -266,15 +304,17 @@ def train_model(
         set_cpu_threads(hw.num_threads)
     L.seed_everything(spec.seed, workers=True, verbose=False)
 
+    monitor = spec.monitor if spec.smoothing is None else smoothed_name(spec.monitor)
+    smoother = [] if spec.smoothing is None else [_make_smoother(spec.monitor, spec.smoothing)]
     checkpoint = ModelCheckpoint(
         dirpath=ckpt_dir,
         filename="best-{epoch:03d}",
-        monitor=spec.monitor,
+        monitor=monitor,
         mode=spec.mode,
         save_top_k=1,
         save_last=True,
     )
-    stopper = EarlyStopping(monitor=spec.monitor, mode=spec.mode, patience=spec.patience)
+    stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
     recorder = _make_epoch_recorder()
     curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
     # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
@@ -288,7 +328,7 @@ def train_model(
             devices=cards if cards is not None else devices,
             strategy=strategy,
             precision=precision,
-            callbacks=[checkpoint, stopper, recorder, curves, *callbacks],
+            callbacks=[*smoother, checkpoint, stopper, recorder, curves, *callbacks],
             logger=_loggers(ckpt_dir),
             enable_progress_bar=_show_progress(),
             enable_model_summary=False,
@@ -321,7 +361,7 @@ def train_model(
         best_checkpoint=best,
         last_checkpoint=str(last) if last.exists() else None,
         best_score=float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None,
-        monitor=spec.monitor,
+        monitor=monitor,
         epochs_completed=trainer.current_epoch,
         epochs_trained_now=recorder.epochs,
         resumed_from_epoch=recorder.start_epoch if resume else None,

@@ -139,10 +139,8 @@ def new_predictor_step(setup: P.SupervisedSetup, config: SensorConfig, wcfg: Win
 def train_spec(grid_ref: DatasetRef, encoder: ModelRef | None, config: SensorConfig, wcfg: WindowConfig,
                fresh: bool) -> TrainSpec:
     """How to train the RUL/failure model: the run key of these inputs and the resolved hardware."""
-    ft = config.finetune
     run_key = P.train_run_key(grid_ref.content_hash, encoder.spec if encoder else None, config, wcfg)
-    return TrainSpec(run_key=run_key, max_epochs=ft.max_epochs, patience=ft.patience, monitor="val/rmse", mode="min",
-                     seed=ft.seed, fresh=fresh, hardware=resolve_training("sensor-train"))
+    return TrainSpec(run_key=run_key, **P.train_spec_fields(config), fresh=fresh, hardware=resolve_training("sensor-train"))
 
 
 @task(name="predict-test-windows", cache_policy=NONE)

@@ -249,6 +249,7 @@ def align_readings(
     has_fail = fail_step >= 0
     after = has_fail[a_code] & (step > fail_step[a_code])
     report.after_failure += int(after.sum())
+    report.readings_used -= int(after.sum())  # counted as left out, so no longer used
     keep = ~after
     a_code, step, t, s_code = a_code[keep], step[keep], t[keep], s_code[keep]
     value = readings[S.VALUE].to_numpy(dtype="float64")[keep]
@@ -258,6 +259,7 @@ def align_readings(
     n_steps = np.where(has_fail, np.maximum(n_steps, fail_step + 1), n_steps)
     short = n_steps < 2
     report.short_assets = sorted(assets[short].tolist())
+    report.readings_used -= int(short[a_code].sum())  # the readings of skipped assets are not used
     if short.all():
         raise DataValidationError(
             f"every asset has fewer than 2 grid steps of {cfg.step_seconds:g} s; "

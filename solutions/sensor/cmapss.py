@@ -173,17 +173,30 @@ def _to_grid(frame: pd.DataFrame, prefix: str, set_name: str, rul_at_end: np.nda
     return grid
 
 
+def has_test_files(directory: Path, subset: str) -> bool:
+    """True when the folder holds the subset's test units and their true RUL (not only ``train_``)."""
+    directory = Path(directory).expanduser()
+    subset = check_subset(subset)
+    return (directory / f"test_{subset}.txt").is_file() and (directory / f"RUL_{subset}.txt").is_file()
+
+
 def load_cmapss(directory: Path, subset: str = "FD001") -> tuple[pd.DataFrame, BadReadingReport]:
     """The train and test units of one subset as one grid table (``set`` = train/test),
     and the counts of what the reader saw in both files.
 
     Train units get ``rul`` = cycles left to their last cycle; test units get the value
-    from ``RUL_FDxxx.txt`` plus the cycles after each row.
+    from ``RUL_FDxxx.txt`` plus the cycles after each row. A folder with the training file
+    only (no ``test_``/``RUL_`` files) gives the train units alone: the sensor flows then hold
+    engines of it out for validation and test (split by engine, never by window).
     """
     directory = Path(directory).expanduser()
     subset = check_subset(subset)
     report = BadReadingReport(source=str(directory))
     train = read_cmapss_file(directory / f"train_{subset}.txt", report)
+    if not has_test_files(directory, subset):
+        log.info("%s: train_%s.txt only (no test_/RUL_ files): %d engines, test engines will be held out of them",
+                 directory, subset, train["unit"].nunique())
+        return _to_grid(train, "train-", "train", None), report
     test = read_cmapss_file(directory / f"test_{subset}.txt", report)
     rul = read_rul_file(directory / f"RUL_{subset}.txt")
     n_test = test["unit"].nunique()

@@ -6,11 +6,12 @@ for them and the command line gets its ``--help`` from the same fields.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from solutions.sensor.cmapss import check_subset
+from solutions.sensor.cmapss import check_subset, has_test_files
 from solutions.sensor.schema import ColumnMapping
 
 
@@ -55,7 +56,8 @@ class SensorSource(BaseModel):
     def describe(self) -> str:
         """The input in a few words, for reports."""
         if self.cmapss_dir:
-            return f"C-MAPSS {self.subset} in {self.cmapss_dir}"
+            held_out = "" if has_test_files(Path(self.cmapss_dir), self.subset) else " (train file only: test engines held out of it)"
+            return f"C-MAPSS {self.subset} in {self.cmapss_dir}{held_out}"
         return self.data or "synthetic fleet"
 
 
@@ -103,13 +105,21 @@ class AlignConfig(BaseModel):
     )
 
 
+#: training-window stride of non-C-MAPSS data when none is configured
+DEFAULT_STRIDE = 3
+
+
 class WindowConfig(BaseModel):
     """Fixed-length windows over the grid."""
 
     model_config = ConfigDict(frozen=True)
 
     length: int = Field(default=30, ge=2, description="Steps per window (30 as for C-MAPSS FD001).")
-    stride: int = Field(default=3, ge=1, description="Steps between training windows.")
+    stride: int | None = Field(
+        default=None, ge=1,
+        description="Steps between training windows (None: 1 for C-MAPSS, every cycle as the standard protocol; "
+        f"{DEFAULT_STRIDE} otherwise).",
+    )
     test_cuts: int = Field(
         default=4, ge=1, description="Synthetic test assets are cut before failure this many times (random cuts)."
     )
@@ -125,10 +135,14 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
+    channels: int = Field(default=16, ge=8, description="Width of the first conv layer (the others are 2x).")
     embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
     dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout rate of the encoder and heads.")
     fail_weight: float = Field(default=0.5, ge=0, description="Weight of the failure-in-horizon loss.")
+    pooling: Literal["meanmax", "mean", "meanlast"] = Field(
+        default="mean",
+        description="Pooling over time: window mean + max, window mean, or window mean + mean of the last steps.",
+    )
 
 
 class PretrainConfig(BaseModel):
@@ -157,10 +171,21 @@ class FinetuneConfig(BaseModel):
     unfreeze_every: int = Field(default=2, ge=1, description="Epochs between unfreezing steps.")
     lr: float = Field(default=2e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(default=256, ge=8, description="Batch size.")
-    max_epochs: int = Field(default=10, ge=1, description="Training epochs at most.")
-    patience: int = Field(default=3, ge=1, description="Early-stopping patience (epochs).")
+    max_epochs: int = Field(default=12, ge=1, description="Training epochs at most.")
+    patience: int = Field(default=4, ge=1, description="Early-stopping patience (epochs, on the smoothed RMSE).")
     min_samples_per_epoch: int = Field(
         default=4096, ge=1, description="Few-label runs resample the labelled windows up to this."
+    )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="cosine", description="Learning-rate schedule: cosine decay over max_epochs after a short warm-up."
+    )
+    smoothing: float | None = Field(
+        default=0.6, ge=0, lt=1,
+        description="Early stopping and the best epoch follow a moving average of the validation RMSE "
+        "with this weight on the past (None: the raw value).",
+    )
+    input_noise: float = Field(
+        default=0.5, ge=0, description="Std of Gaussian noise added to the normalised training windows."
     )
     alert_threshold: float | None = Field(
         default=None, gt=0, lt=1, description="Alert when P(failure) >= this; None: max F1 on validation."

@@ -27,8 +27,9 @@ from solutions.sensor.align import (
     clean_readings,
     load_readings,
 )
-from solutions.sensor.cmapss import REGIMES, check_subset, load_cmapss
+from solutions.sensor.cmapss import REGIMES, check_subset, has_test_files, load_cmapss
 from solutions.sensor.config import (
+    DEFAULT_STRIDE,
     AlignConfig,
     SensorConfig,
     SensorSource,
@@ -135,14 +136,19 @@ def build_grid(source: SensorSource, config: SensorConfig) -> tuple[pd.DataFrame
 
 
 def window_config(source: SensorSource, config: SensorConfig) -> WindowConfig:
-    """The window settings, with C-MAPSS regime counts known per subset (one test cut each)."""
+    """The window settings, with C-MAPSS regime counts known per subset (one test cut each
+    when the test file is there) and the training stride resolved (1 for C-MAPSS)."""
     w = config.window
     if source.cmapss_dir:
-        update: dict[str, Any] = {"test_cuts": 1}
+        # the test file's units are cut already; engines held out of the train file are cut as configured
+        held_out = not has_test_files(Path(source.cmapss_dir), source.subset)
+        update: dict[str, Any] = {} if held_out else {"test_cuts": 1}
+        if w.stride is None:
+            update["stride"] = 1
         if w.n_regimes == "auto":
             update["n_regimes"] = REGIMES.get(check_subset(source.subset), "auto")
         w = w.model_copy(update=update)
-    return w
+    return w if w.stride is not None else w.model_copy(update={"stride": DEFAULT_STRIDE})
 
 
 def check_source_files(source: SensorSource) -> None:
@@ -157,9 +163,10 @@ def check_source_files(source: SensorSource) -> None:
             raise DataValidationError("C-MAPSS folder not found (--cmapss-dir)", source=str(folder))
         subset = check_subset(source.subset)
         absent = [f"{kind}_{subset}.txt" for kind in CMAPSS_FILES if not (folder / f"{kind}_{subset}.txt").is_file()]
-        if absent:
+        if f"train_{subset}.txt" in absent or len(absent) == 1:
             raise DataValidationError(
-                f"has no {', '.join(absent)}; download the C-MAPSS data set into it", source=str(folder)
+                f"has no {', '.join(absent)}; download the C-MAPSS data set into it (the train file alone "
+                "is enough: test engines are then held out of it)", source=str(folder)
             )
     mapping = ColumnMapping(dict(source.columns))
     if source.data:

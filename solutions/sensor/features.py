@@ -17,6 +17,20 @@ log = logging.getLogger(__name__)
 MAX_REGIMES = 6
 #: silhouette a KMeans split must reach to count as separate operating regimes
 MIN_SILHOUETTE = 0.6
+#: a feature whose most common value fills this share of a regime's steps is taken as constant
+#: (C-MAPSS FD001 sensor 6: two values, one of them on 98% of the cycles)
+MAX_MODE_SHARE = 0.95
+
+
+def _mode_share(part: np.ndarray) -> np.ndarray:
+    """Share of each column's known values taken by its most common value (0 for an empty column)."""
+    shares = np.zeros(part.shape[1])
+    for j in range(part.shape[1]):
+        col = part[:, j]
+        col = col[~np.isnan(col)]
+        if len(col):
+            shares[j] = np.unique(col, return_counts=True)[1].max() / len(col)
+    return shares
 
 
 class RegimeNormalizer:
@@ -24,7 +38,8 @@ class RegimeNormalizer:
 
     Regimes are KMeans clusters of the standardised operating settings (C-MAPSS FD002 and
     FD004 fly six conditions); with no settings, or ``n_regimes=1``, it is one global
-    z-score. Features without variation inside regimes are dropped (``channels_``); gap
+    z-score. Features without variation inside regimes (constant, or one value on at least
+    ``MAX_MODE_SHARE`` of each regime's steps) are dropped (``channels_``); gap
     flags pass through unchanged. Remaining NaN (gaps longer than the forward-fill
     limit) become 0, the regime mean.
 
@@ -56,14 +71,16 @@ class RegimeNormalizer:
         self.mean_ = np.zeros((k, len(values)))
         self.std_ = np.ones((k, len(values)))
         within = np.zeros(len(values))
+        mode_share = np.ones(len(values))
         for r in range(k):
             part = x[regime == r]
             if len(part):
                 self.mean_[r] = np.nan_to_num(np.nanmean(part, axis=0))
                 sd = np.nan_to_num(np.nanstd(part, axis=0))
                 within = np.maximum(within, sd / (np.abs(self.mean_[r]) + 1.0))
+                mode_share = np.minimum(mode_share, _mode_share(part))
                 self.std_[r] = np.where(sd > 1e-9, sd, 1.0)
-        keep = within > 1e-5
+        keep = (within > 1e-5) & (mode_share < MAX_MODE_SHARE)
         self.values_ = [c for c, kk in zip(values, keep) if kk]
         self.mean_, self.std_ = self.mean_[:, keep], self.std_[:, keep]
         self.gaps_ = [g for g in gaps if grid[g].to_numpy().any()]
@@ -81,6 +98,13 @@ class RegimeNormalizer:
     def _fit_regimes(self, z: np.ndarray) -> np.ndarray:
         if z.shape[1] == 0 or self.n_regimes == 1:
             return np.zeros((1, z.shape[1]))
+        from threadpoolctl import threadpool_limits
+
+        # at most 5000 points: one OpenMP thread is enough, and more spin-wait on a busy machine
+        with threadpool_limits(1):
+            return self._cluster(z)
+
+    def _cluster(self, z: np.ndarray) -> np.ndarray:
         from sklearn.cluster import KMeans
         from sklearn.metrics import silhouette_score
 
@@ -98,6 +122,12 @@ class RegimeNormalizer:
             if score > best_score + 0.02:
                 best, best_score = km.cluster_centers_, score
         return best
+
+    def regimes(self, grid: pd.DataFrame) -> np.ndarray:
+        """The operating regime (0..k-1) of each row of ``grid``."""
+        if not hasattr(self, "centers_"):
+            raise RuntimeError("RegimeNormalizer is not fitted: call fit() first")
+        return self._assign(grid)
 
     def _assign(self, grid: pd.DataFrame) -> np.ndarray:
         if len(self.centers_) == 1:

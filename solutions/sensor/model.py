@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -11,30 +12,47 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+#: how :class:`SensorEncoder` pools its per-step features over time
+POOLINGS = ("meanmax", "mean", "meanlast")
+#: steps at the end of a window whose features ``meanlast`` pooling averages
+LAST_STEPS = 5
+
 
 class SensorEncoder(nn.Module):
     """Window of aligned sensors (batch, channels, time) -> ``embedding_dim`` vector.
 
-    Three dilated conv blocks keep the time axis; mean and max pooling over time are
-    projected to the embedding. ``steps`` returns the per-step features (for decoders).
+    Three dilated conv blocks keep the time axis; two poolings over time are projected to
+    the embedding: ``meanmax`` the mean and the max over the window, ``mean`` the mean alone,
+    ``meanlast`` the mean over the window and over its last ``LAST_STEPS`` steps. (On C-MAPSS
+    the max over noisy steps let the model tell training engines apart by their noise and
+    overfit: validation RMSE 19 against 17 with the mean alone.) ``steps`` returns the
+    per-step features (for decoders).
     """
 
-    def __init__(self, n_channels: int, channels: int = 64, embedding_dim: int = 256, dropout: float = 0.1) -> None:
+    def __init__(self, n_channels: int, channels: int = 64, embedding_dim: int = 256, dropout: float = 0.1,
+                 pooling: str = "meanmax") -> None:
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"unknown pooling {pooling!r}; known: {', '.join(POOLINGS)}")
+        self.pooling = pooling
         c1, c2 = channels, channels * 2
 
         def block(i: int, o: int, k: int, d: int) -> nn.Sequential:
             return nn.Sequential(nn.Conv1d(i, o, k, padding=d * (k // 2), dilation=d), nn.BatchNorm1d(o), nn.GELU())
 
         self.convs = nn.Sequential(block(n_channels, c1, 5, 1), block(c1, c2, 5, 2), block(c2, c2, 3, 4))
-        self.proj = nn.Sequential(nn.Dropout(dropout), nn.Linear(2 * c2, embedding_dim))
+        pooled = c2 if pooling == "mean" else 2 * c2
+        self.proj = nn.Sequential(nn.Dropout(dropout), nn.Linear(pooled, embedding_dim))
         self.step_dim = c2
 
     def steps(self, x: torch.Tensor) -> torch.Tensor:
         return self.convs(x)
 
     def pool(self, h: torch.Tensor) -> torch.Tensor:
-        return self.proj(torch.cat([h.mean(dim=2), h.amax(dim=2)], dim=1))
+        if self.pooling == "mean":
+            return self.proj(h.mean(dim=2))
+        second = h.amax(dim=2) if self.pooling == "meanmax" else h[:, :, -LAST_STEPS:].mean(dim=2)
+        return self.proj(torch.cat([h.mean(dim=2), second], dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.pool(self.steps(x))
@@ -64,10 +82,11 @@ class MaskedReconstruction(L.LightningModule):
         mask_time: float = 0.3,
         mask_sensor: float = 0.15,
         lr: float = 2e-3,
+        pooling: str = "meanmax",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout)
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling)
         self.lift = nn.Linear(embedding_dim, self.encoder.step_dim)
         self.decoder = nn.Sequential(
             nn.Conv1d(self.encoder.step_dim, channels, 3, padding=1), nn.GELU(), nn.Conv1d(channels, n_channels, 1)
@@ -119,6 +138,26 @@ class SensorHeads(nn.Module):
         return self.rul(h).squeeze(-1), self.fail(h).squeeze(-1)
 
 
+#: learning-rate schedules of :class:`SensorRULModel` (per optimiser step, over the planned steps)
+LR_SCHEDULES = ("constant", "cosine")
+
+
+def lr_factor(step: int, total: int, schedule: str, warmup: float = 0.05) -> float:
+    """Multiplier of the base learning rate at optimiser ``step`` of ``total``.
+
+    ``cosine``: linear warm-up over the first ``warmup`` share of the steps, then a cosine
+    decay to 1% of the base rate at the last planned step (early stopping may end sooner).
+    ``constant``: 1. Without a known total (0) the rate stays constant.
+    """
+    if schedule == "constant" or total <= 0:
+        return 1.0
+    ramp = max(1, int(warmup * total))
+    if step < ramp:
+        return (step + 1) / ramp
+    progress = min(1.0, (step - ramp) / max(1, total - ramp))
+    return 0.01 + 0.99 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def rul_fail_loss(
     pred: torch.Tensor, logit: torch.Tensor, rul: torch.Tensor, fail: torch.Tensor, *,
     rul_cap: float, fail_weight: float, pos_weight: float,
@@ -142,17 +181,28 @@ class SensorRULModel(L.LightningModule):
         fail_weight: float = 0.5,
         lr: float = 2e-3,
         pos_weight: float = 1.0,
+        lr_schedule: str = "constant",
+        warmup: float = 0.05,
+        pooling: str = "meanmax",
+        input_noise: float = 0.0,
     ) -> None:
         super().__init__()
+        if lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {lr_schedule!r}; known: {', '.join(LR_SCHEDULES)}")
         self.save_hyperparameters()
-        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout)
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling)
         self.heads = SensorHeads(embedding_dim, dropout=dropout)
+        self._last_lr_factor = 1.0
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.heads(self.encoder(x))
 
     def _step(self, batch: Any, stage: str) -> torch.Tensor:
         x, rul, fail = batch
+        noise = self.hparams.get("input_noise", 0.0)
+        if stage == "train" and noise > 0:
+            # Gaussian noise on the normalised inputs: the model cannot learn engines by their sensor noise
+            x = x + noise * torch.randn_like(x)
         pred, logit = self(x)
         cap = self.hparams.rul_cap
         loss = rul_fail_loss(pred, logit, rul, fail, rul_cap=cap, fail_weight=self.hparams.fail_weight,
@@ -164,6 +214,28 @@ class SensorRULModel(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return self._step(batch, "train")
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.hparams.get("lr_schedule", "constant") == "constant":
+            return
+        total = self.trainer.estimated_stepping_batches
+        factor = lr_factor(self.global_step, int(total) if math.isfinite(total) else 0,
+                           self.hparams.lr_schedule, self.hparams.warmup)
+        for group in self.trainer.optimizers[0].param_groups:
+            # each group keeps its own base rate; a group a fine-tuning callback added since the
+            # last step was given a rate derived from the scheduled one, so undo that factor
+            if "scheduled_from_lr" not in group:
+                group["scheduled_from_lr"] = group["lr"] / self._last_lr_factor
+            group["lr"] = group["scheduled_from_lr"] * factor
+        self._last_lr_factor = factor
+
+    def on_validation_epoch_start(self) -> None:
+        # windows trained with input noise left noisy BatchNorm statistics: re-estimate them on
+        # the clean training windows, so validation (and the checkpoint it picks) sees the model
+        # as it will predict
+        train_ds = getattr(self.trainer.datamodule, "train_ds", None) if self.trainer.training else None
+        if self.hparams.get("input_noise", 0.0) > 0 and train_ds is not None:
+            recalibrate_batchnorm(self.encoder, train_ds.tensors[0])
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
@@ -178,6 +250,32 @@ class SensorRULModel(L.LightningModule):
         enc = {k[len("encoder."):]: v for k, v in state_dict.items() if k.startswith("encoder.")}
         self.encoder.load_state_dict(enc)
         return len(enc)
+
+
+@torch.no_grad()
+def recalibrate_batchnorm(encoder: SensorEncoder, x: torch.Tensor, batch_size: int = 1024, max_windows: int = 8192) -> None:
+    """Re-estimate the encoder's BatchNorm running statistics on clean windows ``x`` (at most
+    ``max_windows``, evenly spaced), as a cumulative average; the encoder's mode is restored.
+
+    Layers that do not track statistics (frozen by a fine-tuning schedule, which keeps their
+    pre-trained statistics) are left as they are.
+    """
+    norms = [m for m in encoder.modules() if isinstance(m, nn.BatchNorm1d) and m.track_running_stats]
+    if not norms or len(x) == 0:
+        return
+    was_training = encoder.training
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    encoder.train()
+    device = next(encoder.parameters()).device
+    idx = torch.linspace(0, len(x) - 1, min(len(x), max_windows)).long()
+    for i in range(0, len(idx), batch_size):
+        encoder.steps(x[idx[i : i + batch_size]].to(device))
+    for m, momentum in zip(norms, momenta):
+        m.momentum = momentum
+    encoder.train(was_training)
 
 
 def predict_outputs(module: nn.Module, x: np.ndarray, rul_cap: float, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,15 @@ from infra.determinism import seeded
 from infra.registry import ModelRef, ModelRegistry
 from infra.store import stable_hash
 from solutions.sensor import schema as S
-from solutions.sensor.config import ModelConfig, PretrainConfig, SensorConfig, SplitConfig, WindowConfig
+from solutions.sensor.config import (
+    DEFAULT_STRIDE,
+    FinetuneConfig,
+    ModelConfig,
+    PretrainConfig,
+    SensorConfig,
+    SplitConfig,
+    WindowConfig,
+)
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
 from solutions.sensor.metrics import alert_lead_times, phm08_score
 from solutions.sensor.model import MaskedReconstruction, SensorRULModel, WindowDataModule
@@ -52,6 +60,8 @@ def split_assets(grid: pd.DataFrame, cfg: SplitConfig) -> dict[str, list[str]]:
         n_test = max(1, round(cfg.test_fraction * len(perm)))
         n_val = max(1, round(cfg.val_fraction * len(perm)))
         test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        log.info("no test units in the data: %d of %d assets held out for test and %d for validation "
+                 "(split by asset, seed %d)", n_test, len(perm), n_val, cfg.seed)
     if len(train) == 0:
         from infra.errors import DataValidationError
 
@@ -136,8 +146,9 @@ def supervised_windows(
 ) -> SupervisedData:
     """Windows for training (labelled assets), validation and the test protocols."""
     kw = {"length": cfg.length, "rul_cap": cfg.rul_cap, "horizon": cfg.horizon}
-    train = make_windows(rows_of(grid, labelled), normalizer, stride=cfg.stride, report=report, **kw).labelled()
-    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(cfg.stride, 2), **kw).labelled()
+    stride = cfg.stride or DEFAULT_STRIDE
+    train = make_windows(rows_of(grid, labelled), normalizer, stride=stride, report=report, **kw).labelled()
+    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(stride, 2), **kw).labelled()
     test_grid = rows_of(grid, splits["test"])
     cut = cut_test_assets(test_grid, splits["test"], cfg.length, seed, cuts=cfg.test_cuts)
     test_last = make_windows(cut, normalizer, last_only=True, pad=True, report=report, **kw).labelled()
@@ -164,20 +175,32 @@ def build_pretrainer(n_channels: int, mcfg: ModelConfig, pcfg: PretrainConfig) -
     """A fresh masked-reconstruction model; its initial weights follow ``pcfg.seed`` alone."""
     with seeded(pcfg.seed):
         return MaskedReconstruction(
-            n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr
+            n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr,
+            pooling=mcfg.pooling,
         )
 
 
 def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: float, fail: np.ndarray,
-                    seed: int = 0) -> SensorRULModel:
-    """A fresh RUL/failure model; its initial weights follow ``seed`` alone."""
+                    ft: FinetuneConfig | None = None, seed: int | None = None) -> SensorRULModel:
+    """A fresh RUL/failure model; ``ft`` adds the training recipe (schedule, input noise); its
+    initial weights follow ``seed`` alone (default: ``ft.seed``, else 0)."""
     pos = float(np.nansum(fail))
     neg = float(np.sum(~np.isnan(fail))) - pos
+    recipe = {"lr_schedule": ft.lr_schedule, "input_noise": ft.input_noise} if ft is not None else {}
+    seed = seed if seed is not None else (ft.seed if ft is not None else 0)
     with seeded(seed):
         return SensorRULModel(
             n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
-            pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0,
+            pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0, pooling=mcfg.pooling, **recipe,
         )
+
+
+def train_spec_fields(config: SensorConfig) -> dict[str, Any]:
+    """The early-stopping fields of the supervised run's ``TrainSpec`` (the flow and the
+    benches build it from these, so both train alike)."""
+    ft = config.finetune
+    return {"max_epochs": ft.max_epochs, "patience": ft.patience, "monitor": "val/rmse", "mode": "min",
+            "seed": ft.seed, "smoothing": ft.smoothing}
 
 
 def rul_extra(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
@@ -294,7 +317,7 @@ def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConf
                   encoder_state: dict[str, Any] | None = None) -> tuple[SensorRULModel, WindowDataModule]:
     """A fresh RUL/failure model (with the pre-trained encoder's weights, if given) and its data."""
     ft, data = config.finetune, setup.data
-    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail, ft.seed)
+    model = build_predictor(len(setup.normalizer.channels_), config.model, wcfg, ft.lr, data.train.fail, ft)
     if encoder_state is not None:
         model.load_encoder(encoder_state)
     dm = WindowDataModule(

@@ -39,8 +39,10 @@ def alert_threshold(ref: ModelRef, threshold: float | None) -> float:
 
 
 def units_to_score(grid: pd.DataFrame, source: SensorSource) -> pd.DataFrame:
-    """What to score: the test units of a C-MAPSS folder, every asset otherwise."""
-    return grid.loc[grid[S.SET] == "test"] if source.cmapss_dir else grid
+    """What to score: the test units of a C-MAPSS folder (every unit of a folder with the
+    train file only), every asset otherwise."""
+    test = grid[S.SET] == "test"
+    return grid.loc[test] if source.cmapss_dir and test.any() else grid
 
 
 def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: BadReadingReport | None = None, *,

@@ -137,8 +137,29 @@ def test_cmapss_train_and_score(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert {k: scored["bad_readings"][k] for k in measured} == measured  # what the reader counted
 
 
+def test_cmapss_train_file_alone_holds_out_engines(
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    _write_cmapss(tmp_path)
+    (tmp_path / "test_FD001.txt").unlink()
+    (tmp_path / "RUL_FD001.txt").unlink()
+    src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
+    args = ["train", *src, "--window", "10", "--no-pretrain", "--max-epochs", "1", "--model", "rul-held-out", "--json"]
+    with caplog.at_level("INFO"):
+        assert main(args) == 0
+    out, err = capsys.readouterr()
+    result = _last_json(out)
+    assert result["assets"] == {"train": 4, "val": 1, "test": 1}  # the 6 engines of the train file, split by engine
+    assert result["rul"]["n"] == 4  # the held-out engine cut 4 times, as a test file would be
+    assert "train file only: test engines held out of it" in Path(result["report_dir"], "report.md").read_text()
+    assert "1 of 6 assets held out for test" in caplog.text  # and the run log says so
+    assert "Traceback" not in out + err and " ERROR " not in out + err
+
+
 def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from solutions.sensor.config import SyntheticFleetConfig
+    from solutions.sensor.align import load_readings
+    from solutions.sensor.config import AlignConfig, SyntheticFleetConfig
+    from solutions.sensor.schema import ColumnMapping
     from solutions.sensor.synthetic import generate_fleet
 
     args = ["train", *TINY, "--no-pretrain", "--no-baseline", "--max-epochs", "1", "--model", "rul-batch"]
@@ -156,7 +177,11 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
     assert first["scored"] == 2 and first["quarantined"] == 1 and first["rows"] == 10
     assert "garbled.csv" in " ".join(first["quarantine"])
     assert sorted(first["bad_readings"]) == sorted(first["outputs"])
-    assert all(r["readings_in"] >= r["readings_used"] > 0 for r in first["bad_readings"].values())
+    for output, report in first["bad_readings"].items():  # exactly what the reader measured in that file
+        site = next(inbox.glob(f"{Path(output).name.split('-')[0]}-{Path(output).name.split('-')[1]}.parquet"))
+        measured = load_readings(site, ColumnMapping({}), AlignConfig())[1]
+        assert report == json.loads(measured.model_dump_json()) | {"padded_assets": report["padded_assets"]}
+        assert report["readings_in"] > report["readings_used"] > 0 and report["nan"] + report["inf"] > 0
     frame = pd.read_parquet(first["outputs"][0])
     assert (frame["model_version"] == 1).all() and len(frame) == 5
     assert main(batch) == 0

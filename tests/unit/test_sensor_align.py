@@ -150,3 +150,18 @@ def test_regimes_are_fitted_despite_missing_settings() -> None:
     grid = pd.DataFrame({S.ASSET: "A", S.STEP: np.arange(400), "op_load": op, "temp": regime * 50.0 + rng.normal(0, 1, 400)})
     norm = RegimeNormalizer("auto").fit(grid)
     assert len(norm.centers_) == 2 and np.isfinite(norm.transform(grid)).all()
+
+
+def test_every_reading_in_is_used_or_counted_once() -> None:
+    # readings after a failure and the readings of a skipped (single-step) asset are not "used"
+    rows = [(a, t * 3600, s, float(t)) for a in ("A", "B") for t in range(10) for s in ("temp", "pres")]
+    rows += [("C", 0, "temp", 1.0), ("A", 3600, "temp", "x"), ("B", 7200, "pres", float("nan"))]
+    df = pd.DataFrame(rows, columns=list(S.READING_COLUMNS))
+    events = pd.DataFrame({S.ASSET: ["A"], S.FAILURE_TIME: [5 * 3600], S.FAILURE_TYPE: ["f"]})
+    cfg = AlignConfig()
+    clean, report = clean_readings(df, cfg)
+    _, report = align_readings(clean, clean_events(events), cfg, report)
+    assert (report.non_numeric, report.nan, report.after_failure, report.short_assets) == (1, 1, 8, ["C"])
+    assert report.readings_in == 43
+    assert report.readings_used == 43 - 1 - 1 - 8 - 1  # the one reading of C is not used either
+    assert report.readings_in == report.readings_used + report.bad_total() + 1

@@ -10,7 +10,7 @@ import pytest
 from infra.errors import DataValidationError
 from solutions.sensor import data as D
 from solutions.sensor import schema as S
-from solutions.sensor.config import SensorConfig, SensorSource, SyntheticFleetConfig
+from solutions.sensor.config import DEFAULT_STRIDE, SensorConfig, SensorSource, SyntheticFleetConfig
 from tests.unit.test_sensor_cmapss import write_subset
 
 
@@ -42,10 +42,16 @@ def test_build_grid_of_the_fleet_counts_its_readings() -> None:
     assert grid[S.ASSET].nunique() == 4 and report.readings_in >= report.readings_used > 0
 
 
-def test_window_config_knows_cmapss_regimes() -> None:
-    w = D.window_config(SensorSource(cmapss_dir="/x", subset="FD002"), SensorConfig())
-    assert (w.n_regimes, w.test_cuts) == (6, 1)
-    assert D.window_config(SensorSource(), SensorConfig()) == SensorConfig().window
+def test_window_config_knows_cmapss_regimes(tmp_path: Path) -> None:
+    for kind in ("train", "test", "RUL"):
+        (tmp_path / f"{kind}_FD002.txt").write_text("")
+    w = D.window_config(SensorSource(cmapss_dir=str(tmp_path), subset="FD002"), SensorConfig())
+    assert (w.n_regimes, w.test_cuts, w.stride) == (6, 1, 1)  # test units cut already; every cycle a window
+    (tmp_path / "RUL_FD002.txt").unlink()  # train file alone: held-out engines are cut as configured
+    w = D.window_config(SensorSource(cmapss_dir=str(tmp_path), subset="FD002"), SensorConfig())
+    assert (w.n_regimes, w.test_cuts, w.stride) == (6, SensorConfig().window.test_cuts, 1)
+    fleet = D.window_config(SensorSource(), SensorConfig())
+    assert fleet == SensorConfig().window.model_copy(update={"stride": DEFAULT_STRIDE}) and fleet.stride == 3
 
 
 def test_check_source_files_names_what_is_missing(tmp_path: Path) -> None:

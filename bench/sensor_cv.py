@@ -1,0 +1,171 @@
+"""Engine-split cross-validation of the sensor RUL models on a C-MAPSS training file.
+
+Each fold holds out a fifth of the engines (never windows), cuts each held-out engine
+before failure at random points as a C-MAPSS test file is, and scores the last window of
+every cut: RMSE and the PHM08 score of the 1D-CNN fine-tuned from a masked-reconstruction
+encoder (pre-trained on the fold's training engines' readings, no labels), the same CNN
+trained from scratch, the gradient-boosting baseline and the ensemble (mean of the
+pre-trained CNN and the GBM). The CNN is built and trained as ``sensor-train`` builds and
+trains it (same config, the same generic train / fine-tune functions). Validation engines
+come from each fold's training engines; the normaliser is fitted on those only.
+
+Prints a markdown table (mean ± std (min–max) over folds x seeds) and one JSON line;
+writes the validation curves (PNG) and the JSON beside them in ``--out-dir``.
+
+Usage (FD001, 5 folds x 3 seeds; a few minutes per fold on one core)::
+
+    nice -n 10 python bench/sensor_cv.py --cmapss-dir ../shared/data/cmapss --subset FD001 \\
+        --folds 5 --seeds 0 1 2 --out-dir bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cmapss-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/cmapss"))
+    parser.add_argument("--subset", default="FD001")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--split-seed", type=int, default=0, help="Seed of the engine folds.")
+    parser.add_argument("--max-epochs", type=int, default=None, help="Override the config's fine-tuning epochs.")
+    parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
+    parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
+    parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
+    parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
+    parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
+    parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
+    parser.add_argument("--no-pretrained", action="store_true", help="Skip the pre-trained CNN (and the ensemble).")
+    parser.add_argument("--budget-s", type=float, default=None, help="Start no new fold after this many seconds.")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args()
+    from bench.sensor_runs import bench_environment
+
+    bench_environment(args.threads)
+
+    from bench.sensor_runs import plot_curves, pretrain_encoder, train_cnn
+    from solutions.sensor import crossval as CV
+    from solutions.sensor import evaluate as E
+    from solutions.sensor import schema as S
+    from solutions.sensor.cmapss import load_cmapss
+    from solutions.sensor.config import SensorConfig, SensorSource
+    from solutions.sensor.data import window_config
+
+    started = time.perf_counter()
+    cfg = SensorConfig()
+    if args.max_epochs:
+        cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"max_epochs": args.max_epochs})})
+    if args.pretrain_epochs:
+        cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"max_epochs": args.pretrain_epochs})})
+    if args.channels:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"channels": args.channels})})
+    ft, pcfg = cfg.finetune, cfg.pretrain
+    wcfg = window_config(SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset), cfg)
+    if args.stride:
+        wcfg = wcfg.model_copy(update={"stride": args.stride})
+    grid, _ = load_cmapss(Path(args.cmapss_dir), args.subset)
+    grid = grid.loc[grid[S.SET] != "test"]  # the training file's engines only; test units stay unseen
+    assets = CV.training_assets(grid)
+    folds = CV.engine_folds(assets, args.folds, args.split_seed)
+    out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="sensor-cv-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs_file, curves_file = out_dir / "sensor_cv_runs.jsonl", out_dir / "sensor_cv_curves.jsonl"
+    if not (args.resume or args.summarize_only):
+        runs_file.unlink(missing_ok=True)
+        curves_file.unlink(missing_ok=True)
+    rows = [json.loads(line) for line in runs_file.read_text().splitlines()] if runs_file.exists() else []
+    curves = [json.loads(line) for line in curves_file.read_text().splitlines()] if curves_file.exists() else []
+    done = {(r["fold"], r["seed"]) for r in rows if r["model"] == "ensemble"}
+    rows = [r for r in rows if (r["fold"], r["seed"]) in done]  # a seed cut short is run again whole
+    curves = [c for c in curves if (c["fold"], c["seed"]) in done]
+
+    def keep(record: dict[str, Any], target: Path) -> None:
+        with open(target, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    runs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    curves_file.write_text("".join(json.dumps(c) + "\n" for c in curves))
+    prepared: dict[int, tuple[Any, ...]] = {}
+
+    def fold_inputs(fold: int) -> tuple[Any, ...]:
+        """The fold's data, GBM predictions and pre-trained encoder (built once per fold)."""
+        if fold not in prepared:
+            splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
+            fd = CV.fold_data(grid, splits, cfg, wcfg, seed=fold)
+            gbm = E.fit_baseline(fd.data.train, fold)
+            gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x))
+            # pre-training sees the readings of the fold's training and validation engines, no labels
+            encoder = None if args.no_pretrained else pretrain_encoder(grid, splits, fd.normalizer, cfg, wcfg,
+                                                                       f"cv-pre-{fold}")
+            prepared[fold] = (fd, gbm_pred, encoder)
+        return prepared[fold]
+
+    # seed by seed: every fold gets its first seed before any gets its second
+    for seed in [] if args.summarize_only else args.seeds:
+        for fold in range(len(folds)):
+            if (args.only_folds is not None and fold not in args.only_folds) or (fold, seed) in done:
+                continue
+            if args.budget_s and time.perf_counter() - started > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: seed {seed} fold {fold} and later not run", file=sys.stderr)
+                break
+            t_fold = time.perf_counter()
+            fd, (gbm_last, gbm_all), encoder = fold_inputs(fold)
+            data, n_ch = fd.data, len(fd.normalizer.channels_)
+            base = {"fold": fold, "seed": seed, "test_engines": len(folds[fold])}
+            fresh = [{**base, "model": "gbm", **CV.rul_scores(data, gbm_last, gbm_all)}]
+            preds = {}
+            for variant in (["cnn_pretrained"] if encoder is not None else []) + ["cnn_scratch"]:
+                run = train_cnn(data, n_ch, cfg, wcfg, seed, f"cv-{fold}-{seed}-{variant}",
+                                encoder if variant == "cnn_pretrained" else None)
+                preds[variant] = (run.last, run.every)
+                fresh.append({**base, "model": variant, **CV.rul_scores(data, run.last, run.every),
+                              "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds})
+                curve = {"fold": fold, "seed": seed, "model": variant, "val_rmse": run.val_rmse,
+                         "best_epoch": run.best_epoch}
+                curves.append(curve)
+                keep(curve, curves_file)
+                print(json.dumps(fresh[-1]), file=sys.stderr, flush=True)
+            cnn = preds.get("cnn_pretrained", preds["cnn_scratch"])
+            fresh.append({**base, "model": "ensemble", **CV.rul_scores(
+                data, CV.ensemble(cnn[0], gbm_last), CV.ensemble(cnn[1], gbm_all))})
+            for row in fresh:  # a seed's rows together, the ensemble last (what --resume looks for)
+                keep(row, runs_file)
+            rows.extend(fresh)
+            done.add((fold, seed))
+            print(f"fold {fold} seed {seed}: {time.perf_counter() - t_fold:.0f} s", file=sys.stderr, flush=True)
+
+    metrics = ("rmse", "phm08", "rmse_all_windows")
+    summary = CV.summarize(rows, metrics)
+    table = CV.render_table(summary, metrics)
+    png = plot_curves(curves, ft.smoothing, out_dir / "sensor_cv_val_curves.png") if curves else None
+    print(table)
+    result = {
+        "bench": "sensor_cv", "subset": args.subset, "engines": len(assets), "folds": args.folds,
+        "runs_per_fold": {f: sorted(s for ff, s in done if ff == f) for f in sorted({f for f, _ in done})}, "protocol": {
+            "test": f"last window of {wcfg.test_cuts} random cuts per held-out engine", "window": wcfg.length,
+            "train_stride": wcfg.stride, "rul_cap": wcfg.rul_cap, "val_fraction": cfg.split.val_fraction},
+        "recipe": {"finetune": ft.model_dump(), "model": cfg.model.model_dump(), "pretrain": pcfg.model_dump()},
+        "summary": {r["model"]: {m: round(float(r[f"{m}_mean"]), 3) for m in metrics}
+                    | {f"{m}_std": CV.finite(r[f"{m}_std"]) for m in metrics} | {"runs": int(r["rmse_count"])}
+                    for _, r in summary.iterrows()},
+        "curves_png": str(png) if png else None, "seconds": round(time.perf_counter() - started, 1),
+        "runs": rows,
+    }
+    (out_dir / "sensor_cv.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / "sensor_cv.md").write_text(table + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Engine-split cross-validation helpers: folds by asset, normaliser without the held-out
+assets, scores and the summary table."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from infra.errors import DataValidationError
+from solutions.sensor import crossval as CV
+from solutions.sensor import schema as S
+from solutions.sensor.config import SensorConfig, WindowConfig
+
+
+def _grid(n_assets: int = 12, seed: int = 0) -> pd.DataFrame:
+    """Run-to-failure assets with two wear sensors; the last two assets' readings are far off
+    (so a normaliser that saw them would show it)."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for i in range(n_assets):
+        life = int(rng.integers(40, 60))
+        step = np.arange(life)
+        shift = 1000.0 if i >= n_assets - 2 else 0.0
+        parts.append(pd.DataFrame({
+            S.ASSET: f"train-{i + 1}", S.STEP: step,
+            "s1": 10 + step / life + rng.normal(0, 0.05, life) + shift, "s2": 5 - step / life + rng.normal(0, 0.05, life),
+            S.RUL: (life - 1 - step).astype(float), S.FAILED: True, S.FAILURE_TYPE: "wear", S.SET: "train",
+        }))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_folds_hold_out_every_asset_once() -> None:
+    assets = [f"e{i}" for i in range(23)]
+    folds = CV.engine_folds(assets, 5, seed=1)
+    flat = [a for f in folds for a in f]
+    assert sorted(flat) == sorted(assets) and len(flat) == len(set(flat))
+    assert sorted(len(f) for f in folds) == [4, 4, 5, 5, 5]
+    assert folds == CV.engine_folds(reversed(assets), 5, seed=1) and folds != CV.engine_folds(assets, 5, seed=2)
+    with pytest.raises(DataValidationError, match="too few for 5 folds"):
+        CV.engine_folds(assets[:10], 5)
+    splits = CV.fold_splits(assets, folds[0], val_fraction=0.2, seed=0)
+    assert splits["test"] == sorted(folds[0])
+    assert not set(splits["train"]) & set(splits["val"]) and not (set(splits["train"]) | set(splits["val"])) & set(folds[0])
+    assert len(splits["val"]) == round(0.2 * (23 - len(folds[0])))
+
+
+def test_fold_normaliser_never_sees_the_held_out_assets() -> None:
+    grid = _grid()
+    held_out = ["train-11", "train-12"]  # the shifted ones
+    splits = CV.fold_splits(CV.training_assets(grid), held_out, val_fraction=0.2)
+    wcfg = WindowConfig(length=10, stride=1, n_regimes=1, test_cuts=3)
+    fd = CV.fold_data(grid, splits, SensorConfig(), wcfg)
+    seen = grid[grid[S.ASSET].isin(splits["train"] + splits["val"])]
+    assert fd.normalizer.mean_[0] == pytest.approx(seen[["s1", "s2"]].mean().to_numpy())
+    assert set(fd.data.train.asset) == set(splits["train"]) and set(fd.data.test_all.asset) == set(held_out)
+    assert len(fd.data.test_last) == 2 * 3  # three random cuts of each held-out asset, last window each
+    labelled = CV.fold_data(grid, splits, SensorConfig(), wcfg, labelled=splits["train"][:2]).data
+    assert set(labelled.train.asset) == set(splits["train"][:2])
+    test_set = grid.assign(**{S.SET: np.where(grid[S.ASSET] == "train-1", "test", "train")})
+    assert "train-1" not in CV.training_assets(test_set)
+
+
+def test_scores_ensemble_and_table() -> None:
+    grid = _grid()
+    splits = CV.fold_splits(CV.training_assets(grid), ["train-1", "train-2"], val_fraction=0.2)
+    data = CV.fold_data(grid, splits, SensorConfig(), WindowConfig(length=10, stride=2, n_regimes=1, test_cuts=2)).data
+    truth = data.test_last.rul
+    exact = CV.rul_scores(data, truth, data.test_all.rul)
+    assert exact["rmse"] == 0 and exact["phm08"] == 0 and exact["rmse_all_windows"] == 0 and exact["units"] == 4
+    late = CV.rul_scores(data, truth + 10)
+    assert late["rmse"] == pytest.approx(10) and late["phm08"] == pytest.approx(4 * (np.exp(1) - 1))
+    assert CV.ensemble(truth + 10, truth - 10) == pytest.approx(truth)
+    rows = [{"model": "cnn", "rmse": 12.0, "phm08": 300.0}, {"model": "cnn", "rmse": 14.0, "phm08": 500.0},
+            {"model": "gbm", "rmse": 13.0, "phm08": 400.0}]
+    summary = CV.summarize(rows)
+    cnn = summary.set_index("model").loc["cnn"]
+    assert (cnn["rmse_mean"], cnn["rmse_count"]) == (13.0, 2) and cnn["rmse_std"] == pytest.approx(np.sqrt(2))
+    table = CV.render_table(summary)
+    assert "| cnn | 13.00 ± 1.41 (12.00–14.00) | 400.00 ± 141.42 (300.00–500.00) | 2 |" in table
+    assert "| gbm | 13.00 (13.00–13.00) |" in table  # one run: no spread
+    assert CV.finite(float("nan")) is None and CV.finite(1.23456) == 1.235
