@@ -161,10 +161,10 @@ def _batch_summary(r: SensorBatchScoreResult) -> str:
 
 def _monitor_summary(r: SensorMonitorResult) -> str:
     acc = r.accumulated
-    lines = [f"sensor-monitor: {r.failures_files} failures file(s), {r.failures_rows} event(s), "
-             f"{len(r.quarantined)} quarantined; {r.judged} prediction(s) of failed assets judged",
-             f"  accumulated: {acc.days} day(s) of readings ({acc.first_day} to {acc.last_day}), "
-             f"{acc.failures} failed asset(s), {acc.files_added} scored file(s) added"]
+    lines = [(f"sensor-monitor: {r.failures_files} failures file(s), {r.failures_rows} event(s), "
+              f"{len(r.quarantined)} quarantined; {r.judged} prediction(s) of failed assets judged"),
+             (f"  accumulated: {acc.days} day(s) of readings ({acc.first_day} to {acc.last_day}), "
+              f"{acc.failures} failed asset(s), {acc.files_added} scored file(s) added")]
     lines += [f"  {row['model']}:{row['model_version']}  MAE {row['mae']:.2f}  RMSE {row['rmse']:.2f}  "
               f"bias {row['bias']:+.2f}  within {row['within_share']:.0%}  ({row['judged']} judged)" for row in r.rul_error]
     lines.append(f"  report: {r.report_dir}/report.md")

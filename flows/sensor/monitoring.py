@@ -24,6 +24,7 @@ from infra.home import home_layout
 from infra.registry import ModelRegistry
 from solutions.sensor import data as D
 from solutions.sensor import monitoring as M
+from solutions.sensor import schema as S
 from solutions.sensor.config import SensorConfig
 from solutions.sensor.pipeline import SupervisedSetup
 from tasks import accumulate as A
@@ -177,8 +178,8 @@ def render_monitor_report(table: pd.DataFrame, judged: int, failures: FailuresIn
                           within: float, image: Path) -> str:
     """Markdown: failure events taken in, the accumulated data, realised RUL error per version."""
     lines = ["## sensor-monitor", "",
-             f"Failure events: {failures.files} new file(s), {failures.rows} row(s), "
-             f"{len(failures.quarantined)} quarantined; {acc.failures} asset(s) failed so far.",
+             (f"Failure events: {failures.files} new file(s), {failures.rows} row(s), "
+              f"{len(failures.quarantined)} quarantined; {acc.failures} asset(s) failed so far."),
              (f"Accumulated readings: {acc.days} day(s) ({acc.first_day} to {acc.last_day}), "
               f"{acc.files_added} scored file(s) added."), "",
              f"Realised RUL error: {judged} prediction(s) of failed assets judged."]

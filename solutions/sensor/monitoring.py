@@ -16,11 +16,10 @@ import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
-from infra.tables import ColumnSpec, TableSchema
+from infra.tables import ColumnSpec, TableSchema, read_table
 from solutions.sensor import schema as S
 from solutions.sensor.align import apply_mapping, to_seconds
 from solutions.sensor.schema import ColumnMapping
-from infra.tables import read_table
 
 #: The failure time column of a failures file.
 FAILED_AT = "failed_at"
