@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from infra.home import home_layout
 from infra.store import stable_hash
 from solutions.sensor import data as D
 from solutions.sensor import monitoring as M
+from solutions.sensor import schema as S
 from solutions.sensor.config import SensorConfig
 from tasks import accumulate as A
 from tasks.prepare import materialize_table
@@ -44,8 +47,9 @@ def accumulated_plan(config: SensorConfig) -> D.GridPlan:
     key = {"v": "1", "readings": stable_hash(_partitions_key(readings_at)),
            "failures": stable_hash(_partitions_key(failures_at))}
     readings = A.read_window(readings_at, what="accumulated sensor readings")
-    failures = A.read_window(failures_at, what="accumulated failure events")
-    rows, events = M.run_to_failure(readings, failures)
+    failures = A.read_window(failures_at, what="accumulated failure events") if A.days(failures_at) else \
+        pd.DataFrame(columns=[S.ASSET, M.FAILED_AT])  # none yet: run_to_failure says what is missing
+    rows, events = M.run_to_failure(readings, failures, source=str(readings_at.parent))
     stored = materialize_table("sensor-accumulated-readings", key, lambda: rows)
     stored_events = materialize_table("sensor-accumulated-events", key, lambda: events)
     return D.readings_plan(Path(stored.path), Path(stored_events.path), {}, config.align)

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 
@@ -122,7 +124,7 @@ def rul_error_table(realised: pd.DataFrame, within: float) -> pd.DataFrame:
 
 def read_canonical(path: str, columns: dict[str, str], encoding: str | None = None) -> pd.DataFrame:
     """A long-format readings file as read for scoring: canonical column names, no cleaning."""
-    return apply_mapping(read_table(path, encoding), ColumnMapping(dict(columns)), S.READING_COLUMNS, str(path))
+    return apply_mapping(read_table(Path(path), encoding), ColumnMapping(dict(columns)), S.READING_COLUMNS, str(path))
 
 
 def reading_keys(readings: pd.DataFrame) -> pd.DataFrame:
@@ -143,11 +145,11 @@ def reading_keys(readings: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def run_to_failure(readings: pd.DataFrame, failures: pd.DataFrame,
-                   min_assets: int = MIN_FAILED_ASSETS) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_to_failure(readings: pd.DataFrame, failures: pd.DataFrame, min_assets: int = MIN_FAILED_ASSETS,
+                   source: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The accumulated run-to-failure trajectories: the readings of the assets with a failure
     event, up to it, and the events as a sensor events table (``asset_id,failure_time,
-    failure_type``) whose RUL labels the aligner derives.
+    failure_type``) whose RUL labels the aligner derives. ``source`` names the data in errors.
 
     Raises:
         DataValidationError: fewer than ``min_assets`` assets have both readings and a failure.
@@ -159,7 +161,7 @@ def run_to_failure(readings: pd.DataFrame, failures: pd.DataFrame,
         raise DataValidationError(
             f"the accumulated data holds {len(events)} run-to-failure asset(s) (readings and a failure event); "
             f"training needs at least {min_assets} (let batch scoring and the monitor run longer, or train on "
-            "a file / synthetic data)", column=FAILED_AT)
+            "a file / synthetic data)", source=source)
     failed_at = readings[S.ASSET].astype(str).map(events.set_index(S.ASSET)[FAILED_AT])
     keep = failed_at.notna() & (readings[S.TIMESTAMP] <= failed_at)
     rows = readings.loc[keep, list(S.READING_COLUMNS)].sort_values([S.ASSET, S.TIMESTAMP], kind="stable")
