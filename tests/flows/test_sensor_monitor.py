@@ -13,7 +13,13 @@ from flows.sensor import sensor_batch_score, sensor_monitor, sensor_train
 from flows.sensor.cli import main
 from infra.deploy_config import current_config
 from infra.errors import DataValidationError
-from solutions.sensor.config import FinetuneConfig, SensorConfig, SensorSource, SyntheticFleetConfig, WindowConfig
+from solutions.sensor.config import (
+    FinetuneConfig,
+    SensorConfig,
+    SensorSource,
+    SyntheticFleetConfig,
+    WindowConfig,
+)
 from solutions.sensor.synthetic import generate_fleet
 from tasks import monitoring as MON
 
