@@ -101,3 +101,9 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     last = history.loc[history["run_id"] == history["run_id"].iloc[-1]].set_index("model_version")
     assert last.loc[2, "judged"] == 6 and last.loc[1, "judged"] == 20  # day 1 and day 2 of the fleet
     print(last[["judged", "assets", "mae", "rmse", "bias", "within_share"]].to_string())
+
+
+def test_monitor_command_names_a_missing_failures_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", "--failures", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --failures:"), err

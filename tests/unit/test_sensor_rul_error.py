@@ -61,3 +61,14 @@ def test_run_to_failure_keeps_failed_assets_up_to_the_failure_and_needs_enough()
     assert events.to_dict(orient="records") == [{"asset_id": "A", "failure_time": ts[3], "failure_type": "unknown"}]
     with pytest.raises(DataValidationError, match="holds 1 run-to-failure asset"):
         M.run_to_failure(readings, failures, min_assets=2)
+
+
+
+def test_the_training_origin_is_checked() -> None:
+    from solutions.sensor.config import SensorSource
+
+    with pytest.raises(ValueError, match="origin 'accumulated'"):
+        SensorSource(origin="accumulated", data="readings.csv")
+    with pytest.raises(ValueError, match="origin 'file' needs data"):
+        SensorSource(origin="file")
+    assert SensorSource(origin="accumulated").describe() == "accumulated run-to-failure data"
