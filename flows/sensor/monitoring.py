@@ -136,12 +136,21 @@ def accumulate_step(columns: Mapping[str, str], step_seconds: float, encoding: s
         if not Path(entry.path).exists() or not Path(entry.output).exists():
             log.warning("scored file %s (or its scores) is gone; it cannot accumulate", entry.path)
             continue
-        readings = M.read_canonical(entry.path, dict(columns), encoding)
-        scores = pd.read_parquet(entry.output)
-        scored = M.scored_times(scores, readings, step_seconds)
+        try:
+            readings = M.read_canonical(entry.path, dict(columns), encoding)
+            scored = M.scored_times(pd.read_parquet(entry.output), readings, step_seconds, source=entry.path)
+        except DataValidationError as exc:  # set aside with its reason, never retried in a loop
+            log.warning("scored file %s cannot be monitored: %s", entry.path, exc)
+            ledger.record(LedgerEntry(sha256=entry.sha256, path=entry.path, size=entry.size, status="quarantined",
+                                      reason=str(exc)))
+            continue
         MON.append_rows(folder, "scored", scored[[S.ASSET, S.STEP, M.SCORED_T, "predicted_rul", "model",
                                                   "model_version"]].assign(source=entry.sha256[:16]))
-        A.upsert_rows(readings_root(), M.reading_keys(readings), time_column=S.TIMESTAMP, key=M.READING_KEY)
+        try:
+            A.upsert_rows(readings_root(), M.reading_keys(readings, source=entry.path), time_column=S.TIMESTAMP,
+                          key=M.READING_KEY)
+        except DataValidationError as exc:  # judged, but without calendar days it cannot accumulate
+            log.warning("readings of %s do not accumulate: %s", entry.path, exc)
         ledger.record(LedgerEntry(sha256=entry.sha256, path=entry.path, size=entry.size, status="scored",
                                   output=str(readings_root()), rows=len(readings)))
         added += 1

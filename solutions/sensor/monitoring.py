@@ -67,21 +67,24 @@ def first_failures(failures: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(FAILED_AT, kind="stable").drop_duplicates(S.ASSET, keep="first").reset_index(drop=True)
 
 
-def scored_times(scores: pd.DataFrame, readings: pd.DataFrame, step_seconds: float) -> pd.DataFrame:
+def scored_times(scores: pd.DataFrame, readings: pd.DataFrame, step_seconds: float,
+                 source: str = "readings") -> pd.DataFrame:
     """``scores`` (one row per asset: ``asset_id``, ``step`` = the scored window's last grid
     step) with ``scored_t``: the start of that step in seconds. Grid steps count from each
     asset's first reading in the scored file, floored to a whole step, as the aligner does.
+    ``source`` names the scored file in errors.
 
     Raises:
         DataValidationError: a scored asset has no reading in ``readings``.
     """
-    t = pd.Series(to_seconds(readings[S.TIMESTAMP], "readings", S.TIMESTAMP), index=readings.index)
+    t = pd.Series(to_seconds(readings[S.TIMESTAMP], source, S.TIMESTAMP), index=readings.index)
     first = t.groupby(readings[S.ASSET].astype(str).to_numpy()).min()
     t0 = np.floor(first / step_seconds) * step_seconds
     origin = scores[S.ASSET].astype(str).map(t0)
     if origin.isna().any():
         missing = scores.loc[origin.isna(), S.ASSET].astype(str).unique()[:5].tolist()
-        raise DataValidationError(f"scored asset(s) {missing} have no readings in the scored file", column=S.ASSET)
+        raise DataValidationError(f"scored asset(s) {missing} have no readings in the scored file", source=source,
+                                  column=S.ASSET)
     return scores.assign(**{SCORED_T: origin.to_numpy() + scores[S.STEP].to_numpy(dtype="float64") * step_seconds})
 
 
@@ -127,7 +130,7 @@ def read_canonical(path: str, columns: dict[str, str], encoding: str | None = No
     return apply_mapping(read_table(Path(path), encoding), ColumnMapping(dict(columns)), S.READING_COLUMNS, str(path))
 
 
-def reading_keys(readings: pd.DataFrame) -> pd.DataFrame:
+def reading_keys(readings: pd.DataFrame, source: str = "readings") -> pd.DataFrame:
     """Canonical readings with datetime timestamps and a ``reading_key`` (asset, time, sensor):
     the same reading sent again in a later file replaces, never doubles.
 
@@ -137,7 +140,7 @@ def reading_keys(readings: pd.DataFrame) -> pd.DataFrame:
     ts = readings[S.TIMESTAMP]
     if pd.api.types.is_numeric_dtype(ts):
         raise DataValidationError("readings with numeric timestamps cannot accumulate by day; send datetimes",
-                                  column=S.TIMESTAMP)
+                                  source=source, column=S.TIMESTAMP)
     ts = pd.to_datetime(ts, utc=True, format="mixed").dt.tz_localize(None)
     out = readings[list(S.READING_COLUMNS)].assign(**{S.ASSET: readings[S.ASSET].astype(str), S.TIMESTAMP: ts,
                                                       S.SENSOR: readings[S.SENSOR].astype(str)})
