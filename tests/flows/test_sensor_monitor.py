@@ -76,8 +76,6 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     assert row["mae"] == pytest.approx(error.abs().mean()) and row["rmse"] == pytest.approx(np.sqrt((error ** 2).mean()))
     assert row["within_share"] == pytest.approx((error.abs() <= 10).mean())
     assert Path(judged.report_dir, "realised_rul_mae.png").exists()
-    print(f"day 1, v1: MAE {row['mae']:.2f} RMSE {row['rmse']:.2f} bias {row['bias']:+.2f} "
-          f"within ±10 {row['within_share']:.0%} ({row['judged']} judged)")
     # day 2: the rest of the readings, up to the failures, are scored and accumulate
     readings.to_parquet(inbox / "day2.parquet", index=False)
     sensor_batch_score(inbox=str(inbox), model="rul-mon", settle_seconds=0, config=config)
@@ -102,7 +100,7 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     history = MON.read_rows(tmp_path / "home" / "monitoring" / "sensor-monitor", "rul_error")
     last = history.loc[history["run_id"] == history["run_id"].iloc[-1]].set_index("model_version")
     assert last.loc[2, "judged"] == 6 and last.loc[1, "judged"] == 20  # day 1 and day 2 of the fleet
-    print(last[["judged", "assets", "mae", "rmse", "bias", "within_share"]].to_string())
+    print(history[["run_id", "model_version", "judged", "assets", "mae", "rmse", "bias", "within_share"]].to_string())
 
 
 def test_monitor_command_names_a_missing_failures_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
