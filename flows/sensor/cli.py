@@ -1,4 +1,4 @@
-"""Sensor fault prediction commands: pretrain, train, score and batch (inbox) scoring.
+"""Sensor fault prediction commands: pretrain, train, score, batch (inbox) scoring, monitor.
 
 Input is the seeded synthetic fleet by default, a long-format readings file (``--data``,
 ``--events``, ``--columns``) or the NASA C-MAPSS files (``--cmapss-dir DIR --subset FD001``).
@@ -12,10 +12,12 @@ from typing import Any
 
 from flows.cli import Command, make_main
 from flows.sensor.batch import sensor_batch_score
+from flows.sensor.monitor import sensor_monitor
 from flows.sensor.pretrain import sensor_pretrain
 from flows.sensor.reproduce import sensor_reproduce
 from flows.sensor.results import (
     SensorBatchScoreResult,
+    SensorMonitorResult,
     SensorPretrainResult,
     SensorScoreResult,
     SensorTrainResult,
@@ -45,6 +47,7 @@ _PRETRAIN = {
     "config.encoder_name": "encoder",
 }
 _TRAIN = {
+    "source.origin": "source",
     "config.finetune.pretrained": "no-pretrain",
     "config.finetune.mode": "finetune-mode",
     "config.finetune.seed": "finetune-seed",
@@ -88,6 +91,18 @@ def _check_batch(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"--inbox: {inbox} does not exist (give a folder, a file or a glob)")
     if kwargs.get("settle_seconds", 0.0) < 0:
         raise ValueError("--settle-seconds must be >= 0")
+
+
+def _check_monitor(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("encoding"):
+        try:
+            check_encoding(kwargs["encoding"])
+        except ValueError as exc:
+            raise ValueError(f"--encoding: {exc}") from None
+    ColumnMapping(dict(kwargs.get("columns") or {}))
+    failures = kwargs.get("failures")
+    if failures and not any(ch in failures for ch in "*?[") and not Path(failures).expanduser().exists():
+        raise ValueError(f"--failures: {failures} does not exist (give a folder, a file or a glob)")
 
 
 def _check_reproduce(kwargs: dict[str, Any]) -> None:
@@ -144,6 +159,18 @@ def _batch_summary(r: SensorBatchScoreResult) -> str:
     return "\n".join(lines)
 
 
+def _monitor_summary(r: SensorMonitorResult) -> str:
+    acc = r.accumulated
+    lines = [(f"sensor-monitor: {r.failures_files} failures file(s), {r.failures_rows} event(s), "
+              f"{len(r.quarantined)} quarantined; {r.judged} prediction(s) of failed assets judged"),
+             (f"  accumulated: {acc.days} day(s) of readings ({acc.first_day} to {acc.last_day}), "
+              f"{acc.failures} failed asset(s), {acc.files_added} scored file(s) added")]
+    lines += [f"  {row['model']}:{row['model_version']}  MAE {row['mae']:.2f}  RMSE {row['rmse']:.2f}  "
+              f"bias {row['bias']:+.2f}  within {row['within_share']:.0%}  ({row['judged']} judged)" for row in r.rul_error]
+    lines.append(f"  report: {r.report_dir}/report.md")
+    return "\n".join(lines)
+
+
 COMMANDS = [
     Command(
         "pretrain", sensor_pretrain, _pretrain_summary,
@@ -171,6 +198,12 @@ COMMANDS = [
         help="score every new readings file of an inbox folder/glob (ledger + quarantine)",
         hidden={*_TRAINING, "config.fleet", _RANGES},
         check=_check_batch,
+    ),
+    Command(
+        "monitor", sensor_monitor, _monitor_summary,
+        help="failure events -> realised RUL error per model version; accumulate training data",
+        hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
+        check=_check_monitor,
     ),
     Command(
         "reproduce", sensor_reproduce, reproduce_summary,

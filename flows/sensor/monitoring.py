@@ -1,8 +1,12 @@
-"""The sensor vertical's monitoring steps: the reference profile at registration and drift
-per batch run (thin tasks over :mod:`solutions.sensor.monitoring` and :mod:`tasks.monitoring`)."""
+"""The sensor vertical's monitoring steps: the reference profile at registration, drift per
+batch run, the failure events, the realised RUL error and the accumulated training data
+(thin tasks over :mod:`solutions.sensor.monitoring`, :mod:`tasks.monitoring` and
+:mod:`tasks.accumulate`)."""
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,19 +15,29 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NONE
 
+from flows.sensor.accumulated import failures_root, readings_root
+from flows.sensor.results import FailuresIngest, SensorAccumulated
 from flows.sensor.steps import grid_table
 from infra.deploy_config import monitoring_spec
+from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.registry import ModelRegistry
 from solutions.sensor import data as D
 from solutions.sensor import monitoring as M
+from solutions.sensor import schema as S
 from solutions.sensor.config import SensorConfig
 from solutions.sensor.pipeline import SupervisedSetup
+from tasks import accumulate as A
 from tasks import monitoring as MON
-from tasks.data import DatasetRef
-from tasks.ledger import FileLedger, InboxRun
+from tasks.data import DatasetRef, load_table
+from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
+
+log = logging.getLogger(__name__)
 
 BATCH_JOB = "sensor-batch-score"
+MONITOR_JOB = "sensor-monitor"
+FAILURES_JOB = "sensor-failures"
+ACCUMULATE_JOB = "sensor-accumulate"
 
 
 @task(name="profile-training-data", cache_policy=NONE)
@@ -55,3 +69,134 @@ def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) 
     folder = home_layout().monitoring(BATCH_JOB)
     return MON.check_drift(BATCH_JOB, model.spec, model.path, pd.concat(frames, ignore_index=True),
                            np.concatenate(scores), monitoring_spec(BATCH_JOB), folder, report_dir=folder)
+
+
+# ------------------------------------------------------------------------------------
+# failure events
+
+
+@task(name="ingest-failures", cache_policy=NONE)
+def ingest_failures_step(location: str, settle_s: float) -> FailuresIngest:
+    """Validate every new failures file (``asset_id,failed_at``) and append it to the monitor's
+    failures table and to the accumulated failure events; a bad file is quarantined with its
+    reason."""
+    ledger = FileLedger(FAILURES_JOB)
+    folder = home_layout().monitoring(MONITOR_JOB)
+    files, rows, bad = 0, 0, {}
+    for file in scan_inbox(location, ledger, settle_s=settle_s).pending:
+        try:
+            failures = load_table(Path(file.path), M.failures_schema()).read()
+        except DataValidationError as exc:
+            bad[file.path] = quarantine(file, str(exc), ledger).reason or str(exc)
+            continue
+        events = M.first_failures(failures)
+        MON.append_rows(folder, "failures", events.assign(source=file.sha256[:16]))
+        A.upsert_rows(failures_root(), _earliest_known(events), time_column=M.FAILED_AT, key=S.ASSET)
+        ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+                                  status="scored", rows=len(failures)))
+        files, rows = files + 1, rows + len(failures)
+    return FailuresIngest(files=files, rows=rows, quarantined=bad)
+
+
+def all_failures() -> pd.DataFrame:
+    """Every failure event that arrived (one per asset: the earliest)."""
+    return M.first_failures(MON.read_rows(home_layout().monitoring(MONITOR_JOB), "failures"))
+
+
+def _earliest_known(events: pd.DataFrame) -> pd.DataFrame:
+    """``events`` without the assets whose accumulated failure is earlier (the first failure
+    of an asset is its run-to-failure label; a later report of it does not move it)."""
+    known = all_failures()
+    if known.empty:
+        return events
+    earlier = events[S.ASSET].map(known.set_index(S.ASSET)[M.FAILED_AT])
+    return events.loc[earlier.isna() | (events[M.FAILED_AT] <= earlier)]
+
+
+# ------------------------------------------------------------------------------------
+# scored readings -> accumulated data and the scored times
+
+
+def _scored_entries() -> list[LedgerEntry]:
+    entries = [e for e in FileLedger(BATCH_JOB).entries().values() if e.status == "scored" and e.output]
+    return sorted(entries, key=lambda e: e.at)
+
+
+@task(name="accumulate-scored-readings", cache_policy=NONE)
+def accumulate_step(columns: Mapping[str, str], step_seconds: float, encoding: str | None) -> SensorAccumulated:
+    """Add the readings of every newly scored file to the day partitions, and record when each
+    of its scored windows ended (the scored times the realised RUL error is counted from)."""
+    ledger = FileLedger(ACCUMULATE_JOB, root=home_layout().ledgers())
+    done = ledger.entries()
+    folder = home_layout().monitoring(MONITOR_JOB)
+    added = 0
+    for entry in _scored_entries():
+        if entry.sha256 in done:
+            continue
+        if not Path(entry.path).exists() or not Path(entry.output).exists():
+            log.warning("scored file %s (or its scores) is gone; it cannot accumulate", entry.path)
+            continue
+        try:
+            readings = M.read_canonical(entry.path, dict(columns), encoding)
+            scored = M.scored_times(pd.read_parquet(entry.output), readings, step_seconds, source=entry.path)
+        except DataValidationError as exc:  # set aside with its reason, never retried in a loop
+            log.warning("scored file %s cannot be monitored: %s", entry.path, exc)
+            ledger.record(LedgerEntry(sha256=entry.sha256, path=entry.path, size=entry.size, status="quarantined",
+                                      reason=str(exc)))
+            continue
+        MON.append_rows(folder, "scored", scored[[S.ASSET, S.STEP, M.SCORED_T, "predicted_rul", "model",
+                                                  "model_version"]].assign(source=entry.sha256[:16]))
+        try:
+            A.upsert_rows(readings_root(), M.reading_keys(readings, source=entry.path), time_column=S.TIMESTAMP,
+                          key=M.READING_KEY)
+        except DataValidationError as exc:  # judged, but without calendar days it cannot accumulate
+            log.warning("readings of %s do not accumulate: %s", entry.path, exc)
+        ledger.record(LedgerEntry(sha256=entry.sha256, path=entry.path, size=entry.size, status="scored",
+                                  output=str(readings_root()), rows=len(readings)))
+        added += 1
+    have = A.days(readings_root())
+    return SensorAccumulated(path=str(readings_root()), files_added=added, days=len(have),
+                             first_day=str(have[0]) if have else None, last_day=str(have[-1]) if have else None,
+                             failures=len(all_failures()))
+
+
+# ------------------------------------------------------------------------------------
+# realised RUL error
+
+
+@task(name="realised-rul-error", cache_policy=NONE)
+def rul_error_step(step_seconds: float, within: float, out_dir: Path) -> tuple[pd.DataFrame, int]:
+    """Join every scored (asset, step) with its asset's failure: the realised RUL error per
+    model version, appended as this run's rows to ``<home>/monitoring/sensor-monitor/rul_error/``
+    and plotted over the runs. Returns (this run's table, predictions judged)."""
+    folder = home_layout().monitoring(MONITOR_JOB)
+    realised = M.realised_rul(MON.read_rows(folder, "scored"), all_failures(), step_seconds)
+    table = M.rul_error_table(realised, within)
+    if realised.empty:
+        return table, 0
+    realised.to_parquet(out_dir / "realised_rul.parquet", index=False)
+    at = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+    MON.append_rows(folder, "rul_error", table.assign(run_id=MON.current_run_id(), at=at, within=within))
+    history = MON.read_rows(folder, "rul_error")
+    MON.plot_over_time(history.assign(version="v" + history["model_version"].astype(str)), "at", "mae", "version",
+                       out_dir / "realised_rul_mae.png", title="Realised RUL MAE (steps) per model version")
+    return table, len(realised)
+
+
+def render_monitor_report(table: pd.DataFrame, judged: int, failures: FailuresIngest, acc: SensorAccumulated,
+                          within: float, image: Path) -> str:
+    """Markdown: failure events taken in, the accumulated data, realised RUL error per version."""
+    lines = ["## sensor-monitor", "",
+             (f"Failure events: {failures.files} new file(s), {failures.rows} row(s), "
+              f"{len(failures.quarantined)} quarantined; {acc.failures} asset(s) failed so far."),
+             (f"Accumulated readings: {acc.days} day(s) ({acc.first_day} to {acc.last_day}), "
+              f"{acc.files_added} scored file(s) added."), "",
+             f"Realised RUL error: {judged} prediction(s) of failed assets judged."]
+    if not table.empty:
+        lines += ["", f"| version | judged | assets | MAE | RMSE | bias | within ±{within:g} |", "|---|---|---|---|---|---|---|"]
+        for r in table.itertuples(index=False):
+            lines.append(f"| {r.model}:{r.model_version} | {r.judged} | {r.assets} | {r.mae:.2f} | {r.rmse:.2f} | "
+                         f"{r.bias:+.2f} | {r.within_share:.0%} |")
+    if image.exists():
+        lines += ["", f"Realised RUL MAE over the runs: `{image}`"]
+    return "\n".join(lines) + "\n"

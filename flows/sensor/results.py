@@ -81,3 +81,40 @@ class SensorBatchScoreResult(InboxRun):
         default_factory=dict, description="Score file -> the bad readings counted in its input file."
     )
     drift: DriftSummary | None = Field(default=None, description="Readings and predicted RUL against the champion's profile.")
+
+
+class FailuresIngest(BaseModel):
+    """What one monitor run took from the failures inbox."""
+
+    model_config = ConfigDict(frozen=True)
+
+    files: int
+    rows: int
+    quarantined: dict[str, str] = Field(default_factory=dict)
+
+
+class SensorAccumulated(BaseModel):
+    """The accumulated sensor data after one monitor run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    files_added: int = Field(description="Scored readings files added now.")
+    days: int = Field(description="Day partitions of readings held.")
+    first_day: str | None
+    last_day: str | None
+    failures: int = Field(description="Failure events held (one per asset).")
+
+
+class SensorMonitorResult(BaseModel):
+    """What one ``sensor-monitor`` run found."""
+
+    model_config = ConfigDict(frozen=True)
+
+    failures_files: int
+    failures_rows: int
+    quarantined: dict[str, str]
+    accumulated: SensorAccumulated
+    rul_error: list[dict] = Field(description="Realised RUL error per model version (MAE, RMSE, bias, within share).")
+    judged: int = Field(description="Scored (asset, step) predictions whose asset has failed since.")
+    report_dir: str

@@ -18,6 +18,7 @@ import pandas as pd
 from prefect import task
 from prefect.cache_policies import NONE
 
+from flows.sensor.accumulated import accumulated_plan
 from infra.compute import resolve_training
 from infra.errors import DataValidationError
 from infra.home import home_layout
@@ -75,7 +76,9 @@ def grid_table(plan: D.GridPlan, materialize: Callable[..., DatasetRef] = materi
 
 def obtain_grid(source: SensorSource, config: SensorConfig) -> tuple[DatasetRef, BadReadingReport]:
     """The aligned grid table of the source and the bad-reading counts its reader measured."""
-    if source.cmapss_dir:
+    if source.origin == "accumulated":
+        plan, name = accumulated_plan(config), "align-accumulated"
+    elif source.cmapss_dir:
         plan, name = D.cmapss_plan(Path(source.cmapss_dir), source.subset), "read-cmapss"
     elif source.data:
         events = Path(source.events) if source.events else None

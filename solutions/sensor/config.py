@@ -33,6 +33,11 @@ class SensorSource(BaseModel):
         default=None, description="Folder with the NASA C-MAPSS train_/test_/RUL_FDxxx.txt files."
     )
     subset: str = Field(default="FD001", description="C-MAPSS subset: FD001, FD002, FD003 or FD004.")
+    origin: Literal["synthetic", "file", "accumulated"] | None = Field(
+        default=None,
+        description="Training data: the seeded synthetic fleet, the given file/folder, or the run-to-failure "
+        "assets accumulated by batch scoring and sensor-monitor (None: the file/folder when given, else synthetic).",
+    )
 
     @field_validator("columns")
     @classmethod
@@ -51,6 +56,13 @@ class SensorSource(BaseModel):
             raise ValueError("give either a readings file (data) or a C-MAPSS folder (cmapss_dir), not both")
         if self.events and not self.data:
             raise ValueError("failure events (events) belong to a readings file: give data too")
+        given = bool(self.data or self.cmapss_dir)
+        if self.origin == "accumulated" and given:
+            raise ValueError("origin 'accumulated' trains on the accumulated data; drop data/cmapss_dir (or use origin 'file')")
+        if self.origin == "file" and not given:
+            raise ValueError("origin 'file' needs data (a readings file) or cmapss_dir")
+        if self.origin == "synthetic" and given:
+            raise ValueError("origin 'synthetic' ignores data/cmapss_dir; drop them (or use origin 'file')")
         return self
 
     def describe(self) -> str:
@@ -58,6 +70,8 @@ class SensorSource(BaseModel):
         if self.cmapss_dir:
             held_out = "" if has_test_files(Path(self.cmapss_dir), self.subset) else " (train file only: test engines held out of it)"
             return f"C-MAPSS {self.subset} in {self.cmapss_dir}{held_out}"
+        if self.origin == "accumulated":
+            return "accumulated run-to-failure data"
         return self.data or "synthetic fleet"
 
 

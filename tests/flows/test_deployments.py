@@ -22,6 +22,7 @@ EXPECTED = {
     "fraud-batch-score/hourly-batch-score": "0 * * * *",
     "sensor-batch-score/every-10-min-score": "*/10 * * * *",
     "sensor-train/weekly-retrain": "0 3 * * 0",
+    "sensor-monitor/hourly-monitor": "5 * * * *",
     "rag-ingest/reingest-watched-folder": "*/15 * * * *",
 }
 
