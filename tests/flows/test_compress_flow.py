@@ -28,7 +28,7 @@ def _last_json(out: str) -> dict:
 
 
 def test_compress_flow_on_tiny_fraud_model(capsys: pytest.CaptureFixture) -> None:
-    assert fraud_main(["train", *DATA, "--max-epochs", "1", "--seq-len", "8", "--model", "fraud-cmp", "--json"]) == 0
+    assert fraud_main(["train", *DATA, "--max-epochs", "1", "--seq-len", "8", "--no-baseline", "--model", "fraud-cmp", "--json"]) == 0
     source = _last_json(capsys.readouterr().out)["model"]
     assert compress_main(["--model", "fraud-cmp", *DATA, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
                     "--latency-batch", "64", "--json"]) == 0
@@ -121,7 +121,8 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     # structured pruning shrank conv channels and neurons; the student is smaller
     shapes = result["prune"][0]["shapes"]
     assert result["prune"][0]["method"] == "structured-channels"
-    assert shapes["encoder.convs.0.0.weight"][0] == 16 and shapes["encoder.proj.1.weight"] == [128, 64]
+    # default widths 16/32/32 with mean pooling into the 256-d projection: half of each kept
+    assert shapes["encoder.convs.0.0.weight"][0] == 8 and shapes["encoder.proj.1.weight"] == [128, 16]
     assert rows["pruned-structured"]["params"] < rows["fp32"]["params"] / 2
     assert rows["distilled"]["params"] < rows["fp32"]["params"] / 2
     assert len(result["sensitivity"]) == 3 * 7  # 3 convs + 4 Linear weights x 3 ratios

@@ -48,7 +48,20 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "deployments.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(path))
+    _forget_deployment("fraud-adapt/on-drift-adapt")  # another test may have registered it (no worker here)
     return tmp_path
+
+
+def _forget_deployment(name: str) -> None:
+    """Delete a deployment of the shared test API, so the monitor runs adapt in-process."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_deployment(client.read_deployment_by_name(name).id)
+        except ObjectNotFound:
+            pass
 
 
 def _day(frame: pd.DataFrame, day: int, history: int = 0) -> pd.DataFrame:
