@@ -411,7 +411,7 @@ def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str
     with reading_content(file.path):
         table = read_transactions(Path(file.path), columns, accounts, encoding)
     scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, scorer.ref, table,
-                                   source=file.path)
+                                   source=file.path, baseline=scorer.baseline)
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name
     write_table(scored.table, target, csv)

@@ -320,14 +320,17 @@ def write_scores_step(scores: pd.DataFrame, target: Path, csv: bool) -> Path | N
     return write_table(scores, target, csv)
 
 
-def sensor_weights_at(ref: ModelRef) -> dict:
-    """A registered version's tensors, read from its own folder (whatever this worker's home is)."""
-    return ModelRegistry(Path(ref.path).parents[1]).load_state_dict(ref)
-
-
-def sensor_variant_at(ref: ModelRef) -> object:
-    """A compressed variant as a plain module, read from its own folder."""
-    return load_variant(ref, ModelRegistry(Path(ref.path).parents[1]), build_module)
+def sensor_scoring_at(ref: ModelRef) -> dict[str, Any]:
+    """What ``scores_table`` needs to score with a registered version, read from its own folder
+    (whatever this worker's home is): its tensors or compressed variant, and its GBM (skops) for
+    a GBM or ensemble version."""
+    registry = ModelRegistry(Path(ref.path).parents[1])
+    loaded: dict[str, Any] = {"baseline": CA.load_baseline(ref)}
+    if ref.kind == CA.KINDS[CA.BASELINE]:
+        return loaded
+    if SC.is_variant(ref):
+        return {**loaded, "variant": load_variant(ref, registry, build_module)}
+    return {**loaded, "state_dict": registry.load_state_dict(ref)}
 
 
 def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[str, str], threshold: float | None,
@@ -341,17 +344,14 @@ def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[st
     machine's are retried.
     """
     ref = model
-    loaded = load_once(ref, sensor_variant_at if SC.is_variant(ref) else sensor_weights_at)
+    loaded = load_once(ref, sensor_scoring_at)
     path = Path(file.path)
     with reading_content(file.path):
         grid, bad = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256,
                                     encoding=encoding).build()
         if grid.empty:
             raise DataValidationError("no readings left after cleaning", source=str(path))
-    if SC.is_variant(ref):
-        scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, variant=loaded)
-    else:
-        scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, state_dict=loaded)
+    scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, **loaded)
     if scores.empty:
         raise DataValidationError("no asset has a complete window of readings", source=str(path))
     target = SC.batch_scores_path(Path(out_dir), path, file.sha256, ref)

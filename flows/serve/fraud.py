@@ -101,11 +101,16 @@ class FraudLabelResponse(BaseModel):
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
     """A registered fraud version (or a compressed variant of one) ready for online scoring."""
+    from infra.registry import KIND_TORCH
     from solutions.fraud import pipeline as P
     from solutions.fraud.model import build_module
     from solutions.fraud.online import OnlineFraudModel
     from tasks.compress import load_variant
 
+    if ref.kind != KIND_TORCH:
+        raise ValueError(f"{ref.spec} is a {ref.kind} version (the GBM won its training run on validation): "
+                         "the online fraud path serves sequence-model versions; score it with `fraud score`/"
+                         "`fraud batch`, or train with --no-baseline / promote a sequence-model version")
     if "compression" in ref.params:
         net = load_variant(ref, services.registry, build_module)
         pre, cfg = P.preprocessing_from_params(ref.params)

@@ -88,16 +88,21 @@ class SensorPredictResponse(BaseModel):
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
     """A registered sensor version (or a compressed variant) kept loaded for online prediction."""
+    from infra.registry import KIND_SKLEARN
+    from solutions.sensor.candidates import load_baseline
     from solutions.sensor.model import build_module
     from solutions.sensor.online import OnlineSensorModel
     from solutions.sensor.pipeline import predictor_from_params
     from solutions.sensor.scoring import is_variant
     from tasks.compress import load_variant
 
+    baseline = load_baseline(ref)  # a GBM or ensemble champion (skops, allow-listed types)
+    if ref.kind == KIND_SKLEARN:
+        return OnlineSensorModel(ref=ref, baseline=baseline)
     if is_variant(ref):
-        return OnlineSensorModel(ref=ref, variant=load_variant(ref, services.registry, build_module))
+        return OnlineSensorModel(ref=ref, variant=load_variant(ref, services.registry, build_module), baseline=baseline)
     net, _, _ = predictor_from_params(ref.params, services.registry.load_state_dict(ref))
-    return OnlineSensorModel(ref=ref, net=net)
+    return OnlineSensorModel(ref=ref, net=net, baseline=baseline)
 
 
 _Item = SensorPredictRequest

@@ -45,6 +45,7 @@ class OnlineSensorModel:
     ref: ModelRef
     net: SensorRULModel | None = None
     variant: nn.Module | None = None
+    baseline: Any = None  # the GBM of a GBM or ensemble version (solutions.sensor.candidates)
 
     @property
     def threshold(self) -> float:
@@ -111,5 +112,6 @@ def grid_from_rows(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def predict_grid(model: OnlineSensorModel, grid: pd.DataFrame) -> pd.DataFrame:
     """The latest window of each asset of ``grid``: ``asset_id``, ``step``, ``predicted_rul``,
     ``failure_probability``, ``alert``, ``model``, ``model_version`` (the batch score table)."""
-    table, _ = scores_table(model.ref, grid, model.threshold, net=model.net, variant=model.variant)
+    table, _ = scores_table(model.ref, grid, model.threshold, net=model.net, variant=model.variant,
+                            baseline=model.baseline)
     return table
