@@ -44,7 +44,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # small daily samples: judge pooled windows (2 reference days, the last 4 days)
     # (score PSI hovers near its threshold on some days of this small feed: a drift streak is
     # not what this test is about)
-    config["monitoring"]["fraud-monitor"].update(consecutive_days=4, reference_days=2, consecutive_runs=5)
+    config["monitoring"]["fraud-monitor"].update(consecutive_days=4, reference_days=2, consecutive_runs=50)
     path = tmp_path / "deployments.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(path))
