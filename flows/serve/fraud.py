@@ -157,7 +157,8 @@ def build(services: Services) -> Vertical | None:
         return out
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher")
+        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher",
+        weight=lambda item: len(item[0]), max_batch_rows=services.settings.batch_max_rows)
     router = APIRouter(tags=["fraud"])
 
     @router.post("/v1/fraud/score", response_model=FraudScoreResponse)
