@@ -221,4 +221,8 @@ def test_bad_rows_get_a_422_naming_column_and_row(tiny: tuple[HomeLayout, TinyFr
         assert retry.status_code == 409 and "already scored" in retry.text
         older = post([{**good, "transaction_id": "t0", "timestamp": "2025-01-01T09:00:00"}])
         assert older.status_code == 409 and "older" in older.text
+        twice = post([{**good, "transaction_id": "t9", "timestamp": "2025-01-01T11:00:00"},
+                      {**good, "transaction_id": "t9", "timestamp": "2025-01-01T12:00:00"}])
+        assert twice.status_code == 409 and "appears twice" in twice.text
+        assert post([{**good, "transaction_id": "t9", "timestamp": "2025-01-01T11:00:00"}]).status_code == 200
         assert client.post(f"{server.url}/v1/fraud/score", json={"transactions": [good]}).status_code == 401
