@@ -259,11 +259,11 @@ class RedisStateStore:
         self._redis.close()
 
 
-def open_state_store(folder: Path, redis_url: str | None = None) -> OnlineStateStore:
-    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite``."""
+def open_state_store(folder: Path, redis_url: str | None = None, cache_docs: int = 200_000) -> OnlineStateStore:
+    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite`` (caching ``cache_docs``)."""
     if redis_url:
         return RedisStateStore(redis_url)
-    return SqliteStateStore(folder / "fraud.sqlite")
+    return SqliteStateStore(folder / "fraud.sqlite", cache_docs=cache_docs)
 
 
 # ------------------------------------------------------------------------------------
@@ -558,13 +558,20 @@ class _Batch:
     def __init__(self, state: OnlineFraudState) -> None:
         self.state = state
         self.pending = _Pending()
-        self._term_times: dict[str, list[int]] = {}  # each loaded terminal's row times, kept in step
+        # per loaded terminal, kept in step with its rows: the row times, and running counts of
+        # known labels and of positive labels (count[j] - count[i] = labels among rows i..j-1)
+        self._term_index: dict[str, tuple[list[int], list[int], list[int]]] = {}
 
-    def _times(self, terminal: str) -> list[int]:
-        times = self._term_times.get(terminal)
-        if times is None:
-            times = self._term_times[terminal] = [r[0] for r in self.pending.terminals[terminal]["rows"]]
-        return times
+    def _index(self, terminal: str) -> tuple[list[int], list[int], list[int]]:
+        index = self._term_index.get(terminal)
+        if index is None:
+            rows = self.pending.terminals[terminal]["rows"]
+            known, positive = [0], [0]
+            for r in rows:
+                known.append(known[-1] + (r[1] is not None))
+                positive.append(positive[-1] + (r[1] is not None and r[1] > 0))
+            index = self._term_index[terminal] = ([r[0] for r in rows], known, positive)
+        return index
 
     def load(self, accounts: Sequence[str], terminals: Sequence[str]) -> None:
         """Read the documents the next rows need (once per batch)."""
@@ -669,14 +676,13 @@ class _Batch:
             win[f"amount_over_cust_mean_{wmax}d"] = amount / mean_max if mean_max > 0 else 1.0
             term_key = (term if term is not None else _NULL_TERMINAL) if has_terminal else None
             if term_key is not None:
-                rows = self.pending.terminals[term_key]["rows"]
-                times = self._times(term_key)
+                times, n_known, n_pos = self._index(term_key)
                 hi = bisect.bisect_left(times, t - delay_ns)
                 for w in windows:
                     lo = bisect.bisect_left(times, t - delay_ns - w * _NS_PER_DAY)
-                    known = [r[1] for r in rows[lo:hi] if r[1] is not None]
+                    known = n_known[hi] - n_known[lo]
                     win[f"term_nb_tx_{w}d"] = float(hi - lo)
-                    win[f"term_risk_{w}d"] = sum(1.0 for v in known if v > 0) / len(known) if known else 0.0
+                    win[f"term_risk_{w}d"] = (n_pos[hi] - n_pos[lo]) / known if known else 0.0
             out.append(RowInputs(
                 steps=[r[4] for r in recent[-self.state.history_len:]] + [step] if self.state.history_len else [step],
                 step_cats=[(r[2], r[3]) for r in recent[-self.state.history_len:]] + [(channels[i], categories[i])]
@@ -701,16 +707,25 @@ class _Batch:
                 acct["terms"].append(term)
             if term_key is not None:
                 trows = self.pending.terminals[term_key]["rows"]
-                times = self._times(term_key)
+                times, n_known, n_pos = self._index(term_key)
                 label = None if math.isnan(labels[i]) else float(labels[i])
                 pos = bisect.bisect_right(times, t)
                 trows.insert(pos, [t, label, tx_ids[i]])
                 times.insert(pos, t)
+                k, p = int(label is not None), int(label is not None and label > 0)
+                if pos == len(times) - 1:  # the usual case: the newest row of its terminal
+                    n_known.append(n_known[-1] + k)
+                    n_pos.append(n_pos[-1] + p)
+                else:
+                    n_known[pos + 1 :] = [n_known[pos] + k, *(c + k for c in n_known[pos + 1 :])]
+                    n_pos[pos + 1 :] = [n_pos[pos] + p, *(c + p for c in n_pos[pos + 1 :])]
                 horizon = times[-1] - delay_ns - (wmax + 1) * _NS_PER_DAY
                 drop = bisect.bisect_left(times, horizon)
                 if drop:
                     del trows[:drop]
                     del times[:drop]
+                    del n_known[:drop]
+                    del n_pos[:drop]
         return out
 
 

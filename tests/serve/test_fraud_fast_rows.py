@@ -6,6 +6,7 @@ errors are the batch path's own). Plus: a transaction id twice in one request is
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import random
 from typing import Any
@@ -164,3 +165,37 @@ def test_the_sqlite_document_cache_never_serves_a_stale_or_rolled_back_document(
     finally:
         a.close()
         b.close()
+
+
+def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_path) -> None:
+    """Each account's rows come in time order but the accounts interleave, so a terminal's rows are
+    often inserted before its latest one: the running label counts must follow every insert/drop."""
+    rng = random.Random(3)
+    clocks = {f"a{i}": 0 for i in range(6)}
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"))
+    try:
+        with state.update() as batch:
+            for i in range(150):
+                acct = rng.choice(list(clocks))
+                clocks[acct] += rng.randint(0, 96) * 3600  # ~2 days apart: 150 rows span past the 38-day horizon
+                stamp = "2025-01-01T00:00:00"
+                t = dt.datetime.fromisoformat(stamp) + dt.timedelta(seconds=clocks[acct])
+                label = rng.choice([None, 0, 1])
+                rows = fast_rows([{**GOOD, "transaction_id": f"t{i}", "account_id": acct,
+                                   "timestamp": t.isoformat(), "terminal_id": "x", "label": label}])
+                batch.load([], ["x"])
+                before = [list(r) for r in batch.pending.terminals["x"]["rows"]]
+                [inputs] = batch.apply(rows, delay_days=7)
+                times, known, positive = batch._index("x")
+                stored = batch.pending.terminals["x"]["rows"]
+                assert times == [r[0] for r in stored] == sorted(times)
+                labels = [r[1] for r in stored]
+                assert [known[j + 1] - known[j] for j in range(len(stored))] == [v is not None for v in labels]
+                assert [positive[j + 1] - positive[j] for j in range(len(stored))] == [v == 1 for v in labels]
+                hi = sum(1 for r in before if r[0] < rows.t_ns[0] - 7 * 86_400 * 10**9)
+                lo = sum(1 for r in before if r[0] < rows.t_ns[0] - 37 * 86_400 * 10**9)
+                seen = [r[1] for r in before[lo:hi] if r[1] is not None]
+                assert inputs.window["term_risk_30d"] == (sum(seen) / len(seen) if seen else 0.0)
+        assert len(stored) < 150  # old rows were dropped on the way
+    finally:
+        state.store.close()
