@@ -281,11 +281,6 @@ class ServeSettings(BaseSettings):
         description="Most transactions in one fraud model call (dynamic batching; a larger single request "
         "still runs, alone).",
     )
-    state_cache_docs: int = Field(
-        default=200_000, ge=0,
-        description="Fraud online-state documents (accounts, terminals) the embedded SQLite store keeps in "
-        "memory (0: none); ignored with Redis.",
-    )
     batch_max_wait_ms: float = Field(
         default=2.0, ge=0, description="Longest a request waits for others to join its batch."
     )

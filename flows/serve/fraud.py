@@ -168,8 +168,7 @@ def build(services: Services) -> Vertical | None:
 
         if "state" not in holder:
             holder["state"] = OnlineFraudState.for_model(
-                open_state_store(services.layout.online_state(), redis_url,
-                                 cache_docs=services.settings.state_cache_docs), history_len=HISTORY_LEN)
+                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
         return holder["state"]
 
     def score_batch(items: list[_Item]) -> list[_Result]:

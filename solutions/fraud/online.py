@@ -36,7 +36,6 @@ import math
 import re
 import sqlite3
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,26 +108,15 @@ class OnlineStateStore(Protocol):
 
 
 class SqliteStateStore:
-    """The embedded store: one SQLite file (WAL, one transaction per update), with a document cache.
-
-    Parsing the JSON documents back cost a sixth of a large batch's time, so the store keeps
-    the documents it read or wrote (up to ``cache_docs``, least recently used out). The cache
-    is only trusted while this connection is the file's only writer: at the start of each
-    exclusive section ``PRAGMA data_version`` tells whether another connection (another
-    process on the same home) committed since, and if so the cache is dropped; a rolled-back
-    section drops it too (the callers change documents in place).
+    """The embedded store: one SQLite file (WAL, one transaction per update).
 
     Args:
         path: the database file (its folder is created).
-        cache_docs: most documents kept in memory (0: no cache).
     """
 
-    def __init__(self, path: Path, cache_docs: int = 200_000) -> None:
+    def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.cache_docs = int(cache_docs)
-        self._cache: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
-        self._data_version: int | None = None
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -142,38 +130,23 @@ class SqliteStateStore:
     def exclusive(self) -> Iterator[None]:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            if version != self._data_version:  # another connection committed: the cache may be stale
-                self._cache.clear()
-                self._data_version = version
             try:
                 yield
             except BaseException:
-                self._cache.clear()
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
-        missing: list[str] = []
-        cache = self._cache
-        for key in dict.fromkeys(keys):
-            doc = cache.get((kind, key))
-            if doc is None:
-                missing.append(key)
-            else:
-                cache.move_to_end((kind, key))
-                out[key] = doc
-        for start in range(0, len(missing), 500):
-            chunk = missing[start : start + 500]
+        unique = list(dict.fromkeys(keys))
+        for start in range(0, len(unique), 500):
+            chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
             rows = self._conn.execute(
                 f"SELECT key, doc FROM state WHERE kind = ? AND key IN ({marks})", [kind, *chunk]
             )
-            got = {key: orjson.loads(doc) for key, doc in rows}
-            out.update(got)
-            self._remember(kind, got)
+            out.update({key: orjson.loads(doc) for key, doc in rows})
         return out
 
     def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
@@ -181,20 +154,8 @@ class SqliteStateStore:
             "INSERT OR REPLACE INTO state (kind, key, doc) VALUES (?, ?, ?)",
             [(kind, key, orjson.dumps(doc)) for key, doc in docs.items()],
         )
-        self._remember(kind, docs)
-
-    def _remember(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        if self.cache_docs <= 0:
-            return
-        cache = self._cache
-        for key, doc in docs.items():
-            cache[(kind, key)] = doc
-            cache.move_to_end((kind, key))
-        while len(cache) > self.cache_docs:
-            cache.popitem(last=False)
 
     def close(self) -> None:
-        self._cache.clear()
         self._conn.close()
 
 
@@ -259,11 +220,11 @@ class RedisStateStore:
         self._redis.close()
 
 
-def open_state_store(folder: Path, redis_url: str | None = None, cache_docs: int = 200_000) -> OnlineStateStore:
-    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite`` (caching ``cache_docs``)."""
+def open_state_store(folder: Path, redis_url: str | None = None) -> OnlineStateStore:
+    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite``."""
     if redis_url:
         return RedisStateStore(redis_url)
-    return SqliteStateStore(folder / "fraud.sqlite", cache_docs=cache_docs)
+    return SqliteStateStore(folder / "fraud.sqlite")
 
 
 # ------------------------------------------------------------------------------------

@@ -140,33 +140,6 @@ def test_a_transaction_id_twice_in_one_request_is_refused_and_changes_nothing(tm
     assert store.read(ACCOUNT, ["A1"]) == {}
 
 
-def test_the_sqlite_document_cache_never_serves_a_stale_or_rolled_back_document(tmp_path) -> None:
-    """Two stores on one file (two server processes on one home): each sees the other's commits;
-    a rolled-back section leaves no trace in the cache; the cache stays within its bound."""
-    a = SqliteStateStore(tmp_path / "s.sqlite", cache_docs=2)
-    b = SqliteStateStore(tmp_path / "s.sqlite")
-    try:
-        with a.exclusive():
-            a.write(ACCOUNT, {"x": {"n": 1}})
-        with b.exclusive():
-            assert b.read(ACCOUNT, ["x"]) == {"x": {"n": 1}}  # cached in b from here
-            b.write(ACCOUNT, {"x": {"n": 2}})
-        with a.exclusive():
-            assert a.read(ACCOUNT, ["x"]) == {"x": {"n": 2}}  # a's cached {"n": 1} was dropped
-        with pytest.raises(RuntimeError), a.exclusive():
-            doc = a.read(ACCOUNT, ["x"])["x"]
-            doc["n"] = 99  # callers change documents in place
-            raise RuntimeError("the model call failed")
-        with a.exclusive():
-            assert a.read(ACCOUNT, ["x"]) == {"x": {"n": 2}}
-            a.write(ACCOUNT, {"y": {"n": 3}, "z": {"n": 4}})
-            assert len(a._cache) == 2  # the bound: the least recently used document went out
-            assert a.read(ACCOUNT, ["x", "y", "z"]) == {"x": {"n": 2}, "y": {"n": 3}, "z": {"n": 4}}
-    finally:
-        a.close()
-        b.close()
-
-
 def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_path) -> None:
     """Each account's rows come in time order but the accounts interleave, so a terminal's rows are
     often inserted before its latest one: the running label counts must follow every insert/drop."""
