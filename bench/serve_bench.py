@@ -3,7 +3,8 @@
 A small fraud model is trained for a few steps on synthetic transactions and registered as the
 champion in a throwaway home; then the real server command (``python -m flows.serve``, with API
 keys, rate limits, audit log and metrics all on) serves it twice, one after the other: batching
-off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size and wait). Closed-loop
+off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size, rows and wait), each
+from an empty online feature state. Closed-loop
 clients on 127.0.0.1 at concurrency 1, 16 and 64 send single-transaction and 256-row requests of
 new transactions (each account's transactions in time order); then a fixed-rate phase (200
 single-transaction requests/s for 60 s by default) on the batching-on server counts 5xx answers.
@@ -178,6 +179,7 @@ def main() -> None:
 
     from loadgen import fixed_rate
 
+    from infra.home import HomeLayout
     from infra.serving.auth import KeyStore
     from infra.settings import ServeSettings
 
@@ -191,10 +193,15 @@ def main() -> None:
         results: dict[str, Any] = {}
         for label, size, wait in (("batching_off", 1, 0.0),
                                   ("batching_on", defaults.batch_max_size, defaults.batch_max_wait_ms)):
+            # each server starts from an empty online state: the second one must not pay for the
+            # first one's larger account/terminal documents (at concurrency 1, where batching changes
+            # nothing, 256-row requests ran at half the batching-off rate when the state was shared)
+            shutil.rmtree(HomeLayout(tmp).online_state(), ignore_errors=True)
             t0 = time.perf_counter()
             proc, url = start_server(tmp, size, wait)
             try:
                 results[label] = {"batch_max_size": size, "batch_max_wait_ms": wait,
+                                  "batch_max_rows": defaults.batch_max_rows,
                                   "ready_s": round(time.perf_counter() - t0, 1),
                                   **run_phases(url, key, tx, args.seconds), "batches": batch_histogram(url, key)}
                 if label == "batching_on":

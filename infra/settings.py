@@ -302,6 +302,11 @@ class ServeSettings(BaseSettings):
         default=5.0, gt=0, description="How often the registry's champion alias is checked for a new version."
     )
     batch_max_size: int = Field(default=64, ge=1, description="Most requests scored together (dynamic batching).")
+    batch_max_rows: int = Field(
+        default=1024, ge=1,
+        description="Most transactions in one fraud model call (dynamic batching; a larger single request "
+        "still runs, alone).",
+    )
     batch_max_wait_ms: float = Field(
         default=2.0, ge=0, description="Longest a request waits for others to join its batch."
     )

@@ -11,11 +11,15 @@ together by a :class:`~infra.serving.batching.DynamicBatcher`, in arrival order.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
@@ -99,6 +103,35 @@ class FraudLabelResponse(BaseModel):
     unknown: list[str] = Field(description="Transaction ids never scored, or older than the terminal windows keep.")
 
 
+async def read_score_request(request: Request) -> FraudScoreRequest:
+    """The request body as a :class:`FraudScoreRequest`, parsed with orjson.
+
+    What FastAPI does for a body parameter (parse, validate, 422 with the same error list),
+    at a third of the cost on a 256-row body; NaN/Infinity literals, which orjson refuses
+    and Python's parser accepts, go through ``json.loads`` as before.
+    """
+    raw = await request.body()
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
+                                           "msg": "JSON decode error", "input": {},
+                                           "ctx": {"error": getattr(exc, "msg", str(exc))}}]) from None
+    try:
+        return FraudScoreRequest.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)],
+                                     body=data) from None
+
+
+#: The OpenAPI request body of ``/v1/fraud/score`` (the route reads its body itself).
+SCORE_REQUEST_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": FraudScoreRequest.model_json_schema()}}}}
+
+
 def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
     """A registered fraud version (or a compressed variant of one) ready for online scoring."""
     from infra.registry import KIND_TORCH
@@ -162,13 +195,14 @@ def build(services: Services) -> Vertical | None:
         return out
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher")
+        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher",
+        weight=lambda item: len(item[0]), max_batch_rows=services.settings.batch_max_rows)
     router = APIRouter(tags=["fraud"])
 
-    @router.post("/v1/fraud/score", response_model=FraudScoreResponse)
-    async def score(body: FraudScoreRequest, request: Request,
-                    principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> FraudScoreResponse:
+    @router.post("/v1/fraud/score", response_model=FraudScoreResponse, openapi_extra=SCORE_REQUEST_BODY)
+    async def score(request: Request, principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> Response:
         """Score transactions with the fraud champion and add them to the online state."""
+        body = await read_score_request(request)
         check_rows(request, len(body.transactions))
         from solutions.fraud.online import OrderError  # loaded with the model by now
 
@@ -183,16 +217,19 @@ def build(services: Services) -> Vertical | None:
         threshold = float(ref.params.get("threshold", 0.5))
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
         acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
+        # the FraudScoreResponse document as plain dicts, serialised by orjson (building and
+        # re-validating 256 pydantic models cost more than scoring the rows' features)
         results = [
-            FraudScore(transaction_id=str(row.get(id_col)), score=float(s), flagged=bool(s >= threshold),
-                       threshold=threshold, model=ref.name, model_version=ref.version)
-            for row, s in zip(body.transactions, result, strict=True)
+            {"transaction_id": str(row.get(id_col)), "score": float(s), "flagged": bool(s >= threshold),
+             "threshold": threshold, "model": ref.name, "model_version": ref.version}
+            for row, s in zip(body.transactions, result.tolist(), strict=True)
         ]
-        flagged = sum(r.flagged for r in results)
+        flagged = sum(r["flagged"] for r in results)
         record_audit(request, model=ref.name, model_version=ref.version, rows=len(results),
                      decisions={"flagged": flagged, "passed": len(results) - flagged},
                      subjects=[row.get(acct_col) for row in body.transactions])
-        return FraudScoreResponse(model=ref.name, model_version=ref.version, threshold=threshold, results=results)
+        return Response(orjson.dumps({"model": ref.name, "model_version": ref.version, "threshold": threshold,
+                                      "results": results}), media_type="application/json")
 
     @router.post("/v1/fraud/labels", response_model=FraudLabelResponse)
     async def labels(body: FraudLabelRequest, request: Request,

@@ -1,7 +1,8 @@
 """Dynamic batching: concurrent requests share one model call.
 
 A route awaits ``batcher.submit(items)``; the batcher collects what the other requests submit
-meanwhile (up to ``max_batch_size`` items, waiting at most ``max_wait_ms`` after the first),
+meanwhile (up to ``max_batch_size`` items and, when a ``weight`` is given, ``max_batch_rows``
+rows, waiting at most ``max_wait_ms`` after the first),
 calls ``fn(all_items)`` once in its worker thread (the event loop keeps accepting requests)
 and hands each request back its own results, in order. Batches run one after the other in
 that single thread, in arrival order, so a stateful ``fn`` (the fraud online state) sees the
@@ -31,6 +32,7 @@ R = TypeVar("R")
 class _Submission(Generic[I, R]):
     items: list[I]
     future: asyncio.Future[list[R]]
+    rows: int = 0
 
 
 class DynamicBatcher(Generic[I, R]):
@@ -43,15 +45,24 @@ class DynamicBatcher(Generic[I, R]):
         max_wait_ms: longest the first submission of a batch waits for others to join.
         on_batch: called with each batch's item count (the metrics hook).
         name: the worker thread's name.
+        weight: rows of one item (e.g. the transactions of a request); with ``max_batch_rows``,
+            a call holds at most that many rows (a larger single submission still runs, alone),
+            so one model call stays bounded however large the requests are.
+        max_batch_rows: most rows per call (needs ``weight``; None: no row cap).
     """
 
     def __init__(self, fn: Callable[[list[I]], Sequence[R]], max_batch_size: int, max_wait_ms: float, *,
-                 on_batch: Callable[[int], None] | None = None, name: str = "batcher") -> None:
+                 on_batch: Callable[[int], None] | None = None, name: str = "batcher",
+                 weight: Callable[[I], int] | None = None, max_batch_rows: int | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0; got {max_wait_ms}")
+        if max_batch_rows is not None and (max_batch_rows < 1 or weight is None):
+            raise ValueError(f"max_batch_rows must be >= 1 and comes with a weight; got {max_batch_rows}")
         self.fn = fn
+        self.weight = weight
+        self.max_batch_rows = int(max_batch_rows) if max_batch_rows is not None else None
         self.max_batch_size = int(max_batch_size)
         self.max_wait_s = float(max_wait_ms) / 1000.0
         self.on_batch = on_batch
@@ -75,7 +86,8 @@ class DynamicBatcher(Generic[I, R]):
             return []
         queue = self._ensure_worker()
         future: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
-        await queue.put(_Submission(items, future))
+        rows = sum(self.weight(item) for item in items) if self.weight is not None else len(items)
+        await queue.put(_Submission(items, future, rows))
         return await future
 
     async def _collect(self, queue: asyncio.Queue[_Submission[I, R]]) -> None:
@@ -91,9 +103,10 @@ class DynamicBatcher(Generic[I, R]):
                 else:
                     first = await queue.get()
                 batch = [first]
-                size = len(first.items)
+                size, rows = len(first.items), first.rows
+                max_rows = self.max_batch_rows
                 deadline = loop.time() + self.max_wait_s
-                while size < self.max_batch_size:
+                while size < self.max_batch_size and (max_rows is None or rows < max_rows):
                     if getter is None and not queue.empty():
                         nxt = queue.get_nowait()
                     else:
@@ -105,11 +118,13 @@ class DynamicBatcher(Generic[I, R]):
                         if not done:
                             break
                         nxt, getter = getter.result(), None
-                    if size + len(nxt.items) > self.max_batch_size:
+                    if size + len(nxt.items) > self.max_batch_size or (
+                            max_rows is not None and rows + nxt.rows > max_rows):
                         carry = nxt  # starts the next batch
                         break
                     batch.append(nxt)
                     size += len(nxt.items)
+                    rows += nxt.rows
                 live = [s for s in batch if not s.future.done()]  # timed-out requests drop out
                 if live:
                     await self._run(loop, live)

@@ -10,6 +10,7 @@ logged and counted, the old one stays, and the next poll tries again.
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -22,6 +23,20 @@ from infra.serving.metrics import ServingMetrics
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def settle_heap() -> None:
+    """Collect, then freeze what is alive (the libraries, the loaded models) out of the cyclic GC.
+
+    Scoring a batch allocates many small objects (feature-state documents, row lists); each
+    time the allocation count trips a full collection, the GC walks every object of torch,
+    pandas and the model, which cost ~10 ms per 1,000-row request here (80 % of reading the
+    state). Frozen objects are never walked again (their memory is still freed by reference
+    counting); the earlier freeze is undone first, so a replaced version is collected.
+    """
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class ModelNotReady(Exception):
@@ -112,6 +127,7 @@ class ModelSlot(Generic[T]):
             previous = self.version
             self._current = (ref, model)  # one reference assignment: the swap is atomic
             self.last_error = None
+            settle_heap()
             if self.metrics is not None:
                 self.metrics.model_version.labels(model=self.name).set(ref.version)
                 self.metrics.reloads.labels(model=self.name).inc()

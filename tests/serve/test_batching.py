@@ -95,3 +95,29 @@ def test_an_exception_fails_only_the_requests_of_its_batch() -> None:
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(lambda x: x, max_batch_size=0, max_wait_ms=1)
+
+
+def test_max_batch_rows_bounds_the_rows_of_a_call() -> None:
+    """Requests weigh their rows: 10 requests of 300 rows under a 1,000-row cap give calls of at
+    most 3 requests (900 rows); a single request over the cap still runs, alone."""
+    calls: list[int] = []
+
+    def fn(items: list[list[int]]) -> list[int]:
+        calls.append(sum(len(rows) for rows in items))
+        time.sleep(0.005)
+        return [len(rows) for rows in items]
+
+    batcher = DynamicBatcher(fn, max_batch_size=64, max_wait_ms=50, weight=len, max_batch_rows=1000)
+
+    async def main() -> list[list[int]]:
+        big = batcher.submit([list(range(1500))])
+        return await asyncio.gather(big, *(batcher.submit([list(range(300))]) for _ in range(10)))
+
+    try:
+        results = _run(main())
+    finally:
+        batcher.close()
+    assert results == [[1500]] + [[300]] * 10
+    assert calls[0] == 1500 and max(calls[1:]) == 900 and sum(calls) == 1500 + 3000
+    with pytest.raises(ValueError, match="max_batch_rows"):
+        DynamicBatcher(fn, max_batch_size=4, max_wait_ms=1, max_batch_rows=10)  # no weight

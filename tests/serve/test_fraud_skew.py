@@ -216,9 +216,22 @@ def test_bad_rows_get_a_422_naming_column_and_row(tiny: tuple[HomeLayout, TinyFr
                       columns={"transaction_id": "TX", "account_id": "CUST", "timestamp": "WHEN", "amount": "AMT"})
         assert mapped.status_code == 200, mapped.text
         assert mapped.json()["results"][0]["transaction_id"] == "t3"
+        serve_fraud.FraudScoreResponse.model_validate_json(mapped.content)  # the documented answer
+        # the route reads its body itself: the same 422s as a FastAPI body parameter, and the same docs
+        empty = post([])
+        assert empty.status_code == 422 and empty.json()["detail"][0]["loc"] == ["body", "transactions"]
+        broken = client.post(f"{server.url}/v1/fraud/score", content=b'{"transactions": [', timeout=30,
+                             headers={"X-API-Key": key, "content-type": "application/json"})
+        assert broken.status_code == 422 and broken.json()["detail"][0]["type"] == "json_invalid"
+        spec = client.get(f"{server.url}/openapi.json").json()["paths"]["/v1/fraud/score"]["post"]
+        assert "transactions" in spec["requestBody"]["content"]["application/json"]["schema"]["properties"]
         assert post([good]).status_code == 200
         retry = post([good])
         assert retry.status_code == 409 and "already scored" in retry.text
         older = post([{**good, "transaction_id": "t0", "timestamp": "2025-01-01T09:00:00"}])
         assert older.status_code == 409 and "older" in older.text
+        twice = post([{**good, "transaction_id": "t9", "timestamp": "2025-01-01T11:00:00"},
+                      {**good, "transaction_id": "t9", "timestamp": "2025-01-01T12:00:00"}])
+        assert twice.status_code == 409 and "appears twice" in twice.text
+        assert post([{**good, "transaction_id": "t9", "timestamp": "2025-01-01T11:00:00"}]).status_code == 200
         assert client.post(f"{server.url}/v1/fraud/score", json={"transactions": [good]}).status_code == 401

@@ -1,0 +1,174 @@
+"""The fraud route's fast path (``fast_rows``, plain Python) gives exactly the rows of the general
+path (``validate_rows``: the batch path's pandas validation) or steps aside: for valid requests
+the two agree value for value, and every request the general path refuses is left to it (so the
+errors are the batch path's own). Plus: a transaction id twice in one request is refused (409)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import random
+from typing import Any
+
+import pytest
+
+from infra.errors import DataValidationError
+from solutions.fraud.online import (
+    ACCOUNT,
+    OnlineFraudState,
+    OrderError,
+    Rows,
+    SqliteStateStore,
+    fast_rows,
+    validate_rows,
+)
+
+GOOD = {"transaction_id": "t1", "account_id": "A1", "timestamp": "2025-03-01T10:15:30", "amount": 12.5,
+        "terminal_id": "T9", "channel": "pos", "category": "grocery", "age": 41, "occupation": "teacher",
+        "account_age_days": 830.0}
+
+
+def _plain(rows: Rows) -> dict[str, Any]:
+    """Rows as comparable plain values (NaN -> a marker, since NaN != NaN)."""
+    def fix(v: Any) -> Any:
+        return "NaN" if isinstance(v, float) and math.isnan(v) else v
+    return {k: [fix(x) for x in v] if isinstance(v, list) else v for k, v in dataclasses.asdict(rows).items()}
+
+
+def _general(records: list[dict[str, Any]], columns: dict[str, str] | None) -> Rows | Exception:
+    try:
+        return Rows.from_frame(validate_rows(records, columns))
+    except (DataValidationError, ValueError) as exc:
+        return exc
+
+
+def _agree(records: list[dict[str, Any]], columns: dict[str, str] | None = None) -> Rows | None:
+    fast = fast_rows(records, columns)
+    general = _general(records, columns)
+    if isinstance(general, Exception):
+        assert fast is None, f"the general path refuses {records} ({general}) but the fast path took it"
+    elif fast is not None:
+        assert _plain(fast) == _plain(general), records
+    return fast
+
+
+def test_valid_requests_take_the_fast_path_with_the_general_paths_values() -> None:
+    cases: list[tuple[list[dict[str, Any]], dict[str, str] | None]] = [
+        ([GOOD], None),
+        ([GOOD, {**GOOD, "transaction_id": "t2", "timestamp": "2025-03-01 10:15:30.25", "amount": 0,
+                 "terminal_id": None, "channel": None, "age": None, "label": True}], None),
+        ([{**GOOD, "label": 0}, {**GOOD, "transaction_id": "t2", "account_id": "B", "label": 1.0,
+                                 "timestamp": "2024-02-29T23:59:59.123456789", "account_age_days": -3}], None),
+        ([{k: v for k, v in GOOD.items() if k not in ("terminal_id", "age", "occupation")},
+          {**GOOD, "transaction_id": "t3", "timestamp": "2025-03-01T10:16", "age": float("nan")}], None),
+        ([{k: v for k, v in GOOD.items() if k != "terminal_id"}], None),  # no terminal column at all
+        ([{"TX": "t1", "CUST": "C", "WHEN": "1999-12-31T00:00:00", "AMT": 3, "extra": [1, 2]}],
+         {"transaction_id": "TX", "account_id": "CUST", "timestamp": "WHEN", "amount": "AMT"}),
+    ]
+    for records, columns in cases:
+        assert _agree(records, columns) is not None, records
+    weekdays = [fast_rows([{**GOOD, "timestamp": f"2025-03-{d:02d}T00:00:00"}]).dows[0] for d in range(1, 8)]
+    assert weekdays == [5, 6, 0, 1, 2, 3, 4]  # 2025-03-01 was a Saturday
+
+
+def test_requests_the_general_path_refuses_are_left_to_it() -> None:
+    bad: list[tuple[list[dict[str, Any]], dict[str, str] | None]] = [
+        ([{k: v for k, v in GOOD.items() if k != "amount"}], None),
+        ([{**GOOD, "amount": -1.0}], None),
+        ([{**GOOD, "amount": "12,5"}], None),
+        ([{**GOOD, "amount": float("inf")}], None),
+        ([{**GOOD, "timestamp": "not a time"}], None),
+        ([{**GOOD, "timestamp": "2025-02-30T00:00:00"}], None),
+        ([{**GOOD, "account_id": None}], None),
+        ([{**GOOD, "label": "maybe"}], None),
+        ([{**GOOD, "age": "old"}], None),
+        ([GOOD, {**GOOD, "transaction_id": "t0", "timestamp": "2025-03-01T09:00:00"}], None),  # time order
+        ([GOOD], {"account_id": "CUST"}),  # mapped column absent
+        ([{**GOOD, "CUST": "X"}], {"account_id": "CUST"}),  # canonical and mapped source both present
+        ([GOOD], {"nonsense": "x"}),
+    ]
+    for records, columns in bad:
+        assert isinstance(_general(records, columns), Exception), records
+        assert fast_rows(records, columns) is None, records
+
+
+def test_random_requests_agree_with_the_general_path() -> None:
+    rng = random.Random(7)
+    pools: dict[str, list[Any]] = {
+        "transaction_id": ["t1", "t2", 7, None, ""],
+        "account_id": ["A", "B", 3, None, True],
+        "timestamp": ["2025-03-01T10:00:00", "2025-03-01 11:30", "2025-03-02T00:00:00.5", "2025-03-01T10:00:00Z",
+                      "2025-03-01T10:00:00+02:00", "2025-03-01", 1_700_000_000, "yesterday", None,
+                      "2025-03-01T25:00:00"],
+        "amount": [0, 1, 12.5, -0.0, -2, "3", None, float("nan"), float("inf"), True, 1e18],
+        "label": [0, 1, True, False, None, 0.0, 2, "1", "yes", float("nan")],
+        "terminal_id": ["T1", "T2", None, 5, 5.0, float("nan")],
+        "channel": ["pos", "web", None, 1],
+        "category": ["grocery", None, 2.5],
+        "age": [30, 41.5, None, float("nan"), "x", float("-inf"), False],
+        "occupation": ["teacher", None, 0],
+        "account_age_days": [10, -5.0, None, "12"],
+        "scenario": ["s", None, 4],
+    }
+    took_fast = refused = 0
+    for _ in range(200):
+        records = []
+        for _ in range(rng.randint(1, 4)):
+            record = {}
+            for name, pool in pools.items():
+                if rng.random() < 0.85 or name in ("transaction_id", "account_id", "timestamp", "amount"):
+                    # mostly well-formed values, so that both valid and invalid requests are common
+                    record[name] = pool[0] if rng.random() < 0.9 else rng.choice(pool)
+                if name == "amount" and rng.random() < 0.05:
+                    record.pop(name)
+            records.append(record)
+        fast = _agree(records)
+        took_fast += fast is not None
+        refused += isinstance(_general(records, None), Exception)
+    assert took_fast > 20 and refused > 20  # both kinds were exercised
+
+
+def test_a_transaction_id_twice_in_one_request_is_refused_and_changes_nothing(tmp_path) -> None:
+    store = SqliteStateStore(tmp_path / "s.sqlite")
+    state = OnlineFraudState.for_model(store)
+    rows = fast_rows([GOOD, {**GOOD, "timestamp": "2025-03-01T11:00:00"}])
+    assert rows is not None  # valid as rows: the state refuses the second application
+    with pytest.raises(OrderError, match="appears twice"), state.update() as batch:
+        batch.load(rows.accounts, [])
+        batch.check(rows)
+    assert store.read(ACCOUNT, ["A1"]) == {}
+
+
+def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_path) -> None:
+    """Each account's rows come in time order but the accounts interleave, so a terminal's rows are
+    often inserted before its latest one: the running label counts must follow every insert/drop."""
+    rng = random.Random(3)
+    clocks = {f"a{i}": 0 for i in range(6)}
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"))
+    try:
+        with state.update() as batch:
+            for i in range(150):
+                acct = rng.choice(list(clocks))
+                clocks[acct] += rng.randint(0, 96) * 3600  # ~2 days apart: 150 rows span past the 38-day horizon
+                stamp = "2025-01-01T00:00:00"
+                t = dt.datetime.fromisoformat(stamp) + dt.timedelta(seconds=clocks[acct])
+                label = rng.choice([None, 0, 1])
+                rows = fast_rows([{**GOOD, "transaction_id": f"t{i}", "account_id": acct,
+                                   "timestamp": t.isoformat(), "terminal_id": "x", "label": label}])
+                batch.load([], ["x"])
+                before = [list(r) for r in batch.pending.terminals["x"]["rows"]]
+                [inputs] = batch.apply(rows, delay_days=7)
+                times, known, positive = batch._index("x")
+                stored = batch.pending.terminals["x"]["rows"]
+                assert times == [r[0] for r in stored] == sorted(times)
+                labels = [r[1] for r in stored]
+                assert [known[j + 1] - known[j] for j in range(len(stored))] == [v is not None for v in labels]
+                assert [positive[j + 1] - positive[j] for j in range(len(stored))] == [v == 1 for v in labels]
+                hi = sum(1 for r in before if r[0] < rows.t_ns[0] - 7 * 86_400 * 10**9)
+                lo = sum(1 for r in before if r[0] < rows.t_ns[0] - 37 * 86_400 * 10**9)
+                seen = [r[1] for r in before[lo:hi] if r[1] is not None]
+                assert inputs.window["term_risk_30d"] == (sum(seen) / len(seen) if seen else 0.0)
+        assert len(stored) < 150  # old rows were dropped on the way
+    finally:
+        state.store.close()
