@@ -85,9 +85,13 @@ def drift_step(run: InboxRun, columns: dict[str, str], accounts: str | None) -> 
     model = ModelRegistry().resolve(run.model)
     frames, scores = [], []
     for entry in scored_inputs(BATCH_JOB, run.outputs):
-        tx = _with_accounts(load_table(Path(entry.path), transaction_schema(for_scoring=True), columns=columns).read(),
-                            accounts)
-        frames.append(M.monitored_features(tx))
+        kept = M.features_beside(Path(entry.output))
+        if kept.exists():  # written while the file was scored: no second read of the input
+            frames.append(pd.read_parquet(kept))
+        else:
+            tx = _with_accounts(load_table(Path(entry.path), transaction_schema(for_scoring=True),
+                                           columns=columns).read(), accounts)
+            frames.append(M.monitored_features(tx))
         scores.append(pd.read_parquet(entry.output, columns=["score"])["score"].to_numpy())
     if not frames:
         return None

@@ -24,6 +24,7 @@ from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
 from infra.tables import assign_periods, read_table, time_split, validate_table, write_table
 from solutions.fraud import candidates as CA
+from solutions.fraud import monitoring as M
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud import scoring as SC
@@ -415,6 +416,7 @@ def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name
     write_table(scored.table, target, csv)
+    M.monitored_features(table).to_parquet(M.features_beside(target), index=False)  # for the drift check
     return ScoredFile(output=str(target), rows=len(scored.table), model=scorer.ref.spec, flagged=scored.flagged)
 
 

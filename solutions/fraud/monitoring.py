@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -43,6 +44,12 @@ def monitored_features(transactions: pd.DataFrame) -> pd.DataFrame:
         if col in transactions:
             out[col] = transactions[col].astype("string")
     return out.reset_index(drop=True)
+
+
+def features_beside(scores: Path) -> Path:
+    """Where a batch score file's monitored input features are kept beside it (written while
+    the file is scored, so drift checking never reads and validates the input a second time)."""
+    return scores.with_name(f"{scores.stem}.monitored.parquet")
 
 
 def labels_schema() -> TableSchema:
