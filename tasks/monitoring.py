@@ -265,7 +265,7 @@ def plot_over_time(table: pd.DataFrame, x: str, y: str, series: str, path: Path,
                    threshold: float | None = None, top: int = 8) -> Path:
     """Lines of ``y`` over ``x``, one per value of ``series`` (the ``top`` highest at their
     maximum); a dashed line at ``threshold``. Written as a PNG."""
-    from tasks.evaluate import new_figure, save_figure
+    from tasks.evaluate import new_figure
 
     fig = new_figure((8, 4.5))
     ax = fig.add_subplot(1, 1, 1)
@@ -278,9 +278,15 @@ def plot_over_time(table: pd.DataFrame, x: str, y: str, series: str, path: Path,
     ax.set_title(title)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left")
     fig.autofmt_xdate()
-    return save_figure(fig, path)
+    # fixed margins instead of tight_layout: the automatic layout measured ~0.6 s per batch
+    # run, most of the drift check's fixed cost
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.2, top=0.92)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
 
 
 def render_drift_report(title: str, rows: Sequence[DriftRow], history: pd.DataFrame, image: Path | None,
