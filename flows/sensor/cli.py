@@ -78,31 +78,28 @@ def _check_score(kwargs: dict[str, Any]) -> None:
     _check_threshold(kwargs)
 
 
-def _check_batch(kwargs: dict[str, Any]) -> None:
-    _check_threshold(kwargs)
+def _check_inbox_reading(kwargs: dict[str, Any], location: str) -> None:
+    """The encoding and column mapping of an inbox job, and its ``location`` (a folder, a file or a glob)."""
     if kwargs.get("encoding"):
         try:
             check_encoding(kwargs["encoding"])
         except ValueError as exc:
             raise ValueError(f"--encoding: {exc}") from None
     ColumnMapping(dict(kwargs.get("columns") or {}))
-    inbox = kwargs.get("inbox")
-    if inbox and not any(ch in inbox for ch in "*?[") and not Path(inbox).expanduser().exists():
-        raise ValueError(f"--inbox: {inbox} does not exist (give a folder, a file or a glob)")
+    where = kwargs.get(location)
+    if where and not any(ch in where for ch in "*?[") and not Path(where).expanduser().exists():
+        raise ValueError(f"--{location}: {where} does not exist (give a folder, a file or a glob)")
+
+
+def _check_batch(kwargs: dict[str, Any]) -> None:
+    _check_threshold(kwargs)
+    _check_inbox_reading(kwargs, "inbox")
     if kwargs.get("settle_seconds", 0.0) < 0:
         raise ValueError("--settle-seconds must be >= 0")
 
 
 def _check_monitor(kwargs: dict[str, Any]) -> None:
-    if kwargs.get("encoding"):
-        try:
-            check_encoding(kwargs["encoding"])
-        except ValueError as exc:
-            raise ValueError(f"--encoding: {exc}") from None
-    ColumnMapping(dict(kwargs.get("columns") or {}))
-    failures = kwargs.get("failures")
-    if failures and not any(ch in failures for ch in "*?[") and not Path(failures).expanduser().exists():
-        raise ValueError(f"--failures: {failures} does not exist (give a folder, a file or a glob)")
+    _check_inbox_reading(kwargs, "failures")
 
 
 def _check_reproduce(kwargs: dict[str, Any]) -> None:
