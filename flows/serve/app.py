@@ -16,7 +16,9 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 
 from infra.home import HomeLayout, home_layout
 from infra.registry import ModelRegistry
@@ -48,6 +50,24 @@ def default_verticals(services: Services) -> list[Vertical]:
         if vertical is not None:
             out.append(vertical)
     return out
+
+
+DOCS_ASSETS = "/docs-assets"
+
+
+def mount_docs(app: FastAPI) -> None:
+    """``/docs``: the interactive API page with Swagger UI's files served by this server
+    (package ``swagger-ui-bundle``), so it works behind a firewall with no internet."""
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - docs",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
 
 
 def create_app(settings: ServeSettings | None = None, *,
@@ -99,8 +119,11 @@ def create_app(settings: ServeSettings | None = None, *,
         "(or `Authorization: Bearer`); `python -m flows.serve keys add` creates one.",
         version="1",
         lifespan=lifespan,
+        docs_url=None,  # served below from packaged assets: the default page loads them from a CDN
+        redoc_url=None,
     )
     app.state.serving = services
+    mount_docs(app)
     for exc_type, handler in EXCEPTION_HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
 

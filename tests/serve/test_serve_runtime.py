@@ -45,6 +45,17 @@ def test_audit_line_has_no_pii_and_rotates(live_server, tmp_path) -> None:
     assert json.loads((folder / "a.jsonl").read_text().splitlines()[-1])["i"] == 99
 
 
+def test_docs_page_needs_no_internet(live_server) -> None:
+    live = live_server(champion=None)
+    with httpx.Client(timeout=10) as client:
+        page = client.get(f"{live.url}/docs").text
+        assert "/docs-assets/swagger-ui-bundle.js" in page and "cdn." not in page
+        for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+            r = client.get(f"{live.url}/docs-assets/{asset}")
+            assert r.status_code == 200 and len(r.content) > 10_000
+        assert client.get(f"{live.url}/openapi.json").json()["info"]["title"] == "indusflow serving API"
+
+
 def test_readyz_waits_for_the_champion_and_metrics(live_server) -> None:
     live = live_server(champion=None)
     admin = live.add_key("admin")
