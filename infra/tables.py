@@ -283,25 +283,9 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
             raise DataValidationError(f"values cannot be read as {spec.kind}: {type(exc).__name__}",
                                       source=source, column=spec.name) from exc
         if not spec.nullable:
-            nulls = col.isna()
-            if nulls.any():
-                rows = _bad_rows(nulls)
-                raise DataValidationError(
-                    f"{int(nulls.sum())} empty value(s) where none are allowed",
-                    source=source,
-                    column=spec.name,
-                    rows=rows,
-                )
+            _refuse_rows(col.isna(), "empty value(s) where none are allowed", source, spec.name)
         if spec.min_value is not None and spec.kind in {"float", "int"}:
-            low = col < spec.min_value
-            if low.any():
-                rows = _bad_rows(low)
-                raise DataValidationError(
-                    f"{int(low.sum())} value(s) below the minimum {spec.min_value}",
-                    source=source,
-                    column=spec.name,
-                    rows=rows,
-                )
+            _refuse_rows(col < spec.min_value, f"value(s) below the minimum {spec.min_value}", source, spec.name)
         out[spec.name] = col
     table = pd.DataFrame(out)
     if schema.label_column and schema.label_column in table:
@@ -316,6 +300,13 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
     return table
 
 
+def _refuse_rows(mask: pd.Series, what: str, source: str, column: str) -> None:
+    """Raise naming how many rows ``mask`` flags and the first of them, when it flags any."""
+    if mask.any():
+        raise DataValidationError(f"{int(mask.sum())} {what}", source=source, column=column,
+                                  rows=_bad_rows(mask))
+
+
 def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
     present = raw.notna()
     if spec.kind in {"float", "int"}:
@@ -323,14 +314,7 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         bad = present & col.isna()
         if not bad.any():
             bad = present & ~np.isfinite(col.astype("float64").fillna(0.0))
-        if bad.any():
-            rows = _bad_rows(bad)
-            raise DataValidationError(
-                f"{int(bad.sum())} non-numeric or infinite value(s)",
-                source=source,
-                column=spec.name,
-                rows=rows,
-            )
+        _refuse_rows(bad, "non-numeric or infinite value(s)", source, spec.name)
         return col.astype("float64") if spec.kind == "float" else col
     if spec.kind == "datetime":
         if pd.api.types.is_datetime64_any_dtype(raw):
@@ -338,38 +322,17 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         else:
             col = pd.to_datetime(raw, errors="coerce", format="mixed")
         bad = present & col.isna()
-        if bad.any():
-            rows = _bad_rows(bad)
-            raise DataValidationError(
-                f"{int(bad.sum())} unparseable timestamp(s)",
-                source=source,
-                column=spec.name,
-                rows=rows,
-            )
+        _refuse_rows(bad, "unparseable timestamp(s)", source, spec.name)
         if getattr(col.dt, "tz", None) is not None:
             col = col.dt.tz_convert("UTC").dt.tz_localize(None)
         outside = col.notna() & ((col < pd.Timestamp.min) | (col > pd.Timestamp.max))
-        if outside.any():
-            rows = _bad_rows(outside)
-            raise DataValidationError(
-                f"{int(outside.sum())} timestamp(s) outside the supported range "
-                f"{pd.Timestamp.min:%Y-%m-%d} to {pd.Timestamp.max:%Y-%m-%d}",
-                source=source,
-                column=spec.name,
-                rows=rows,
-            )
+        _refuse_rows(outside, f"timestamp(s) outside the supported range {pd.Timestamp.min:%Y-%m-%d} "
+                     f"to {pd.Timestamp.max:%Y-%m-%d}", source, spec.name)
         return col.astype("datetime64[ns]")
     if spec.kind == "binary":
         mapped = raw.map(_to_binary)
         bad = present & mapped.isna()
-        if bad.any():
-            rows = _bad_rows(bad)
-            raise DataValidationError(
-                f"{int(bad.sum())} value(s) that are not a binary label (0/1, true/false)",
-                source=source,
-                column=spec.name,
-                rows=rows,
-            )
+        _refuse_rows(bad, "value(s) that are not a binary label (0/1, true/false)", source, spec.name)
         return mapped.astype("Int8") if spec.nullable else mapped.astype("int8")
     # id, category, str: keep as strings (ids may be numeric in the file)
     return raw.astype("string")
