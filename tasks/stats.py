@@ -61,20 +61,36 @@ class PairedTest(BaseModel):
 # weighted metrics over blocks of resamples
 
 
-def _groups(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Order of ``s`` descending and the index of the last row of each run of tied scores."""
-    order = np.argsort(-s, kind="stable")
-    sorted_s = s[order]
+def _groups(s: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+    """Order of ``s`` descending (None when already in that order) and the index of the
+    last row of each run of tied scores."""
+    order = None if np.all(s[1:] <= s[:-1]) else np.argsort(-s, kind="stable")
+    sorted_s = s if order is None else s[order]
     ends = np.flatnonzero(np.r_[sorted_s[1:] != sorted_s[:-1], True])
     return order, ends
 
 
+def _ranked(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per resample and per group of tied scores (best first): the cumulated weight of
+    positives ``tp`` and of all rows ``seen``.
+
+    Positives are few, so their running sum is taken over their own columns only and read
+    at each group end; the only pass over the whole weight matrix is the running total.
+    """
+    order, ends = _groups(s)
+    if order is not None:
+        w, y = w[:, order], y[order]
+    seen = np.cumsum(w, axis=1)[:, ends]
+    pos = np.flatnonzero(y)
+    tp_pos = np.cumsum(w[:, pos] * y[pos], axis=1)
+    up_to = np.searchsorted(pos, ends, side="right")  # positives ranked at or above each end
+    tp = np.concatenate([np.zeros((len(w), 1)), tp_pos], axis=1)[:, up_to]
+    return tp, seen
+
+
 def weighted_pr_auc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Average precision per row of ``w`` (NaN where a resample holds no positive)."""
-    order, ends = _groups(s)
-    yw = w[:, order] * y[order]
-    tp = np.cumsum(yw, axis=1)[:, ends]
-    seen = np.cumsum(w[:, order], axis=1)[:, ends]
+    tp, seen = _ranked(y, s, w)
     total = tp[:, -1:]
     with np.errstate(invalid="ignore", divide="ignore"):
         precision = np.where(seen > 0, tp / seen, 1.0)
@@ -86,9 +102,8 @@ def weighted_pr_auc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 def weighted_roc_auc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
     """ROC-AUC per row of ``w`` (ties count one half; NaN without both classes)."""
-    order, ends = _groups(s)
-    pos = np.cumsum(w[:, order] * y[order], axis=1)[:, ends]
-    neg = np.cumsum(w[:, order] * (1 - y[order]), axis=1)[:, ends]
+    pos, seen = _ranked(y, s, w)
+    neg = seen - pos
     tpr_steps = np.diff(np.concatenate([np.zeros((len(w), 1)), pos], axis=1), axis=1)
     fpr_steps = np.diff(np.concatenate([np.zeros((len(w), 1)), neg], axis=1), axis=1)
     neg_before = neg - fpr_steps
@@ -144,17 +159,33 @@ def _arrays(y: np.ndarray, *scores: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(a[keep] for a in out)
 
 
-def _count_blocks(n: int, resamples: int, seed: int):
-    """Blocks of bootstrap count matrices (resamples x n), reproducible from ``seed``."""
+def _count_blocks(n: int, resamples: int, seed: int, position: np.ndarray | None = None):
+    """Blocks of bootstrap count matrices (resamples x n), reproducible from ``seed``.
+
+    With ``position`` (where each row stands in the caller's ordering) the counts come laid
+    out in that ordering: the same resamples, so the same figures, without reordering the
+    matrix afterwards.
+    """
     rng = np.random.default_rng(seed)
     per_block = max(1, min(resamples, _BLOCK_CELLS // max(n, 1)))
     done = 0
     while done < resamples:
         b = min(per_block, resamples - done)
         idx = rng.integers(0, n, size=(b, n))
+        if position is not None:
+            idx = position[idx]
         flat = (np.arange(b)[:, None] * n + idx).ravel()
         yield np.bincount(flat, minlength=b * n).reshape(b, n).astype("float64")
         done += b
+
+
+def _by_score(s: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Rows ordered by ``s`` descending (what the ranking metrics sort by) and, for the
+    count blocks, where each original row now stands."""
+    order = np.argsort(-s, kind="stable")
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    return position, [a[order] for a in (s, *arrays)]
 
 
 def metric_value(metric: str, y: np.ndarray, s: np.ndarray) -> float:
@@ -175,7 +206,8 @@ def bootstrap_ci(metric: str, y: np.ndarray, s: np.ndarray, *, resamples: int = 
     """
     fn, _ = _metric(metric)
     y, s = _arrays(y, s)
-    values = np.concatenate([fn(y, s, w) for w in _count_blocks(y.size, resamples, seed)])
+    position, (s, y) = _by_score(s, y)
+    values = np.concatenate([fn(y, s, w) for w in _count_blocks(y.size, resamples, seed, position)])
     values = values[np.isfinite(values)]
     point = float(fn(y, s, np.ones((1, y.size)))[0])
     tail = (1 - level) / 2
@@ -197,8 +229,9 @@ def paired_bootstrap(metric: str, y: np.ndarray, s_a: np.ndarray, s_b: np.ndarra
     """
     fn, higher = _metric(metric)
     y, s_a, s_b = _arrays(y, s_a, s_b)
+    position, (s_a, y, s_b) = _by_score(s_a, y, s_b)
     diffs = []
-    for w in _count_blocks(y.size, resamples, seed):
+    for w in _count_blocks(y.size, resamples, seed, position):
         diffs.append(fn(y, s_a, w) - fn(y, s_b, w))
     d = np.concatenate(diffs)
     d = d[np.isfinite(d)]
