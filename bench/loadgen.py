@@ -12,10 +12,15 @@ itself, not the server. Latencies are measured from send to the full answer. A r
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -125,3 +130,50 @@ async def fixed_rate(url: str, make_body: Callable[[int], Any], *, rate: float, 
                errors_5xx=sum(v for k, v in statuses.items() if 500 <= k < 599),
                client_gave_up=statuses.get(599, 0))
     return out
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn_server(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, ready_url: str,
+                 timeout_s: float = 180.0) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` in its own session, its stderr to ``log``, and wait until ``ready_url`` answers 200."""
+    import httpx
+
+    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=handle,
+                                start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(ready_url, timeout=2).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"the server did not become ready at {ready_url}: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the server's process group, then kill what is left (workers outlive a parent that exited)."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            time.sleep(0.5)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import free_port, spawn_server, stop_server
 
 MODEL = "fraud-seq"
 N_ACCOUNTS = 20_000
@@ -94,51 +95,17 @@ class Transactions:
         return {"transactions": [self.one() for _ in range(rows)]}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_server(home: Path, batch_size: int, wait_ms: float) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
     port = free_port()
     env = {**os.environ, "INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size), "INDUSFLOW_SERVE_BATCH_MAX_WAIT_MS": str(wait_ms),
            "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
            "INDUSFLOW_SERVE_MAX_ROWS": "4096"}
     env.pop("INDUSFLOW_SERVE_REDIS_URL", None)
-    log = home / f"server-{port}.log"
-    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
-        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"the server did not become ready: {log.read_text()[-2000:]}")
-        time.sleep(0.3)
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server process group (the server runs in its own session)."""
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port)], env=env, cwd=ROOT,
+                        log=home / f"server-{port}.log", ready_url=f"{url}/readyz")
+    return proc, url
 
 
 def batch_histogram(url: str, key: str) -> dict[str, float]:

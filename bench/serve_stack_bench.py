@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import litserve as ls
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import free_port, spawn_server, stop_server
 
 MODEL = "fraud-seq"
 
@@ -249,54 +250,14 @@ def framework_overhead(requests: int = 1500, repeats: int = 3) -> dict[str, Any]
 # the measurement
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start(stack: str, home: Path, batch: int = 1) -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    log = home / f"{stack}-{batch}-{port}.log"
-    with open(log, "wb") as handle:  # a file, not a pipe: a chatty server never blocks on a full pipe
-        proc = subprocess.Popen([sys.executable, __file__, "--serve", stack, "--home", str(home), "--port", str(port),
-                                 "--batch", str(batch)], env=env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"{stack} server did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server and every process it started (LitServe's workers outlive a plain terminate)."""
-    import signal
-
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)  # its own session: the group holds only the server and its children
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            time.sleep(0.5)
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # workers left behind by a parent that exited
-    except ProcessLookupError:
-        pass
+    proc = spawn_server([sys.executable, __file__, "--serve", stack, "--home", str(home), "--port", str(port),
+                         "--batch", str(batch)], env=env, cwd=ROOT, log=home / f"{stack}-{batch}-{port}.log",
+                        ready_url=f"{url}/health", timeout_s=120)
+    return proc, url
 
 
 def measure(url: str, rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -351,7 +312,7 @@ def main() -> None:
             try:
                 results[label] = {"startup_s": round(startup, 2), **measure(url, rows, args.seconds)}
             finally:
-                stop(proc)
+                stop_server(proc)
     import fastapi
     import uvicorn
 
