@@ -29,7 +29,7 @@ def test_keys_add_list_revoke(tmp_path, monkeypatch, capsys) -> None:
     key = added["key"]
     assert key in out[-2] and added["scopes"] == ["admin", "fraud:score"] and added["rate_limit"] == "50/minute"
     stored = (tmp_path / "serving" / "keys.json").read_text()
-    assert key not in stored and key.split("_")[2] not in stored  # only the salted hash is kept
+    assert key not in stored and key.split("_", 2)[2] not in stored  # only the salted hash is kept
     assert key_store(HomeLayout(tmp_path)).verify(key).key_id == added["key_id"]
 
     assert main(["keys", "list", "--json"]) == 0

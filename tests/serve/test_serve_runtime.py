@@ -24,7 +24,7 @@ def test_audit_line_has_no_pii_and_rotates(live_server, tmp_path) -> None:
         assert client.post(f"{live.url}/v1/toy/score", json={"rows": []}).status_code == 401
     path = live.layout.serving() / "audit.jsonl"
     text = path.read_text()
-    assert ACCOUNT not in text and key not in text and key.split("_")[2] not in text
+    assert ACCOUNT not in text and key not in text and key.split("_", 2)[2] not in text
     lines = [json.loads(line) for line in text.splitlines()]
     scored = [e for e in lines if e["status"] == 200]
     assert len(scored) == 1
