@@ -149,6 +149,11 @@
     return c.read ? "read only" : "add only";
   }
 
+  function optionText(c) {
+    const n = c.documents ?? 0;
+    return `${c.name} (${accessText(c)}, ${n} document${n === 1 ? "" : "s"})`;
+  }
+
   async function loadCollections() {
     const resp = await api("/v1/kb/collections", { method: "GET" }, "list the collections");
     const body = await resp.json();
@@ -160,7 +165,7 @@
     const previous = state.current ? state.current.name : sessionStorage.getItem(COLLECTION_STORE);
     select.replaceChildren(
       ...state.collections.map((c) =>
-        el("option", { value: c.name, text: `${c.name} (${accessText(c)}, ${c.documents ?? 0} documents)` })),
+        el("option", { value: c.name, text: optionText(c) })),
     );
     const keep = state.collections.find((c) => c.name === previous) || state.collections[0];
     select.value = keep.name;
@@ -199,7 +204,9 @@
     const canDelete = state.current && state.current.write;
     const rows = documents.map((d) => el("tr", {},
       el("td", { class: "name", text: d.name, title: d.updated_at ? `updated ${d.updated_at}` : "" }),
-      el("td", {}, statusBadge(d.status)),
+      el("td", {}, statusBadge(d.status), d.quarantined_members
+        ? el("span", { class: "members", text: `${d.quarantined_members} member${d.quarantined_members > 1 ? "s" : ""} quarantined` })
+        : null),
       el("td", { class: "num", text: d.status === "indexed" ? String(d.chunks ?? "") : "" }),
       el("td", { class: "actions" }, canDelete
         ? el("button", { type: "button", class: "link danger", text: "Delete", "aria-label": `Delete ${d.name}`,
@@ -323,7 +330,7 @@
       const body = await resp.json();
       for (const fresh of body.collections || []) {
         const option = [...$("collection").options].find((o) => o.value === fresh.name);
-        if (option) option.textContent = `${fresh.name} (${accessText(fresh)}, ${fresh.documents ?? 0} documents)`;
+        if (option) option.textContent = optionText(fresh);
       }
     } catch (_) {
       // the counts are a convenience: the documents list is already fresh
@@ -336,7 +343,10 @@
     state.answer = "";
     state.citations = new Map();
     $("answer").replaceChildren();
+    delete $("answer").dataset.state;
     $("citations").replaceChildren();
+    $("others-list").replaceChildren();
+    $("others").hidden = true;
     $("mode").textContent = "";
     $("answer-box").hidden = true;
     $("passage").hidden = true;
@@ -368,13 +378,24 @@
     return bits.join(" · ");
   }
 
-  function renderCitations(list) {
-    state.citations = new Map(list.map((p) => [Number(p.n), p]));
-    $("citations").replaceChildren(...list.map((p) => el("li", {},
+  function sourceItem(p) {
+    return el("li", {},
       el("button", { type: "button", class: "source", "data-n": String(p.n), onclick: () => showPassage(Number(p.n)) },
         el("span", { class: "n", text: String(p.n) }),
         el("span", { class: "title", text: sourceName(p) }),
-        el("span", { class: "meta", text: placeText(p) })))));
+        el("span", { class: "meta", text: placeText(p) })));
+  }
+
+  function renderCitations(list) {
+    state.citations = new Map(list.map((p) => [Number(p.n), p]));
+    // the passages the answer cites first; the other retrieved ones folded away
+    const flagged = list.some((p) => p.cited === true);
+    const cited = flagged ? list.filter((p) => p.cited) : list;
+    const others = flagged ? list.filter((p) => !p.cited) : [];
+    $("citations").replaceChildren(...cited.map(sourceItem));
+    $("others-list").replaceChildren(...others.map(sourceItem));
+    $("others-count").textContent = String(others.length);
+    $("others").hidden = others.length === 0;
     renderAnswer();
   }
 
@@ -385,7 +406,7 @@
     $("passage-title").textContent = sourceName(p);
     const meta = [];
     if (p.document) meta.push(p.document);
-    meta.push(p.page !== null && p.page !== undefined ? `page ${p.page}` : "no page number");
+    if (p.page !== null && p.page !== undefined) meta.push(`page ${p.page}`);
     if (typeof p.score === "number") meta.push(`score ${p.score.toFixed(3)}`);
     $("passage-meta").textContent = meta.join(" · ");
     $("passage-text").textContent = p.text || "";
