@@ -69,7 +69,7 @@ class PacedChat(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         user = body["messages"][-1]["content"]
         context, _, question = user.rpartition("Question:")
-        first = re.search(r"\[1\][^\n]*\n(.*?)(?:\n\n\[2\]|\Z)", context, re.S)
+        first = re.search(r"\[1\][^\n]*\n(.*?)(?:\n\n\[2\]|\Z)", context, re.DOTALL)
         lines = (first.group(1) if first else "").splitlines()
         sentences = [s for line in lines for s in re.split(r"(?<=[.!?])\s+", line.strip()) if s]
         asked = set(re.findall(r"\w+", question.lower()))
