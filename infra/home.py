@@ -103,6 +103,12 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    def kb_inbox(self, collection: str) -> Path:
+        """The watched folder of a knowledge-base collection: ``inbox/docs`` for ``default``, else ``inbox/kb/<name>``."""
+        if collection == "default":
+            return self.inbox("docs")
+        return self._area("inbox", "kb", check_name(collection, "collection name"))
+
     # -- keys
     def secrets(self) -> Path:
         """Keys the project makes for itself (the path-tag key of the PII redactor), mode 0700."""
