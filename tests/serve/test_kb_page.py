@@ -37,8 +37,8 @@ DOCUMENT = f"""<!doctype html>
 <h1>P-200 feed pump</h1>
 <p>{FACT}, or sooner: when the bearing temperature rises above 80 degrees Celsius, when the vibration
 alarm repeats within a shift, or after any dry run of the pump (even a short one).
-Replace the mechanical seal kit when the leakage exceeds five drops per minute at rated pressure.
-The maintenance crew records every inspection in the plant logbook with the running hours of the pump.</p>
+After each inspection, the crew replaces the mechanical seal kit if the leakage exceeds five drops per
+minute, checks the coupling alignment, and records the running hours in the plant logbook.</p>
 <p>Untrusted markup stays text: &lt;img src=x onerror="window.pwned=1"&gt;</p>
 <p>The cooling water circuit is flushed once a year before the summer shutdown of the plant.</p>
 </body></html>
@@ -59,8 +59,9 @@ def chromium() -> str:
 
 
 class PacedChat(BaseHTTPRequestHandler):
-    """``POST /v1/chat/completions``: answers from the numbered context it is sent (the two
-    sentences of passage [1] sharing most words with the question, each cited), word by word."""
+    """``POST /v1/chat/completions``: answers from the numbered context it is sent (the sentence
+    of passage [1] sharing most words with the question and the one after it, each cited), word
+    by word."""
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -73,8 +74,9 @@ class PacedChat(BaseHTTPRequestHandler):
         lines = (first.group(1) if first else "").splitlines()
         sentences = [s for line in lines for s in re.split(r"(?<=[.!?])\s+", line.strip()) if s]
         asked = set(re.findall(r"\w+", question.lower()))
-        best = sorted(sentences, key=lambda s: -len(asked & set(re.findall(r"\w+", s.lower()))))[:2]
-        answer = " ".join(f"{s.rstrip('.')} [1]." for s in best if s)
+        overlap = [len(asked & set(re.findall(r"\w+", s.lower()))) for s in sentences]
+        best = overlap.index(max(overlap)) if sentences else 0
+        answer = " ".join(f"{s.rstrip('.')} [1]." for s in sentences[best:best + 2])
         pieces = re.findall(r"\S+\s*", answer)
         self.send_response(200)
         if not body.get("stream"):
@@ -233,8 +235,10 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     assert "1,500 operating hours" in answer
     streaming = [(t, n) for t, n, busy in page.evaluate("window.growth") if busy == "true" and n > 0]
     lengths = [n for _, n in streaming]
-    assert len(set(lengths)) >= 4 and lengths == sorted(lengths), streaming  # it grew, piece by piece
-    assert streaming[-1][0] - streaming[0][0] > 5 * PACE_S * 1000  # over time, not in one paint
+    # it grew piece by piece, over time (the answer's redaction releases English text phrase by
+    # phrase: at ", " and the like, never inside a word or number)
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), streaming
+    assert streaming[-1][0] - streaming[0][0] > 3 * PACE_S * 1000, streaming
     assert "written by the language model" in page.text_content("#mode")
 
     source = page.locator("#citations .source").first

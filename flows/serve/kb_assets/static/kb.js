@@ -272,7 +272,10 @@
   }
 
   function describeFiles(files) {
-    return (files || []).map((f) => `${f.name}: ${f.status}${f.reason ? ` (${f.reason})` : ""}`).join(", ");
+    return (files || []).map((f) => {
+      const detail = f.reason || (f.status === "indexed" && f.chunks ? `${f.chunks} passage${f.chunks === 1 ? "" : "s"}` : "");
+      return `${f.name}: ${f.status}${detail ? ` (${detail})` : ""}`;
+    }).join(", ");
   }
 
   async function upload(event) {
