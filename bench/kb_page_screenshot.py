@@ -84,16 +84,6 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def shrink_png(path: Path, colors: int = 256) -> None:
-    """Re-save a screenshot with a palette of ``colors`` (a flat UI keeps every colour it shows;
-    the file is about a third)."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        small = image.convert("RGB").quantize(colors=colors, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE)
-    small.save(path, optimize=True)
-
-
 def drive(url: str, key: str, document: Path, out: Path) -> dict[str, float | int | str]:
     """The page's whole path in headless Chromium; the screenshot goes to ``out``."""
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
@@ -132,7 +122,6 @@ def drive(url: str, key: str, document: Path, out: Path) -> dict[str, float | in
             page.locator("#passage").wait_for()
             page.wait_for_timeout(400)  # the smooth scroll to the passage
             page.screenshot(path=str(out), full_page=True)
-            shrink_png(out)
             return {"indexed_s": round(indexed_s, 2),
                     "first_text_s": round((changes[0][0] - asked) / 1000, 3) if changes else -1.0,
                     "answer_s": round((done - asked) / 1000, 3),
