@@ -181,6 +181,26 @@ def page(browser: Any, kb_server: KbServer) -> Iterator[Any]:
     assert all(u.startswith((kb_server.url, "data:")) for u in requests), requests
 
 
+def test_page_and_its_files_come_from_this_server(live_server: Any) -> None:
+    """Without a browser: the page, its script and styles are package files served here."""
+    import httpx
+
+    live = live_server(champion=None)
+    with httpx.Client(base_url=live.url, timeout=10) as client:
+        page = client.get("/kb")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assets = re.findall(r'(?:src|href)="(/kb-assets/[^"?]+)\?v=[0-9a-f]{12}"', page.text)
+        assert sorted(assets) == ["/kb-assets/kb.css", "/kb-assets/kb.js"]
+        assert "http://" not in page.text and "https://" not in page.text and "<script>" not in page.text
+        for asset, kind in zip(sorted(assets), ("text/css", "text/javascript"), strict=True):
+            r = client.get(asset)
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and len(r.content) > 1000
+        assert "innerHTML" not in client.get("/kb-assets/kb.js").text  # server text goes in as textContent
+        assert client.get("/kb-assets/%2e%2e/kb.html").status_code == 404  # the template is not a static file
+        assert "/kb" not in client.get("/openapi.json").json()["paths"]
+
+
 def sign_in(page: Any, key: str) -> None:
     page.fill("#key", key)
     page.click("#signin-form button[type=submit]")
@@ -213,12 +233,18 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
 
     document = tmp_path / "pump-manual.html"
     document.write_text(DOCUMENT, encoding="utf-8")
-    page.set_input_files("#files", str(document))
+    broken = tmp_path / "scan-broken.pdf"
+    broken.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 8)  # a PDF header, then nothing readable
+    page.set_input_files("#files", [str(document), str(broken)])
     page.click("#upload-btn")
     row = page.locator("#docs tbody tr", has_text="pump-manual.html")
     row.locator(".st-indexed").wait_for(timeout=30_000)
     page.locator("#job-status .st-done").wait_for()
     assert int(row.locator("td.num").text_content()) >= 1
+    quarantined = page.locator("#quarantine-list li", has_text="scan-broken.pdf")
+    quarantined.wait_for()
+    assert len(quarantined.locator(".reason").text_content().strip()) > 3  # with its reason
+    assert page.locator("#docs tbody tr", has_text="scan-broken.pdf").locator(".st-quarantined").count() == 1
 
     # every change of the answer while it streams: (ms, characters shown, still streaming)
     page.evaluate("""() => {
@@ -255,6 +281,12 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     assert passage.locator("img").count() == 0 and page.evaluate("window.pwned") is None
     page.screenshot(path=str(tmp_path / "kb_page.png"), full_page=True)
 
+    page.once("dialog", lambda dialog: dialog.accept())  # "Delete scan-broken.pdf from legal?"
+    page.get_by_role("button", name="Delete scan-broken.pdf").click()
+    page.locator("#alert", has_text="Deleted scan-broken.pdf").wait_for()
+    page.locator("#quarantine").wait_for(state="hidden")
+    assert page.locator("#docs tbody tr").count() == 1
+
 
 def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: KbServer) -> None:
     sign_in(page, kb_server.key("kb:legal:read"))
@@ -262,6 +294,9 @@ def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: 
     assert [o.get_attribute("value") for o in page.locator("#collection option").all()] == ["legal"]
     assert "medical" not in page.text_content("#collection")
     assert page.locator("#upload-form").is_hidden() and page.locator("#upload-denied").is_visible()
+    page.reload()  # the key lives as long as the tab
+    page.locator("#app").wait_for()
+    assert page.locator("#signin").is_hidden()
     page.click("#signout")
     page.locator("#signin").wait_for()
     assert page.evaluate("sessionStorage.getItem('indusflow.kb.key')") is None

@@ -256,6 +256,7 @@
         { method: "DELETE" }, `delete documents from ${c.name}`);
       const body = await resp.json();
       showAlert(`Deleted ${body.deleted} (${body.chunks_removed} passages removed).`, "info");
+      refreshCounts();
     } catch (exc) {
       showAlert(exc.message);
     }
