@@ -303,7 +303,13 @@ def test_uploads_are_hardened(loaded: Kb, tmp_path: Path) -> None:
         r = c.post(f"{kb.url}/v1/kb/documents", params={"collection": "medical"}, headers=key,
                    files=[("files", ("blob.bin", b"\x00" * 30_000, "application/octet-stream"))])
         assert r.status_code == 202 and (folder / "blob.bin").stat().st_size == 30_000  # over the server's 20_000
-        assert wait_job(c, kb, kb.medical_writer, r.json()["job_id"])["files"][0]["status"] == "quarantined"
+        job_id = r.json()["job_id"]
+        assert wait_job(c, kb, kb.medical_writer, job_id)["files"][0]["status"] == "quarantined"
+        # jobs are recorded under the home (replicas sharing it answer for each other's jobs)
+        assert json.loads((kb.home.kb_jobs() / f"{job_id}.json").read_text())["state"] == "done"
+        for bad in ("..%2F..%2Fkeys", "0123456789abcdef", "x" * 16):
+            assert c.get(f"{kb.url}/v1/kb/jobs/{bad}", headers=key).status_code == 404
+        assert c.get(f"{kb.url}/v1/kb/jobs/{job_id}", headers=kb.h(kb.legal_only)).status_code == 404
         r = c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "medical", "query": "x" * 3000})
         assert r.status_code == 200  # JSON routes keep the server's body limit, which this is under
         r = c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "medical", "query": "y" * 30_000})
