@@ -60,6 +60,14 @@ Retriever = Literal["hybrid", "dense", "bm25"]
 KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
 
 
+#: The upload form in the OpenAPI document (the route reads the multipart body itself, after the
+#: key is checked, so FastAPI does not declare it).
+UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["files"],
+    "properties": {"collection": {"type": "string", "description": "The collection (or ?collection=)."},
+                   "files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}}
+
+
 class SearchRequest(BaseModel):
     """A query over one collection."""
 
@@ -301,7 +309,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if not worker.done():
                 worker.cancel()
 
-    @router.post(f"{PREFIX}/documents", status_code=202)
+    @router.post(f"{PREFIX}/documents", status_code=202, openapi_extra=UPLOAD_OPENAPI)
     async def upload(request: Request, principal: KbPrincipal,
                      collection: Annotated[str | None, Query(description="The collection (or the form field).")] = None,
                      ) -> JSONResponse:
