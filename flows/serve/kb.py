@@ -27,17 +27,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
-from flows.serve.kb_engine import (
-    IngestJob,
-    KbEngine,
-    UploadRefused,
-    error_text,
-    iter_folder,
-    safe_document_name,
-    write_upload,
-)
+from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text, iter_folder
+from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
 from infra.embeddings import Embedder
 from infra.pii import redact_path, redact_text
 from infra.serving.audit import annotate_audit
@@ -313,40 +305,26 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
     async def upload(request: Request, principal: KbPrincipal,
                      collection: Annotated[str | None, Query(description="The collection (or the form field).")] = None,
                      ) -> JSONResponse:
-        """Upload one or more files (multipart: ``collection``, ``files``) into a collection's
-        watched folder and start its ingest; 202 with the job id to poll."""
+        """Upload one or more files (multipart: ``collection`` first, then ``files``; or
+        ``?collection=``) into a collection's watched folder and start its ingest; 202 with the
+        job id to poll."""
         if collection is not None:  # known before the body is read: refuse early
             allowed(principal, collection, write=True)
         try:
-            form_cm = request.form(max_files=settings.max_upload_files, max_fields=8)
-            form = await form_cm
-        except HTTPException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the caller's error
-            raise HTTPException(422, f"cannot read the upload form: {error_text(exc)}") from None
-        try:
-            name = collection or form.get("collection")
-            if not isinstance(name, str) or not name:
-                raise HTTPException(422, "the form needs a 'collection' field (or ?collection=)")
-            col = allowed(principal, name, write=True)
-            files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
-            if not files:
-                raise HTTPException(422, "the form holds no 'files'")
+            parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
+                                  lambda name: allowed(principal, name, write=True), query_collection=collection,
+                                  max_file_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files)
+            staged = await parser.feed(request.stream())
+            if staged.collection is None or not staged.files:
+                raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
             try:
-                names = [safe_document_name(f.filename) for f in files]
-            except ValueError as exc:
-                raise HTTPException(422, str(exc)) from None
-            if len(set(names)) != len(names):
-                raise HTTPException(422, "two files of the upload have the same name")
-            written = 0
-            for f, stored in zip(files, names, strict=True):
-                try:
-                    written += await run_in_threadpool(write_upload, col.folder.resolve(), stored, f.file,
-                                                       settings.max_upload_bytes)
-                except UploadRefused as exc:
-                    raise HTTPException(exc.status, str(exc)) from None
-        finally:
-            await form.close()
+                written = await run_in_threadpool(staged.commit)
+            except BaseException:
+                staged.discard()
+                raise
+        except UploadRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        col, names = staged.collection, [f.name for f in staged.files]
         job = engine.submit(col, names)
         uploads.labels(collection=col.name).inc(len(names))
         annotate_audit(request, collection=col.name, files=len(names), bytes=written, job_id=job.job_id)

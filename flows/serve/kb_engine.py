@@ -1,6 +1,5 @@
 """What the knowledge-base API does behind its routes (:mod:`flows.serve.kb`): retrieval and
-answers over one collection, the documents of a collection with their ingest status, uploads
-into its watched folder, deletions, and ingest jobs run in the server process.
+answers over one collection, the documents of a collection with their ingest status, deletions, and ingest jobs run in the server process.
 
 It joins the same solution and task functions as ``python -m flows.rag`` (Tika parse, redaction
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
@@ -15,11 +14,9 @@ import datetime as dt
 import fcntl
 import json
 import logging
-import os
 import queue
 import re
 import secrets
-import tempfile
 import threading
 import traceback
 import unicodedata
@@ -28,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 from infra.embeddings import Embedder, embedder_from_settings
 from infra.errors import IndusflowError
@@ -49,10 +46,8 @@ from tasks.retrieve import Mode, Retrieved, retrieve
 
 log = logging.getLogger(__name__)
 
-COPY_BLOCK = 1 << 20
 MAX_NAME_BYTES = 200
 JOB_ID = re.compile(r"[0-9a-f]{16}")
-UPLOAD_PREFIX = ".upload-"  # hidden: ingest skips files whose name starts with a dot
 
 
 class UploadRefused(IndusflowError):
@@ -93,38 +88,6 @@ def iter_folder(folder: Path) -> Iterator[Path]:
         if any(part.startswith(".") for part in rel.parts) or child.is_symlink() or not child.is_file():
             continue
         yield child
-
-
-def write_upload(folder: Path, name: str, stream: BinaryIO, max_bytes: int) -> int:
-    """Copy ``stream`` into ``folder/name`` (atomically: a hidden temporary file, then a rename);
-    returns the bytes written.
-
-    Raises:
-        UploadRefused: the folder or the target is a symbolic link or not a regular file, the name
-            would leave the folder, or the file is over ``max_bytes`` (413).
-    """
-    if folder.is_symlink() or not folder.is_dir():
-        raise UploadRefused("the collection's watched folder is not a plain folder", 409)
-    target = folder / name
-    if "/" in name or name in {".", ".."} or target.parent != folder:
-        raise UploadRefused(f"file name {name!r} would leave the collection's folder")
-    if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise UploadRefused(f"{name!r} exists in the collection's folder and is not a regular file", 409)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=UPLOAD_PREFIX)
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            while block := stream.read(COPY_BLOCK):
-                size += len(block)
-                if size > max_bytes:
-                    raise UploadRefused(f"{name!r} is over the upload limit of {max_bytes} bytes", 413)
-                out.write(block)
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return size
 
 
 # ------------------------------------------------------------------------------------

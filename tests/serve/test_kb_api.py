@@ -97,7 +97,7 @@ def kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kb]:
     saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_KB_MAX_UPLOAD_BYTES",
                                             "INDUSFLOW_LLM_URL", "HF_HUB_OFFLINE")}
     os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical",
-                       "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "200000", "HF_HUB_OFFLINE": "1"})
+                       "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000", "HF_HUB_OFFLINE": "1"})
     os.environ.pop("INDUSFLOW_LLM_URL", None)
     embedder = LocalEmbedder()
     client = open_client(uri=str(root / "kb.db"))
@@ -298,8 +298,18 @@ def test_uploads_are_hardened(loaded: Kb, tmp_path: Path) -> None:
                    files=[("files", ("link.txt", b"overwrite attempt", "text/plain"))])
         assert r.status_code == 409 and outside.read_text() == "not to be touched"
         r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("small.txt", b"a small file that comes first", "text/plain")),
+                          ("files", ("big.txt", b"x" * 150_000, "text/plain"))])  # under the body limit, over 100_000
+        assert r.status_code == 413 and not (folder / "big.txt").exists() and not (folder / "small.txt").exists()
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
                    files=[("files", ("big.txt", b"x" * 300_000, "text/plain"))])
         assert r.status_code == 413 and not (folder / "big.txt").exists()
+        # the collection must be named before the first file (files stream straight into its folder)
+        body = (b'--B\r\nContent-Disposition: form-data; name="files"; filename="late.txt"\r\n\r\nsome text\r\n'
+                b'--B\r\nContent-Disposition: form-data; name="collection"\r\n\r\nmedical\r\n--B--\r\n')
+        r = c.post(f"{kb.url}/v1/kb/documents", headers={**key, "content-type": "multipart/form-data; boundary=B"},
+                   content=body)
+        assert r.status_code == 422 and "before the files" in r.json()["detail"]
         r = c.post(f"{kb.url}/v1/kb/documents", params={"collection": "medical"}, headers=key,
                    files=[("files", ("blob.bin", b"\x00" * 30_000, "application/octet-stream"))])
         assert r.status_code == 202 and (folder / "blob.bin").stat().st_size == 30_000  # over the server's 20_000
