@@ -31,6 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text, iter_folder
 from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
 from infra.embeddings import Embedder
+from infra.llm import LLMError
 from infra.pii import redact_path, redact_text
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import Principal, require_any_scope
@@ -125,7 +126,7 @@ def words(text: str) -> list[str]:
     return _WORDS.findall(text)
 
 
-def document_name(source: str, path: str, col: KbCollection, folder_source: str) -> str:
+def document_name(source: str, path: str, folder_source: str) -> str:
     """A chunk's document as the documents list names it: relative to the collection's folder
     when it is in it (an archive member: ``archive!/member``), else its stored path."""
     prefix = folder_source.rstrip("/") + "/"
@@ -135,15 +136,14 @@ def document_name(source: str, path: str, col: KbCollection, folder_source: str)
     return path or source
 
 
-def passages_out(hits: Sequence[Retrieved], col: KbCollection, folder_source: str,
-                 cited: Sequence[int] = ()) -> list[PassageOut]:
+def passages_out(hits: Sequence[Retrieved], folder_source: str, cited: Sequence[int] = ()) -> list[PassageOut]:
     """The hits as numbered passages, every text redacted again (rows of older rule sets too)."""
     out = []
     for n, h in enumerate(hits, 1):
         f = h.fields
         out.append(PassageOut(
             n=n, score=round(float(h.score), 6),
-            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), col, folder_source)),
+            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), folder_source)),
             title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
             chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
             cited=n in cited,
@@ -234,7 +234,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
         return SearchResponse(collection=col.name, retriever=body.retriever,
-                              passages=passages_out(hits, col, folder_source(col)))
+                              passages=passages_out(hits, folder_source(col)))
 
     @router.post(f"{PREFIX}/ask", response_model=AskResponse,
                  responses={200: {"content": {"text/event-stream": {}},
@@ -252,15 +252,11 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         try:
             text, kind, hits, cited = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
                                                               mode=body.retriever)
-        except Exception as exc:
-            from infra.llm import LLMError
-
-            if isinstance(exc, LLMError):
-                raise HTTPException(502, error_text(exc)) from None
-            raise
+        except LLMError as exc:
+            raise HTTPException(502, error_text(exc)) from None
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
         return AskResponse(collection=col.name, answer=text, mode=kind,
-                           citations=passages_out(hits, col, folder_source(col), cited))
+                           citations=passages_out(hits, folder_source(col), cited))
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -293,7 +289,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 else:
                     text, mode, hits, cited = data
                     annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode)
-                    citations = passages_out(hits, col, folder_source(col), cited)
+                    citations = passages_out(hits, folder_source(col), cited)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text})
                     return

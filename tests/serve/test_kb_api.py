@@ -351,6 +351,12 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             received.append(body)
+            if body["model"] == "broken":
+                self.send_response(500)
+                self.send_header("content-length", "4")
+                self.end_headers()
+                self.wfile.write(b"boom")
+                return
             if not body.get("stream"):
                 payload = json.dumps({"choices": [{"message": {"content": "".join(LLM_PIECES)}}]}).encode()
                 self.send_response(200)
@@ -404,3 +410,17 @@ def test_llm_tokens_are_streamed_as_they_come_redacted_with_citations(loaded: Kb
     assert len(fake_llm) == 2 and "Harbourview" in prompts and "atorvastatin" not in prompts
     assert 'indusflow_kb_ingest_jobs_total{collection="legal",state="done"}' in metrics
     assert 'indusflow_kb_queries_total{collection="legal",kind="ask",retriever="hybrid"}' in metrics
+
+
+def test_llm_failures_are_reported_without_the_key(loaded: Kb, fake_llm: list[dict], monkeypatch) -> None:
+    kb = loaded
+    monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "broken")
+    monkeypatch.setenv("INDUSFLOW_LLM_API_KEY", "sk-very-secret-llm-key")
+    question = {"collection": "legal", "question": "What notice period does the lease set?"}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**question, "stream": True}) as resp:
+            events = read_sse(resp)
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=question)
+    assert [e for e, _ in events] == ["error"] and "500" in events[0][1]["message"]
+    assert r.status_code == 502 and "500" in r.json()["detail"]
+    assert "sk-very-secret" not in json.dumps(events) + r.text
