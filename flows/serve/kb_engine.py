@@ -1,11 +1,14 @@
 """What the knowledge-base API does behind its routes (:mod:`flows.serve.kb`): retrieval and
-answers over one collection, the documents of a collection with their ingest status, deletions, and ingest jobs run in the server process.
+answers over one collection, the documents of a collection with their ingest status, deletions,
+and ingest jobs run in the server process (uploads: :mod:`flows.serve.kb_upload`).
 
 It joins the same solution and task functions as ``python -m flows.rag`` (Tika parse, redaction
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use. Ingest jobs run on one
 worker thread per collection, one at a time; a job ingests the whole watched folder
-(incremental: unchanged files cost a hash) and prunes files gone from it.
+(incremental: unchanged files cost a hash) and prunes files gone from it. Ingest state (the
+quarantine caches, the path-tag key of the redactor) lives in the configured home
+(``INDUSFLOW_HOME``), as for the flows.
 """
 
 from __future__ import annotations
