@@ -270,6 +270,26 @@ def test_names_and_stream_pieces() -> None:
     assert words("The fee is 5 euros. 病人每天测量") == ["The ", "fee ", "is ", "5 ", "euros. ", "病", "人", "每", "天", "测", "量"]
 
 
+def test_keys_with_kb_scopes_and_their_rate_limit(loaded: Kb, capsys: pytest.CaptureFixture) -> None:
+    from flows.serve.cli import main
+
+    kb = loaded
+    assert main(["keys", "add", "legal reader", "--scope", "kb:legal:read", "--rate-limit", "3/minute", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert added["scopes"] == ["kb:legal:read"]
+    assert main(["keys", "add", "x", "--scope", "kb:Legal:read"]) == 2
+    assert "kb:legal:read" in capsys.readouterr().err
+    with httpx.Client(timeout=60) as c:
+        h = kb.h(added["key"])
+        search = {"collection": "legal", "query": "lease", "retriever": "bm25"}
+        assert c.post(f"{kb.url}/v1/kb/search", headers=h, json=search).status_code == 200
+        files = [("files", ("r.txt", b"a reader may not upload this file", "text/plain"))]
+        assert c.post(f"{kb.url}/v1/kb/documents", headers=h, params={"collection": "legal"}, files=files).status_code == 403
+        assert c.delete(f"{kb.url}/v1/kb/documents/lease.txt", headers=h, params={"collection": "legal"}).status_code == 403
+        r = c.post(f"{kb.url}/v1/kb/search", headers=h, json=search)
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+
+
 def test_uploads_are_hardened(loaded: Kb, tmp_path: Path) -> None:
     kb = loaded
     key = kb.h(kb.medical_writer)
