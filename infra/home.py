@@ -121,6 +121,10 @@ class HomeLayout:
         """State of the REST API: hashed API keys, the audit log, the audit salt, online feature state."""
         return self._area("serving")
 
+    def kb_jobs(self) -> Path:
+        """Ingest jobs started by the knowledge-base API (one JSON file per job, seen by every replica)."""
+        return self._area("serving", "kb-jobs")
+
     def online_state(self) -> Path:
         """The embedded online feature state of the REST API (per-account/terminal history, SQLite)."""
         return self._area("serving", "online-state")

@@ -27,18 +27,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import UploadFile
 
-from flows.serve.kb_engine import (
-    IngestJob,
-    KbEngine,
-    UploadRefused,
-    error_text,
-    iter_folder,
-    safe_document_name,
-    write_upload,
-)
+from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text, iter_folder
+from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
 from infra.embeddings import Embedder
+from infra.llm import LLMError
 from infra.pii import redact_path, redact_text
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import Principal, require_any_scope
@@ -58,6 +51,14 @@ Retriever = Literal["hybrid", "dense", "bm25"]
 #: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
 #: (or ``admin``); each route then checks the scope of the collection it is asked about.
 KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
+
+
+#: The upload form in the OpenAPI document (the route reads the multipart body itself, after the
+#: key is checked, so FastAPI does not declare it).
+UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["files"],
+    "properties": {"collection": {"type": "string", "description": "The collection (or ?collection=)."},
+                   "files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}}
 
 
 class SearchRequest(BaseModel):
@@ -125,7 +126,7 @@ def words(text: str) -> list[str]:
     return _WORDS.findall(text)
 
 
-def document_name(source: str, path: str, col: KbCollection, folder_source: str) -> str:
+def document_name(source: str, path: str, folder_source: str) -> str:
     """A chunk's document as the documents list names it: relative to the collection's folder
     when it is in it (an archive member: ``archive!/member``), else its stored path."""
     prefix = folder_source.rstrip("/") + "/"
@@ -135,15 +136,14 @@ def document_name(source: str, path: str, col: KbCollection, folder_source: str)
     return path or source
 
 
-def passages_out(hits: Sequence[Retrieved], col: KbCollection, folder_source: str,
-                 cited: Sequence[int] = ()) -> list[PassageOut]:
+def passages_out(hits: Sequence[Retrieved], folder_source: str, cited: Sequence[int] = ()) -> list[PassageOut]:
     """The hits as numbered passages, every text redacted again (rows of older rule sets too)."""
     out = []
     for n, h in enumerate(hits, 1):
         f = h.fields
         out.append(PassageOut(
             n=n, score=round(float(h.score), 6),
-            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), col, folder_source)),
+            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), folder_source)),
             title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
             chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
             cited=n in cited,
@@ -234,7 +234,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
         return SearchResponse(collection=col.name, retriever=body.retriever,
-                              passages=passages_out(hits, col, folder_source(col)))
+                              passages=passages_out(hits, folder_source(col)))
 
     @router.post(f"{PREFIX}/ask", response_model=AskResponse,
                  responses={200: {"content": {"text/event-stream": {}},
@@ -252,15 +252,11 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         try:
             text, kind, hits, cited = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
                                                               mode=body.retriever)
-        except Exception as exc:
-            from infra.llm import LLMError
-
-            if isinstance(exc, LLMError):
-                raise HTTPException(502, error_text(exc)) from None
-            raise
+        except LLMError as exc:
+            raise HTTPException(502, error_text(exc)) from None
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
         return AskResponse(collection=col.name, answer=text, mode=kind,
-                           citations=passages_out(hits, col, folder_source(col), cited))
+                           citations=passages_out(hits, folder_source(col), cited))
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -293,7 +289,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 else:
                     text, mode, hits, cited = data
                     annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode)
-                    citations = passages_out(hits, col, folder_source(col), cited)
+                    citations = passages_out(hits, folder_source(col), cited)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text})
                     return
@@ -301,44 +297,30 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if not worker.done():
                 worker.cancel()
 
-    @router.post(f"{PREFIX}/documents", status_code=202)
+    @router.post(f"{PREFIX}/documents", status_code=202, openapi_extra=UPLOAD_OPENAPI)
     async def upload(request: Request, principal: KbPrincipal,
                      collection: Annotated[str | None, Query(description="The collection (or the form field).")] = None,
                      ) -> JSONResponse:
-        """Upload one or more files (multipart: ``collection``, ``files``) into a collection's
-        watched folder and start its ingest; 202 with the job id to poll."""
+        """Upload one or more files (multipart: ``collection`` first, then ``files``; or
+        ``?collection=``) into a collection's watched folder and start its ingest; 202 with the
+        job id to poll."""
         if collection is not None:  # known before the body is read: refuse early
             allowed(principal, collection, write=True)
         try:
-            form_cm = request.form(max_files=settings.max_upload_files, max_fields=8)
-            form = await form_cm
-        except HTTPException:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a malformed multipart body is the caller's error
-            raise HTTPException(422, f"cannot read the upload form: {error_text(exc)}") from None
-        try:
-            name = collection or form.get("collection")
-            if not isinstance(name, str) or not name:
-                raise HTTPException(422, "the form needs a 'collection' field (or ?collection=)")
-            col = allowed(principal, name, write=True)
-            files = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
-            if not files:
-                raise HTTPException(422, "the form holds no 'files'")
+            parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
+                                  lambda name: allowed(principal, name, write=True), query_collection=collection,
+                                  max_file_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files)
+            staged = await parser.feed(request.stream())
+            if staged.collection is None or not staged.files:
+                raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
             try:
-                names = [safe_document_name(f.filename) for f in files]
-            except ValueError as exc:
-                raise HTTPException(422, str(exc)) from None
-            if len(set(names)) != len(names):
-                raise HTTPException(422, "two files of the upload have the same name")
-            written = 0
-            for f, stored in zip(files, names, strict=True):
-                try:
-                    written += await run_in_threadpool(write_upload, col.folder.resolve(), stored, f.file,
-                                                       settings.max_upload_bytes)
-                except UploadRefused as exc:
-                    raise HTTPException(exc.status, str(exc)) from None
-        finally:
-            await form.close()
+                written = await run_in_threadpool(staged.commit)
+            except BaseException:
+                staged.discard()
+                raise
+        except UploadRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        col, names = staged.collection, [f.name for f in staged.files]
         job = engine.submit(col, names)
         uploads.labels(collection=col.name).inc(len(names))
         annotate_audit(request, collection=col.name, files=len(names), bytes=written, job_id=job.job_id)

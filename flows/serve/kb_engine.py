@@ -1,30 +1,34 @@
 """What the knowledge-base API does behind its routes (:mod:`flows.serve.kb`): retrieval and
-answers over one collection, the documents of a collection with their ingest status, uploads
-into its watched folder, deletions, and ingest jobs run in the server process.
+answers over one collection, the documents of a collection with their ingest status, deletions,
+and ingest jobs run in the server process (uploads: :mod:`flows.serve.kb_upload`).
 
 It joins the same solution and task functions as ``python -m flows.rag`` (Tika parse, redaction
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use. Ingest jobs run on one
 worker thread per collection, one at a time; a job ingests the whole watched folder
-(incremental: unchanged files cost a hash) and prunes files gone from it.
+(incremental: unchanged files cost a hash) and prunes files gone from it. Ingest state (the
+quarantine caches, the path-tag key of the redactor) lives in the configured home
+(``INDUSFLOW_HOME``), as for the flows.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
+import json
 import logging
-import os
 import queue
+import re
 import secrets
-import tempfile
 import threading
 import traceback
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 from infra.embeddings import Embedder, embedder_from_settings
 from infra.errors import IndusflowError
@@ -45,9 +49,8 @@ from tasks.retrieve import Mode, Retrieved, retrieve
 
 log = logging.getLogger(__name__)
 
-COPY_BLOCK = 1 << 20
 MAX_NAME_BYTES = 200
-UPLOAD_PREFIX = ".upload-"  # hidden: ingest skips files whose name starts with a dot
+JOB_ID = re.compile(r"[0-9a-f]{16}")
 
 
 class UploadRefused(IndusflowError):
@@ -88,38 +91,6 @@ def iter_folder(folder: Path) -> Iterator[Path]:
         if any(part.startswith(".") for part in rel.parts) or child.is_symlink() or not child.is_file():
             continue
         yield child
-
-
-def write_upload(folder: Path, name: str, stream: BinaryIO, max_bytes: int) -> int:
-    """Copy ``stream`` into ``folder/name`` (atomically: a hidden temporary file, then a rename);
-    returns the bytes written.
-
-    Raises:
-        UploadRefused: the folder or the target is a symbolic link or not a regular file, the name
-            would leave the folder, or the file is over ``max_bytes`` (413).
-    """
-    if folder.is_symlink() or not folder.is_dir():
-        raise UploadRefused("the collection's watched folder is not a plain folder", 409)
-    target = folder / name
-    if "/" in name or name in {".", ".."} or target.parent != folder:
-        raise UploadRefused(f"file name {name!r} would leave the collection's folder")
-    if target.is_symlink() or (target.exists() and not target.is_file()):
-        raise UploadRefused(f"{name!r} exists in the collection's folder and is not a regular file", 409)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=UPLOAD_PREFIX)
-    size = 0
-    try:
-        with os.fdopen(fd, "wb") as out:
-            while block := stream.read(COPY_BLOCK):
-                size += len(block)
-                if size > max_bytes:
-                    raise UploadRefused(f"{name!r} is over the upload limit of {max_bytes} bytes", 413)
-                out.write(block)
-        os.chmod(tmp, 0o640)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return size
 
 
 # ------------------------------------------------------------------------------------
@@ -209,9 +180,10 @@ class IngestJob:
     counts: dict[str, int] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "collection": self.collection, "state": self.state, "files": self.files,
+        return {"job_id": self.job_id, "collection": self.collection, "state": self.state,
+                "files": [dict(f) for f in self.files],
                 "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
-                "error": self.error, "counts": self.counts}
+                "error": self.error, "counts": dict(self.counts)}
 
 
 def now() -> str:
@@ -250,6 +222,7 @@ class KbEngine:
         self.settings = settings
         self.params = IngestParams()
         self._client = client
+        self._own_client = client is None
         self._embedder = embedder
         self._init_lock = threading.Lock()
         self._col_locks = {name: threading.Lock() for name in collections}
@@ -282,12 +255,15 @@ class KbEngine:
         return document_rules(self.params.chunk, self.params.redaction, self.embedder().name)
 
     def close(self) -> None:
-        """Stop the job workers (a running job finishes first)."""
+        """Stop the job workers (a running job finishes first) and close the client it opened."""
         self._closed = True
         for q in self._queues.values():
             q.put(None)
         for worker in self._workers.values():
             worker.join(timeout=60)
+        if self._own_client and self._client is not None:
+            self._client.close()
+            self._client = None
 
     # -- retrieval and answers
     def search(self, col: KbCollection, query: str, *, top_k: int, mode: Mode) -> list[Retrieved]:
@@ -356,7 +332,7 @@ class KbEngine:
     def delete(self, col: KbCollection, name: str) -> tuple[DocumentStatus, int] | None:
         """Remove a document's chunks (dense and BM25 live in the same rows), its quarantine
         record and, when it is in the folder, the file. None when there is no such document."""
-        with self._col_locks[col.name]:  # never while an ingest of the collection writes
+        with self.writing(col):  # never while an ingest of the collection writes
             doc = next((d for d in self.documents(col) if d.name == name), None)
             if doc is None:
                 return None
@@ -389,21 +365,49 @@ class KbEngine:
                                           daemon=True)
                 self._workers[col.name] = worker
                 worker.start()
+        self._record(job)
         self._queues[col.name].put(job)
         return job
 
     def job(self, job_id: str) -> IngestJob | None:
+        """A job of this process, else one another replica sharing the home recorded; None if unknown."""
         with self._jobs_lock:
-            return self._jobs.get(job_id)
+            job = self._jobs.get(job_id)
+        if job is not None or not JOB_ID.fullmatch(job_id):
+            return job
+        try:
+            data = json.loads((self.layout.kb_jobs() / f"{job_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        fields = {k: data.get(k) for k in IngestJob.__dataclass_fields__ if k in data}
+        return IngestJob(**fields) if fields.get("collection") in self.collections else None
+
+    def _record(self, job: IngestJob) -> None:
+        """Write the job's state under the home (best effort: a full disk does not fail the job)."""
+        try:
+            write_json_atomic(self.layout.kb_jobs() / f"{job.job_id}.json", job.public())
+        except OSError as exc:
+            log.warning("cannot record kb job %s: %s", job.job_id, type(exc).__name__)
 
     def _work(self, name: str) -> None:
         q = self._queues[name]
         while (job := q.get()) is not None:
             self.run_job(job)
 
+    @contextmanager
+    def writing(self, col: KbCollection) -> Iterator[None]:
+        """Exclusive right to change ``col``'s index: one thread of this process, and one process
+        among the replicas sharing the home (a lock file under ``<home>/rag``)."""
+        with self._col_locks[col.name], open(self.layout.rag() / f"{col.milvus}.kb.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
     def ingest(self, col: KbCollection) -> IngestResult:
         """Ingest the collection's folder now (incremental; files gone from it are pruned)."""
-        with self._col_locks[col.name]:
+        with self.writing(col):
             return run_ingest([str(col.folder)], self.rules(), collection=col.milvus, client=self.client(),
                               embedder=self.embedder(), batch_docs=self.params.batch_docs,
                               max_archive_members=self.params.max_archive_members, prune=True,
@@ -415,6 +419,7 @@ class KbEngine:
         job.state, job.started_at = "running", now()
         for f in job.files:
             f["status"] = "running"
+        self._record(job)
         try:
             result = self.ingest(col)
             by_name = {d.name: d for d in self.documents(col)}
@@ -436,5 +441,6 @@ class KbEngine:
                 f["status"] = "failed"
         finally:
             job.finished_at = now()
+            self._record(job)
             if self._on_job is not None:
                 self._on_job(job)
