@@ -155,7 +155,16 @@
   }
 
   async function loadCollections() {
-    const resp = await api("/v1/kb/collections", { method: "GET" }, "list the collections");
+    let resp;
+    try {
+      resp = await api("/v1/kb/collections", { method: "GET" }, "list the collections");
+    } catch (exc) {
+      if (exc.status === 404) {
+        throw new ApiError(404, "This server does not serve the knowledge base (404 on /v1/kb/collections): "
+          + "start it with the kb vertical and INDUSFLOW_KB_COLLECTIONS set.");
+      }
+      throw exc;
+    }
     const body = await resp.json();
     state.collections = body.collections || [];
     if (!state.collections.length) {
@@ -230,6 +239,7 @@
   async function refreshDocuments() {
     const c = state.current;
     if (!c) return [];
+    if (!$("docs").tBodies[0].rows.length) $("docs-summary").textContent = "Loading the documents…";
     try {
       const resp = await api(`/v1/kb/documents?collection=${encodeURIComponent(c.name)}`, { method: "GET" },
         `list the documents of ${c.name}`);
