@@ -120,10 +120,12 @@ def run_server(argv: Sequence[str]) -> int:
 
     from infra.serving.middleware import parse_networks
     from infra.settings import get_serve_settings
+    from solutions.rag.collections import configured_collections
 
     args = server_parser().parse_args(argv)
     settings = get_serve_settings()
     parse_networks(settings.allowed_networks())
+    configured_collections()  # a bad INDUSFLOW_KB_COLLECTIONS stops here with one error line
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
     if not 0 <= port <= 65535:

@@ -270,10 +270,14 @@ def test_names_and_stream_pieces() -> None:
     assert words("The fee is 5 euros. 病人每天测量") == ["The ", "fee ", "is ", "5 ", "euros. ", "病", "人", "每", "天", "测", "量"]
 
 
-def test_keys_with_kb_scopes_and_their_rate_limit(loaded: Kb, capsys: pytest.CaptureFixture) -> None:
+def test_keys_with_kb_scopes_and_their_rate_limit(loaded: Kb, capsys: pytest.CaptureFixture, monkeypatch) -> None:
     from flows.serve.cli import main
 
     kb = loaded
+    monkeypatch.setenv("INDUSFLOW_KB_COLLECTIONS", "legal,Medical")
+    assert main(["--port", "0"]) == 2  # the server does not start on a bad collection list
+    assert "INDUSFLOW_KB_COLLECTIONS: collection name 'Medical'" in capsys.readouterr().err
+    monkeypatch.undo()
     assert main(["keys", "add", "legal reader", "--scope", "kb:legal:read", "--rate-limit", "3/minute", "--json"]) == 0
     added = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert added["scopes"] == ["kb:legal:read"]
