@@ -103,6 +103,12 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    def kb_inbox(self, collection: str) -> Path:
+        """The watched folder of a knowledge-base collection: ``inbox/docs`` for ``default``, else ``inbox/kb/<name>``."""
+        if collection == "default":
+            return self.inbox("docs")
+        return self._area("inbox", "kb", check_name(collection, "collection name"))
+
     # -- keys
     def secrets(self) -> Path:
         """Keys the project makes for itself (the path-tag key of the PII redactor), mode 0700."""
@@ -114,6 +120,10 @@ class HomeLayout:
     def serving(self) -> Path:
         """State of the REST API: hashed API keys, the audit log, the audit salt, online feature state."""
         return self._area("serving")
+
+    def kb_jobs(self) -> Path:
+        """Ingest jobs started by the knowledge-base API (one JSON file per job, seen by every replica)."""
+        return self._area("serving", "kb-jobs")
 
     def online_state(self) -> Path:
         """The embedded online feature state of the REST API (per-account/terminal history, SQLite)."""

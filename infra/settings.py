@@ -324,6 +324,39 @@ class ServeSettings(BaseSettings):
         return [e.strip() for e in (self.ip_allow_list or "").split(",") if e.strip()]
 
 
+class KbSettings(BaseSettings):
+    """The knowledge-base API (``/v1/kb``): its collections and upload limits."""
+
+    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_KB_", extra="ignore")
+
+    collections: str = Field(
+        default="default",
+        description="Comma-separated knowledge-base collections served by the API (names [a-z][a-z0-9_]*, "
+        "e.g. default,legal,medical). 'default' is INDUSFLOW_MILVUS_COLLECTION with the watched folder "
+        "<home>/inbox/docs; any other is the Milvus collection of that name with <home>/inbox/kb/<name>. "
+        "API keys name them in scopes kb:<name>:read / kb:<name>:write.",
+    )
+    max_upload_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=1,
+        description="Largest document upload request (all its files together; 413 above).",
+    )
+    max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request.")
+    request_timeout_s: float = Field(
+        default=300.0, gt=0,
+        description="Time limit of a knowledge-base request (search, ask and its stream, upload); the "
+        "other routes keep INDUSFLOW_SERVE_REQUEST_TIMEOUT_S.",
+    )
+    jobs_kept: int = Field(default=1000, ge=1, description="Finished ingest jobs remembered for GET /v1/kb/jobs/{id}.")
+
+    def names(self) -> list[str]:
+        """The configured collection names, in order, without duplicates."""
+        out: list[str] = []
+        for name in (n.strip() for n in self.collections.split(",")):
+            if name and name not in out:
+                out.append(name)
+        return out
+
+
 def get_core_settings() -> CoreSettings:
     """Read the core settings from the environment now."""
     return CoreSettings()
@@ -383,13 +416,18 @@ def get_serve_settings() -> ServeSettings:
     return ServeSettings()
 
 
+def get_kb_settings() -> KbSettings:
+    """Read the knowledge-base API settings from the environment now."""
+    return KbSettings()
+
+
 # ------------------------------------------------------------------------------------
 # the configuration table of the README is generated from these classes
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
     CoreSettings, TrainSettings, GovernanceSettings, PrefectSetupSettings, RunnerSettings, TuneSettings,
-    DeploySettings, MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings,
+    DeploySettings, MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings, KbSettings,
 )
 
 

@@ -24,11 +24,12 @@ def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestPa
     empty or unsupported documents are quarantined with a reason.
 
     Args:
-        sources: Files or folders (archives yield their documents); none: the watched folder
-            <home>/inbox/docs (what the scheduled re-ingest reads).
+        sources: Files or folders (archives yield their documents); none: the collection's
+            watched folder, <home>/inbox/docs for the default one (what the scheduled re-ingest
+            reads), <home>/inbox/kb/<collection> for the others.
         params: Collection, chunking, redaction and batching.
     """
-    result = ingest_sources(sources or [watched_folder()], params, client=open_client(),
+    result = ingest_sources(sources or [watched_folder(params.collection)], params, client=open_client(),
                             embedder=embedder_from_settings(), tika_settings=get_tika_settings(),
                             stages=task_stages(), show_progress=sys.stderr.isatty())
     publish_eval_report_task(render_ingest(result, "rag-ingest"), key=artifact_key(f"rag-ingest-{result.collection}"),

@@ -17,12 +17,12 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder_from_settings
-from infra.home import home_layout
 from infra.llm import ChatClient
 from infra.milvus import VectorStoreError, default_collection, open_client
 from infra.pii import redact_path, redact_text
 from infra.settings import TikaSettings, get_llm_settings
 from solutions.rag.answer import ask_result, generate_answer, passages_from
+from solutions.rag.collections import milvus_collection, watched_folder_of
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_configs, retriever_scores
 from solutions.rag.ingest import document_rules
@@ -39,11 +39,10 @@ EVAL_BATCH = 64  # questions per retrieval call when evaluating
 # ingest
 
 
-def watched_folder() -> str:
-    """The folder the scheduled re-ingest reads (``<home>/inbox/docs``), created if missing."""
-    folder = home_layout().inbox("docs")
-    folder.mkdir(parents=True, exist_ok=True)
-    return str(folder)
+def watched_folder(collection: str | None = None) -> str:
+    """The watched folder of a knowledge-base collection, created if missing: ``<home>/inbox/docs``
+    for the default one (what the scheduled re-ingest reads), ``<home>/inbox/kb/<name>`` else."""
+    return str(watched_folder_of(collection))
 
 
 def ingest_sources(
@@ -60,7 +59,7 @@ def ingest_sources(
     """Ingest files/folders under the knowledge base's redaction and chunking rules."""
     return run_ingest(
         sources, document_rules(params.chunk, params.redaction, embedder.name),
-        collection=default_collection(params.collection), client=client, embedder=embedder,
+        collection=default_collection(milvus_collection(params.collection)), client=client, embedder=embedder,
         batch_docs=params.batch_docs, max_archive_members=params.max_archive_members, prune=params.prune,
         tika_settings=tika_settings, stages=stages or IngestStages(), show_progress=show_progress,
         on_source_written=on_source_written,
@@ -92,7 +91,7 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
         params = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
     client = client or open_client()
     embedder = embedder or embedder_from_settings()
-    collection = default_collection(params.collection)
+    collection = default_collection(milvus_collection(params.collection))
     if not client.has_collection(collection):
         raise VectorStoreError(f"collection {collection!r} does not exist: run `python -m flows.rag ingest` first")
     client.load_collection(collection)

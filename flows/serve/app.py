@@ -20,6 +20,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from flows.serve.kb_page import mount_kb_page
 from infra.home import HomeLayout, home_layout
 from infra.registry import ModelRegistry
 from infra.serving.auth import Principal, require_scope
@@ -30,7 +31,7 @@ from infra.settings import ServeSettings, get_serve_settings
 log = logging.getLogger(__name__)
 
 #: Vertical modules of ``flows.serve`` mounted by default, in order.
-DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor")
+DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor", "kb")
 METRICS_SCOPE = "metrics:read"
 
 
@@ -124,6 +125,7 @@ def create_app(settings: ServeSettings | None = None, *,
     )
     app.state.serving = services
     mount_docs(app)
+    mount_kb_page(app)
     for exc_type, handler in EXCEPTION_HANDLERS.items():
         app.add_exception_handler(exc_type, handler)
 

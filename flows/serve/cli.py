@@ -19,10 +19,12 @@ from pydantic import ValidationError
 from flows.cli import UserError
 from infra.errors import IndusflowError
 
-DESCRIPTION = """Serve the registered champions over HTTP (fraud scoring, sensor prediction).
+DESCRIPTION = """Serve the registered champions over HTTP (fraud scoring, sensor prediction) and the
+knowledge base (/v1/kb: search, cited answers, document uploads; collections INDUSFLOW_KB_COLLECTIONS).
 
   python -m flows.serve [--host 127.0.0.1] [--port 8000]   run the API (docs at /docs)
   python -m flows.serve keys add NAME --scope fraud:score   create an API key (shown once)
+  python -m flows.serve keys add NAME --scope kb:legal:read  a key that may search/ask collection legal
   python -m flows.serve keys list | keys revoke KEY_ID      list keys (no secrets), revoke one
 
 Settings: INDUSFLOW_SERVE_* (README, Configuration); keys live hashed under <home>/serving/."""
@@ -57,7 +59,8 @@ def keys_parser() -> argparse.ArgumentParser:
     add = sub.add_parser("add", help="create a key and print it once")
     add.add_argument("name", help="who or what the key is for (a label, not a secret)")
     add.add_argument("--scope", dest="scopes", action="append", required=True, metavar="SCOPE",
-                     help="a scope it grants (repeat): fraud:score, sensor:predict, metrics:read, admin")
+                     help="a scope it grants (repeat): fraud:score, fraud:label, sensor:predict, metrics:read, "
+                     "kb:<collection>:read, kb:<collection>:write (knowledge base, e.g. kb:legal:read), admin")
     add.add_argument("--rate-limit", metavar="N/PERIOD",
                      help="its own rate limit, e.g. 100/minute (default: INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT)")
     add.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -117,10 +120,12 @@ def run_server(argv: Sequence[str]) -> int:
 
     from infra.serving.middleware import parse_networks
     from infra.settings import get_serve_settings
+    from solutions.rag.collections import configured_collections
 
     args = server_parser().parse_args(argv)
     settings = get_serve_settings()
     parse_networks(settings.allowed_networks())
+    configured_collections()  # a bad INDUSFLOW_KB_COLLECTIONS stops here with one error line
     host = args.host or settings.host
     port = settings.port if args.port is None else args.port
     if not 0 <= port <= 65535:

@@ -19,6 +19,11 @@ subjects=[raw account ids])`` (:mod:`infra.serving.audit`; ids are hashed with t
 before anything is written, the key itself never is). The ASGI middleware
 (:mod:`infra.serving.middleware`) applies the IP allow-list, the body-size limit and the
 per-request timeout, and writes the audit line and the request metrics of every request.
+A route whose scope depends on the request (the knowledge base's ``kb:<collection>:read``)
+declares ``Depends(require_any_scope("kb:"))`` and checks ``principal.allows(scope)`` itself; a
+vertical whose routes need a larger body or a longer time limit sets
+``services.route_limits[path_prefix] = RouteLimits(...)`` in ``build``, and one without a model
+version adds its audit fields with ``annotate_audit(request, collection=..., ...)``.
 ``Vertical(name, router, slots, on_start, on_stop)`` is mounted by ``flows.serve.app.create_app``;
 ``/readyz`` answers 200 only when every slot of every vertical has a model loaded.
 """

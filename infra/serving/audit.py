@@ -103,3 +103,10 @@ def record_audit(request: Request, *, model: str, model_version: int, rows: int,
         "decisions": {k: int(v) for k, v in (decisions or {}).items()},
         "subjects": hashed[:SUBJECTS_PER_LINE],
     }
+
+
+def annotate_audit(request: Request, **fields: Any) -> None:
+    """Fields a route without a model version adds to its request's audit line (the knowledge
+    base: collection, retriever, counts). Only counts and names of configured things belong
+    here: never request text (questions, answers), document names or raw identifiers."""
+    request.state.audit = {**(getattr(request.state, "audit", None) or {}), **fields}

@@ -40,6 +40,8 @@ KEY_PREFIX = "ifk_"
 ADMIN = "admin"
 _KEY_RE = re.compile(r"^ifk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
 _SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*(:[a-z][a-z0-9_-]*)?$")
+#: A scope on one resource of an area: ``kb:<collection>:read`` / ``kb:<collection>:write``.
+_RESOURCE_SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*:[a-z][a-z0-9_]{0,39}:(read|write)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 
 
@@ -91,11 +93,12 @@ class ApiKeyRecord(BaseModel):
 
 
 def check_scopes(scopes: Iterable[str]) -> list[str]:
-    """Validated scope names (``fraud:score``, ``admin``); ValueError names the bad one."""
+    """Validated scope names (``fraud:score``, ``kb:legal:read``, ``admin``); ValueError names the bad one."""
     out = []
     for scope in scopes:
-        if not _SCOPE_RE.match(scope):
-            raise ValueError(f"scope {scope!r} is not of the form area:action (e.g. fraud:score) or admin")
+        if not (_SCOPE_RE.match(scope) or _RESOURCE_SCOPE_RE.match(scope)):
+            raise ValueError(f"scope {scope!r} is not of the form area:action (e.g. fraud:score), "
+                             "area:resource:read|write (e.g. kb:legal:read) or admin")
         out.append(scope)
     if not out:
         raise ValueError("a key needs at least one scope (e.g. fraud:score, sensor:predict, admin)")
@@ -267,30 +270,53 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
     check_scopes([scope])
 
     async def dependency(request: Request) -> Principal:
-        services = request.app.state.serving
-        try:
-            principal = services.auth.authenticate(
-                request.headers.get("x-api-key"), request.headers.get("authorization")
-            )
-        except AuthError as exc:
-            raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": 'Bearer, ApiKey'}) from None
-        request.state.principal = principal
-        if not principal.allows(scope):
-            raise HTTPException(403, f"this credential lacks the scope {scope!r}")
-        try:
-            decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
-        except Exception as exc:  # noqa: BLE001 - the counter store (Redis) is down: refuse, do not go unlimited
-            log.error("rate limiter unavailable: %s", type(exc).__name__)
-            raise HTTPException(503, "the rate limiter is unavailable; retry later",
-                                headers={"Retry-After": "5"}) from None
-        if not decision.allowed:
-            services.metrics.rate_limited.labels(scope=scope).inc()
-            raise HTTPException(
-                429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
-                headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),
-                         "X-RateLimit-Remaining": "0"},
-            )
-        return principal
+        return await authorize(request, lambda principal: principal.allows(scope), scope,
+                               f"this credential lacks the scope {scope!r}")
 
     dependency.__name__ = f"require_{scope.replace(':', '_')}"
     return dependency
+
+
+def require_any_scope(prefix: str) -> Callable[[Request], Any]:
+    """A FastAPI dependency for routes whose scope depends on the request (``kb:<collection>:read``):
+    the authenticated :class:`Principal` holding at least one scope starting with ``prefix`` (or
+    ``admin``), rate-limited like :func:`require_scope`. The route checks the exact scope itself
+    with :meth:`Principal.allows` once it has read the request."""
+
+    def holds(principal: Principal) -> bool:
+        return ADMIN in principal.scopes or any(s.startswith(prefix) for s in principal.scopes)
+
+    async def dependency(request: Request) -> Principal:
+        return await authorize(request, holds, prefix.rstrip(":"), f"this credential holds no {prefix}* scope")
+
+    dependency.__name__ = f"require_any_{prefix.replace(':', '_')}"
+    return dependency
+
+
+async def authorize(request: Request, allowed: Callable[[Principal], bool], scope: str, refusal: str) -> Principal:
+    """Authenticate the caller, check ``allowed(principal)`` (403 ``refusal`` if not) and count the
+    request against its rate limit (``scope`` labels the refusal metric)."""
+    services = request.app.state.serving
+    try:
+        principal = services.auth.authenticate(
+            request.headers.get("x-api-key"), request.headers.get("authorization")
+        )
+    except AuthError as exc:
+        raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": 'Bearer, ApiKey'}) from None
+    request.state.principal = principal
+    if not allowed(principal):
+        raise HTTPException(403, refusal)
+    try:
+        decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
+    except Exception as exc:  # noqa: BLE001 - the counter store (Redis) is down: refuse, do not go unlimited
+        log.error("rate limiter unavailable: %s", type(exc).__name__)
+        raise HTTPException(503, "the rate limiter is unavailable; retry later",
+                            headers={"Retry-After": "5"}) from None
+    if not decision.allowed:
+        services.metrics.rate_limited.labels(scope=scope).inc()
+        raise HTTPException(
+            429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
+            headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),
+                     "X-RateLimit-Remaining": "0"},
+        )
+    return principal

@@ -61,8 +61,6 @@ class ServingMiddleware:
         self.app = app
         self.services = services
         self.networks = parse_networks(services.settings.allowed_networks())
-        self.max_body = services.settings.max_body_bytes
-        self.timeout_s = services.settings.request_timeout_s
 
     def _allowed(self, scope: Scope) -> bool:
         if not self.networks:
@@ -83,6 +81,7 @@ class ServingMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        max_body, timeout_s = self.services.limits_for(scope["path"])
         state = scope.setdefault("state", {})
         status = {"code": 500, "started": False, "refused": False, "accounted": False}
 
@@ -104,9 +103,9 @@ class ServingMiddleware:
             message = await receive()
             if message["type"] == "http.request" and not status["refused"]:
                 received += len(message.get("body", b""))
-                if received > self.max_body:
+                if received > max_body:
                     if not status["started"]:
-                        await _send_json(send_wrapper, 413, {"detail": f"request body over {self.max_body} bytes"})
+                        await _send_json(send_wrapper, 413, {"detail": f"request body over {max_body} bytes"})
                     status["refused"] = True
                     return {"type": "http.disconnect"}  # the app stops reading and its answer is dropped
             return message
@@ -116,15 +115,15 @@ class ServingMiddleware:
                 await _send_json(send_wrapper, 403, {"detail": "this client address is not allowed"})
                 return
             length = dict(scope["headers"]).get(b"content-length")
-            if length is not None and (not length.isdigit() or int(length) > self.max_body):
-                await _send_json(send_wrapper, 413, {"detail": f"request body over {self.max_body} bytes"})
+            if length is not None and (not length.isdigit() or int(length) > max_body):
+                await _send_json(send_wrapper, 413, {"detail": f"request body over {max_body} bytes"})
                 return
             try:
-                async with asyncio.timeout(self.timeout_s):
+                async with asyncio.timeout(timeout_s):
                     await self.app(scope, receive_wrapper, send_wrapper)
             except TimeoutError:
                 if not status["started"]:
-                    await _send_json(send_wrapper, 504, {"detail": f"request took over {self.timeout_s} s"})
+                    await _send_json(send_wrapper, 504, {"detail": f"request took over {timeout_s} s"})
             except Exception as exc:  # noqa: BLE001 - any failure of a route becomes a 500, logged
                 if status["refused"]:
                     return

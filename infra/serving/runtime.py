@@ -35,6 +35,20 @@ def key_store(layout: HomeLayout) -> KeyStore:
     return KeyStore(layout.serving() / KEYS_FILE)
 
 
+@dataclass(frozen=True)
+class RouteLimits:
+    """Limits of the routes under one path prefix that differ from the server's defaults
+    (an upload route takes bigger bodies, a streamed answer takes longer).
+
+    Attributes:
+        max_body_bytes: largest request body (None: ``INDUSFLOW_SERVE_MAX_BODY_BYTES``).
+        timeout_s: per-request time limit (None: ``INDUSFLOW_SERVE_REQUEST_TIMEOUT_S``).
+    """
+
+    max_body_bytes: int | None = None
+    timeout_s: float | None = None
+
+
 @dataclass
 class Vertical:
     """One vertical's part of the API.
@@ -66,6 +80,19 @@ class Services:
     limiter: RateLimiter
     audit: AuditLog
     slots: list[ModelSlot[Any]] = field(default_factory=list)
+    #: Path prefix -> :class:`RouteLimits`, set by verticals in ``build``; the longest prefix wins.
+    route_limits: dict[str, RouteLimits] = field(default_factory=dict)
+
+    def limits_for(self, path: str) -> tuple[int, float]:
+        """``(max body bytes, timeout seconds)`` of a request path."""
+        body, timeout = self.settings.max_body_bytes, self.settings.request_timeout_s
+        best = -1
+        for prefix, limits in self.route_limits.items():
+            if path.startswith(prefix) and len(prefix) > best:
+                best = len(prefix)
+                body = limits.max_body_bytes if limits.max_body_bytes is not None else self.settings.max_body_bytes
+                timeout = limits.timeout_s if limits.timeout_s is not None else self.settings.request_timeout_s
+        return body, timeout
 
     @classmethod
     def from_settings(cls, settings: ServeSettings, layout: HomeLayout,

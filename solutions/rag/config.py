@@ -53,7 +53,9 @@ class IngestParams(BaseModel):
 
     collection: str | None = Field(
         default=None,
-        description="Milvus collection of the knowledge base (default: INDUSFLOW_MILVUS_COLLECTION).",
+        description="Knowledge-base collection (e.g. legal: its own Milvus collection and watched folder "
+        "<home>/inbox/kb/legal). Default: 'default', the Milvus collection INDUSFLOW_MILVUS_COLLECTION and "
+        "the folder <home>/inbox/docs.",
     )
     chunk: ChunkParams = ChunkParams()
     redaction: RedactionParams = RedactionParams()
@@ -91,7 +93,8 @@ class AskParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     collection: str | None = Field(
-        default=None, description="Milvus collection to ask (default: INDUSFLOW_MILVUS_COLLECTION)."
+        default=None,
+        description="Knowledge-base collection to ask (e.g. legal). Default: 'default' (INDUSFLOW_MILVUS_COLLECTION).",
     )
     mode: RetrieverMode = Field(default="hybrid", description="Retriever: dense, bm25 or hybrid.")
     top_k: int = Field(default=5, ge=1, le=100, description="Chunks retrieved.")

@@ -152,6 +152,16 @@ def test_ingest_without_sources_reads_the_watched_folder(tmp_path: Path, capsys:
     result = _last_json(capsys.readouterr().out)
     assert result["collection"] == "kb_watched" and result["files"] >= 1 and result["chunked_documents"] >= 1
 
+    # a named collection: its own watched folder and Milvus collection; `ask` sees only its documents
+    legal = home_layout().kb_inbox("legal")
+    (legal / "lease.txt").write_text("The tenant gives ninety-seven days of notice before leaving the warehouse.")
+    assert main(["ingest", "--collection", "legal", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["collection"] == "legal" and result["files"] == 1 and result["chunked_documents"] == 1
+    assert main(["ask", "How often is the compressor valve replaced?", "--collection", "legal", "--json"]) == 0
+    hits = _last_json(capsys.readouterr().out)["hits"]
+    assert hits and {Path(h["path"]).name for h in hits} == {"lease.txt"}
+
 
 def test_parse_batches_fan_out_on_a_local_dask_cluster(tmp_path: Path, monkeypatch) -> None:
     """Parse batches run ahead on the configured task runner; the result equals in-line parsing."""

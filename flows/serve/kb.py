@@ -1,0 +1,363 @@
+"""``/v1/kb/*``: the knowledge base over HTTP — search, cited answers (JSON or server-sent
+events), document uploads that start an ingest, document status and deletion, per collection.
+
+Access: a key's scopes name the collections it may use, ``kb:<collection>:read`` (collections,
+search, ask, documents list, its jobs) and ``kb:<collection>:write`` (upload, delete, documents
+list, jobs); ``admin`` may do everything. A collection the key may not use answers 403 whether it
+exists or not. Each collection has its own Milvus collection, so retrieval (dense, BM25 and
+hybrid) and answers only ever see the passages of the collection asked.
+
+What reaches the audit log: the key id, route, status, latency, collection, retriever and counts
+(passages, files, bytes, chunks). Never a question, an answer, a passage or a document name.
+The wire format is in ``docs/kb_api.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from prometheus_client import Counter
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text, iter_folder
+from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
+from infra.embeddings import Embedder
+from infra.llm import LLMError
+from infra.pii import redact_path, redact_text
+from infra.serving.audit import annotate_audit
+from infra.serving.auth import Principal, require_any_scope
+from infra.serving.runtime import RouteLimits, Services, Vertical
+from infra.settings import get_kb_settings
+from solutions.rag.collections import KbCollection, configured_collections
+from tasks.retrieve import Retrieved
+
+log = logging.getLogger(__name__)
+
+PREFIX = "/v1/kb"
+SCOPE_PREFIX = "kb:"
+MULTIPART_OVERHEAD = 64 * 1024
+_WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
+
+Retriever = Literal["hybrid", "dense", "bm25"]
+#: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
+#: (or ``admin``); each route then checks the scope of the collection it is asked about.
+KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
+
+
+#: The upload form in the OpenAPI document (the route reads the multipart body itself, after the
+#: key is checked, so FastAPI does not declare it).
+UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["files"],
+    "properties": {"collection": {"type": "string", "description": "The collection (or ?collection=)."},
+                   "files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}}
+
+
+class SearchRequest(BaseModel):
+    """A query over one collection."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"collection": "legal", "query": "notice period for termination", "top_k": 5,
+                      "retriever": "hybrid"}]})
+
+    collection: str = Field(min_length=1, max_length=40, description="The collection to search.")
+    query: str = Field(min_length=1, max_length=4000, description="What to look for (redacted before use).")
+    top_k: int = Field(default=5, ge=1, le=50, description="Passages returned.")
+    retriever: Retriever = Field(default="hybrid", description="dense, bm25 or hybrid (weighted fusion).")
+
+
+class AskRequest(BaseModel):
+    """A question over one collection."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"collection": "legal", "question": "What is the notice period?", "top_k": 5,
+                      "stream": False}]})
+
+    collection: str = Field(min_length=1, max_length=40, description="The collection to ask.")
+    question: str = Field(min_length=1, max_length=4000, description="The question (redacted before use).")
+    top_k: int = Field(default=5, ge=1, le=50, description="Passages retrieved and numbered for citation.")
+    retriever: Retriever = Field(default="hybrid", description="dense, bm25 or hybrid.")
+    stream: bool = Field(default=False, description="Answer as server-sent events (token, citations, done).")
+
+
+class PassageOut(BaseModel):
+    """A retrieved passage, numbered in rank order (``[n]`` in answers)."""
+
+    n: int
+    score: float
+    document: str = Field(description="The document's name in the collection (archive members: archive!/member).")
+    title: str
+    page: int | None
+    chunk_id: str
+    chunk_index: int
+    text: str
+    cited: bool = Field(default=False, description="The answer cites it (ask only).")
+
+
+class SearchResponse(BaseModel):
+    collection: str
+    retriever: str
+    passages: list[PassageOut]
+
+
+class AskResponse(BaseModel):
+    collection: str
+    answer: str
+    mode: str = Field(description="'llm' or 'extractive'.")
+    citations: list[PassageOut] = Field(description="Every retrieved passage, numbered; 'cited' marks those the answer cites.")
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One server-sent event."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def words(text: str) -> list[str]:
+    """``text`` in the pieces an extractive answer is streamed in: words with their following
+    space, and CJK characters one by one."""
+    return _WORDS.findall(text)
+
+
+def document_name(source: str, path: str, folder_source: str) -> str:
+    """A chunk's document as the documents list names it: relative to the collection's folder
+    when it is in it (an archive member: ``archive!/member``), else its stored path."""
+    prefix = folder_source.rstrip("/") + "/"
+    for candidate in (path, source):
+        if candidate.startswith(prefix):
+            return candidate[len(prefix):]
+    return path or source
+
+
+def passages_out(hits: Sequence[Retrieved], folder_source: str, cited: Sequence[int] = ()) -> list[PassageOut]:
+    """The hits as numbered passages, every text redacted again (rows of older rule sets too)."""
+    out = []
+    for n, h in enumerate(hits, 1):
+        f = h.fields
+        out.append(PassageOut(
+            n=n, score=round(float(h.score), 6),
+            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), folder_source)),
+            title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
+            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
+            cited=n in cited,
+        ))
+    return out
+
+
+class QueueWriter(io.TextIOBase):
+    """A text stream whose writes land in an asyncio queue (from the answer's worker thread)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue[tuple[str, Any]]) -> None:
+        self.loop, self.q = loop, q
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self.loop.call_soon_threadsafe(self.q.put_nowait, ("token", text))
+        return len(text)
+
+
+def build(services: Services, *, client: Any = None, embedder: Embedder | None = None) -> Vertical | None:
+    """The knowledge-base vertical of the API (its collections from ``INDUSFLOW_KB_COLLECTIONS``).
+
+    Args:
+        services: the server's shared objects.
+        client: a Milvus client (tests); default: the configured one, opened on first use.
+        embedder: an embedder (tests); default: the configured one, loaded on first use.
+    """
+    settings = get_kb_settings()
+    collections = configured_collections(services.layout)
+    registry = services.metrics.registry
+    queries = Counter("indusflow_kb_queries_total", "Knowledge-base searches and questions.",
+                      ["collection", "kind", "retriever"], registry=registry)
+    uploads = Counter("indusflow_kb_uploaded_files_total", "Documents uploaded.", ["collection"], registry=registry)
+    jobs = Counter("indusflow_kb_ingest_jobs_total", "Ingest jobs finished, by outcome.", ["collection", "state"],
+                   registry=registry)
+    chunks = Counter("indusflow_kb_chunks_written_total", "Chunks written by ingest jobs.", ["collection"],
+                     registry=registry)
+
+    def finished(job: IngestJob) -> None:
+        jobs.labels(collection=job.collection, state=job.state).inc()
+        chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
+
+    engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
+    services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
+        max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD, timeout_s=settings.request_timeout_s)
+    folder_sources: dict[str, str] = {}
+    router = APIRouter(tags=["knowledge base"])
+
+    def folder_source(col: KbCollection) -> str:
+        if col.name not in folder_sources:
+            folder_sources[col.name] = redact_path(str(col.folder.resolve()))
+        return folder_sources[col.name]
+
+    def allowed(principal: Principal, name: str, *, read: bool = False, write: bool = False) -> KbCollection:
+        """The collection ``name`` if the principal may read (``read``) or write (``write``) it
+        (either one when both are asked). 403 otherwise, whether it exists or not; only a key
+        that could use it (admin) learns that it does not exist (404)."""
+        scopes = [s for s, wanted in ((f"kb:{name}:read", read), (f"kb:{name}:write", write)) if wanted]
+        if not any(principal.allows(s) for s in scopes):
+            raise HTTPException(403, f"this credential may not {'read' if read else 'write'} collection {name!r}")
+        col = collections.get(name)
+        if col is None:
+            raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
+        return col
+
+    @router.get(f"{PREFIX}/collections")
+    async def list_collections(request: Request, principal: KbPrincipal) -> dict[str, Any]:
+        """The collections this key may read or write, with their document counts."""
+        out = []
+        for col in collections.values():
+            read, write = principal.allows(col.read_scope), principal.allows(col.write_scope)
+            if read or write:
+                documents = await run_in_threadpool(lambda c=col: sum(1 for _ in iter_folder(c.folder.resolve())))
+                out.append({"name": col.name, "read": read, "write": write, "documents": documents})
+        annotate_audit(request, collections=len(out))
+        return {"collections": out}
+
+    @router.post(f"{PREFIX}/search", response_model=SearchResponse)
+    async def search(body: SearchRequest, request: Request,
+                     principal: KbPrincipal) -> SearchResponse:
+        """Passages of one collection with their scores (retriever: hybrid, dense or bm25)."""
+        col = allowed(principal, body.collection, read=True)
+        hits = await run_in_threadpool(engine.search, col, body.query, top_k=body.top_k, mode=body.retriever)
+        queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
+        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
+        return SearchResponse(collection=col.name, retriever=body.retriever,
+                              passages=passages_out(hits, folder_source(col)))
+
+    @router.post(f"{PREFIX}/ask", response_model=AskResponse,
+                 responses={200: {"content": {"text/event-stream": {}},
+                                  "description": "JSON, or with stream=true server-sent events: token*, citations, done "
+                                  "(or error)."}})
+    async def ask(body: AskRequest, request: Request,
+                  principal: KbPrincipal) -> Any:
+        """Answer a question from one collection with numbered citations ([n] = passage n)."""
+        col = allowed(principal, body.collection, read=True)
+        queries.labels(collection=col.name, kind="ask", retriever=body.retriever).inc()
+        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, stream=body.stream)
+        if body.stream:
+            return StreamingResponse(stream_answer(body, col, request), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        try:
+            text, kind, hits, cited = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
+                                                              mode=body.retriever)
+        except LLMError as exc:
+            raise HTTPException(502, error_text(exc)) from None
+        annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
+        return AskResponse(collection=col.name, answer=text, mode=kind,
+                           citations=passages_out(hits, folder_source(col), cited))
+
+    async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        writer = QueueWriter(loop, q)
+
+        def extractive(text: str) -> None:
+            for piece in words(text):
+                loop.call_soon_threadsafe(q.put_nowait, ("token", piece))
+
+        def work() -> None:
+            try:
+                result = engine.answer(col, body.question, top_k=body.top_k, mode=body.retriever, stream_to=writer,
+                                       on_extractive=extractive)
+                loop.call_soon_threadsafe(q.put_nowait, ("end", result))
+            except Exception as exc:  # noqa: BLE001 - reported to the caller as an error event
+                loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
+
+        worker = loop.run_in_executor(None, work)
+        try:
+            while True:
+                kind, data = await q.get()
+                if kind == "token":
+                    yield sse("token", {"text": data})
+                elif kind == "error":
+                    log.error("kb ask stream failed: %s", type(data).__name__)
+                    annotate_audit(request, failed=type(data).__name__)
+                    yield sse("error", {"message": error_text(data)})
+                    return
+                else:
+                    text, mode, hits, cited = data
+                    annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode)
+                    citations = passages_out(hits, folder_source(col), cited)
+                    yield sse("citations", {"citations": [c.model_dump() for c in citations]})
+                    yield sse("done", {"mode": mode, "answer": text})
+                    return
+        finally:
+            if not worker.done():
+                worker.cancel()
+
+    @router.post(f"{PREFIX}/documents", status_code=202, openapi_extra=UPLOAD_OPENAPI)
+    async def upload(request: Request, principal: KbPrincipal,
+                     collection: Annotated[str | None, Query(description="The collection (or the form field).")] = None,
+                     ) -> JSONResponse:
+        """Upload one or more files (multipart: ``collection`` first, then ``files``; or
+        ``?collection=``) into a collection's watched folder and start its ingest; 202 with the
+        job id to poll."""
+        if collection is not None:  # known before the body is read: refuse early
+            allowed(principal, collection, write=True)
+        try:
+            parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
+                                  lambda name: allowed(principal, name, write=True), query_collection=collection,
+                                  max_file_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files)
+            staged = await parser.feed(request.stream())
+            if staged.collection is None or not staged.files:
+                raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
+            try:
+                written = await run_in_threadpool(staged.commit)
+            except BaseException:
+                staged.discard()
+                raise
+        except UploadRefused as exc:
+            raise HTTPException(exc.status, str(exc)) from None
+        col, names = staged.collection, [f.name for f in staged.files]
+        job = engine.submit(col, names)
+        uploads.labels(collection=col.name).inc(len(names))
+        annotate_audit(request, collection=col.name, files=len(names), bytes=written, job_id=job.job_id)
+        return JSONResponse(job.public() | {"files": [{"name": n, "status": "queued"} for n in names]},
+                            status_code=202)
+
+    @router.get(f"{PREFIX}/jobs/{{job_id}}")
+    async def get_job(job_id: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:
+        """An ingest job: queued, running, done or failed, with the status of each of its files."""
+        job = engine.job(job_id)
+        if job is None or not (principal.allows(f"kb:{job.collection}:write")
+                               or principal.allows(f"kb:{job.collection}:read")):
+            raise HTTPException(404, "no such job (or not one of a collection this key may use)")
+        annotate_audit(request, collection=job.collection, job_state=job.state)
+        return job.public()
+
+    @router.get(f"{PREFIX}/documents")
+    async def list_documents(request: Request, principal: KbPrincipal,
+                             collection: Annotated[str, Query(description="The collection.")]) -> dict[str, Any]:
+        """Each document of a collection: indexed (with its chunk count), quarantined (with the
+        reason) or pending (not ingested yet, or being ingested)."""
+        col = allowed(principal, collection, read=True, write=True)
+        docs = await run_in_threadpool(engine.documents, col)
+        annotate_audit(request, collection=col.name, documents=len(docs))
+        return {"collection": col.name, "documents": [d.public() for d in docs]}
+
+    @router.delete(f"{PREFIX}/documents/{{name:path}}")
+    async def delete_document(name: str, request: Request, principal: KbPrincipal,
+                              collection: Annotated[str, Query(description="The collection.")]) -> dict[str, Any]:
+        """Remove a document: its chunks from the index (dense and BM25), its quarantine record
+        and its file in the watched folder."""
+        col = allowed(principal, collection, write=True)
+        result = await run_in_threadpool(engine.delete, col, name)
+        if result is None:
+            raise HTTPException(404, "no such document in this collection")
+        doc, removed = result
+        annotate_audit(request, collection=col.name, chunks_removed=removed)
+        return {"deleted": doc.name, "chunks_removed": removed, "file_removed": doc.in_folder}
+
+    return Vertical("kb", router, [], on_stop=engine.close)

