@@ -7,13 +7,16 @@ import re
 import unicodedata
 
 # A sentence ends after CJK terminal punctuation (closing quotes/brackets kept with it), after
-# Latin terminal punctuation followed by whitespace, or at a blank line / line break.
+# Latin terminal punctuation followed by whitespace, at a blank line, or at a line break that
+# is not a hard wrap (see _ends_line).
 _SENTENCE_END = re.compile(
     r"[。！？；!?;]+[”’」』）)\]\"']*"
     r"|(?<=[.])[”’\"')\]]*(?=\s)"
     r"|\n\s*\n"
-    r"|\n"
+    r"|(?P<line>\n)"
 )
+#: Lines shorter than this are headings, table cells or list lines, not a wrapped paragraph.
+_SHORT_LINE = 40
 _STOP = frozenset(
     ["the", "a", "an", "of", "to", "in", "on", "for", "and", "or", "is", "are", "was", "were", "be", "by", "with", "as", "at", "from", "that", "this", "what", "which", "who", "whom", "how", "why", "when", "where", "does", "do", "did", "的", "了", "是", "在", "和", "与", "及", "或", "吗", "呢", "什么", "哪", "哪个", "哪些", "多少", "为什么", "怎么", "如何", "谁", "几", "是否", "被", "把", "有", "也", "就", "都", "而", "之", "其", "这", "那", "一个"]
 )
@@ -24,6 +27,8 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     spans: list[tuple[int, int]] = []
     start = 0
     for m in _SENTENCE_END.finditer(text):
+        if m.group("line") and not _ends_line(text, m.start()):
+            continue
         end = m.end()
         if end > start and text[start:end].strip():
             spans.append((start, end))
@@ -31,6 +36,17 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     if start < len(text) and text[start:].strip():
         spans.append((start, len(text)))
     return spans
+
+
+def _ends_line(text: str, at: int) -> bool:
+    """Whether the single line break at ``at`` ends a sentence. Hard-wrapped text (PDF lines,
+    HTML source, plain text files) goes on after a full line into a lower-case word; a
+    heading, a short line, a line ending in ':' or a break before a capital, a list item or
+    CJK text ends the sentence."""
+    line = text[text.rfind("\n", 0, at) + 1:at].strip()
+    after = text[at + 1:at + 2]
+    wrapped = len(line) >= _SHORT_LINE and not line.endswith(":") and after.isalpha() and after.islower()
+    return not wrapped
 
 
 def split_sentences(text: str) -> list[str]:

@@ -25,6 +25,23 @@ def test_sentence_boundaries_chinese_and_english() -> None:
     assert "".join(text[a:b] for a, b in sentence_spans(text)).replace("\n", "") == text.replace("\n", "").replace(" ", "", 0)
 
 
+def test_hard_wrapped_lines_join_but_headings_and_items_end_a_sentence() -> None:
+    text = ("Pump manual\n"
+            "The impeller of the feed pump must be inspected every 1,500 operating\n"
+            "hours, or sooner when the bearing runs hot. Replace the seal kit when it\n"
+            "leaks at rated pressure for more than a minute in any test run\n"
+            "- drain the pump\n"
+            "- open the casing")
+    assert [" ".join(s.split()) for s in split_sentences(text)] == [
+        "Pump manual",
+        "The impeller of the feed pump must be inspected every 1,500 operating hours, or sooner when the "
+        "bearing runs hot.",
+        "Replace the seal kit when it leaks at rated pressure for more than a minute in any test run",
+        "- drain the pump",
+        "- open the casing",
+    ]
+
+
 def test_windows_respect_size_overlap_and_sentences() -> None:
     tok = WordTokenizer()
     sentences = [f"Sentence number {i} has exactly seven tokens." for i in range(40)]  # 7 tokens each (+ '.')
