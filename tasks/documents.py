@@ -26,7 +26,6 @@ from infra.errors import DataValidationError
 from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import TikaSettings, get_tika_settings
 from infra.tika import TikaClient, TikaParseError, TikaResult, tika_client
-from tasks.ocr import DocumentOcr, OcrFailure, OcrInfo, document_ocr
 from tasks.containers import (
     ARCHIVE_TYPES,
     MESSAGE_TYPES,
@@ -43,6 +42,7 @@ from tasks.containers import (
     looks_like_msg,
     safe_member_name,
 )
+from tasks.ocr import DocumentOcr, OcrFailure, OcrInfo, document_ocr
 
 log = logging.getLogger(__name__)
 

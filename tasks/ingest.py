@@ -55,6 +55,7 @@ from tasks.index import (
     write_source,
     write_source_task,
 )
+from tasks.ocr import OcrRecord, load_ocr_ledger, ocr_key, save_ocr_ledger, update_ocr_ledger
 from tasks.retrieve import to_timestamp
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,19 @@ class QuarantineItem(BaseModel):
     detail: str = ""
 
 
+class OcrItem(BaseModel):
+    """A document some of whose pages (or image frames) were read by OCR in this run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    engine: str
+    pages_ocr: int = Field(description="Pages (image frames) read by OCR.")
+    pages: list[int] = Field(description="Their 1-based numbers.")
+    skipped_pages: int = Field(default=0, description="Pages over INDUSFLOW_OCR_MAX_PAGES, not read.")
+    failed_pages: list[int] = Field(default_factory=list, description="Pages the OCR engine failed on.")
+
+
 class IngestResult(BaseModel):
     """What an ingestion did."""
 
@@ -132,6 +146,8 @@ class IngestResult(BaseModel):
     total_chunks: int
     coverage: CoverageReport | None
     seconds: float
+    pages_ocr: int = Field(default=0, description="Pages (image frames) read by OCR in this run.")
+    ocr: list[OcrItem] = Field(default_factory=list, description="The documents with pages read by OCR in this run.")
 
 
 # ------------------------------------------------------------------------------------
@@ -343,7 +359,11 @@ def run_ingest(
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
-    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key}) for f in files}
+    ocr = ocr_key()  # the OCR set-up changes what a scanned page stores: part of the key when OCR is on
+    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key, **({"ocr": ocr} if ocr else {})})
+              for f in files}
+    ocr_ledger = load_ocr_ledger(collection)
+    ocr_items: list[OcrItem] = []
     for f in files:
         h = hashes[name[f.path]]
         state = manifest.get(name[f.path])
@@ -375,6 +395,7 @@ def run_ingest(
             else:
                 qcache.pop(src, None)
         write_json_atomic(quarantine_cache_path(collection), qcache)
+        ocr_items.extend(record_ocr(ocr_ledger, collection, batch, name, hashes, result.documents))
         groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
         write_documents(client, collection, embedder, groups, rules, stages, progress,
                         show_progress=show_progress, on_source_written=on_source_written)
@@ -388,6 +409,9 @@ def run_ingest(
         for s in [s for s in qcache if _under(s, roots) and s not in hashes]:
             qcache.pop(s)
         write_json_atomic(quarantine_cache_path(collection), qcache)
+        for s in [s for s in ocr_ledger if _under(s, roots) and s not in hashes]:
+            ocr_ledger.pop(s)
+        save_ocr_ledger(collection, ocr_ledger)
     reasons = Counter(q.reason for q in quarantined)
     return IngestResult(
         collection=collection, files=len(files), unchanged=unchanged, processed=len(todo), parsed=parsed,
@@ -398,7 +422,24 @@ def run_ingest(
         redactions={k: int(v) for k, v in sorted(progress.redactions.items())},
         total_chunks=total_chunks(client, collection) if client.has_collection(collection) else 0,
         coverage=_coverage(embedder, progress.chunk_texts), seconds=round(time.perf_counter() - started, 3),
+        pages_ocr=sum(i.pages_ocr for i in ocr_items), ocr=ocr_items,
     )
+
+
+def record_ocr(ledger: dict[str, dict], collection: str, batch: Sequence[SourceFile], name: Mapping[str, str],
+               hashes: Mapping[str, str], documents: Sequence[ParsedDocument]) -> list[OcrItem]:
+    """Keep the OCR'd documents of a parsed batch in the collection's OCR ledger; return them."""
+    items: list[OcrItem] = []
+    for f in batch:
+        src = name[f.path]
+        records = [OcrRecord(d.path, d.ocr.engine, d.ocr.pages_ocr, d.ocr.pages, d.ocr.skipped_pages,
+                             d.ocr.failed_pages) for d in documents if d.source == src and d.ocr]
+        update_ocr_ledger(ledger, src, hashes[src], records)
+        items.extend(OcrItem(path=r.path, engine=r.engine, pages_ocr=r.pages_ocr, pages=list(r.pages),
+                             skipped_pages=r.skipped_pages, failed_pages=list(r.failed_pages)) for r in records)
+    if batch:
+        save_ocr_ledger(collection, ledger)
+    return items
 
 
 def text_documents(items: Sequence[tuple[str, str, str]], namespace: str) -> list[ParsedDocument]:
@@ -448,6 +489,8 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
         f"- chunks written: {r.chunks_written}; rows deleted: {r.rows_deleted}; pruned sources: {r.pruned_sources}",
         f"- chunks in the collection: {r.total_chunks}",
         f"- redactions: {r.redactions or 'none'}",
+        f"- pages read by OCR: {r.pages_ocr} in {len(r.ocr)} documents"
+        + (f" ({', '.join(sorted({i.engine for i in r.ocr}))})" if r.ocr else ""),
         f"- seconds: {r.seconds}",
     ]
     if r.coverage:
@@ -456,4 +499,13 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
                      f"window {c.truncated_share:.1%}" + (f" — {c.advice}" if c.poor else ""))
     items = [Quarantined(q.path, q.reason, q.detail) for q in r.quarantined]
     lines += ["", "## Quarantine", "", render_quarantine(items)]
+    if r.ocr:
+        lines += ["", "## OCR", "", "| document | engine | pages read by OCR | skipped | failed |", "|---|---|---|---|---|"]
+        lines += [f"| {Path(i.path).name} | {i.engine} | {i.pages_ocr} ({_page_list(i.pages)}) | {i.skipped_pages} | "
+                  f"{_page_list(i.failed_pages) or 0} |" for i in r.ocr]
     return "\n".join(lines)
+
+
+def _page_list(pages: Sequence[int]) -> str:
+    shown = ", ".join(str(p) for p in pages[:20])
+    return shown + (f", … ({len(pages)} in all)" if len(pages) > 20 else "")
