@@ -97,6 +97,7 @@ class RapidOcr:
 
                 _RAPID[key] = RapidOCR(params={
                     "Global.log_level": "error",
+                    "Global.use_cls": False,  # its 180-degree guesses turned correct lines upside down (CER 0.2)
                     "Det.limit_type": "max",  # shrink big pages to side_len, never blow small images up
                     "Det.limit_side_len": self.side_len,
                     "EngineConfig.onnxruntime.intra_op_num_threads": self.threads,

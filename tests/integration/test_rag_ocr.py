@@ -23,7 +23,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from flows.rag.steps import ingest_sources
 from infra.milvus import query_all
-from infra.ocr import OcrError, RapidOcr, TikaServerOcr, lines_in_order, ocr_engine
+from infra.ocr import OcrError, RapidOcr, TesseractOcr, TikaServerOcr, lines_in_order, ocr_engine
 from infra.settings import OcrSettings
 from solutions.rag.config import ChunkParams, IngestParams
 from tasks.documents import discover, parse_sources
@@ -278,3 +278,12 @@ def test_boxes_are_read_in_lines() -> None:
     boxes = [[[300, 12], [400, 12], [400, 38], [300, 38]], [[10, 10], [200, 10], [200, 40], [10, 40]],
              [[10, 60], [200, 60], [200, 90], [10, 90]]]
     assert lines_in_order(boxes, ["world", "hello", "next line"]) == ["hello world", "next line"]
+
+
+@pytest.mark.skipif(not TesseractOcr.available(), reason="pytesseract or the tesseract binary is not installed")
+def test_tesseract_reads_a_scan(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = ocr_engine(OcrSettings(engine="tesseract"))
+    assert isinstance(engine, TesseractOcr)
+    score = cer("\n".join(PHOTO), engine.read(render(PHOTO)))
+    print("OCR CER (English, tesseract):", round(score, 4))
+    assert score <= MAX_CER_EN
