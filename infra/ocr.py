@@ -35,7 +35,15 @@ ENGINES = ("rapidocr", "tesseract", "tika")
 
 
 class OcrError(IndusflowError):
-    """An OCR engine is unavailable, or could not read an image or page."""
+    """An OCR engine is unavailable, or could not read an image or page.
+
+    ``reason`` is the quarantine reason it stands for: ``corrupt`` (the image or PDF can't be
+    decoded), ``too_large`` (over the pixel limit) or ``ocr_failed`` (the engine failed).
+    """
+
+    def __init__(self, message: str, reason: str = "ocr_failed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class OcrEngine(Protocol):
@@ -110,7 +118,8 @@ class RapidOcr:
 
         engine = self._engine()
         try:
-            out = engine(np.asarray(image.convert("RGB")))
+            with _RAPID_LOCK:  # one page at a time per process: parse batches may run on threads
+                out = engine(np.asarray(image.convert("RGB")))
         except Exception as exc:  # onnxruntime / opencv errors on odd images
             raise OcrError(f"rapidocr: {type(exc).__name__}: {exc}"[:300]) from exc
         if out.boxes is None or not out.txts:
@@ -232,7 +241,7 @@ def open_image_frames(data: bytes, max_pixels: int, max_frames: int) -> tuple[li
     try:
         img = PILImage.open(io.BytesIO(data))
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise OcrError(f"not a readable image ({type(exc).__name__})") from exc
+        raise OcrError(f"not a readable image ({type(exc).__name__})", "corrupt") from exc
     frames: list[Image] = []
     total = getattr(img, "n_frames", 1)
     try:
@@ -242,21 +251,11 @@ def open_image_frames(data: bytes, max_pixels: int, max_frames: int) -> tuple[li
             w, h = frame.size
             if w * h > max_pixels:
                 raise OcrError(f"image of {w}x{h} pixels is over the OCR limit of {max_pixels} pixels "
-                               "(INDUSFLOW_OCR_MAX_IMAGE_PIXELS)")
+                               "(INDUSFLOW_OCR_MAX_IMAGE_PIXELS)", "too_large")
             frames.append(frame.convert("RGB"))
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt pixel data
-        raise OcrError(f"image data unreadable ({type(exc).__name__}: {exc})"[:300]) from exc
+        raise OcrError(f"image data unreadable ({type(exc).__name__}: {exc})"[:300], "corrupt") from exc
     return frames, max(0, total - len(frames))
-
-
-def pdf_page_count(data: bytes) -> int:
-    """Pages of a PDF.
-
-    Raises:
-        OcrError: pdfium cannot open it (corrupt, or encrypted with a password).
-    """
-    with _pdf(data) as pdf:
-        return len(pdf)
 
 
 class _pdf:
@@ -272,7 +271,7 @@ class _pdf:
         try:
             self.doc = pdfium.PdfDocument(self.data)
         except Exception as exc:  # PdfiumError: password, corrupt
-            raise OcrError(f"pdfium cannot open the PDF ({exc})"[:300]) from exc
+            raise OcrError(f"pdfium cannot open the PDF ({exc})"[:300], "corrupt") from exc
         return self.doc
 
     def __exit__(self, *exc: object) -> None:

@@ -110,8 +110,7 @@ class DocumentOcr:
                 return self._image(data, shown)
             return self._pdf(data, meta, text, shown)
         except OcrError as exc:
-            reason = "too_large" if "over the OCR limit" in str(exc) else "ocr_failed"
-            return OcrFailure(reason, str(exc))
+            return OcrFailure(exc.reason, str(exc))
 
     def _read_page(self, image: object, page: int, total: int, shown: str, started: float) -> str | None:
         try:

@@ -211,9 +211,11 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     buf = io.BytesIO()
     frames[0].save(buf, "TIFF", save_all=True, append_images=frames[1:])
     (tmp_path / "frames.tiff").write_bytes(buf.getvalue())
+    (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     monkeypatch.setenv("INDUSFLOW_OCR_MAX_PAGES", "1")
     result = parse_sources(discover([tmp_path]))
     quarantined = {Path(q.path).name: (q.reason, q.detail) for q in result.quarantined}
+    assert quarantined["broken.pdf"][0] == "corrupt"
     assert quarantined["blank.png"][0] == "ocr_empty" and "OCR (rapidocr) found 0 characters on 1 page" in \
         quarantined["blank.png"][1]
     (doc,) = result.documents
@@ -222,6 +224,7 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tmp_path / "frames.tiff").unlink()
     (tmp_path / "big.png").write_bytes(png(Image.new("RGB", (200, 100), "white")))
     (tmp_path / "blank.png").unlink()
+    (tmp_path / "broken.pdf").unlink()
     (big,) = parse_sources(discover([tmp_path])).quarantined
     assert big.reason == "too_large" and "200x100 pixels is over the OCR limit of 10000" in big.detail
 
