@@ -108,7 +108,7 @@ class RapidOcr:
                     "Global.use_cls": False,  # its 180-degree guesses turned correct lines upside down (CER 0.2)
                     "Det.limit_type": "max",  # shrink big pages to side_len, never blow small images up
                     "Det.limit_side_len": self.side_len,
-                    "EngineConfig.onnxruntime.intra_op_num_threads": self.threads,
+                    "EngineConfig.onnxruntime.intra_op_num_threads": self.threads or -1,
                     "EngineConfig.onnxruntime.inter_op_num_threads": 1,
                 })
             return _RAPID[key]
@@ -194,7 +194,7 @@ def ocr_engine(settings: OcrSettings, tika_url: str | None = None, *, tika_timeo
     if choice == "off":
         return None
     if choice in ("auto", "rapidocr") and RapidOcr.available():
-        return RapidOcr()
+        return RapidOcr(threads=settings.threads)
     if choice == "rapidocr":
         raise OcrError("INDUSFLOW_OCR_ENGINE=rapidocr but PyPI rapidocr is not installed: "
                        "pip install 'indusflow[rag]' (or rapidocr), or choose another engine")

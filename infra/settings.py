@@ -215,6 +215,9 @@ class OcrSettings(BaseSettings):
     min_page_chars: int = Field(
         default=10, ge=0, description="PDF pages with fewer text-layer characters than this are OCR'd.",
     )
+    threads: int = Field(
+        default=1, ge=0, description="CPU threads of the embedded OCR (rapidocr); 0: ONNX Runtime's default (all cores).",
+    )
 
 
 class EmbeddingSettings(BaseSettings):
