@@ -126,6 +126,9 @@ class DocumentOcr:
     def _image(self, data: bytes, shown: str) -> OcrText | OcrFailure:
         started = time.perf_counter()
         frames, skipped = open_image_frames(data, self.settings.max_image_pixels, self.settings.max_pages)
+        if skipped:
+            log.warning("%s: %d image frames, only the first %d are OCR'd (INDUSFLOW_OCR_MAX_PAGES)", shown,
+                        len(frames) + skipped, len(frames))
         texts, pages, failed = [], [], []
         for n, frame in enumerate(frames, start=1):
             text = self._read_page(frame, n, len(frames), shown, started)
