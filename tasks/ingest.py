@@ -55,7 +55,7 @@ from tasks.index import (
     write_source,
     write_source_task,
 )
-from tasks.ocr import OcrRecord, load_ocr_ledger, ocr_key, save_ocr_ledger, update_ocr_ledger
+from tasks.ocr import OcrItem, load_ocr_ledger, ocr_key, ocr_summary, record_ocr, render_ocr, save_ocr_ledger
 from tasks.retrieve import to_timestamp
 
 log = logging.getLogger(__name__)
@@ -110,19 +110,6 @@ class QuarantineItem(BaseModel):
     path: str
     reason: str
     detail: str = ""
-
-
-class OcrItem(BaseModel):
-    """A document some of whose pages (or image frames) were read by OCR in this run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    engine: str
-    pages_ocr: int = Field(description="Pages (image frames) read by OCR.")
-    pages: list[int] = Field(description="Their 1-based numbers.")
-    skipped_pages: int = Field(default=0, description="Pages over INDUSFLOW_OCR_MAX_PAGES, not read.")
-    failed_pages: list[int] = Field(default_factory=list, description="Pages the OCR engine failed on.")
 
 
 class IngestResult(BaseModel):
@@ -426,22 +413,6 @@ def run_ingest(
     )
 
 
-def record_ocr(ledger: dict[str, dict], collection: str, batch: Sequence[SourceFile], name: Mapping[str, str],
-               hashes: Mapping[str, str], documents: Sequence[ParsedDocument]) -> list[OcrItem]:
-    """Keep the OCR'd documents of a parsed batch in the collection's OCR ledger; return them."""
-    items: list[OcrItem] = []
-    for f in batch:
-        src = name[f.path]
-        records = [OcrRecord(d.path, d.ocr.engine, d.ocr.pages_ocr, d.ocr.pages, d.ocr.skipped_pages,
-                             d.ocr.failed_pages) for d in documents if d.source == src and d.ocr]
-        update_ocr_ledger(ledger, src, hashes[src], records)
-        items.extend(OcrItem(path=r.path, engine=r.engine, pages_ocr=r.pages_ocr, pages=list(r.pages),
-                             skipped_pages=r.skipped_pages, failed_pages=list(r.failed_pages)) for r in records)
-    if batch:
-        save_ocr_ledger(collection, ledger)
-    return items
-
-
 def text_documents(items: Sequence[tuple[str, str, str]], namespace: str) -> list[ParsedDocument]:
     """In-memory ``(id, title, text)`` passages (e.g. a QA set's contexts) as documents."""
     docs = []
@@ -489,8 +460,7 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
         f"- chunks written: {r.chunks_written}; rows deleted: {r.rows_deleted}; pruned sources: {r.pruned_sources}",
         f"- chunks in the collection: {r.total_chunks}",
         f"- redactions: {r.redactions or 'none'}",
-        f"- pages read by OCR: {r.pages_ocr} in {len(r.ocr)} documents"
-        + (f" ({', '.join(sorted({i.engine for i in r.ocr}))})" if r.ocr else ""),
+        f"- pages read by OCR: {ocr_summary(r.ocr)}",
         f"- seconds: {r.seconds}",
     ]
     if r.coverage:
@@ -500,12 +470,5 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
     items = [Quarantined(q.path, q.reason, q.detail) for q in r.quarantined]
     lines += ["", "## Quarantine", "", render_quarantine(items)]
     if r.ocr:
-        lines += ["", "## OCR", "", "| document | engine | pages read by OCR | skipped | failed |", "|---|---|---|---|---|"]
-        lines += [f"| {Path(i.path).name} | {i.engine} | {i.pages_ocr} ({_page_list(i.pages)}) | {i.skipped_pages} | "
-                  f"{_page_list(i.failed_pages) or 0} |" for i in r.ocr]
+        lines += ["", "## OCR", "", render_ocr(r.ocr)]
     return "\n".join(lines)
-
-
-def _page_list(pages: Sequence[int]) -> str:
-    shown = ", ".join(str(p) for p in pages[:20])
-    return shown + (f", … ({len(pages)} in all)" if len(pages) > 20 else "")

@@ -13,14 +13,21 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.home import home_layout
 from infra.ocr import OcrEngine, OcrError, ocr_engine, open_image_frames, pdf_pages
 from infra.pii import redact_path
 from infra.settings import OcrSettings, get_ocr_settings, get_tika_settings
 from infra.store import check_name, safe_join, write_json_atomic
+
+if TYPE_CHECKING:
+    from tasks.documents import ParsedDocument, SourceFile
 
 log = logging.getLogger(__name__)
 
@@ -248,3 +255,53 @@ def update_ocr_ledger(ledger: dict[str, dict], source: str, source_hash: str, re
 def save_ocr_ledger(collection: str, ledger: dict[str, dict]) -> None:
     """Write the OCR ledger of ``collection`` atomically."""
     write_json_atomic(ocr_ledger_path(collection), ledger)
+
+
+class OcrItem(BaseModel):
+    """A document some of whose pages (or image frames) were read by OCR in this run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    engine: str
+    pages_ocr: int = Field(description="Pages (image frames) read by OCR.")
+    pages: list[int] = Field(description="Their 1-based numbers.")
+    skipped_pages: int = Field(default=0, description="Pages over INDUSFLOW_OCR_MAX_PAGES, not read.")
+    failed_pages: list[int] = Field(default_factory=list, description="Pages the OCR engine failed on.")
+
+
+def record_ocr(ledger: dict[str, dict], collection: str, batch: Sequence[SourceFile], name: Mapping[str, str],
+               hashes: Mapping[str, str], documents: Sequence[ParsedDocument]) -> list[OcrItem]:
+    """Keep the OCR'd documents of a parsed batch in the collection's OCR ledger; return them."""
+    items: list[OcrItem] = []
+    for f in batch:
+        src = name[f.path]
+        records = [OcrRecord(d.path, d.ocr.engine, d.ocr.pages_ocr, d.ocr.pages, d.ocr.skipped_pages,
+                             d.ocr.failed_pages) for d in documents if d.source == src and d.ocr]
+        update_ocr_ledger(ledger, src, hashes[src], records)
+        items.extend(OcrItem(path=r.path, engine=r.engine, pages_ocr=r.pages_ocr, pages=list(r.pages),
+                             skipped_pages=r.skipped_pages, failed_pages=list(r.failed_pages)) for r in records)
+    if batch:
+        save_ocr_ledger(collection, ledger)
+    return items
+
+
+def ocr_summary(items: Sequence[OcrItem]) -> str:
+    """``N in M documents (engines)``: the OCR line of an ingest summary."""
+    engines = f" ({', '.join(sorted({i.engine for i in items}))})" if items else ""
+    return f"{sum(i.pages_ocr for i in items)} in {len(items)} documents{engines}"
+
+
+def render_ocr(items: Sequence[OcrItem]) -> str:
+    """Markdown table of the documents read by OCR: engine, pages read, skipped, failed."""
+    lines = ["| document | engine | pages read by OCR | skipped | failed |", "|---|---|---|---|---|"]
+    for i in items:
+        name = i.path.rsplit("/", 1)[-1]
+        lines.append(f"| {name} | {i.engine} | {i.pages_ocr} ({_page_list(i.pages)}) | {i.skipped_pages} | "
+                     f"{_page_list(i.failed_pages) or 0} |")
+    return "\n".join(lines)
+
+
+def _page_list(pages: Sequence[int]) -> str:
+    shown = ", ".join(str(p) for p in pages[:20])
+    return shown + (f", … ({len(pages)} in all)" if len(pages) > 20 else "")
