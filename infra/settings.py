@@ -194,6 +194,32 @@ class TikaSettings(BaseSettings):
     )
 
 
+class OcrSettings(BaseSettings):
+    """How text is read from scanned PDF pages and images (no text layer)."""
+
+    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_OCR_", extra="ignore")
+
+    engine: Literal["auto", "rapidocr", "tesseract", "tika", "off"] = Field(
+        default="auto",
+        description="OCR engine: 'rapidocr' (embedded, packaged Chinese + English models, PyPI rapidocr), "
+        "'tesseract' (pytesseract and a tesseract binary on PATH), 'tika' (the Tika server at "
+        "INDUSFLOW_TIKA_SERVER_URL reads each page image), 'off'; 'auto' takes the first available in that order.",
+    )
+    languages: str = Field(default="eng", description="Tesseract/Tika OCR languages, e.g. 'eng+chi_sim'.")
+    dpi: int = Field(default=150, ge=50, le=600, description="Resolution PDF pages are rendered at for OCR.")
+    max_pages: int = Field(default=100, ge=1, description="Pages OCR'd per document at most (the rest are skipped and counted).")
+    max_image_pixels: int = Field(
+        default=40_000_000, ge=10_000,
+        description="Images larger than this many pixels are quarantined; PDF pages are rendered below it.",
+    )
+    min_page_chars: int = Field(
+        default=10, ge=0, description="PDF pages with fewer text-layer characters than this are OCR'd.",
+    )
+    threads: int = Field(
+        default=1, ge=0, description="CPU threads of the embedded OCR (rapidocr); 0: ONNX Runtime's default (all cores).",
+    )
+
+
 class EmbeddingSettings(BaseSettings):
     """Which embedding model turns chunks into vectors."""
 
@@ -401,6 +427,11 @@ def get_tika_settings() -> TikaSettings:
     return TikaSettings()
 
 
+def get_ocr_settings() -> OcrSettings:
+    """Read the OCR settings from the environment now."""
+    return OcrSettings()
+
+
 def get_embedding_settings() -> EmbeddingSettings:
     """Read the embedding settings from the environment now."""
     return EmbeddingSettings()
@@ -427,7 +458,8 @@ def get_kb_settings() -> KbSettings:
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
     CoreSettings, TrainSettings, GovernanceSettings, PrefectSetupSettings, RunnerSettings, TuneSettings,
-    DeploySettings, MilvusSettings, TikaSettings, EmbeddingSettings, LLMSettings, ServeSettings, KbSettings,
+    DeploySettings, MilvusSettings, TikaSettings, OcrSettings, EmbeddingSettings, LLMSettings, ServeSettings,
+    KbSettings,
 )
 
 

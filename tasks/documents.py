@@ -42,6 +42,7 @@ from tasks.containers import (
     looks_like_msg,
     safe_member_name,
 )
+from tasks.ocr import DocumentOcr, OcrFailure, OcrInfo, document_ocr
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,12 @@ class ParsedDocument:
     text: str
     meta: DocMeta
     page_starts: tuple[int, ...] = ()  # character offset where each page starts (PDF), may be approximate
+    ocr: OcrInfo | None = None  # the pages read by OCR (scanned PDF pages, images), if any
+
+    @property
+    def pages_ocr(self) -> int:
+        """Pages (image frames) of this document whose text came from OCR."""
+        return self.ocr.pages_ocr if self.ocr else 0
 
     def page_at(self, offset: int) -> int | None:
         """1-based page holding character ``offset`` when the format gives pages."""
@@ -271,10 +278,42 @@ def _tika(client: TikaClient, data: bytes, path: str, *, whole_file: bool = True
 
 
 def _document(
-    content: bytes, text: str, meta: dict[str, list[str]], path: str, source: str, settings: TikaSettings
+    content: bytes, text: str, meta: dict[str, list[str]], path: str, source: str, settings: TikaSettings,
+    ocr: DocumentOcr | None = None,
 ) -> ParsedDocument | Quarantined:
+    """``ocr``: read images and PDF pages without a text layer (``content`` is the file's bytes)."""
     text = normalise_text(text)
     failure = _failure_reason(meta, text, settings.min_chars)
+    ctype = _ctype(meta)
+    if ocr is not None and (failure is None or failure[0] in ("empty", "unsupported")) \
+            and ocr.wants(ctype, meta, text):
+        got = ocr.read(content, ctype, meta, text, path)
+        if isinstance(got, OcrFailure):
+            if failure:
+                return Quarantined(path, got.reason, got.detail)
+            log.warning("OCR of %s skipped: %s", redact_path(path), got.detail)
+        else:
+            starts, parts, offset = [], [], 0
+            for page in got.pages:
+                page = normalise_text(page)
+                starts.append(offset)
+                parts.append(page)
+                offset += len(page) + 2
+            ocr_text = "\n\n".join(parts)
+            info = got.info
+            no_parser = {k: v for k, v in meta.items() if k != "X-TIKA:Parsed-By"}  # OCR was the parser
+            failure = _failure_reason(no_parser, ocr_text, settings.min_chars)
+            if failure and failure[0] == "empty":
+                pages = f"{info.pages_ocr} page{'s' if info.pages_ocr != 1 else ''}"
+                return Quarantined(path, "ocr_empty", f"no text layer; OCR ({info.engine}) found "
+                                   f"{len(ocr_text.strip())} characters on {pages} (minimum {settings.min_chars})")
+            if failure:
+                return Quarantined(path, failure[0], failure[1])
+            return ParsedDocument(
+                doc_id=doc_id_for(path), source=source, path=path, content_hash=sha256_bytes(content)[:32],
+                text=ocr_text, meta=doc_meta(meta, ocr_text), page_starts=tuple(starts) if len(starts) > 1 else (),
+                ocr=info,
+            )
     if failure:
         return Quarantined(path, failure[0], failure[1])
     return ParsedDocument(
@@ -307,12 +346,14 @@ def _office_package(data: bytes) -> bool:
 class _Walker:
     """Parses one source file, expanding the containers in it under one byte budget."""
 
-    def __init__(self, client: TikaClient, settings: TikaSettings, limits: ArchiveLimits, source: str) -> None:
+    def __init__(self, client: TikaClient, settings: TikaSettings, limits: ArchiveLimits, source: str,
+                 ocr: DocumentOcr | None = None) -> None:
         self.client = client
         self.settings = settings
         self.limits = limits
         self.source = source
         self.budget = Budget(limits.max_total_bytes)
+        self.ocr = ocr
 
     def parse(self, data: bytes, path: str, depth: int = 0) -> list[Item]:
         if getattr(self.client, "lists_embedded", False):
@@ -334,7 +375,7 @@ class _Walker:
             expansion = expand_email(data, self.limits, self.budget)
         if expansion is not None:
             return self._expanded(expansion, data, path, depth, parsed)
-        return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings)]
+        return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings, self.ocr)]
 
     def _sniffed(self, data: bytes) -> Expansion | None:
         """Containers recognised from their bytes alone (tar, 7z, mbox, Outlook .msg with attachments)."""
@@ -381,7 +422,7 @@ class _Walker:
         ctype = _ctype(parsed.metadata)
         splits = ctype in ARCHIVE_TYPES or ctype in MESSAGE_TYPES
         if not splits or not parsed.embedded:
-            return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings)]
+            return [_document(data, parsed.text, parsed.metadata, path, self.source, self.settings, self.ocr)]
         if depth >= self.limits.max_depth:
             return [Quarantined(path, "too_deep", f"containers nested deeper than {self.limits.max_depth} levels")]
         # every embedded entry whose nearest listed ancestor is a container is a document of its own;
@@ -453,9 +494,12 @@ def parse_sources(
 
     What comes out is named by redacted paths (personal data in file, folder and member names
     replaced by tagged placeholders): the source of a document is ``redact_path(file path)``.
+    Images and PDF pages without a text layer are read by the configured OCR
+    (:class:`infra.settings.OcrSettings`); each document says which pages (``ocr``).
     """
     settings = settings or get_tika_settings()
     client = client or tika_client(settings)
+    ocr = document_ocr(tika_url=settings.server_url)
     limits = ArchiveLimits(max_members=max_archive_members, max_member_bytes=settings.max_file_bytes,
                            max_total_bytes=settings.max_archive_bytes, max_ratio=settings.max_compression_ratio,
                            max_depth=settings.max_archive_depth)
@@ -473,7 +517,7 @@ def parse_sources(
             out.quarantined.append(Quarantined(name, "unreadable", type(exc).__name__))
             out.docs_per_source[name] = 0
             continue
-        items = [redact_names(i, key) for i in _Walker(client, settings, limits, src.path).parse(data, src.path)]
+        items = [redact_names(i, key) for i in _Walker(client, settings, limits, src.path, ocr).parse(data, src.path)]
         docs = [i for i in items if isinstance(i, ParsedDocument)]
         out.documents.extend(docs)
         out.quarantined.extend(i for i in items if isinstance(i, Quarantined))

@@ -55,6 +55,7 @@ from tasks.index import (
     write_source,
     write_source_task,
 )
+from tasks.ocr import OcrItem, load_ocr_ledger, ocr_key, ocr_summary, record_ocr, render_ocr, save_ocr_ledger
 from tasks.retrieve import to_timestamp
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ class IngestResult(BaseModel):
     total_chunks: int
     coverage: CoverageReport | None
     seconds: float
+    pages_ocr: int = Field(default=0, description="Pages (image frames) read by OCR in this run.")
+    ocr: list[OcrItem] = Field(default_factory=list, description="The documents with pages read by OCR in this run.")
 
 
 # ------------------------------------------------------------------------------------
@@ -343,7 +346,11 @@ def run_ingest(
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
-    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key}) for f in files}
+    ocr = ocr_key()  # the OCR set-up changes what a scanned page stores: part of the key when OCR is on
+    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key, **({"ocr": ocr} if ocr else {})})
+              for f in files}
+    ocr_ledger = load_ocr_ledger(collection)
+    ocr_items: list[OcrItem] = []
     for f in files:
         h = hashes[name[f.path]]
         state = manifest.get(name[f.path])
@@ -375,6 +382,7 @@ def run_ingest(
             else:
                 qcache.pop(src, None)
         write_json_atomic(quarantine_cache_path(collection), qcache)
+        ocr_items.extend(record_ocr(ocr_ledger, collection, batch, name, hashes, result.documents))
         groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
         write_documents(client, collection, embedder, groups, rules, stages, progress,
                         show_progress=show_progress, on_source_written=on_source_written)
@@ -388,6 +396,9 @@ def run_ingest(
         for s in [s for s in qcache if _under(s, roots) and s not in hashes]:
             qcache.pop(s)
         write_json_atomic(quarantine_cache_path(collection), qcache)
+        for s in [s for s in ocr_ledger if _under(s, roots) and s not in hashes]:
+            ocr_ledger.pop(s)
+        save_ocr_ledger(collection, ocr_ledger)
     reasons = Counter(q.reason for q in quarantined)
     return IngestResult(
         collection=collection, files=len(files), unchanged=unchanged, processed=len(todo), parsed=parsed,
@@ -398,6 +409,7 @@ def run_ingest(
         redactions={k: int(v) for k, v in sorted(progress.redactions.items())},
         total_chunks=total_chunks(client, collection) if client.has_collection(collection) else 0,
         coverage=_coverage(embedder, progress.chunk_texts), seconds=round(time.perf_counter() - started, 3),
+        pages_ocr=sum(i.pages_ocr for i in ocr_items), ocr=ocr_items,
     )
 
 
@@ -448,6 +460,7 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
         f"- chunks written: {r.chunks_written}; rows deleted: {r.rows_deleted}; pruned sources: {r.pruned_sources}",
         f"- chunks in the collection: {r.total_chunks}",
         f"- redactions: {r.redactions or 'none'}",
+        f"- pages read by OCR: {ocr_summary(r.ocr)}",
         f"- seconds: {r.seconds}",
     ]
     if r.coverage:
@@ -456,4 +469,6 @@ def render_ingest(r: IngestResult, flow: str = "ingest") -> str:
                      f"window {c.truncated_share:.1%}" + (f" — {c.advice}" if c.poor else ""))
     items = [Quarantined(q.path, q.reason, q.detail) for q in r.quarantined]
     lines += ["", "## Quarantine", "", render_quarantine(items)]
+    if r.ocr:
+        lines += ["", "## OCR", "", render_ocr(r.ocr)]
     return "\n".join(lines)

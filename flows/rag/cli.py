@@ -30,6 +30,7 @@ def _ingest_summary(r: IngestResult) -> str:
          f"in collection {r.total_chunks}, {r.seconds:.1f} s"),
     ]
     lines += [f"  quarantined {q.reason:<11} {q.path}" for q in r.quarantined]
+    lines += [f"  OCR {i.engine:<9} {i.pages_ocr} pages {i.path}" for i in r.ocr]
     if r.coverage and r.coverage.poor:
         lines.append(f"  warning: {r.coverage.advice}")
     return "\n".join(lines)

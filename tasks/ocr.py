@@ -1,0 +1,307 @@
+"""OCR of parsed documents: images, and the PDF pages that have no text layer.
+
+:class:`DocumentOcr` decides from Tika's content type and per-page character counts which
+pages need OCR, reads them with the configured engine (:mod:`infra.ocr`) and returns the
+document's text with those pages filled in, plus what was done (which pages, which engine).
+The text then goes through the same normalisation, quarantine checks and redaction as any
+parsed text. Per collection, an OCR ledger beside the quarantine cache keeps which documents
+had pages OCR'd (``pages_ocr``), so a document listing can show it for every stored document.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.home import home_layout
+from infra.ocr import OcrEngine, OcrError, ocr_engine, open_image_frames, pdf_pages
+from infra.pii import redact_path
+from infra.settings import OcrSettings, get_ocr_settings, get_tika_settings
+from infra.store import check_name, safe_join, write_json_atomic
+
+if TYPE_CHECKING:
+    from tasks.documents import ParsedDocument, SourceFile
+
+log = logging.getLogger(__name__)
+
+#: Image types OCR reads (Tika's content types); vector formats (SVG) carry their text already.
+IMAGE_TYPES = frozenset({
+    "image/png", "image/jpeg", "image/tiff", "image/bmp", "image/gif", "image/webp", "image/x-portable-pixmap",
+    "image/x-ms-bmp", "image/jp2",
+})
+PDF_TYPE = "application/pdf"
+#: Pages read between two progress lines in the log.
+PROGRESS_EVERY = 5
+
+
+@dataclass(frozen=True)
+class OcrInfo:
+    """What OCR did for one document."""
+
+    engine: str
+    pages: tuple[int, ...]  # 1-based pages (image frames) read by OCR
+    chars: int  # characters OCR found
+    skipped_pages: int = 0  # pages that needed OCR but were over INDUSFLOW_OCR_MAX_PAGES
+    failed_pages: tuple[int, ...] = ()  # pages the engine or renderer failed on
+    seconds: float = 0.0
+
+    @property
+    def pages_ocr(self) -> int:
+        """Pages read by OCR."""
+        return len(self.pages)
+
+
+@dataclass(frozen=True)
+class OcrText:
+    """A document's text after OCR, page by page (image frames, or every page of a PDF: its text
+    layer, with the OCR'd text on the pages that needed it)."""
+
+    pages: tuple[str, ...]
+    info: OcrInfo
+
+
+@dataclass(frozen=True)
+class OcrFailure:
+    """OCR was needed but could not run (unreadable or too large image, unreadable PDF)."""
+
+    reason: str
+    detail: str
+
+
+def pdf_pages_to_ocr(meta: dict[str, list[str]], text_is_empty: bool, min_page_chars: int) -> list[int] | None:
+    """0-based PDF pages whose text layer is under ``min_page_chars`` characters (Tika's
+    ``pdf:charsPerPage``); None when Tika gave no per-page counts and the text is not empty."""
+    per_page = meta.get("pdf:charsPerPage") or []
+    counts = [int(v) for v in per_page if str(v).strip().isdigit()]
+    if counts and len(counts) == len(per_page):
+        return [i for i, n in enumerate(counts) if n < min_page_chars]
+    return [] if not text_is_empty else None  # None: every page
+
+
+@dataclass
+class DocumentOcr:
+    """OCR of the documents of one parse run (the engine loads once)."""
+
+    engine: OcrEngine
+    settings: OcrSettings = field(default_factory=OcrSettings)
+
+    @property
+    def key(self) -> dict[str, object]:
+        """What changes the stored text of an OCR'd document (part of the ingest pipeline key)."""
+        s = self.settings
+        return {"engine": self.engine.name, "dpi": s.dpi, "max_pages": s.max_pages, "languages": s.languages,
+                "max_image_pixels": s.max_image_pixels, "min_page_chars": s.min_page_chars}
+
+    def wants(self, ctype: str, meta: dict[str, list[str]], text: str) -> bool:
+        """Whether ``ctype``/``meta`` name an image, or a PDF with pages lacking a text layer."""
+        if ctype in IMAGE_TYPES:
+            return True
+        if ctype == PDF_TYPE:
+            pages = pdf_pages_to_ocr(meta, not text.strip(), self.settings.min_page_chars)
+            return pages is None or bool(pages)
+        return False
+
+    def read(self, data: bytes, ctype: str, meta: dict[str, list[str]], text: str,
+             label: str) -> OcrText | OcrFailure:
+        """OCR ``data`` (the file's bytes); ``label`` names it in progress lines (redacted first)."""
+        shown = redact_path(label)
+        try:
+            if ctype in IMAGE_TYPES:
+                return self._image(data, shown)
+            return self._pdf(data, meta, text, shown)
+        except OcrError as exc:
+            return OcrFailure(exc.reason, str(exc))
+
+    def _read_page(self, image: object, page: int, total: int, shown: str, started: float) -> str | None:
+        try:
+            text = self.engine.read(image)  # type: ignore[arg-type]
+        except OcrError as exc:
+            log.warning("OCR of %s page %d failed: %s", shown, page, exc)
+            return None
+        if total > 1 and (page % PROGRESS_EVERY == 0 or page == total):
+            log.info("OCR (%s) %s: page %d of %d, %.1f s", self.engine.name, shown, page, total,
+                     time.perf_counter() - started)
+        return text
+
+    def _image(self, data: bytes, shown: str) -> OcrText | OcrFailure:
+        started = time.perf_counter()
+        frames, skipped = open_image_frames(data, self.settings.max_image_pixels, self.settings.max_pages)
+        if skipped:
+            log.warning("%s: %d image frames, only the first %d are OCR'd (INDUSFLOW_OCR_MAX_PAGES)", shown,
+                        len(frames) + skipped, len(frames))
+        texts, pages, failed = [], [], []
+        for n, frame in enumerate(frames, start=1):
+            text = self._read_page(frame, n, len(frames), shown, started)
+            if text is None:
+                failed.append(n)
+                continue
+            pages.append(n)
+            texts.append(text)
+        info = OcrInfo(self.engine.name, tuple(pages), sum(len(t) for t in texts), skipped, tuple(failed),
+                       round(time.perf_counter() - started, 3))
+        if not pages:
+            return OcrFailure("ocr_failed", f"{self.engine.name} failed on every frame of the image")
+        return OcrText(tuple(texts), info)
+
+    def _pdf(self, data: bytes, meta: dict[str, list[str]], text: str, shown: str) -> OcrText | OcrFailure:
+        started = time.perf_counter()
+        need = pdf_pages_to_ocr(meta, not text.strip(), self.settings.min_page_chars)
+        layers: dict[int, str] = {}
+        if need is None:  # no per-page counts from Tika: ask pdfium which pages have no text
+            for i, layer, _ in pdf_pages(data, (), dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
+                layers[i] = layer
+            need = [i for i, layer in layers.items() if len(layer.strip()) < self.settings.min_page_chars]
+        todo, skipped = need[: self.settings.max_pages], max(0, len(need) - self.settings.max_pages)
+        if skipped:
+            log.warning("%s: %d pages without a text layer, only the first %d are OCR'd "
+                        "(INDUSFLOW_OCR_MAX_PAGES)", shown, len(need), len(todo))
+        texts: list[str] = []
+        pages, failed, chars = [], [], 0
+        for i, layer, image in pdf_pages(data, todo, dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
+            page_text = layer
+            if image is not None:
+                read = self._read_page(image, len(pages) + len(failed) + 1, len(todo), shown, started)
+                if read is None:
+                    failed.append(i + 1)
+                else:
+                    pages.append(i + 1)
+                    chars += len(read)
+                    page_text = read if len(layer.strip()) == 0 else f"{layer.strip()}\n{read}"
+            texts.append(page_text)
+        info = OcrInfo(self.engine.name, tuple(pages), chars, skipped, tuple(failed),
+                       round(time.perf_counter() - started, 3))
+        if todo and not pages:
+            return OcrFailure("ocr_failed", f"{self.engine.name} failed on every page it was given ({len(todo)})")
+        return OcrText(tuple(texts), info)
+
+
+def document_ocr(settings: OcrSettings | None = None, tika_url: str | None = None) -> DocumentOcr | None:
+    """The OCR of this run from the settings (None when off or no engine is available).
+
+    Raises:
+        infra.ocr.OcrError: the engine the settings name is not available.
+    """
+    settings = settings or get_ocr_settings()
+    if settings.engine == "off":
+        return None
+    tika = get_tika_settings()
+    engine = ocr_engine(settings, tika_url if tika_url is not None else tika.server_url, tika_timeout_s=tika.timeout_s)
+    return DocumentOcr(engine, settings) if engine else None
+
+
+def ocr_key() -> dict[str, object] | None:
+    """What of the OCR set-up changes stored text (None when OCR is off): part of the ingest key."""
+    ocr = document_ocr()
+    return ocr.key if ocr else None
+
+
+# ------------------------------------------------------------------------------------
+# per-collection ledger of OCR'd documents
+
+
+@dataclass(frozen=True)
+class OcrRecord:
+    """One stored document that had pages OCR'd (as kept in the collection's OCR ledger)."""
+
+    path: str
+    engine: str
+    pages_ocr: int
+    pages: tuple[int, ...]
+    skipped_pages: int = 0
+    failed_pages: tuple[int, ...] = ()
+
+
+def ocr_ledger_path(collection: str) -> Path:
+    """The OCR ledger of ``collection`` (source -> file hash and OCR records of its documents)."""
+    return safe_join(home_layout().rag(), f"{check_name(collection, 'collection name')}-ocr.json")
+
+
+def load_ocr_ledger(collection: str) -> dict[str, dict]:
+    """The OCR ledger of ``collection`` (empty when missing or unreadable)."""
+    path = ocr_ledger_path(collection)
+    if not path.exists():
+        return {}
+    try:
+        return dict(json.loads(path.read_text()))
+    except (ValueError, OSError):
+        return {}
+
+
+def ocr_records(collection: str) -> dict[str, OcrRecord]:
+    """Every document of ``collection`` with OCR'd pages, by its (redacted) path."""
+    out = {}
+    for entry in load_ocr_ledger(collection).values():
+        for r in entry.get("documents", []):
+            out[r["path"]] = OcrRecord(r["path"], r["engine"], int(r["pages_ocr"]), tuple(r["pages"]),
+                                       int(r.get("skipped_pages", 0)), tuple(r.get("failed_pages", ())))
+    return out
+
+
+def update_ocr_ledger(ledger: dict[str, dict], source: str, source_hash: str, records: list[OcrRecord]) -> None:
+    """Record (or forget, when ``records`` is empty) the OCR'd documents of one source."""
+    if records:
+        ledger[source] = {"hash": source_hash, "documents": [asdict(r) for r in records]}
+    else:
+        ledger.pop(source, None)
+
+
+def save_ocr_ledger(collection: str, ledger: dict[str, dict]) -> None:
+    """Write the OCR ledger of ``collection`` atomically."""
+    write_json_atomic(ocr_ledger_path(collection), ledger)
+
+
+class OcrItem(BaseModel):
+    """A document some of whose pages (or image frames) were read by OCR in this run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    engine: str
+    pages_ocr: int = Field(description="Pages (image frames) read by OCR.")
+    pages: list[int] = Field(description="Their 1-based numbers.")
+    skipped_pages: int = Field(default=0, description="Pages over INDUSFLOW_OCR_MAX_PAGES, not read.")
+    failed_pages: list[int] = Field(default_factory=list, description="Pages the OCR engine failed on.")
+
+
+def record_ocr(ledger: dict[str, dict], collection: str, batch: Sequence[SourceFile], name: Mapping[str, str],
+               hashes: Mapping[str, str], documents: Sequence[ParsedDocument]) -> list[OcrItem]:
+    """Keep the OCR'd documents of a parsed batch in the collection's OCR ledger; return them."""
+    items: list[OcrItem] = []
+    for f in batch:
+        src = name[f.path]
+        records = [OcrRecord(d.path, d.ocr.engine, d.ocr.pages_ocr, d.ocr.pages, d.ocr.skipped_pages,
+                             d.ocr.failed_pages) for d in documents if d.source == src and d.ocr]
+        update_ocr_ledger(ledger, src, hashes[src], records)
+        items.extend(OcrItem(path=r.path, engine=r.engine, pages_ocr=r.pages_ocr, pages=list(r.pages),
+                             skipped_pages=r.skipped_pages, failed_pages=list(r.failed_pages)) for r in records)
+    if batch:
+        save_ocr_ledger(collection, ledger)
+    return items
+
+
+def ocr_summary(items: Sequence[OcrItem]) -> str:
+    """``N in M documents (engines)``: the OCR line of an ingest summary."""
+    engines = f" ({', '.join(sorted({i.engine for i in items}))})" if items else ""
+    return f"{sum(i.pages_ocr for i in items)} in {len(items)} documents{engines}"
+
+
+def render_ocr(items: Sequence[OcrItem]) -> str:
+    """Markdown table of the documents read by OCR: engine, pages read, skipped, failed."""
+    lines = ["| document | engine | pages read by OCR | skipped | failed |", "|---|---|---|---|---|"]
+    for i in items:
+        name = i.path.rsplit("/", 1)[-1]
+        lines.append(f"| {name} | {i.engine} | {i.pages_ocr} ({_page_list(i.pages)}) | {i.skipped_pages} | "
+                     f"{_page_list(i.failed_pages) or 0} |")
+    return "\n".join(lines)
+
+
+def _page_list(pages: Sequence[int]) -> str:
+    shown = ", ".join(str(p) for p in pages[:20])
+    return shown + (f", … ({len(pages)} in all)" if len(pages) > 20 else "")
