@@ -306,6 +306,12 @@ def _coverage(embedder: Embedder, texts: list[str]) -> CoverageReport | None:
     return coverage_report(embedder.tokenizer, texts, embedder.max_tokens, embedder.name)
 
 
+def source_key(file_sha256: str, rules_key: str, ocr: dict[str, object] | None) -> str:
+    """The key a source file is stored under: its bytes, the document rules and, when OCR is on,
+    the OCR set-up (it changes what a scanned page stores). A file whose key changed is ingested again."""
+    return stable_hash({"file": file_sha256, "pipeline": rules_key, **({"ocr": ocr} if ocr else {})})
+
+
 def run_ingest(
     sources: Sequence[str],
     rules: DocumentRules,
@@ -346,9 +352,8 @@ def run_ingest(
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
-    ocr = ocr_key()  # the OCR set-up changes what a scanned page stores: part of the key when OCR is on
-    hashes = {name[f.path]: stable_hash({"file": f.sha256, "pipeline": rules.key, **({"ocr": ocr} if ocr else {})})
-              for f in files}
+    ocr = ocr_key()
+    hashes = {name[f.path]: source_key(f.sha256, rules.key, ocr) for f in files}
     ocr_ledger = load_ocr_ledger(collection)
     ocr_items: list[OcrItem] = []
     for f in files:

@@ -37,14 +37,15 @@ from infra.llm import ChatClient
 from infra.milvus import open_client
 from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
-from infra.store import stable_hash, write_json_atomic
+from infra.store import write_json_atomic
 from solutions.rag.answer import cited_numbers, generate_answer, passages_from
 from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
 from solutions.rag.ingest import DocumentRules, document_rules
 from solutions.rag.weights import query_weights
 from tasks.index import SourceState, delete_sources, load_manifest
-from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest
+from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
+from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
 from tasks.retrieve import Mode, Retrieved, retrieve
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class DocumentStatus:
     reason: str | None = None
     quarantined_members: int = 0
     in_folder: bool = True
+    pages_ocr: int | None = None  # pages (image frames) read by OCR, None when none were
     updated_at: str | None = None
     source: str = field(default="", repr=False)  # the stored (redacted) source path
     path: Path | None = field(default=None, repr=False)  # the file, when in the folder
@@ -114,7 +116,7 @@ class DocumentStatus:
     def public(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "chunks": self.chunks, "reason": self.reason,
                 "quarantined_members": self.quarantined_members, "in_folder": self.in_folder,
-                "pages_ocr": None, "updated_at": self.updated_at}
+                "pages_ocr": self.pages_ocr, "updated_at": self.updated_at}
 
 
 def quarantine_reason(items: list[dict[str, Any]], source: str) -> str | None:
@@ -309,24 +311,27 @@ class KbEngine:
         client = self.client()
         manifest = load_manifest(client, col.milvus) if client.has_collection(col.milvus) else {}
         qcache = load_quarantine_cache(col.milvus)
+        ocr = {source: sum(int(d.get("pages_ocr", 0)) for d in entry.get("documents", [])) or None
+               for source, entry in load_ocr_ledger(col.milvus).items()}
         key = tag_key()
         rules_key = self.rules().key
+        ocr_setup = ocr_key()
         folder = col.folder.resolve()
         out: list[DocumentStatus] = []
         seen: set[str] = set()
         for path in iter_folder(folder):
             source = redact_path(str(path.resolve()), key)
-            file_hash = stable_hash({"file": self._hashes.sha256(path), "pipeline": rules_key})
+            file_hash = source_key(self._hashes.sha256(path), rules_key, ocr_setup)
             status, chunks, reason, members = status_of(source, file_hash, manifest.get(source), qcache.get(source, {}))
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).isoformat(timespec="seconds")
             out.append(DocumentStatus(name=redact_path(path.relative_to(folder).as_posix(), key), status=status,
                                       chunks=chunks, reason=reason, quarantined_members=members, updated_at=mtime,
-                                      source=source, path=path))
+                                      pages_ocr=ocr.get(source), source=source, path=path))
             seen.add(source)
         for source, state in sorted(manifest.items()):
             if source not in seen:
                 out.append(DocumentStatus(name=source, status="indexed", chunks=sum(state.chunks.values()),
-                                          in_folder=False, source=source))
+                                          in_folder=False, pages_ocr=ocr.get(source), source=source))
         return out
 
     def delete(self, col: KbCollection, name: str) -> tuple[DocumentStatus, int] | None:
@@ -341,6 +346,9 @@ class KbEngine:
             qcache = load_quarantine_cache(col.milvus)
             if qcache.pop(doc.source, None) is not None:
                 write_json_atomic(quarantine_cache_path(col.milvus), qcache)
+            ledger = load_ocr_ledger(col.milvus)
+            if ledger.pop(doc.source, None) is not None:
+                save_ocr_ledger(col.milvus, ledger)
             if doc.path is not None and not doc.path.is_symlink():
                 doc.path.unlink(missing_ok=True)
             return doc, removed

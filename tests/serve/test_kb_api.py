@@ -7,6 +7,7 @@ One server, one Milvus Lite file and the packaged MiniLM for the whole module (t
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -253,6 +254,34 @@ def test_delete_removes_the_document_from_search(loaded: Kb) -> None:
         assert "annex.txt" not in {d["name"] for d in r.json()["documents"]}
         assert c.delete(f"{kb.url}/v1/kb/documents/annex.txt", headers=key,
                         params={"collection": "legal"}).status_code == 404
+
+
+def test_a_scanned_page_is_read_by_ocr_and_listed_with_its_pages(loaded: Kb) -> None:
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+    if not font.exists():
+        pytest.skip("DejaVuSans.ttf is not installed (.ci/run installs fonts-dejavu-core)")
+    img = Image.new("RGB", (900, 90), "white")
+    ImageDraw.Draw(img).text((30, 25), "Quillfeather clause: notice period ninety days",
+                             font=ImageFont.truetype(str(font), 28), fill="black")
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    kb = loaded
+    key = kb.h(kb.legal_only)
+    with httpx.Client(timeout=60) as c:
+        job = upload(c, kb, kb.legal_only, "legal", [("scan.png", buf.getvalue(), "image/png")])
+        assert wait_job(c, kb, kb.legal_only, job["job_id"], timeout_s=120)["files"][0]["status"] == "indexed"
+        docs = {d["name"]: d for d in c.get(f"{kb.url}/v1/kb/documents", params={"collection": "legal"},
+                                            headers=key).json()["documents"]}
+        assert docs["scan.png"]["pages_ocr"] == 1 and docs["lease.txt"]["pages_ocr"] is None
+        hits = c.post(f"{kb.url}/v1/kb/search", headers=key,
+                      json={"collection": "legal", "query": "Quillfeather notice period", "retriever": "bm25"}).json()
+        assert hits["passages"][0]["document"] == "scan.png" and "ninety" in hits["passages"][0]["text"].lower()
+        assert c.delete(f"{kb.url}/v1/kb/documents/scan.png", headers=key, params={"collection": "legal"}).status_code == 200
+    from tasks.ocr import load_ocr_ledger
+
+    assert not any(source.endswith("scan.png") for source in load_ocr_ledger("legal"))
 
 
 def test_names_and_stream_pieces() -> None:
