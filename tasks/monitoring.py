@@ -136,11 +136,15 @@ def psi(expected: Sequence[float], actual: Sequence[float], eps: float = PSI_EPS
 def ks_distance(reference_quantiles: Sequence[float], values: np.ndarray) -> float:
     """Largest gap between the empirical CDF of ``values`` and the reference CDF, the
     latter interpolated from its quantiles (a KS statistic against the profile)."""
+    return _ks_sorted(reference_quantiles, np.sort(values))
+
+
+def _ks_sorted(reference_quantiles: Sequence[float], x: np.ndarray) -> float:
+    """:func:`ks_distance` of values already sorted."""
     q = np.asarray(reference_quantiles, dtype="float64")
-    if len(q) < 2 or len(values) == 0:
+    if len(q) < 2 or len(x) == 0:
         return float("nan")
     probs = np.linspace(0, 1, len(q))
-    x = np.sort(values)
     ref_cdf = np.interp(x, q, probs, left=0.0, right=1.0)
     n = len(x)
     upper = np.arange(1, n + 1) / n
@@ -175,17 +179,19 @@ def compare_column(name: str, ref: ColumnProfile, series: pd.Series) -> DriftRow
         if len(values) == 0 or not ref.shares:
             return DriftRow(feature=name, kind="numeric", psi=float("nan"), missing_ref=ref.missing_share,
                             missing_now=missing_now, rows=total)
-        counts = np.bincount(np.searchsorted(np.asarray(ref.edges), values, side="right"),
-                             minlength=len(ref.shares))
+        x = np.sort(values)  # sorted once: the bin counts are a few searches, and KS needs it anyway
+        # a value falls in bin i when edges[i-1] <= value < edges[i] (as the profile binned it)
+        below = np.searchsorted(x, np.asarray(ref.edges, dtype="float64"), side="left")
+        counts = np.diff(np.concatenate(([0], below, [len(x)])))
         value = psi(ref.shares, counts / counts.sum())
-        return DriftRow(feature=name, kind="numeric", psi=value, ks=ks_distance(ref.quantiles, values),
+        return DriftRow(feature=name, kind="numeric", psi=value, ks=_ks_sorted(ref.quantiles, x),
                         missing_ref=ref.missing_share, missing_now=missing_now, rows=total)
-    now = valued.value_counts(normalize=True)  # count first, then name the (few) values
-    now.index = now.index.astype(str)
-    now = now.groupby(level=0, sort=False).sum()  # values that print alike (1 and "1") are one
+    now: dict[str, float] = {}
+    for key, share in valued.value_counts(normalize=True).items():  # count first, then name the (few) values
+        now[str(key)] = now.get(str(key), 0.0) + float(share)  # values that print alike (1 and "1") are one
     known = [k for k in ref.categories if k != OTHER]
     expected = [ref.categories[k] for k in known] + [ref.categories.get(OTHER, 0.0)]
-    actual = [float(now.get(k, 0.0)) for k in known] + [float(now[~now.index.isin(known)].sum())]
+    actual = [now.get(k, 0.0) for k in known] + [sum(v for k, v in now.items() if k not in set(known))]
     return DriftRow(feature=name, kind="categorical", psi=psi(expected, actual), missing_ref=ref.missing_share,
                     missing_now=missing_now, rows=total)
 
