@@ -3,8 +3,10 @@
 On a fresh Prefect home the ephemeral API runs its database migrations while the
 server's telemetry writes a session row, and SQLite answers ``database is locked``
 (an ERROR line with a traceback). Turning the server analytics off removes that insert;
-a longer start-up timeout covers a slow first migration on 2 cores. Users' own
-``PREFECT_*`` environment variables always win over these defaults.
+a longer start-up timeout covers a slow first migration on 2 cores. Flow-run heartbeats
+are off (``INDUSFLOW_PREFECT_FLOW_HEARTBEAT_S`` turns them on): Prefect 3.9 ends every flow
+run by waiting for its heartbeat thread's current 1-s sleep. Users' own ``PREFECT_*``
+environment variables always win over these defaults.
 
 A command-line run ends while Prefect still has work in flight: the client's events
 worker may hold unsent events (drained at interpreter exit, with an ``EventsWorker -
@@ -75,6 +77,10 @@ def prefect_cli_settings() -> Iterator[None]:
         updates[PREFECT_SERVER_ANALYTICS_ENABLED] = setup.analytics_enabled
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
         updates[PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS] = setup.ephemeral_startup_timeout_s
+    if not {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY"} & set(os.environ):
+        # Prefect's heartbeat thread sleeps in 1-s steps and every sync flow run joins it at
+        # its end: off unless asked for (nothing here consumes heartbeats)
+        updates["flows.heartbeat_frequency"] = setup.flow_heartbeat_s
     if "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW" not in os.environ:
         # project loggers also log outside flow runs (plain functions): no API, no warning
         updates[PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW] = "ignore"

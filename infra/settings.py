@@ -109,6 +109,15 @@ class PrefectSetupSettings(BaseSettings):
         description="How long to wait for Prefect's ephemeral API to start (the first start "
         "on a new home runs database migrations and takes 20-40 s on 2 cores).",
     )
+    flow_heartbeat_s: int | None = Field(
+        default=None,
+        ge=30,
+        description="Seconds between flow-run heartbeat events of command-line runs (Prefect's "
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, for a zombie-run automation). Unset: none, because "
+        "Prefect 3.9 ends every flow run by waiting up to 1 s for its heartbeat thread's sleep "
+        "(0.5 s on average, a third of a 100k-row batch-scoring run) and nothing here reads them. "
+        "An explicit PREFECT_FLOWS_HEARTBEAT_FREQUENCY wins.",
+    )
 
 
 class RunnerSettings(BaseSettings):

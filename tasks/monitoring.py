@@ -136,11 +136,15 @@ def psi(expected: Sequence[float], actual: Sequence[float], eps: float = PSI_EPS
 def ks_distance(reference_quantiles: Sequence[float], values: np.ndarray) -> float:
     """Largest gap between the empirical CDF of ``values`` and the reference CDF, the
     latter interpolated from its quantiles (a KS statistic against the profile)."""
+    return _ks_sorted(reference_quantiles, np.sort(values))
+
+
+def _ks_sorted(reference_quantiles: Sequence[float], x: np.ndarray) -> float:
+    """:func:`ks_distance` of values already sorted."""
     q = np.asarray(reference_quantiles, dtype="float64")
-    if len(q) < 2 or len(values) == 0:
+    if len(q) < 2 or len(x) == 0:
         return float("nan")
     probs = np.linspace(0, 1, len(q))
-    x = np.sort(values)
     ref_cdf = np.interp(x, q, probs, left=0.0, right=1.0)
     n = len(x)
     upper = np.arange(1, n + 1) / n
@@ -175,15 +179,19 @@ def compare_column(name: str, ref: ColumnProfile, series: pd.Series) -> DriftRow
         if len(values) == 0 or not ref.shares:
             return DriftRow(feature=name, kind="numeric", psi=float("nan"), missing_ref=ref.missing_share,
                             missing_now=missing_now, rows=total)
-        counts = np.bincount(np.searchsorted(np.asarray(ref.edges), values, side="right"),
-                             minlength=len(ref.shares))
+        x = np.sort(values)  # sorted once: the bin counts are a few searches, and KS needs it anyway
+        # a value falls in bin i when edges[i-1] <= value < edges[i] (as the profile binned it)
+        below = np.searchsorted(x, np.asarray(ref.edges, dtype="float64"), side="left")
+        counts = np.diff(np.concatenate(([0], below, [len(x)])))
         value = psi(ref.shares, counts / counts.sum())
-        return DriftRow(feature=name, kind="numeric", psi=value, ks=ks_distance(ref.quantiles, values),
+        return DriftRow(feature=name, kind="numeric", psi=value, ks=_ks_sorted(ref.quantiles, x),
                         missing_ref=ref.missing_share, missing_now=missing_now, rows=total)
-    now = valued.astype(str).value_counts(normalize=True)
+    now: dict[str, float] = {}
+    for key, share in valued.value_counts(normalize=True).items():  # count first, then name the (few) values
+        now[str(key)] = now.get(str(key), 0.0) + float(share)  # values that print alike (1 and "1") are one
     known = [k for k in ref.categories if k != OTHER]
     expected = [ref.categories[k] for k in known] + [ref.categories.get(OTHER, 0.0)]
-    actual = [float(now.get(k, 0.0)) for k in known] + [float(now[~now.index.isin(known)].sum())]
+    actual = [now.get(k, 0.0) for k in known] + [sum(v for k, v in now.items() if k not in set(known))]
     return DriftRow(feature=name, kind="categorical", psi=psi(expected, actual), missing_ref=ref.missing_share,
                     missing_now=missing_now, rows=total)
 
@@ -259,6 +267,26 @@ def consecutive_true(flags: Sequence[bool]) -> int:
             break
         n += 1
     return n
+
+
+def drift_streak(folder: Path, model_spec: str, table: str = "drift") -> int:
+    """Drifted runs in a row of ``model_spec``, newest first, from ``<folder>/<table>/``.
+
+    Reads the parts from the newest back (one part per run) and stops at the model's first
+    run that did not drift, so a long history costs one or two small reads, not all of it.
+    """
+    target_dir = folder / check_name(table, "table name")
+    parts = sorted(target_dir.glob("part-*.parquet"), reverse=True) if target_dir.exists() else []
+    streak = 0
+    for part in parts:
+        rows = pd.read_parquet(part, columns=["model", "flagged"])
+        mine = rows.loc[rows["model"] == model_spec, "flagged"]
+        if mine.empty:
+            continue
+        if not mine.any():
+            break
+        streak += 1
+    return streak
 
 
 def plot_over_time(table: pd.DataFrame, x: str, y: str, series: str, path: Path, *, title: str,
@@ -372,7 +400,6 @@ class DriftSummary(BaseModel):
     max_psi: float
     streak: int = Field(description="Drifted runs in a row for this model version (this one included).")
     table: str = Field(description="The job's drift table (Parquet parts).")
-    plot: str | None = None
     event_emitted: bool = False
 
     @property
@@ -386,17 +413,18 @@ def profile_path(model_path: str | Path) -> Path:
 
 
 def check_drift(job: str, model_spec: str, model_path: str | Path, frame: pd.DataFrame,
-                scores: np.ndarray | None, spec: MonitoringSpec, folder: Path, report_dir: Path | None = None,
-                ) -> DriftSummary | None:
+                scores: np.ndarray | None, spec: MonitoringSpec, folder: Path) -> DriftSummary | None:
     """Compare one batch run's inputs and scores with the version's profile, append the rows
-    to ``<folder>/drift/``, plot PSI over time, publish the artifact and, when a column is
-    over its threshold, emit :data:`DRIFT_EVENT` and tag the run :data:`DRIFT_TAG`.
+    to ``<folder>/drift/`` and, when a column is over its threshold, emit :data:`DRIFT_EVENT`
+    and tag the run :data:`DRIFT_TAG`.
+
+    Only what a threshold needs happens per run; the plot of PSI over the runs and its
+    artifact belong to the job's scheduled monitor (:func:`drift_history`), so every batch
+    run does not redraw the whole history.
 
     Returns None (and logs why) when the version has no profile (registered before
     profiles existed).
     """
-    from tasks.evaluate import artifact_key, publish_eval_report
-
     path = profile_path(model_path)
     if not path.exists():
         log.warning("%s has no reference profile (%s); drift not measured", model_spec, path)
@@ -404,18 +432,8 @@ def check_drift(job: str, model_spec: str, model_path: str | Path, frame: pd.Dat
     rows = compare(Profile.load(path), frame, scores, spec)
     run = {"run_id": current_run_id(), "at": pd.Timestamp.now(tz="UTC").tz_localize(None), "job": job,
            "model": model_spec}
-    new = drift_frame(rows, run)
-    append_rows(folder, "drift", new)
-    history = read_rows(folder, "drift")
-    per_run = history.loc[history["model"] == model_spec].groupby("run_id", sort=False).agg(
-        at=("at", "first"), flagged=("flagged", "any")).sort_values("at")
-    streak = consecutive_true(per_run["flagged"].tolist())
-    image = None
-    if report_dir is not None:
-        image = plot_over_time(history, "at", "psi", "feature", report_dir / "drift_psi.png",
-                               title=f"{job}: PSI per feature over runs", threshold=spec.psi)
-    publish_eval_report(render_drift_report(f"{job} drift vs {model_spec}", rows, history, image, spec, streak),
-                        key=artifact_key(f"{job}-drift"), description="Input and score drift against the model's profile")
+    append_rows(folder, "drift", drift_frame(rows, run))
+    streak = drift_streak(folder, model_spec)
     flagged = {r.feature: r.reason for r in rows if r.flagged}
     emitted = False
     if flagged:
@@ -426,7 +444,47 @@ def check_drift(job: str, model_spec: str, model_path: str | Path, frame: pd.Dat
     finite = [r.psi for r in rows if math.isfinite(r.psi) and r.rows >= spec.min_rows]
     return DriftSummary(model=model_spec, rows=len(frame), features=len(rows), flagged=flagged,
                         max_psi=max(finite) if finite else float("nan"), streak=streak,
-                        table=str(folder / "drift"), plot=str(image) if image else None, event_emitted=emitted)
+                        table=str(folder / "drift"), event_emitted=emitted)
+
+
+class DriftHistory(BaseModel):
+    """The drift of a batch job's runs, as its monitor reports it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    runs: int = Field(description="Batch runs recorded.")
+    drifted_runs: int = Field(description="Runs with at least one flagged column.")
+    plot: str | None = Field(default=None, description="PSI per column over the runs (PNG).")
+    markdown: str = ""
+
+
+def drift_history(job: str, folder: Path, spec: MonitoringSpec, out_dir: Path, last_runs: int = 200) -> DriftHistory:
+    """The batch job's drift over its last ``last_runs`` runs: PSI per column plotted over the
+    runs (``<out_dir>/drift_psi.png``) and a markdown section with the latest run's rows
+    (flagged first) and the drifted columns of the recent runs."""
+    history = read_rows(folder, "drift")
+    if history.empty:
+        return DriftHistory(job=job, runs=0, drifted_runs=0, markdown=f"### {job} drift\n\nNo batch run recorded yet.\n")
+    runs = history.groupby("run_id", sort=False).agg(at=("at", "first"), model=("model", "first"),
+                                                     flagged=("flagged", "any")).sort_values("at")
+    recent = runs.tail(last_runs)
+    shown = history.loc[history["run_id"].isin(recent.index)]
+    image = plot_over_time(shown, "at", "psi", "feature", out_dir / "drift_psi.png",
+                           title=f"{job}: PSI per column over runs", threshold=spec.psi)
+    latest = shown.loc[shown["run_id"] == recent.index[-1]]
+    rows = [DriftRow(**{k: latest_row[k] for k in DriftRow.model_fields}) for latest_row in latest.to_dict("records")]
+    lines = [render_drift_report(f"{job} drift: latest run, vs {recent['model'].iloc[-1]}", rows, history, image,
+                                 spec, consecutive_true(runs.loc[runs["model"] == recent["model"].iloc[-1],
+                                                                 "flagged"].tolist())).replace("## ", "### ", 1)]
+    drifted = shown.loc[shown["flagged"]]
+    if not drifted.empty:
+        lines += ["", "| run at | model | drifted columns |", "|---|---|---|"]
+        for run_id, part in drifted.groupby("run_id", sort=False):
+            lines.append(f"| {pd.Timestamp(runs.loc[run_id, 'at']):%Y-%m-%d %H:%M} | {runs.loc[run_id, 'model']} | "
+                         f"{', '.join(f'`{f}`' for f in part['feature'])} |")
+    return DriftHistory(job=job, runs=len(runs), drifted_runs=int(runs["flagged"].sum()), plot=str(image),
+                        markdown="\n".join(lines) + "\n")
 
 
 # ------------------------------------------------------------------------------------
@@ -461,7 +519,8 @@ def metric_gate(reference: float | None, spec: MonitoringSpec, higher_is_better:
 
 
 def retrain_decision(champion: str, reference: float | None, recent: float | None, drift_flags: Sequence[bool],
-                     spec: MonitoringSpec, *, already: bool, higher_is_better: bool = True) -> RetrainDecision:
+                     spec: MonitoringSpec, *, already: bool, higher_is_better: bool = True,
+                     window: str = "labelled day(s)") -> RetrainDecision:
     """Retrain when the champion's realised metric over its last ``consecutive_days``
     labelled days (``recent``, pooled) fails the gate set by ``reference`` (its first
     ``reference_days`` labelled days, pooled; or its registered test metric), or when its
@@ -475,7 +534,7 @@ def retrain_decision(champion: str, reference: float | None, recent: float | Non
               "drift_streak": streak}
     reasons = []
     if fails:
-        reasons.append(f"realised {spec.metric} {recent:.4f} over the last {spec.consecutive_days} labelled day(s) is "
+        reasons.append(f"realised {spec.metric} {recent:.4f} over the last {spec.consecutive_days} {window} is "
                        f"{'below' if higher_is_better else 'above'} the gate {gate:.4f}"
                        + (f" (reference {reference:.4f})" if reference is not None else ""))
     if streak >= spec.consecutive_runs:
@@ -502,3 +561,30 @@ def record_trigger(folder: Path, champion: str, reason: str, dispatched: Any) ->
         "at": pd.Timestamp.now(tz="UTC").tz_localize(None), "champion": champion, "reason": reason,
         "deployment": dispatched.deployment, "how": dispatched.how, "flow_run_id": dispatched.flow_run_id or "",
     }]))
+
+
+def drift_flags(folder: Path, model_spec: str) -> list[bool]:
+    """Whether each batch run of ``model_spec`` drifted, oldest first (``<folder>/drift/``)."""
+    drift = read_rows(folder, "drift")
+    if drift.empty:
+        return []
+    runs = drift.loc[drift["model"] == model_spec].groupby("run_id", sort=False).agg(
+        at=("at", "first"), flagged=("flagged", "any")).sort_values("at")
+    return [bool(v) for v in runs["flagged"]]
+
+
+def start_retrain(decision: RetrainDecision, deployment: str, overrides: Mapping[str, Any], fallback: Any,
+                  folder: Path) -> Any:
+    """Run ``deployment`` (flow-name/deployment-name) with its configured parameters updated by
+    ``overrides`` or, when the Prefect API does not have it, its flow ``fallback`` in-process
+    with the same parameters; record the trigger in ``<folder>/triggers/``. Returns the
+    :class:`~tasks.dispatch.Dispatched`."""
+    from infra.deploy_config import current_config
+    from tasks.dispatch import dispatch
+
+    flow_name, _, name = deployment.partition("/")
+    configured = current_config().deployment(flow_name, name)
+    parameters = {**(configured.parameters if configured else {}), **overrides}
+    done = dispatch(deployment, dict(overrides), fallback=lambda **_: fallback(**parameters))
+    record_trigger(folder, decision.champion or "", decision.reason, done)
+    return done

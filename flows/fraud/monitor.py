@@ -58,12 +58,13 @@ def fraud_monitor(
     decision = MO.decide_step(model, performance, spec, fpr_target, top_k)
     dispatched = MO.trigger_step(decision, spec, dict(retrain_parameters or {}), fraud_adapt) \
         if decision.trigger and retrain else None
+    drift = MO.drift_history_step(out_dir)  # the batch runs' drift, plotted over the runs
     image = out_dir / "realised_pr_auc.png"
-    publish_report(MO.render_monitor_report(performance, arrived, accumulated, decision, dispatched, image),
+    publish_report(MO.render_monitor_report(performance, arrived, accumulated, decision, dispatched, image, drift),
                    out_dir, artifact_key("fraud-monitor-report"), "Realised performance, accumulated data, retrain decision")
     return FraudMonitorResult(
         labels_files=arrived.files, labels_rows=arrived.rows, quarantined=arrived.quarantined,
         accumulated=accumulated, performance=performance.to_dict(orient="records"), decision=decision,
         dispatched=dispatched.model_copy(update={"result": None}) if dispatched else None,
-        retrain_result=dispatched.result if dispatched else None, report_dir=str(out_dir),
+        retrain_result=dispatched.result if dispatched else None, drift=drift, report_dir=str(out_dir),
     )

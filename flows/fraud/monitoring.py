@@ -17,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.fraud.results import Accumulated, LabelsIngest, PreparedFeatures
-from infra.deploy_config import MonitoringSpec, current_config, monitoring_spec
+from infra.deploy_config import MonitoringSpec, monitoring_spec
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.registry import ModelRegistry, parse_model_spec
@@ -30,7 +30,7 @@ from solutions.fraud.pipeline import accounts_schema, transaction_schema
 from tasks import accumulate as A
 from tasks import monitoring as MON
 from tasks.data import DatasetRef, load_table
-from tasks.dispatch import Dispatched, dispatch
+from tasks.dispatch import Dispatched
 from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
 from tasks.prepare import materialize_table
 
@@ -78,8 +78,9 @@ def scored_inputs(job: str, outputs: list[str] | None = None) -> list[LedgerEntr
 
 @task(name="check-drift", cache_policy=NONE)
 def drift_step(run: InboxRun, columns: dict[str, str], accounts: str | None) -> MON.DriftSummary | None:
-    """Compare this run's inputs and scores with the champion's profile (PSI, KS); record,
-    plot, publish, and emit an event when a threshold is crossed."""
+    """Compare this run's inputs and scores with the champion's profile (PSI, KS); record
+    the rows, and emit an event and tag the run when a threshold is crossed (the plot over the
+    runs is the monitor's)."""
     if not run.outputs:
         return None
     model = ModelRegistry().resolve(run.model)
@@ -97,7 +98,14 @@ def drift_step(run: InboxRun, columns: dict[str, str], accounts: str | None) -> 
         return None
     folder = home_layout().monitoring(BATCH_JOB)
     return MON.check_drift(BATCH_JOB, model.spec, model.path, pd.concat(frames, ignore_index=True),
-                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder, report_dir=folder)
+                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder)
+
+
+@task(name="drift-history", cache_policy=NONE)
+def drift_history_step(out_dir: Path) -> MON.DriftHistory:
+    """The batch job's drift over its recent runs: PSI per column plotted (``drift_psi.png``
+    in the monitor's report folder) and a markdown section for the monitor's artifact."""
+    return MON.drift_history(BATCH_JOB, home_layout().monitoring(BATCH_JOB), monitoring_spec(BATCH_JOB), out_dir)
 
 
 # ------------------------------------------------------------------------------------
@@ -267,12 +275,7 @@ def decide_step(model: str, performance: pd.DataFrame, spec: MonitoringSpec, fpr
         if spec.reference_days:
             reference = M.pooled_metric(joined, champion.version, days[: spec.reference_days], spec.metric, fpr=fpr, k=k)
         recent = M.pooled_metric(joined, champion.version, days[-spec.consecutive_days:], spec.metric, fpr=fpr, k=k)
-    drift = MON.read_rows(home_layout().monitoring(BATCH_JOB), "drift")
-    flags = []
-    if not drift.empty:
-        runs = drift.loc[drift["model"] == champion.spec].groupby("run_id", sort=False).agg(
-            at=("at", "first"), flagged=("flagged", "any")).sort_values("at")
-        flags = runs["flagged"].tolist()
+    flags = MON.drift_flags(home_layout().monitoring(BATCH_JOB), champion.spec)
     return MON.retrain_decision(champion.spec, reference, recent, flags, spec,
                                 already=MON.triggered_before(home_layout().monitoring(MONITOR_JOB), champion.spec))
 
@@ -282,17 +285,13 @@ def trigger_step(decision: MON.RetrainDecision, spec: MonitoringSpec, overrides:
                  ) -> Dispatched:
     """Run the configured deployment (``spec.trigger``) or, when it is not registered, its flow
     in-process; record the trigger."""
-    deployment = spec.trigger or "fraud-adapt/on-drift-adapt"
-    flow_name, _, name = deployment.partition("/")
-    configured = current_config().deployment(flow_name, name)
-    parameters = {**(configured.parameters if configured else {}), **overrides}
-    done = dispatch(deployment, overrides, fallback=lambda **_: fallback(**parameters))
-    MON.record_trigger(home_layout().monitoring(MONITOR_JOB), decision.champion or "", decision.reason, done)
-    return done
+    return MON.start_retrain(decision, spec.trigger or "fraud-adapt/on-drift-adapt", overrides, fallback,
+                             home_layout().monitoring(MONITOR_JOB))
 
 
 def render_monitor_report(performance: pd.DataFrame, labels: LabelsIngest, acc: Accumulated,
-                          decision: MON.RetrainDecision, dispatched: Dispatched | None, image: Path | None) -> str:
+                          decision: MON.RetrainDecision, dispatched: Dispatched | None, image: Path | None,
+                          drift: MON.DriftHistory | None = None) -> str:
     """Markdown: labels taken in, the accumulated dataset, realised metrics per day and version,
     the decision."""
     lines = ["## fraud-monitor", "",
@@ -311,4 +310,6 @@ def render_monitor_report(performance: pd.DataFrame, labels: LabelsIngest, acc: 
                          f"{r.pr_auc:.3f} | {r.roc_auc:.3f} | {r.recall_at_fpr:.3f} | {r.card_precision_at_k:.3f} |")
     if image is not None and image.exists():
         lines += ["", f"Realised PR-AUC per day: `{image}`"]
+    if drift is not None:
+        lines += ["", drift.markdown]
     return "\n".join(lines) + "\n"

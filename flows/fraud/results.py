@@ -12,7 +12,7 @@ from tasks.dispatch import Dispatched
 from tasks.evaluate import EvalReport
 from tasks.finetune import FreezeReport
 from tasks.ledger import InboxRun
-from tasks.monitoring import DriftSummary, RetrainDecision
+from tasks.monitoring import DriftHistory, DriftSummary, RetrainDecision
 from tasks.train import TrainResult
 from tasks.tune import TuneSummary
 
@@ -155,4 +155,5 @@ class FraudMonitorResult(BaseModel):
     decision: RetrainDecision
     dispatched: Dispatched | None = Field(description="The retrain started, if any.")
     retrain_result: FraudAdaptResult | FraudTrainResult | None = Field(default=None, description="Its result when it ran in-process.")
+    drift: DriftHistory | None = Field(default=None, description="The batch runs' drift over the runs (plotted).")
     report_dir: str

@@ -9,6 +9,7 @@ import datetime as dt
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,10 +19,10 @@ from prefect.cache_policies import NONE
 from flows.sensor.accumulated import failures_root, readings_root
 from flows.sensor.results import FailuresIngest, SensorAccumulated
 from flows.sensor.steps import grid_table
-from infra.deploy_config import monitoring_spec
+from infra.deploy_config import MonitoringSpec, monitoring_spec
 from infra.errors import DataValidationError
 from infra.home import home_layout
-from infra.registry import ModelRegistry
+from infra.registry import ModelRegistry, parse_model_spec
 from solutions.sensor import data as D
 from solutions.sensor import monitoring as M
 from solutions.sensor import schema as S
@@ -30,6 +31,7 @@ from solutions.sensor.pipeline import SupervisedSetup
 from tasks import accumulate as A
 from tasks import monitoring as MON
 from tasks.data import DatasetRef, load_table
+from tasks.dispatch import Dispatched
 from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ def profile_step(grid_ref: DatasetRef, setup: SupervisedSetup, predicted_rul: np
 @task(name="check-drift", cache_policy=NONE)
 def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) -> MON.DriftSummary | None:
     """Compare this run's aligned readings and predicted RUL with the champion's profile (PSI,
-    KS); record, plot, publish, and emit an event when a threshold is crossed."""
+    KS); record the rows, and emit an event and tag the run when a threshold is crossed (the
+    plot over the runs is the monitor's)."""
     if not run.outputs:
         return None
     model = ModelRegistry().resolve(run.model)
@@ -68,7 +71,14 @@ def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) 
         return None
     folder = home_layout().monitoring(BATCH_JOB)
     return MON.check_drift(BATCH_JOB, model.spec, model.path, pd.concat(frames, ignore_index=True),
-                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder, report_dir=folder)
+                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder)
+
+
+@task(name="drift-history", cache_policy=NONE)
+def drift_history_step(out_dir: Path) -> MON.DriftHistory:
+    """The batch job's drift over its recent runs: PSI per column plotted (``drift_psi.png``
+    in the monitor's report folder) and a markdown section for the monitor's artifact."""
+    return MON.drift_history(BATCH_JOB, home_layout().monitoring(BATCH_JOB), monitoring_spec(BATCH_JOB), out_dir)
 
 
 # ------------------------------------------------------------------------------------
@@ -183,8 +193,67 @@ def rul_error_step(step_seconds: float, within: float, out_dir: Path) -> tuple[p
     return table, len(realised)
 
 
+# ------------------------------------------------------------------------------------
+# the retrain decision
+
+
+#: Realised RUL errors the gate can judge (lower is better), columns of the rul_error table.
+ERROR_METRICS = ("mae", "rmse")
+#: The deployment a sensor retrain runs when the config names none.
+DEFAULT_TRIGGER = "sensor-train/weekly-retrain"
+
+
+@task(name="decide-retrain", cache_policy=NONE)
+def decide_step(model: str, spec: MonitoringSpec) -> MON.RetrainDecision:
+    """Retrain when the champion's realised RUL error (``spec.metric``: mae or rmse, in grid
+    steps) was above the gate in each of its last ``consecutive_days`` monitor runs that judged
+    at least ``min_labels`` of its predictions, or its batch runs drifted ``consecutive_runs``
+    times in a row; once per champion version.
+
+    The gate is ``(1 + max_drop)`` times the reference, capped by ``min_metric`` (for an error,
+    a ceiling): the reference is the champion's realised error over its first
+    ``reference_days`` judged monitor runs, or with ``reference_days: 0`` its registered
+    ``test/<metric>``.
+    """
+    registry = ModelRegistry()
+    name, _ = parse_model_spec(model)
+    champion = registry.champion(name) if name in registry.models() else None
+    if champion is None:
+        return MON.RetrainDecision(trigger=False, reason=f"no champion of {name} yet")
+    if spec.metric not in ERROR_METRICS:
+        raise ValueError(f"monitoring.sensor-monitor.metric {spec.metric!r} is not a realised RUL error "
+                         f"(use one of {list(ERROR_METRICS)})")
+    history = MON.read_rows(home_layout().monitoring(MONITOR_JOB), "rul_error")
+    values: list[float] = []
+    if not history.empty:
+        mine = history.loc[(history["model"] == name) & (history["model_version"] == champion.version)
+                           & (history["judged"] >= spec.min_labels)].sort_values("at")
+        values = [float(v) for v in mine[spec.metric]]
+    reference = recent = None
+    if spec.reference_days == 0:
+        reference = champion.metrics.get(f"test/{spec.metric}")
+    elif len(values) >= spec.reference_days:
+        reference = float(np.mean(values[: spec.reference_days]))
+    if len(values) >= spec.reference_days + spec.consecutive_days:
+        recent = min(values[-spec.consecutive_days:])  # above the gate only when every one of them is
+    flags = MON.drift_flags(home_layout().monitoring(BATCH_JOB), champion.spec)
+    return MON.retrain_decision(champion.spec, reference, recent, flags, spec, higher_is_better=False,
+                                window="judged monitor run(s)",
+                                already=MON.triggered_before(home_layout().monitoring(MONITOR_JOB), champion.spec))
+
+
+@task(name="trigger-retrain", cache_policy=NONE)
+def trigger_step(decision: MON.RetrainDecision, spec: MonitoringSpec, overrides: dict[str, Any], fallback: Any,
+                 ) -> Dispatched:
+    """Run the configured deployment (``spec.trigger``, by default the weekly retrain on the
+    accumulated data) or, when it is not registered, its flow in-process; record the trigger."""
+    return MON.start_retrain(decision, spec.trigger or DEFAULT_TRIGGER, overrides, fallback,
+                             home_layout().monitoring(MONITOR_JOB))
+
+
 def render_monitor_report(table: pd.DataFrame, judged: int, failures: FailuresIngest, acc: SensorAccumulated,
-                          within: float, image: Path) -> str:
+                          within: float, image: Path, decision: MON.RetrainDecision | None = None,
+                          dispatched: Dispatched | None = None, drift: MON.DriftHistory | None = None) -> str:
     """Markdown: failure events taken in, the accumulated data, realised RUL error per version."""
     lines = ["## sensor-monitor", "",
              (f"Failure events: {failures.files} new file(s), {failures.rows} row(s), "
@@ -199,4 +268,11 @@ def render_monitor_report(table: pd.DataFrame, judged: int, failures: FailuresIn
                          f"{r.bias:+.2f} | {r.within_share:.0%} |")
     if image.exists():
         lines += ["", f"Realised RUL MAE over the runs: `{image}`"]
+    if decision is not None:
+        lines += ["", f"Decision: {'retrain' if decision.trigger else 'no retrain'}: {decision.reason}"]
+    if dispatched is not None:
+        lines.append(f"Started {dispatched.deployment} ({dispatched.how}"
+                     + (f", flow run {dispatched.flow_run_id}" if dispatched.flow_run_id else "") + ").")
+    if drift is not None:
+        lines += ["", drift.markdown]
     return "\n".join(lines) + "\n"

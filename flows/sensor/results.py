@@ -7,11 +7,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.registry import ModelRef, PromotionDecision
 from solutions.sensor.schema import BadReadingReport
 from tasks.data import DatasetRef
+from tasks.dispatch import Dispatched
 from tasks.evaluate import EvalReport
 from tasks.evaluate_regression import RegressionReport
 from tasks.finetune import FreezeReport
 from tasks.ledger import InboxRun
-from tasks.monitoring import DriftSummary
+from tasks.monitoring import DriftHistory, DriftSummary, RetrainDecision
 from tasks.train import TrainResult
 
 
@@ -117,4 +118,8 @@ class SensorMonitorResult(BaseModel):
     accumulated: SensorAccumulated
     rul_error: list[dict] = Field(description="Realised RUL error per model version (MAE, RMSE, bias, within share).")
     judged: int = Field(description="Scored (asset, step) predictions whose asset has failed since.")
+    decision: RetrainDecision | None = Field(default=None, description="Whether the champion is retrained, and why.")
+    dispatched: Dispatched | None = Field(default=None, description="The retrain started, if any.")
+    retrain_result: SensorTrainResult | None = Field(default=None, description="Its result when it ran in-process.")
+    drift: DriftHistory | None = Field(default=None, description="The batch runs' drift over the runs (plotted).")
     report_dir: str

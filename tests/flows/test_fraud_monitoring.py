@@ -156,13 +156,16 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     # the monitoring plot and report of the last run
     assert Path(last.report_dir, "realised_pr_auc.png").exists()
     assert "| v2 |" in Path(last.report_dir, "report.md").read_text()
+    # ... with the batch runs' drift plotted over the runs (one batch run per scored day)
+    assert last.drift is not None and last.drift.runs >= 3 and Path(last.drift.plot).exists()
+    assert "drift: latest run" in Path(last.report_dir, "report.md").read_text()
 
     # a feed that switches to cents: flagged by name, an event, the run tagged (still Completed)
     cents = _day(data, n_days - 1, HISTORY)
     _drop_in(cents.assign(amount=cents["amount"] * 100), "cents")
     drifted = F.fraud_batch_score(settle_seconds=0)
     assert "amount" in drifted.drift.flagged and drifted.drift.event_emitted
-    assert Path(drifted.drift.plot).exists()
+    assert drifted.drift.streak == 1
 
     # the nightly retrain with its deployment's parameters trains on the accumulated data
     result = F.fraud_train(**nightly.parameters, config=nightly_config)

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from flows.sensor import sensor_batch_score, sensor_monitor, sensor_train
 from flows.sensor.cli import main
-from infra.deploy_config import current_config
+from infra.deploy_config import config_path, current_config
 from infra.errors import DataValidationError
 from solutions.sensor.config import (
     FinetuneConfig,
@@ -47,10 +48,25 @@ def _cut_before_failure(readings: pd.DataFrame, events: pd.DataFrame) -> tuple[p
     return pd.concat(keep, ignore_index=True), truth
 
 
-def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_the_accumulated_data(
+def _config_with_gate(tmp_path: Path) -> Path:
+    """The shipped deployment config with a sensor-monitor gate any 1-epoch model fails: realised
+    MAE above 0.5 steps in the last 2 judged monitor runs."""
+    raw = yaml.safe_load(config_path().read_text())
+    raw["monitoring"]["sensor-monitor"] = {"metric": "mae", "max_drop": None, "min_metric": 0.5, "reference_days": 0,
+                                           "consecutive_days": 2, "min_labels": 5, "consecutive_runs": 50,
+                                           "trigger": "sensor-train/weekly-retrain"}
+    path = tmp_path / "deployments.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_sensor_monitor_judges_rul_per_version_and_retrains_on_the_accumulated_data_when_the_error_stays_high(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(_config_with_gate(tmp_path)))
+    _forget_deployment("sensor-train/weekly-retrain")  # no worker here: the monitor runs the flow in-process
     config = _config()
+    retrain_with = {"config": config.model_dump(mode="json")}  # the test's small model, same name
     assert sensor_train(config=config).model.version == 1
     inbox, failures = tmp_path / "inbox", tmp_path / "failures"
     inbox.mkdir(), failures.mkdir()
@@ -60,13 +76,16 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     cut, truth = _cut_before_failure(readings, events)
     cut.to_parquet(inbox / "day1.parquet", index=False)
     assert sensor_batch_score(inbox=str(inbox), model="rul-mon", settle_seconds=0, config=config).scored == 1
-    quiet = sensor_monitor(failures=str(failures), settle_seconds=0)
+    quiet = sensor_monitor(failures=str(failures), settle_seconds=0, model="rul-mon", retrain_parameters=retrain_with)
     assert quiet.judged == 0 and quiet.rul_error == [] and quiet.accumulated.files_added == 1
+    assert quiet.decision is not None and not quiet.decision.trigger and quiet.dispatched is None
     with pytest.raises(DataValidationError, match="0 run-to-failure asset"):  # readings, no failure yet
         sensor_train(source=SensorSource(origin="accumulated"), config=config)
     # the failure events arrive: every day-1 prediction is judged against its true RUL k
     events[["asset_id"]].assign(failed_at=events["failure_time"]).to_csv(failures / "week1.csv", index=False)
-    judged = sensor_monitor(failures=str(failures), settle_seconds=0)
+    judged = sensor_monitor(failures=str(failures), settle_seconds=0, model="rul-mon", retrain_parameters=retrain_with)
+    # one judged run above the gate is not yet a streak of two
+    assert judged.decision is not None and not judged.decision.trigger and judged.dispatched is None
     assert judged.failures_rows == 10 and judged.judged == 10 and judged.accumulated.failures == 10
     [row] = judged.rul_error
     realised = pd.read_parquet(Path(judged.report_dir) / "realised_rul.parquet")
@@ -82,9 +101,14 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     # the weekly retrain, with its deployment's parameters, trains on the accumulated data
     deployment = current_config().deployment("sensor-train", "weekly-retrain")
     assert deployment is not None and deployment.parameters == {"source": {"origin": "accumulated"}}
-    sensor_monitor(failures=str(failures), settle_seconds=0)
-    retrained = sensor_train(source=SensorSource(**deployment.parameters["source"]), config=config)
-    assert retrained.model.version == 2 and sum(retrained.assets.values()) == 10
+    # the second judged run above the gate: the monitor starts the weekly retrain (its parameters)
+    closing = sensor_monitor(failures=str(failures), settle_seconds=0, model="rul-mon", retrain_parameters=retrain_with)
+    assert closing.decision is not None and closing.decision.trigger, closing.decision
+    assert "above the gate 0.5000" in closing.decision.reason and closing.decision.champion == "rul-mon:1"
+    assert closing.dispatched is not None and closing.dispatched.deployment == "sensor-train/weekly-retrain"
+    assert closing.dispatched.how == "direct" and "Decision: retrain" in Path(closing.report_dir, "report.md").read_text()
+    retrained = closing.retrain_result
+    assert retrained is not None and retrained.model.version == 2 and sum(retrained.assets.values()) == 10
     assert sorted(retrained.dataset.read()["asset_id"].astype(str).unique()) == sorted(events["asset_id"].astype(str))
     # version 2 scores a new site; its assets fail; the monitor reports both versions
     site, site_events = generate_fleet(SyntheticFleetConfig(n_assets=6, min_life=45, max_life=60, seed=9,
@@ -94,13 +118,27 @@ def test_sensor_monitor_judges_rul_per_version_and_the_weekly_retrain_trains_on_
     _cut_before_failure(site, site_events)[0].to_parquet(inbox / "site.parquet", index=False)
     sensor_batch_score(inbox=str(inbox), model="rul-mon:2", settle_seconds=0, config=config)
     site_events[["asset_id"]].assign(failed_at=site_events["failure_time"]).to_csv(failures / "site.csv", index=False)
-    assert main(["monitor", "--failures", str(failures), "--settle-seconds", "0"]) == 0
+    assert main(["monitor", "--failures", str(failures), "--settle-seconds", "0", "--model", "rul-mon"]) == 0
     out = capsys.readouterr().out
     assert "rul-mon:1" in out and "rul-mon:2" in out, out
     history = MON.read_rows(tmp_path / "home" / "monitoring" / "sensor-monitor", "rul_error")
     last = history.loc[history["run_id"] == history["run_id"].iloc[-1]].set_index("model_version")
     assert last.loc[2, "judged"] == 6 and last.loc[1, "judged"] == 20  # day 1 and day 2 of the fleet
     print(history[["run_id", "model_version", "judged", "assets", "mae", "rmse", "bias", "within_share"]].to_string())
+    # once per champion version: the run after the retrain starts nothing more
+    triggers = MON.read_rows(tmp_path / "home" / "monitoring" / "sensor-monitor", "triggers")
+    assert len(triggers) == 1 and triggers["champion"].iloc[0] == "rul-mon:1"
+
+
+def _forget_deployment(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_deployment(client.read_deployment_by_name(name).id)
+        except ObjectNotFound:
+            pass
 
 
 def test_monitor_command_names_a_missing_failures_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.sensor import sensor_batch_score, sensor_train
+from infra.deploy_config import MonitoringSpec
 from infra.registry import ModelRegistry
 from solutions.sensor.config import FinetuneConfig, SensorConfig, SyntheticFleetConfig, WindowConfig
 from solutions.sensor.synthetic import generate_fleet
@@ -39,5 +40,8 @@ def test_sensor_drift_unchanged_fleet_passes_and_a_sensor_in_other_units_is_flag
     assert shifted.drift.event_emitted and shifted.drift.streak == 1
     history = MON.read_rows(Path(shifted.drift.table).parent, "drift")
     assert history["run_id"].nunique() == 2 and (history["model"] == "rul-drift:1").all()
-    assert Path(shifted.drift.plot).exists()
+    # the monitor (not every batch run) plots PSI over the runs and reports the flagged column
+    report = MON.drift_history("sensor-batch-score", Path(shifted.drift.table).parent, MonitoringSpec(), tmp_path)
+    assert report.runs == 2 and report.drifted_runs == 1 and Path(report.plot).exists()
+    assert "`temperature`" in report.markdown
     assert ModelRegistry().champion("rul-drift").version == 1
