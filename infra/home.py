@@ -103,6 +103,10 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    def model_exports(self) -> Path:
+        """ONNX / INT8 exports of local models (e.g. the embedder), one folder per model content and runtime."""
+        return self._area("model-exports")
+
     # -- keys
     def secrets(self) -> Path:
         """Keys the project makes for itself (the path-tag key of the PII redactor), mode 0700."""
