@@ -94,7 +94,7 @@ def export_onnx(
     return path, names
 
 
-def after_activation(path: Path, ops: Sequence[str] = ("Erf", "Gelu", "Tanh"), depth: int = 4) -> list[str]:
+def after_activation(path: Path, ops: Sequence[str] = ("Erf", "Gelu", "BiasGelu", "FastGelu", "Tanh"), depth: int = 4) -> list[str]:
     """MatMul/Gemm nodes fed (within ``depth`` nodes) by one of ``ops``: e.g. a transformer's
     feed-forward down-projections, whose inputs (GELU outputs) quantize worst."""
     import onnx
@@ -126,7 +126,8 @@ def quantize_onnx_int8(src: Path, dst: Path, exclude: Sequence[str] = ()) -> Pat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=list(exclude))
+                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=list(exclude),
+                         extra_options={"DefaultTensorType": 1})  # FLOAT, for graphs with fused (contrib) ops
     log.info("quantized ONNX %s -> %s (%d -> %d bytes, %d nodes kept fp32)", src.name, dst.name,
              src.stat().st_size, dst.stat().st_size, len(exclude))
     return dst

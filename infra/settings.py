@@ -218,7 +218,7 @@ class EmbeddingSettings(BaseSettings):
         default="torch",
         description="How the local model runs: 'torch' (sentence-transformers), 'onnx' (an ONNX Runtime export) "
         "or 'onnx-int8' (that export with INT8 weights). Exports are made once, checked against torch "
-        "(cosine >= 0.99 on sample texts) and cached under the home's model-exports folder.",
+        "(mean cosine >= 0.99, none below 0.97, on sample texts) and cached under the home's model-exports folder.",
     )
 
 
