@@ -59,7 +59,7 @@ def main() -> None:
     out["documents"] = len(documents)
 
     questions = json.loads(Path(args.questions).read_text())
-    retriever = index.as_retriever(similarity_top_k=args.top_k)
+    retriever = index.as_retriever(similarity_top_k=args.top_k, embed_model=embed)
     hits = 0
     chunks_seen: set[str] = set()
     t = time.perf_counter()

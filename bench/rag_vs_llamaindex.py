@@ -62,7 +62,7 @@ def load_corpus(qa: Path, n_questions: int) -> tuple[list[tuple[str, str]], list
         for para in article["paragraphs"]:
             pid = f"p{len(passages):04d}"
             passages.append((pid, para["context"]))
-            questions += [(q["question"], pid) for q in para["qas"]]
+            questions += [(q["question"], pid) for q in para["qas"] if q["question"].strip()]  # 2 are empty
     step = max(1, len(questions) // n_questions)
     return passages, questions[::step][:n_questions]
 
