@@ -94,9 +94,14 @@ def export_onnx(
     return path, names
 
 
-def after_activation(path: Path, ops: Sequence[str] = ("Erf", "Gelu", "BiasGelu", "FastGelu", "Tanh"), depth: int = 4) -> list[str]:
-    """MatMul/Gemm nodes fed (within ``depth`` nodes) by one of ``ops``: e.g. a transformer's
-    feed-forward down-projections, whose inputs (GELU outputs) quantize worst."""
+#: Element-wise ops a decomposed activation is made of (GELU: Div, Erf, Add, Mul, Mul).
+_ELEMENTWISE = ("Mul", "Add", "Div", "Sub", "Pow", "Sqrt", "Cast")
+
+
+def after_activation(path: Path, ops: Sequence[str] = ("Erf", "Gelu", "BiasGelu", "FastGelu", "Tanh"),
+                     depth: int = 5) -> list[str]:
+    """MatMul/Gemm nodes whose input is an activation in ``ops`` (reached back through element-wise
+    ops only): a transformer's feed-forward down-projections, whose inputs quantize worst."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
@@ -105,20 +110,36 @@ def after_activation(path: Path, ops: Sequence[str] = ("Erf", "Gelu", "BiasGelu"
     for node in graph.node:
         if node.op_type not in ("MatMul", "Gemm"):
             continue
-        frontier, hit = [node.input[0]], False
+        frontier = [producer[node.input[0]]] if node.input[0] in producer else []
         for _ in range(depth):
-            nodes = [producer[t] for t in frontier if t in producer]
-            if any(n.op_type in ops for n in nodes):
-                hit = True
+            if any(n.op_type in ops for n in frontier):
+                found.append(node.name)
                 break
-            frontier = [t for n in nodes for t in n.input]
-        if hit:
-            found.append(node.name)
+            frontier = [producer[t] for n in frontier if n.op_type in _ELEMENTWISE for t in n.input if t in producer]
+            if not frontier:
+                break
     return found
 
 
+def fuse_transformer(src: Path, dst: Path, num_heads: int = 0, hidden_size: int = 0) -> dict[str, int]:
+    """ONNX Runtime's transformer fusions (attention, skip-LayerNorm, bias-GELU) of a BERT-like
+    encoder graph, written to ``dst``; returns how many of each fused operator it made (none: the
+    graph is copied as it was, still correct, only slower)."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        optimized = optimize_model(str(src), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                                   opt_level=1)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    optimized.save_model_to_file(str(dst))
+    stats = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    log.info("fused %s: %s", src.name, stats)
+    return stats
+
+
 def quantize_onnx_int8(src: Path, dst: Path, exclude: Sequence[str] = ()) -> Path:
-    """Dynamic INT8 quantization of ``src``'s weights (MatMul/Gemm) into ``dst``, per channel;
+    """Dynamic INT8 quantization of ``src``'s weights (MatMul/Gemm, fused Attention) into ``dst``, per channel;
     the nodes named in ``exclude`` stay fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -126,7 +147,7 @@ def quantize_onnx_int8(src: Path, dst: Path, exclude: Sequence[str] = ()) -> Pat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul", "Gemm"], nodes_to_exclude=list(exclude),
+                         op_types_to_quantize=["MatMul", "Gemm", "Attention"], nodes_to_exclude=list(exclude),
                          extra_options={"DefaultTensorType": 1})  # FLOAT, for graphs with fused (contrib) ops
     log.info("quantized ONNX %s -> %s (%d -> %d bytes, %d nodes kept fp32)", src.name, dst.name,
              src.stat().st_size, dst.stat().st_size, len(exclude))
