@@ -109,6 +109,10 @@ class HomeLayout:
             return self.inbox("docs")
         return self._area("inbox", "kb", check_name(collection, "collection name"))
 
+    def model_exports(self) -> Path:
+        """ONNX / INT8 exports of local models (e.g. the embedder), one folder per model content and runtime."""
+        return self._area("model-exports")
+
     # -- keys
     def secrets(self) -> Path:
         """Keys the project makes for itself (the path-tag key of the PII redactor), mode 0700."""

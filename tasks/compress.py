@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from infra.compression import ChannelGroup, CompressTarget
+from infra.onnx import export_onnx, onnx_feed, onnx_session, quantize_onnx_int8  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -873,74 +874,7 @@ def make_trainable(module: nn.Module, loss_fn: Callable[[torch.Tensor, Any], tor
 # ONNX
 
 
-class _PositionalInputs(nn.Module):
-    """Presents a dict-input model to the exporter as one taking tensors positionally."""
-
-    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
-        super().__init__()
-        self.model, self.names = model, list(names)
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.model(dict(zip(self.names, tensors)))
-
-
-def onnx_feed(inputs: Inputs, input_names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The onnxruntime feed for one batch of inputs."""
-    if isinstance(inputs, Mapping):
-        return {k: inputs[k].cpu().numpy() for k in input_names}
-    tensors = inputs if isinstance(inputs, tuple) else (inputs,)
-    return {k: t.cpu().numpy() for k, t in zip(input_names, tensors)}
-
-
-def export_onnx(
-    model: nn.Module,
-    example_inputs: Inputs,
-    path: Path,
-    *,
-    input_names: Sequence[str] | None = None,
-    opset: int = 17,
-) -> tuple[Path, list[str]]:
-    """Export an fp32 model to ONNX with a dynamic batch axis on every input and the output.
-
-    A dict-input model is exported through a positional wrapper; ``input_names`` picks
-    (and orders) the dict keys it reads. Uses the TorchScript exporter (no onnxscript).
-    Returns the path and the ONNX input names.
-    """
-    model = copy.deepcopy(model).cpu().eval()
-    if isinstance(example_inputs, Mapping):
-        names = list(input_names or example_inputs.keys())
-        wrapped: nn.Module = _PositionalInputs(model, names)
-        args = tuple(example_inputs[k].cpu() for k in names)
-    else:
-        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        args = tuple(a.cpu() for a in args)
-        names = list(input_names or [f"input_{i}" for i in range(len(args))])
-        wrapped = model
-    dynamic = {n: {0: "batch"} for n in names} | {"output": {0: "batch"}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            wrapped, args, str(path), dynamo=False, input_names=names, output_names=["output"],
-            dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
-        )
-    log.info("exported ONNX %s (%d bytes)", path, file_size(path))
-    return path, names
-
-
-def onnx_session(path: Path, threads: int | None = None, device: str = "cpu") -> Any:
-    """An onnxruntime session (CUDA provider when ``device`` is cuda and it is available)."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads or torch.get_num_threads()
-    opts.inter_op_num_threads = 1
-    providers = ["CPUExecutionProvider"]
-    if device.startswith("cuda"):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise RuntimeError("onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-        providers = ["CUDAExecutionProvider", *providers]
-    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+# export_onnx, onnx_feed and onnx_session live in infra.onnx (the local embedder uses them too).
 
 
 def onnx_predict(session: Any, batches: Iterable[Inputs], input_names: Sequence[str]) -> np.ndarray:

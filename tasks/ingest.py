@@ -4,7 +4,9 @@ Files are discovered, compared with what the store already holds (content hash +
 caller's rules key), parsed in batches (``parse_ahead`` batches ahead on the flow's task
 runner while the current one is embedded and written), redacted and chunked by the caller's
 :class:`DocumentRules`, embedded and written per source; sources gone from the given folders
-are pruned on request. Documents that cannot be parsed are quarantined with a reason and
+are pruned on request. With ``IngestStages.overlap`` (the default) a bounded pipeline runs the
+stages side by side: the caller's thread parses and chunks batch k+1 while one thread embeds
+batch k and another writes batch k-1 to the store (writes keep their order). Documents that cannot be parsed are quarantined with a reason and
 remembered per collection, so an unchanged broken file is not parsed again.
 
 Nothing here knows a domain: what is redacted and where chunks are cut come from the
@@ -13,15 +15,17 @@ Nothing here knows a domain: what is redacted and where chunks are cut come from
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -94,6 +98,9 @@ class IngestStages:
     #: None parses in line. Batches are parsed ``parse_ahead`` ahead of embedding and writing.
     submit_parse: Callable[..., Any] | None = None
     parse_ahead: int = 2
+    #: Batches embedded and written on background threads while the next is parsed and chunked
+    #: (at most this many in flight); 0 embeds and writes each batch in line.
+    overlap: int = 2
 
 
 def task_stages() -> IngestStages:
@@ -240,19 +247,21 @@ class IngestProgress:
     chunked_docs: int = 0
 
 
-def write_documents(
-    client: Any,
-    collection: str,
+@dataclass
+class PreparedBatch:
+    """One batch of sources redacted and chunked: their rows and the texts to embed, in order."""
+
+    groups: list[tuple[str, str, list[IndexRow]]]
+    texts: list[str]
+
+
+def prepare_documents(
     embedder: Embedder,
     groups: Sequence[tuple[str, str, list[ParsedDocument]]],
     rules: DocumentRules,
-    stages: IngestStages,
     progress: IngestProgress,
-    *,
-    show_progress: bool = False,
-    on_source_written: Callable[[str], None] | None = None,
-) -> None:
-    """Redact, chunk, embed and write each ``(source, source_hash, documents)`` group."""
+) -> PreparedBatch:
+    """Redact and chunk each ``(source, source_hash, documents)`` group into stored rows."""
     prepared: list[tuple[str, str, list[IndexRow]]] = []
     texts: list[str] = []
     for source, source_hash, docs in groups:
@@ -267,11 +276,26 @@ def write_documents(
         progress.chunked_docs += len(chunked)
         prepared.append((source, source_hash, rows))
         texts.extend(r.text for r in rows)
-    batch_size = get_embedding_settings().batch_size
-    vectors = stages.embed(embedder, texts, batch_size=batch_size, progress=show_progress) if texts else None
     progress.chunk_texts.extend(texts[: max(0, COVERAGE_SAMPLE - len(progress.chunk_texts))])
+    return PreparedBatch(prepared, texts)
+
+
+def embed_batch(embedder: Embedder, batch: PreparedBatch, stages: IngestStages, *,
+                show_progress: bool = False) -> np.ndarray | None:
+    """The vectors of a prepared batch's texts (None when it has none)."""
+    if not batch.texts:
+        return None
+    return stages.embed(embedder, batch.texts, batch_size=get_embedding_settings().batch_size,
+                        progress=show_progress)
+
+
+def write_batch(
+    client: Any, collection: str, batch: PreparedBatch, vectors: np.ndarray | None, stages: IngestStages,
+    progress: IngestProgress, on_source_written: Callable[[str], None] | None = None,
+) -> None:
+    """Write each source's rows with their vectors (a source left without rows loses its old ones)."""
     offset = 0
-    for source, source_hash, rows in prepared:
+    for source, source_hash, rows in batch.groups:
         if rows:
             vecs = vectors[offset : offset + len(rows)]
             offset += len(rows)
@@ -280,6 +304,90 @@ def write_documents(
             progress.written.deleted += delete_sources(client, collection, [source])
         if on_source_written:
             on_source_written(source)
+
+
+def write_documents(
+    client: Any,
+    collection: str,
+    embedder: Embedder,
+    groups: Sequence[tuple[str, str, list[ParsedDocument]]],
+    rules: DocumentRules,
+    stages: IngestStages,
+    progress: IngestProgress,
+    *,
+    show_progress: bool = False,
+    on_source_written: Callable[[str], None] | None = None,
+) -> None:
+    """Redact, chunk, embed and write each ``(source, source_hash, documents)`` group (in line)."""
+    batch = prepare_documents(embedder, groups, rules, progress)
+    vectors = embed_batch(embedder, batch, stages, show_progress=show_progress)
+    write_batch(client, collection, batch, vectors, stages, progress, on_source_written)
+
+
+class EmbedWritePipeline:
+    """Embeds prepared batches on one thread and writes them on another, in submission order,
+    while the caller parses and chunks the next batch; at most ``depth`` batches in flight.
+
+    Use as a context manager: leaving it waits for every submitted write (also when the caller
+    fails, as in-line writing would have done them); the first embedding or write error is
+    raised in the caller's thread and cancels the batches not started. Each job runs in a copy of the caller's context (a Prefect task then stays a task
+    of the caller's flow run). ``depth`` 0 runs each batch in line.
+    """
+
+    def __init__(self, client: Any, collection: str, embedder: Embedder, stages: IngestStages,
+                 progress: IngestProgress, *, show_progress: bool = False,
+                 on_source_written: Callable[[str], None] | None = None) -> None:
+        self.client, self.collection, self.embedder = client, collection, embedder
+        self.stages, self.progress = stages, progress
+        self.show_progress, self.on_source_written = show_progress, on_source_written
+        self.depth = max(0, stages.overlap)
+        self._pending: deque[Future] = deque()
+        self._embed_pool: ThreadPoolExecutor | None = None
+        self._write_pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Self:
+        if self.depth:
+            self._embed_pool = ThreadPoolExecutor(1, thread_name_prefix="ingest-embed")
+            self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="ingest-write")
+        return self
+
+    def _write_when_embedded(self, batch: PreparedBatch, embedded: Future) -> None:
+        write_batch(self.client, self.collection, batch, embedded.result(), self.stages, self.progress,
+                    self.on_source_written)
+
+    def submit(self, batch: PreparedBatch) -> None:
+        """Embed and write ``batch`` (in line with depth 0); waits while ``depth`` batches are in flight."""
+        if self._embed_pool is None or self._write_pool is None:
+            vectors = embed_batch(self.embedder, batch, self.stages, show_progress=self.show_progress)
+            write_batch(self.client, self.collection, batch, vectors, self.stages, self.progress,
+                        self.on_source_written)
+            return
+        embedded = self._embed_pool.submit(contextvars.copy_context().run, embed_batch, self.embedder, batch,
+                                           self.stages, show_progress=self.show_progress)
+        self._pending.append(self._write_pool.submit(contextvars.copy_context().run, self._write_when_embedded,
+                                                     batch, embedded))
+        while len(self._pending) > self.depth:
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        """Wait for every submitted batch to be written (raises the first error)."""
+        while self._pending:
+            self._pending.popleft().result()
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        try:
+            if exc_type is None:
+                self.drain()
+            else:  # the caller failed: still finish what it submitted, as the in-line order would have
+                try:
+                    self.drain()
+                except Exception:  # the caller's error is the one to raise
+                    log.exception("embedding/writing a submitted batch failed while the ingest was failing")
+        finally:
+            for pool in (self._embed_pool, self._write_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            self._pending.clear()
 
 
 # ------------------------------------------------------------------------------------
@@ -372,25 +480,27 @@ def run_ingest(
     if todo or not exists:
         ensure_collection(client, collection, embedder.dim)
     parsed = 0
-    for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
-                                        max_archive_members=max_archive_members):
-        parsed += len(result.documents)
-        quarantined.extend(result.quarantined)
-        by_source: dict[str, list[ParsedDocument]] = {name[f.path]: [] for f in batch}
-        for doc in result.documents:
-            by_source[doc.source].append(doc)
-        for f in batch:
-            src = name[f.path]
-            items = [q.__dict__ for q in result.quarantined if q.path == src or q.path.startswith(src + "!/")]
-            if items:
-                qcache[src] = {"hash": hashes[src], "items": items}
-            else:
-                qcache.pop(src, None)
-        write_json_atomic(quarantine_cache_path(collection), qcache)
-        ocr_items.extend(record_ocr(ocr_ledger, collection, batch, name, hashes, result.documents))
-        groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
-        write_documents(client, collection, embedder, groups, rules, stages, progress,
-                        show_progress=show_progress, on_source_written=on_source_written)
+    pipeline = EmbedWritePipeline(client, collection, embedder, stages, progress, show_progress=show_progress,
+                                  on_source_written=on_source_written)
+    with pipeline:
+        for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
+                                            max_archive_members=max_archive_members):
+            parsed += len(result.documents)
+            quarantined.extend(result.quarantined)
+            by_source: dict[str, list[ParsedDocument]] = {name[f.path]: [] for f in batch}
+            for doc in result.documents:
+                by_source[doc.source].append(doc)
+            for f in batch:
+                src = name[f.path]
+                items = [q.__dict__ for q in result.quarantined if q.path == src or q.path.startswith(src + "!/")]
+                if items:
+                    qcache[src] = {"hash": hashes[src], "items": items}
+                else:
+                    qcache.pop(src, None)
+            write_json_atomic(quarantine_cache_path(collection), qcache)
+            ocr_items.extend(record_ocr(ocr_ledger, collection, batch, name, hashes, result.documents))
+            groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
+            pipeline.submit(prepare_documents(embedder, groups, rules, progress))
     pruned = 0
     if prune:
         roots = [Path(redact_path(str(Path(s).expanduser().resolve()), key)) for s in sources]
@@ -445,9 +555,9 @@ def ingest_texts(
         if state is None or not state.complete(h):
             todo.append((doc.source, h, [doc]))
     progress = IngestProgress()
-    for start in range(0, len(todo), 64):
-        write_documents(client, collection, embedder, todo[start : start + 64], rules, stages, progress,
-                        show_progress=show_progress)
+    with EmbedWritePipeline(client, collection, embedder, stages, progress, show_progress=show_progress) as pipe:
+        for start in range(0, len(todo), 64):
+            pipe.submit(prepare_documents(embedder, todo[start : start + 64], rules, progress))
     return len(todo), progress.written.upserted
 
 
