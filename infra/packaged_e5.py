@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from infra.settings import E5_EMBEDDING_MODEL
+
 log = logging.getLogger(__name__)
 
 #: The name that selects this embedder (``INDUSFLOW_EMBED_MODEL``).
-E5_MODEL = "multilingual-e5-small"
+E5_MODEL = E5_EMBEDDING_MODEL
 QUERY_PREFIX = "query: "
 PASSAGE_PREFIX = "passage: "
 _MAGIC = b"E5S1"
@@ -187,7 +189,7 @@ def build_encoder(f: E5File) -> Any:
     from torch.nn import functional as F
 
     h, ff = f.hidden, f.ffn
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a))
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -232,7 +234,7 @@ def build_encoder(f: E5File) -> Any:
         enc.ln.weight.copy_(t(_tensor(f, "emb.ln.w", (h,))))
         enc.ln.bias.copy_(t(_tensor(f, "emb.ln.b", (h,))))
         for i, layer in enumerate(enc.layers):
-            w = lambda s, shape, i=i: t(_tensor(f, f"l{i}.{s}", shape))  # noqa: E731
+            w = lambda s, shape, i=i: t(_tensor(f, f"l{i}.{s}", shape))
             layer.qkv.weight.copy_(torch.cat([w("q.w", (h, h)), w("k.w", (h, h)), w("v.w", (h, h))]))
             layer.qkv.bias.copy_(torch.cat([w("q.b", (h,)), w("k.b", (h,)), w("v.b", (h,))]))
             layer.out.weight.copy_(w("ao.w", (h, h)))

