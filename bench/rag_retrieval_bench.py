@@ -51,7 +51,10 @@ FUSIONS: dict[str, tuple[str, float, float, int]] = {
     **{f"score-d{w}": ("score", w, 1.0, 60) for w in (0.1, 0.25, 0.5, 1.0, 2.0)},
     **{f"rrf{k}-d{w}": ("rrf", w, 1.0, k) for k in (10, 60) for w in (0.5, 1.0)},
     **{f"minmax-d{w}": ("minmax", w, 1.0, 60) for w in (0.25, 0.5, 0.75, 1.0, 1.5)},
+    **{f"zscore-d{w}": ("zscore", w, 1.0, 60) for w in (0.25, 0.5, 0.75, 1.0, 1.5)},
+    **{f"confidence-d{w}": ("confidence", w, 1.0, 60) for w in (0.5, 1.0, 2.0)},
 }
+LIST_FIELDS = ("path", "start_char", "end_char")
 
 
 class TimedEmbedder:
@@ -162,18 +165,19 @@ def metrics(ranks: list[int | None]) -> dict[str, float]:
     return {k: round(v, 4) for k, v in retrieval_metrics(ranks).items()}
 
 
-def run_set(name: str, passages: list, questions: list, embedder: Any, client: Any, by_location: bool) -> dict:
+def run_set(name: str, passages: list, questions: list, embedder: Any, client: Any) -> dict:
+    """Ingest ``passages`` with ``embedder``, retrieve for every question; the dense and BM25 lists
+    (``DEPTH`` deep, as plain ``[id, score, path, start, end]``) plus the set's figures."""
     from infra.embeddings import encode_queries
     from solutions.rag.config import ChunkParams, RedactionParams
     from solutions.rag.ingest import document_rules
     from tasks.chunk import embedder_window
     from tasks.ingest import ingest_texts, text_documents
-    from tasks.retrieve import bm25_search, dense_search, fuse
+    from tasks.retrieve import bm25_search, dense_search
 
     timed = TimedEmbedder(embedder)
     off = RedactionParams(email=False, cn_id=False, bank_card=False, mobile=False)  # offsets stay those of the text
-    window = embedder_window(embedder)
-    rules = document_rules(ChunkParams(), off, embedder.name, window)
+    rules = document_rules(ChunkParams(), off, embedder.name, embedder_window(embedder))
     collection = f"{name}_{re.sub(r'[^a-z0-9]', '_', embedder.name.lower())}"[:60]
     _, rows = ingest_texts(text_documents(passages, f"qa://{name}"), rules, collection=collection, client=client,
                            embedder=timed)
@@ -186,16 +190,34 @@ def run_set(name: str, passages: list, questions: list, embedder: Any, client: A
     for s in range(0, len(texts), 64):
         dense += dense_search(client, collection, qvec[s : s + 64], DEPTH)
         sparse += bm25_search(client, collection, texts[s : s + 64], DEPTH)
+    plain = lambda hits: [[h.id, h.score, *(h.fields[f] for f in LIST_FIELDS)] for h in hits]
+    return {"passages": len(passages), "questions": questions, "chunks": rows, "chunk_tokens": rules.chunk_tokens,
+            "chunk_overlap": rules.chunk_overlap,
+            "embed_chunks_per_s": round(timed.texts / max(timed.seconds, 1e-9), 2),
+            "query_per_s": round(len(texts) / max(q_s, 1e-9), 1),
+            "dense": [plain(h) for h in dense], "bm25": [plain(h) for h in sparse]}
+
+
+def score_set(raw: dict, by_location: bool) -> dict:
+    """recall@1/5/10 and MRR@10 (whole set, tune half, report half) of dense, BM25 and every fusion."""
+    from tasks.retrieve import Retrieved, fuse
+
+    def hits(rows: list) -> list:
+        return [Retrieved(r[0], r[1], dict(zip(LIST_FIELDS, r[2:], strict=True))) for r in rows]
+
+    questions = [tuple(q) for q in raw["questions"]]
+    dense = [hits(rows) for rows in raw["dense"]]
+    sparse = [hits(rows) for rows in raw["bm25"]]
     lists = {"dense": dense, "bm25": sparse}
     for fname, (fusion, wd, wb, k) in FUSIONS.items():
         lists[fname] = [fuse({"dense": d, "bm25": b}, {"dense": wd, "bm25": wb}, DEPTH, fusion, k)
                         for d, b in zip(dense, sparse, strict=True)]
-    res: dict[str, Any] = {"passages": len(passages), "questions": len(questions), "chunks": rows,
-                           "chunk_tokens": rules.chunk_tokens, "chunk_overlap": rules.chunk_overlap,
-                           "embed_chunks_per_s": round(timed.texts / max(timed.seconds, 1e-9), 2),
-                           "query_per_s": round(len(texts) / max(q_s, 1e-9), 1), "scores": {}}
-    for lname, hits in lists.items():
-        ranks = ranks_for(hits, questions, by_location)
+    res = {k: raw[k] for k in ("passages", "chunks", "chunk_tokens", "chunk_overlap", "embed_chunks_per_s",
+                               "query_per_s", "model_load_s") if k in raw}
+    res["questions"] = len(questions)
+    res["scores"] = {}
+    for lname, per_q in lists.items():
+        ranks = ranks_for(per_q, questions, by_location)
         res["scores"][lname] = {"all": metrics(ranks), "tune": metrics(ranks[0::2]), "report": metrics(ranks[1::2])}
     return res
 
@@ -261,6 +283,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="first N passages of each set only (a smoke run)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-doc-chars", type=int, default=20_000)
+    parser.add_argument("--save-lists", default="", help="write the retrieved lists here (JSON) for --from-lists")
+    parser.add_argument("--from-lists", default="", help="score saved lists instead of ingesting and retrieving")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "rag_retrieval.md"))
     args = parser.parse_args()
 
@@ -278,7 +302,7 @@ def main() -> None:
                            if kind == default.fusion and wb == default.bm25 and k == default.rrf_k
                            and wd == (1.0 if default.dense == "auto" else default.dense)), "")
     sets: dict[str, tuple[list, list, bool]] = {}
-    wanted = args.sets.split(",")
+    wanted = [] if args.from_lists else args.sets.split(",")
     if "cmrc" in wanted:
         sets["cmrc"] = (*cmrc_set(Path(args.qa)), False)
     if "en" in wanted:
@@ -288,20 +312,24 @@ def main() -> None:
         for name, (passages, questions, by_loc) in list(sets.items()):
             keep = {p[0] for p in passages[: args.limit]}
             sets[name] = (passages[: args.limit], [q for q in questions if q[2] in keep], by_loc)
-    results: dict[str, dict] = {}
-    client = open_client(uri=str(home / "bench.db"))
-    try:
-        for model in args.models.split(","):
-            embedder = embedder_from_settings(model=model)
-            t = time.perf_counter()
-            embedder.warm_up()
-            load_s = time.perf_counter() - t
-            results[model] = {}
-            for name, (passages, questions, by_loc) in sets.items():
-                results[model][name] = run_set(name, passages, questions, embedder, client, by_loc)
-                results[model][name]["model_load_s"] = round(load_s, 2)
-    finally:
-        client.close()
+    raw: dict[str, dict] = json.loads(Path(args.from_lists).read_text()) if args.from_lists else {}
+    if not raw:
+        client = open_client(uri=str(home / "bench.db"))
+        try:
+            for model in args.models.split(","):
+                embedder = embedder_from_settings(model=model)
+                t = time.perf_counter()
+                embedder.warm_up()
+                load_s = time.perf_counter() - t
+                raw[model] = {}
+                for name, (passages, questions, _by_loc) in sets.items():
+                    raw[model][name] = run_set(name, passages, questions, embedder, client)
+                    raw[model][name]["model_load_s"] = round(load_s, 2)
+        finally:
+            client.close()
+        if args.save_lists:
+            Path(args.save_lists).write_text(json.dumps(raw))
+    results = {m: {name: score_set(r, name == "en") for name, r in per_set.items()} for m, per_set in raw.items()}
     models = list(results)
     chosen = choose_fusion(results, "multilingual-e5-small" if "multilingual-e5-small" in models else models[-1])
     load = [round(x, 2) for x in os.getloadavg()]

@@ -26,7 +26,7 @@ from infra.milvus import quote
 log = logging.getLogger(__name__)
 
 Mode = Literal["dense", "bm25", "hybrid"]
-Fusion = Literal["score", "rrf", "minmax"]
+Fusion = Literal["score", "rrf", "minmax", "zscore", "confidence"]
 OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_type", "language", "created",
                  "chunk_index", "n_chunks", "page", "start_char", "end_char", "text"]
 
@@ -167,6 +167,49 @@ def minmax_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], to
     return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
 
 
+def _standardised(hits: list[Retrieved]) -> np.ndarray:
+    arr = np.asarray([h.score for h in hits], dtype=np.float64)
+    return (arr - arr.mean()) / (float(arr.std()) or 1.0)
+
+
+def zscore_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int,
+                confidence: bool = False) -> list[Retrieved]:
+    """Weighted sum of standardised scores ``(s - mean) / std`` over each retriever's list: a hit
+    that stands out from the rest of its list counts for more than one in a flat list, whatever
+    the retriever's score scale; a chunk one retriever did not return gets that list's lowest.
+
+    With ``confidence`` each retriever's weight is also scaled, per query, by its own
+    confidence: the gap between its first and second standardised scores (a retriever that
+    cannot tell its top hit from the next one has little say; see :func:`confidence_fuse`).
+    """
+    scores: dict[str, float] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    fields: dict[str, dict] = {}
+    floors: dict[str, float] = {}
+    per: dict[str, dict[str, float]] = {}
+    weights = dict(weights)
+    for name, hits in lists.items():
+        if not hits:
+            continue
+        z = _standardised(hits)
+        if confidence:
+            weights[name] = weights.get(name, 1.0) * (max(float(z[0] - z[1]), 1e-3) if len(z) > 1 else 1.0)
+        floors[name] = float(z.min())
+        per[name] = {h.id: float(v) for h, v in zip(hits, z, strict=True)}
+        for rank, hit in enumerate(hits, 1):
+            ranks.setdefault(hit.id, {})[name] = rank
+            fields.setdefault(hit.id, hit.fields)
+    for hid in fields:
+        scores[hid] = sum(weights.get(name, 1.0) * per[name].get(hid, floors[name]) for name in per)
+    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
+    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+
+
+def confidence_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
+    """:func:`zscore_fuse` with per-query confidence weights (top-1 minus top-2 standardised score)."""
+    return zscore_fuse(lists, weights, top_k, confidence=True)
+
+
 def fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, fusion: Fusion = "score",
          rrf_k: int = 60) -> list[Retrieved]:
     """One hybrid list from per-retriever lists with the named fusion."""
@@ -174,9 +217,13 @@ def fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: in
         return rrf_fuse(lists, weights, top_k, rrf_k)
     if fusion == "minmax":
         return minmax_fuse(lists, weights, top_k)
+    if fusion == "zscore":
+        return zscore_fuse(lists, weights, top_k)
+    if fusion == "confidence":
+        return confidence_fuse(lists, weights, top_k)
     if fusion == "score":
         return score_fuse(lists, weights, top_k)
-    raise ValueError(f"unknown fusion {fusion!r}: score, rrf or minmax")
+    raise ValueError(f"unknown fusion {fusion!r}: score, rrf, minmax, zscore or confidence")
 
 
 def retrieve(
