@@ -169,8 +169,9 @@ def run_set(name: str, passages: list, questions: list, embedder: Any, client: A
     """Ingest ``passages`` with ``embedder``, retrieve for every question; the dense and BM25 lists
     (``DEPTH`` deep, as plain ``[id, score, path, start, end]``) plus the set's figures."""
     from infra.embeddings import encode_queries
-    from solutions.rag.config import ChunkParams, RedactionParams
+    from solutions.rag.config import ChunkParams, HybridWeights, RedactionParams
     from solutions.rag.ingest import document_rules
+    from solutions.rag.weights import corpus_weights
     from tasks.chunk import embedder_window
     from tasks.ingest import ingest_texts, text_documents
     from tasks.retrieve import bm25_search, dense_search
@@ -190,16 +191,19 @@ def run_set(name: str, passages: list, questions: list, embedder: Any, client: A
     for s in range(0, len(texts), 64):
         dense += dense_search(client, collection, qvec[s : s + 64], DEPTH)
         sparse += bm25_search(client, collection, texts[s : s + 64], DEPTH)
+    auto = corpus_weights(embedder, texts, HybridWeights())
     plain = lambda hits: [[h.id, h.score, *(h.fields[f] for f in LIST_FIELDS)] for h in hits]
     return {"passages": len(passages), "questions": questions, "chunks": rows, "chunk_tokens": rules.chunk_tokens,
             "chunk_overlap": rules.chunk_overlap,
             "embed_chunks_per_s": round(timed.texts / max(timed.seconds, 1e-9), 2),
-            "query_per_s": round(len(texts) / max(q_s, 1e-9), 1),
+            "query_per_s": round(len(texts) / max(q_s, 1e-9), 1), "hybrid_weights": auto,
             "dense": [plain(h) for h in dense], "bm25": [plain(h) for h in sparse]}
 
 
 def score_set(raw: dict, by_location: bool) -> dict:
-    """recall@1/5/10 and MRR@10 (whole set, tune half, report half) of dense, BM25 and every fusion."""
+    """recall@1/5/10 and MRR@10 (whole set, tune half, report half) of dense, BM25, the product's
+    hybrid (the default fusion with the coverage-aware weights it would use) and every fusion."""
+    from solutions.rag.config import HybridWeights
     from tasks.retrieve import Retrieved, fuse
 
     def hits(rows: list) -> list:
@@ -208,13 +212,18 @@ def score_set(raw: dict, by_location: bool) -> dict:
     questions = [tuple(q) for q in raw["questions"]]
     dense = [hits(rows) for rows in raw["dense"]]
     sparse = [hits(rows) for rows in raw["bm25"]]
-    lists = {"dense": dense, "bm25": sparse}
+    product = HybridWeights()
+    weights = raw.get("hybrid_weights") or {"dense": 1.0, "bm25": product.bm25}
+    lists = {"dense": dense, "bm25": sparse,
+             "hybrid": [fuse({"dense": d, "bm25": b}, weights, DEPTH, product.fusion, product.rrf_k)
+                        for d, b in zip(dense, sparse, strict=True)]}
     for fname, (fusion, wd, wb, k) in FUSIONS.items():
         lists[fname] = [fuse({"dense": d, "bm25": b}, {"dense": wd, "bm25": wb}, DEPTH, fusion, k)
                         for d, b in zip(dense, sparse, strict=True)]
     res = {k: raw[k] for k in ("passages", "chunks", "chunk_tokens", "chunk_overlap", "embed_chunks_per_s",
                                "query_per_s", "model_load_s") if k in raw}
     res["questions"] = len(questions)
+    res["hybrid"] = {"fusion": product.fusion, "weights": weights}
     res["scores"] = {}
     for lname, per_q in lists.items():
         ranks = ranks_for(per_q, questions, by_location)
@@ -251,9 +260,10 @@ def render(results: dict, chosen: str, load: list[float], default_fusion: str) -
             if set_name not in sets:
                 continue
             s = sets[set_name]
-            for r in ("dense", "bm25", default_fusion):
+            for r in ("dense", "bm25", "hybrid"):
                 a, h = s["scores"][r]["all"], s["scores"][r]["report"]
-                label = "hybrid (" + r + ")" if r == default_fusion else r
+                hy = s["hybrid"]
+                label = f"hybrid ({hy['fusion']}, dense weight {hy['weights']['dense']})" if r == "hybrid" else r
                 lines.append(f"| {model} | {label} | {a['recall@1']:.3f} | {a['recall@5']:.3f} | "
                              f"{a['recall@10']:.3f} | {a['mrr@10']:.3f} | {h['recall@5']:.3f} | {h['mrr@10']:.3f} | "
                              f"{s['embed_chunks_per_s']} |")
@@ -327,12 +337,14 @@ def main() -> None:
                     raw[model][name]["model_load_s"] = round(load_s, 2)
         finally:
             client.close()
+        raw["_load_avg"] = [round(x, 2) for x in os.getloadavg()]  # of the machine at the end of the run
         if args.save_lists:
             Path(args.save_lists).write_text(json.dumps(raw))
+    run_load = raw.pop("_load_avg", None)
     results = {m: {name: score_set(r, name == "en") for name, r in per_set.items()} for m, per_set in raw.items()}
     models = list(results)
     chosen = choose_fusion(results, "multilingual-e5-small" if "multilingual-e5-small" in models else models[-1])
-    load = [round(x, 2) for x in os.getloadavg()]
+    load = run_load or [round(x, 2) for x in os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(render(results, chosen, load, default_fusion or chosen))
     summary = {"bench": "rag_retrieval", "threads": torch.get_num_threads(), "load_avg": load, "chosen_fusion": chosen,

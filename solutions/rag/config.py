@@ -93,9 +93,11 @@ class HybridWeights(BaseModel):
         "covers the question poorly).",
     )
     bm25: float = Field(default=1.0, ge=0, description="Hybrid weight of BM25.")
-    fusion: Literal["score", "rrf"] = Field(
-        default="score",
-        description="'score': weighted sum of max-normalised BM25 and cosine; 'rrf': weighted reciprocal-rank fusion.",
+    fusion: Literal["zscore", "score", "rrf", "minmax", "confidence"] = Field(
+        default="zscore",
+        description="'zscore' (default): weighted sum of each retriever's standardised scores; 'score': max-normalised "
+        "BM25 plus cosine; 'rrf': weighted reciprocal-rank fusion; 'minmax': min-max normalised scores; "
+        "'confidence': zscore weighted per query by each retriever's top-1 margin.",
     )
     rrf_k: int = Field(default=60, ge=1, description="The k of reciprocal-rank fusion.")
 
