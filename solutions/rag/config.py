@@ -32,18 +32,33 @@ class RedactionParams(BaseModel):
 
 
 class ChunkParams(BaseModel):
-    """Token windows of the embedding model's own tokenizer."""
+    """Token windows of the embedding model's own tokenizer; by default as long as the model's window."""
 
     model_config = ConfigDict(frozen=True)
 
-    tokens: int = Field(default=512, ge=16, le=8192, description="Window size in tokens.")
-    overlap: int = Field(default=256, ge=0, description="Tokens shared by consecutive windows (< the window size).")
+    tokens: int | None = Field(
+        default=None, ge=16, le=8192,
+        description="Window size in tokens (default: what the embedding model sees at once, less its special "
+        "and prefix tokens: 507 for multilingual-e5-small, 254 for all-MiniLM-L6-v2).",
+    )
+    overlap: int | None = Field(
+        default=None, ge=0, description="Tokens shared by consecutive windows (default: half the window; < the window)."
+    )
 
     @model_validator(mode="after")
     def _overlap_below_window(self) -> ChunkParams:
-        if self.overlap >= self.tokens:
+        if self.tokens is not None and self.overlap is not None and self.overlap >= self.tokens:
             raise ValueError(f"the chunk overlap ({self.overlap}) must be smaller than the window ({self.tokens} tokens)")
         return self
+
+    def resolved(self, window: int) -> ChunkParams:
+        """These parameters with the defaults filled in for an embedder that sees ``window`` content tokens."""
+        tokens = self.tokens if self.tokens is not None else window
+        overlap = self.overlap if self.overlap is not None else tokens // 2
+        if overlap >= tokens:
+            raise ValueError(f"the chunk overlap ({overlap}) must be smaller than the window ({tokens} tokens, "
+                             "the embedding model's): lower --chunk-overlap or set --chunk-tokens")
+        return ChunkParams(tokens=tokens, overlap=overlap)
 
 
 class IngestParams(BaseModel):
@@ -80,9 +95,11 @@ class HybridWeights(BaseModel):
         "covers the question poorly).",
     )
     bm25: float = Field(default=1.0, ge=0, description="Hybrid weight of BM25.")
-    fusion: Literal["score", "rrf"] = Field(
-        default="score",
-        description="'score': weighted sum of max-normalised BM25 and cosine; 'rrf': weighted reciprocal-rank fusion.",
+    fusion: Literal["zscore", "score", "rrf", "minmax", "confidence"] = Field(
+        default="zscore",
+        description="'zscore' (default): weighted sum of each retriever's standardised scores; 'score': max-normalised "
+        "BM25 plus cosine; 'rrf': weighted reciprocal-rank fusion; 'minmax': min-max normalised scores; "
+        "'confidence': zscore weighted per query by each retriever's top-1 margin.",
     )
     rrf_k: int = Field(default=60, ge=1, description="The k of reciprocal-rank fusion.")
 

@@ -53,7 +53,17 @@ class DocumentRules:
         return sentence_spans(text)
 
 
-def document_rules(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str) -> DocumentRules:
-    """The rules of an ingestion with these parameters and this embedder."""
+def document_rules(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str,
+                   window: int | None = None) -> DocumentRules:
+    """The rules of an ingestion with these parameters and this embedder.
+
+    ``window`` (content tokens the embedder sees at once, see ``tasks.chunk.embedder_window``)
+    fills in a chunk size or overlap left unset.
+    """
+    if chunk.tokens is None or chunk.overlap is None:
+        if window is None:
+            raise ValueError("the chunk size follows the embedder's window: pass window= or set the chunk tokens")
+        chunk = chunk.resolved(window)
+    assert chunk.tokens is not None and chunk.overlap is not None
     return DocumentRules(key=pipeline_key(chunk, redaction, embedder_name), chunk_tokens=chunk.tokens,
                          chunk_overlap=chunk.overlap, redaction=RedactionConfig(**redaction.model_dump()))
