@@ -96,7 +96,8 @@ def train_cnn(data: Any, n_channels: int, config: Any, wcfg: Any, seed: int, run
     if encoder is not None:
         model.load_encoder(encoder)
         result = finetune_model(model, dm, spec, mode=ft.mode, groups=P.unfreeze_groups(config),
-                                every_n_epochs=ft.unfreeze_every, callbacks=[recorder]).train
+                                every_n_epochs=ft.unfreeze_every, callbacks=[recorder],
+                                unfrozen_lr_ratio=ft.unfrozen_lr_ratio).train
     else:
         result = train_model(model, dm, spec, callbacks=[recorder])
     last, _ = predict(model, data.test_last.x)

@@ -92,7 +92,7 @@ def freeze_all_but_top(module: Any, fraction: float = 0.10) -> FreezeReport:
     return report
 
 
-def _progressive_callback(groups: Sequence[str], every_n_epochs: int) -> Any:
+def _progressive_callback(groups: Sequence[str], every_n_epochs: int, unfrozen_lr_ratio: float = 0.1) -> Any:
     from lightning.pytorch.callbacks import BaseFinetuning
 
     class ProgressiveUnfreezing(BaseFinetuning):
@@ -111,7 +111,8 @@ def _progressive_callback(groups: Sequence[str], every_n_epochs: int) -> Any:
             index = epoch // self.every
             if 1 <= index < len(self.groups) and epoch % self.every == 0:
                 group = pl_module.get_submodule(self.groups[index])
-                self.unfreeze_and_add_param_group(modules=group, optimizer=optimizer, train_bn=True)
+                self.unfreeze_and_add_param_group(modules=group, optimizer=optimizer, train_bn=True,
+                                                  initial_denom_lr=1.0 / unfrozen_lr_ratio)
                 log.info("epoch %d: unfroze %s", epoch, self.groups[index])
 
     return ProgressiveUnfreezing()
@@ -127,6 +128,7 @@ def finetune_model(
     groups: Sequence[str] = (),
     every_n_epochs: int = 1,
     callbacks: Sequence[Any] = (),
+    unfrozen_lr_ratio: float = 0.1,
 ) -> FinetuneResult:
     """Fine-tune ``module`` (weights already loaded, e.g. from the registry).
 
@@ -134,6 +136,8 @@ def finetune_model(
         mode: ``top`` trains only the top ``fraction`` of parameters; ``progressive``
             unfreezes the submodules named in ``groups`` (top first) one every
             ``every_n_epochs`` epochs, through a Lightning ``BaseFinetuning`` callback.
+        unfrozen_lr_ratio: learning rate of a group unfrozen by ``progressive``, as a share of
+            the optimiser's current rate (Lightning's default: 0.1).
         callbacks: extra Lightning callbacks, passed on to :func:`tasks.train.train_model`.
     """
     unfreezing: list[Any] = []
@@ -144,7 +148,9 @@ def finetune_model(
             raise ValueError("progressive unfreezing needs the submodule names in `groups`")
         for name in groups:
             module.get_submodule(name)  # fail early on a wrong name
-        unfreezing.append(_progressive_callback(groups, every_n_epochs))
+        if not unfrozen_lr_ratio > 0:
+            raise ValueError(f"unfrozen_lr_ratio must be > 0, got {unfrozen_lr_ratio}")
+        unfreezing.append(_progressive_callback(groups, every_n_epochs, unfrozen_lr_ratio))
         for p in module.parameters():
             p.requires_grad_(False)
         for p in module.get_submodule(groups[0]).parameters():

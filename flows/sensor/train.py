@@ -56,7 +56,7 @@ def sensor_train(
     freeze = None
     if encoder is not None:
         tuned = finetune_model_task(model, dm, spec, mode=ft.mode, groups=P.unfreeze_groups(config),
-                                    every_n_epochs=ft.unfreeze_every)
+                                    every_n_epochs=ft.unfreeze_every, unfrozen_lr_ratio=ft.unfrozen_lr_ratio)
         trained, freeze = tuned.train, tuned.freeze
     else:
         trained = train_model_task(model, dm, spec)

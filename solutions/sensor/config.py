@@ -149,13 +149,22 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    channels: int = Field(default=16, ge=8, description="Width of the first conv layer (the others are 2x).")
+    channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
     embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
     dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout rate of the encoder and heads.")
-    fail_weight: float = Field(default=0.5, ge=0, description="Weight of the failure-in-horizon loss.")
+    fail_weight: float = Field(
+        default=0.05, ge=0,
+        description="Weight of the failure-in-horizon loss (the RUL loss is an MSE of RUL / cap, ~0.02: a weight of "
+        "0.5 let the failure loss drive the encoder, validation RMSE 16 against 14).",
+    )
     pooling: Literal["meanmax", "mean", "meanlast"] = Field(
         default="mean",
         description="Pooling over time: window mean + max, window mean, or window mean + mean of the last steps.",
+    )
+    norm: Literal["batch", "none"] = Field(
+        default="none",
+        description="Normalisation after each conv: BatchNorm, or none (on C-MAPSS FD001 BatchNorm let the model "
+        "tell training engines apart and miss new ones).",
     )
 
 
@@ -183,9 +192,14 @@ class FinetuneConfig(BaseModel):
     pretrained: bool = Field(default=True, description="Start from the pre-trained encoder.")
     mode: Literal["progressive", "top"] = Field(default="progressive", description="Fine-tuning schedule.")
     unfreeze_every: int = Field(default=2, ge=1, description="Epochs between unfreezing steps.")
+    unfrozen_lr_ratio: float = Field(
+        default=1.0, gt=0, le=1,
+        description="Learning rate of a layer group when progressive fine-tuning unfreezes it, as a share of the "
+        "current rate (0.1 left the pre-trained encoder nearly fixed: FD001 train RMSE 15.4 after 20 epochs).",
+    )
     lr: float = Field(default=2e-3, gt=0, description="Learning rate.")
     batch_size: int = Field(default=256, ge=8, description="Batch size.")
-    max_epochs: int = Field(default=12, ge=1, description="Training epochs at most.")
+    max_epochs: int = Field(default=20, ge=1, description="Training epochs at most.")
     patience: int = Field(default=4, ge=1, description="Early-stopping patience (epochs, on the smoothed RMSE).")
     min_samples_per_epoch: int = Field(
         default=4096, ge=1, description="Few-label runs resample the labelled windows up to this."
@@ -199,7 +213,9 @@ class FinetuneConfig(BaseModel):
         "with this weight on the past (None: the raw value).",
     )
     input_noise: float = Field(
-        default=0.5, ge=0, description="Std of Gaussian noise added to the normalised training windows."
+        default=0.0, ge=0,
+        description="Std of Gaussian noise added to the normalised training windows (0: none; it was needed "
+        "against over-fitting with BatchNorm, and without BatchNorm it cost validation RMSE).",
     )
     alert_threshold: float | None = Field(
         default=None, gt=0, lt=1, description="Alert when P(failure) >= this; None: max F1 on validation."

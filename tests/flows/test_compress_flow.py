@@ -121,8 +121,8 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     # structured pruning shrank conv channels and neurons; the student is smaller
     shapes = result["prune"][0]["shapes"]
     assert result["prune"][0]["method"] == "structured-channels"
-    # default widths 16/32/32 with mean pooling into the 256-d projection: half of each kept
-    assert shapes["encoder.convs.0.0.weight"][0] == 8 and shapes["encoder.proj.1.weight"] == [128, 16]
+    # default widths 32/64/64 with mean pooling into the 256-d projection: half of each kept
+    assert shapes["encoder.convs.0.0.weight"][0] == 16 and shapes["encoder.proj.1.weight"] == [128, 32]
     assert rows["pruned-structured"]["params"] < rows["fp32"]["params"] / 2
     assert rows["distilled"]["params"] < rows["fp32"]["params"] / 2
     assert len(result["sensitivity"]) == 3 * 7  # 3 convs + 4 Linear weights x 3 ratios

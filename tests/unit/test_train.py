@@ -150,6 +150,26 @@ def test_progressive_unfreezing_callback() -> None:
         finetune_model(Tiny(), Data(), TrainSpec(run_key="tiny-prog2"), mode="progressive", groups=["nope"])
 
 
+@pytest.mark.parametrize(("ratio", "expected"), [(None, 0.1), (1.0, 1.0)])
+def test_progressive_unfreezing_rate_of_unfrozen_groups(ratio: float | None, expected: float) -> None:
+    """Groups unfrozen later train at ``unfrozen_lr_ratio`` x the current rate (Lightning's 0.1 by default)."""
+    module = Tiny()
+    rates: list[list[float]] = []
+
+    class Rates(Callback):
+        def on_train_epoch_end(self, trainer, pl_module) -> None:
+            rates.append([g["lr"] for g in trainer.optimizers[0].param_groups])
+
+    kw = {} if ratio is None else {"unfrozen_lr_ratio": ratio}
+    finetune_model(module, Data(), TrainSpec(run_key=f"tiny-rate-{ratio}", max_epochs=2, patience=5),
+                   mode="progressive", groups=["head", "body"], every_n_epochs=1, callbacks=[Rates()], **kw)
+    assert len(rates[0]) == 1 and len(rates[1]) == 2  # body joined the optimiser at epoch 1
+    assert rates[1][1] == pytest.approx(expected * rates[1][0])
+    with pytest.raises(ValueError, match="unfrozen_lr_ratio"):
+        finetune_model(Tiny(), Data(), TrainSpec(run_key="tiny-rate-bad"), mode="progressive", groups=["head"],
+                       unfrozen_lr_ratio=0.0)
+
+
 # as in a CLI run: Prefect (and its root console handler) is imported before Lightning
 _CLI_LIKE_TRAINING = """
 from infra.prefect_env import prefect_cli_settings
