@@ -17,8 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import free_port, spawn_server, stop_server  # bench/ is on the path above
 
 DOCUMENT = """<!doctype html>
 <html><head><title>P-200 feed pump: maintenance manual</title></head><body>
@@ -34,54 +35,22 @@ DOCUMENT = """<!doctype html>
 <p>The impeller of the P-200 feed pump must be inspected every 1,500 operating hours, or sooner when the bearing temperature rises above 80 degrees Celsius. Replace the mechanical seal kit when the leakage exceeds five drops per minute at rated pressure.</p>
 <p>The maintenance crew records every inspection in the plant logbook with the running hours of the pump. The cooling water circuit is flushed once a year before the summer shutdown.</p>
 </body></html>
-"""  # one line per paragraph: the extractive answer ends a sentence at every line break
+"""
 QUESTION = "How often must the impeller of the P-200 pump be inspected?"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The API (knowledge base only) on a free port of 127.0.0.1, once it answers."""
-    import httpx
-
     port = free_port()
     env = {**os.environ, "INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
            "INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_SERVE_FRAUD_MODEL": "",
            "INDUSFLOW_SERVE_SENSOR_MODEL": ""}
     for name in ("INDUSFLOW_LLM_URL", "INDUSFLOW_MILVUS_URI", "INDUSFLOW_SERVE_REDIS_URL"):
         env.pop(name, None)
-    log = home / "server.log"
-    with open(log, "wb") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.serve", "--port", str(port)], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.3)
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the server's process group."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-    except ProcessLookupError:
-        return
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port)], env=env, cwd=ROOT,
+                        log=home / "server.log", ready_url=f"{url}/healthz", timeout_s=120)
+    return proc, url
 
 
 def drive(url: str, key: str, document: Path, out: Path) -> dict[str, float | int | str]:

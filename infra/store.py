@@ -76,3 +76,13 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     """Write JSON so that readers never see a half-written file."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def read_json_dict(path: Path) -> dict[str, Any]:
+    """A JSON object written by :func:`write_json_atomic`, or ``{}`` when the file is missing,
+    unreadable or not an object (a cache or ledger that can be rebuilt)."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, OSError):
+        return {}
+    return dict(data) if isinstance(data, dict) else {}

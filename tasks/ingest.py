@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextvars
 import itertools
-import json
 import logging
 import time
 from collections import Counter, deque
@@ -35,7 +34,7 @@ from infra.home import home_layout
 from infra.milvus import ensure_collection
 from infra.pii import redact_path, tag_key
 from infra.settings import TikaSettings, get_embedding_settings
-from infra.store import check_name, safe_join, stable_hash, write_json_atomic
+from infra.store import check_name, read_json_dict, safe_join, stable_hash, write_json_atomic
 from tasks.chunk import Chunk, chunk_document
 from tasks.documents import (
     DocMeta,
@@ -180,13 +179,7 @@ def quarantine_cache_path(collection: str) -> Path:
 
 def load_quarantine_cache(collection: str) -> dict[str, dict]:
     """The quarantine cache of ``collection`` (empty when missing or unreadable)."""
-    path = quarantine_cache_path(collection)
-    if not path.exists():
-        return {}
-    try:
-        return dict(json.loads(path.read_text()))
-    except (ValueError, OSError):
-        return {}
+    return read_json_dict(quarantine_cache_path(collection))
 
 
 # ------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ had pages OCR'd (``pages_ocr``), so a document listing can show it for every sto
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,7 @@ from infra.home import home_layout
 from infra.ocr import OcrEngine, OcrError, ocr_engine, open_image_frames, pdf_pages
 from infra.pii import redact_path
 from infra.settings import OcrSettings, get_ocr_settings, get_tika_settings
-from infra.store import check_name, safe_join, write_json_atomic
+from infra.store import check_name, read_json_dict, safe_join, write_json_atomic
 
 if TYPE_CHECKING:
     from tasks.documents import ParsedDocument, SourceFile
@@ -225,13 +224,7 @@ def ocr_ledger_path(collection: str) -> Path:
 
 def load_ocr_ledger(collection: str) -> dict[str, dict]:
     """The OCR ledger of ``collection`` (empty when missing or unreadable)."""
-    path = ocr_ledger_path(collection)
-    if not path.exists():
-        return {}
-    try:
-        return dict(json.loads(path.read_text()))
-    except (ValueError, OSError):
-        return {}
+    return read_json_dict(ocr_ledger_path(collection))
 
 
 def ocr_records(collection: str) -> dict[str, OcrRecord]:
