@@ -183,6 +183,10 @@ def scoring(rows: int, repeats: int) -> dict:
         "score_rows_per_s_flow": round(res["rows"] / flow, 1),
         "score_rows_per_s_direct": round(res["rows"] / direct, 1),
         "score_ratio": round(direct / flow, 3),
+        # per-repeat times, so the spread of this noisy figure is visible beside its median
+        "score_flow_s": [round(x, 3) for x in res["flow_s"]],
+        "score_direct_s": [round(x, 3) for x in res["direct_s"]],
+        "load_avg_1m": round(os.getloadavg()[0], 2),
     }
 
 
