@@ -34,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _hash_embedder import HashEmbedder
 
 LATIN_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
+if not LATIN_FONT.exists():
+    pytest.skip("no DejaVu Sans font to render scans with (Debian fonts-dejavu-core; .ci/run installs it)",
+                allow_module_level=True)
 CJK_FONT = Path("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc")
 #: Measured with rapidocr 3.10 (PP-OCRv6 small) on these renderings: English CER 0.000-0.004,
 #: Chinese CER 0.000-0.02; the thresholds leave room for other engine builds, not for garbage.
