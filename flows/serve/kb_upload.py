@@ -152,9 +152,10 @@ class UploadParser:
             raise UploadRefused(str(exc)) from None
         if any(f.name == name for f in self.upload.files):
             raise UploadRefused(f"two files of the upload are named {name!r}")
-        folder = self.upload.collection.folder.resolve()
-        if folder.is_symlink() or not folder.is_dir():
+        configured = self.upload.collection.folder
+        if configured.is_symlink() or not configured.is_dir():  # checked before resolve() follows a link
             raise UploadRefused("the collection's watched folder is not a plain folder", 409)
+        folder = configured.resolve()
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=UPLOAD_PREFIX)
         os.fchmod(fd, 0o640)
         self._file = StagedFile(name=name, tmp=Path(tmp))

@@ -350,6 +350,18 @@ def test_uploads_are_hardened(loaded: Kb, tmp_path: Path) -> None:
         r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
                    files=[("files", ("link.txt", b"overwrite attempt", "text/plain"))])
         assert r.status_code == 409 and outside.read_text() == "not to be touched"
+        # nor is a watched folder that was replaced by a link to elsewhere
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        folder.rename(tmp_path / "medical-moved")
+        try:
+            folder.symlink_to(elsewhere, target_is_directory=True)
+            r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
+                       files=[("files", ("via-link.txt", b"should not land elsewhere", "text/plain"))])
+            assert r.status_code == 409 and not any(elsewhere.iterdir())
+        finally:
+            folder.unlink(missing_ok=True)
+            (tmp_path / "medical-moved").rename(folder)
         r = c.post(f"{kb.url}/v1/kb/documents", headers=key, data={"collection": "medical"},
                    files=[("files", ("small.txt", b"a small file that comes first", "text/plain")),
                           ("files", ("big.txt", b"x" * 150_000, "text/plain"))])  # under the body limit, over 100_000
