@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -115,59 +115,58 @@ def bm25_search(client: Any, collection: str, queries: Sequence[str], top_k: int
             for hits in _hits(res)]
 
 
-def rrf_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, k: int = 60) -> list[Retrieved]:
-    """Weighted reciprocal-rank fusion: ``sum_r w_r / (k + rank_r)``."""
-    scores: dict[str, float] = {}
+def _weighted_sum(lists: dict[str, list[Retrieved]], top_k: int,
+                  contributions: Callable[[str, list[Retrieved]], tuple[list[float], float]]) -> list[Retrieved]:
+    """The fused list: each chunk scores the sum over retrievers of what ``contributions(name,
+    hits)`` gives it (weighted values per hit, in list order, and what a chunk that retriever did
+    not return gets); ties go to the chunk with the better best rank."""
     ranks: dict[str, dict[str, int]] = {}
     fields: dict[str, dict] = {}
+    per: dict[str, tuple[dict[str, float], float]] = {}
     for name, hits in lists.items():
-        w = weights.get(name, 1.0)
+        if not hits:
+            continue
+        values, missing = contributions(name, hits)
+        per[name] = (dict(zip((h.id for h in hits), values, strict=True)), missing)
         for rank, hit in enumerate(hits, 1):
-            scores[hit.id] = scores.get(hit.id, 0.0) + (w / (k + rank) if w > 0 else 0.0)
             ranks.setdefault(hit.id, {})[name] = rank
             fields.setdefault(hit.id, hit.fields)
+    scores = {hid: sum(got.get(hid, missing) for got, missing in per.values()) for hid in fields}
     order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
     return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+
+
+def rrf_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, k: int = 60) -> list[Retrieved]:
+    """Weighted reciprocal-rank fusion: ``sum_r w_r / (k + rank_r)``."""
+    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
+        w = weights.get(name, 1.0)
+        return [w / (k + rank) if w > 0 else 0.0 for rank in range(1, len(hits) + 1)], 0.0
+
+    return _weighted_sum(lists, top_k, contributions)
 
 
 def score_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
     """Weighted sum of max-normalised BM25 scores and raw cosine similarities."""
-    scores: dict[str, float] = {}
-    ranks: dict[str, dict[str, int]] = {}
-    fields: dict[str, dict] = {}
-    for name, hits in lists.items():
-        if not hits:
-            continue
+    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
         w = weights.get(name, 1.0)
         scale = max(h.score for h in hits) if name == "bm25" else 1.0
         scale = scale if scale > 0 else 1.0
-        for rank, hit in enumerate(hits, 1):
-            scores[hit.id] = scores.get(hit.id, 0.0) + w * max(hit.score, 0.0) / scale
-            ranks.setdefault(hit.id, {})[name] = rank
-            fields.setdefault(hit.id, hit.fields)
-    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
-    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+        return [w * max(h.score, 0.0) / scale for h in hits], 0.0
+
+    return _weighted_sum(lists, top_k, contributions)
 
 
 def minmax_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
     """Weighted sum of min-max normalised scores: each retriever's list is mapped onto [0, 1]
     (best hit 1, the last of its list 0), so neither BM25's unbounded scores nor cosine's
     narrow band dominates; a chunk one retriever did not return scores 0 there."""
-    scores: dict[str, float] = {}
-    ranks: dict[str, dict[str, int]] = {}
-    fields: dict[str, dict] = {}
-    for name, hits in lists.items():
-        if not hits:
-            continue
+    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
         w = weights.get(name, 1.0)
         hi, lo = max(h.score for h in hits), min(h.score for h in hits)
         span = hi - lo
-        for rank, hit in enumerate(hits, 1):
-            scores[hit.id] = scores.get(hit.id, 0.0) + w * ((hit.score - lo) / span if span > 0 else 1.0)
-            ranks.setdefault(hit.id, {})[name] = rank
-            fields.setdefault(hit.id, hit.fields)
-    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
-    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+        return [w * ((h.score - lo) / span if span > 0 else 1.0) for h in hits], 0.0
+
+    return _weighted_sum(lists, top_k, contributions)
 
 
 def _standardised(hits: list[Retrieved]) -> np.ndarray:
@@ -185,27 +184,14 @@ def zscore_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], to
     confidence: the gap between its first and second standardised scores (a retriever that
     cannot tell its top hit from the next one has little say; see :func:`confidence_fuse`).
     """
-    scores: dict[str, float] = {}
-    ranks: dict[str, dict[str, int]] = {}
-    fields: dict[str, dict] = {}
-    floors: dict[str, float] = {}
-    per: dict[str, dict[str, float]] = {}
-    weights = dict(weights)
-    for name, hits in lists.items():
-        if not hits:
-            continue
+    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
         z = _standardised(hits)
+        w = weights.get(name, 1.0)
         if confidence:
-            weights[name] = weights.get(name, 1.0) * (max(float(z[0] - z[1]), 1e-3) if len(z) > 1 else 1.0)
-        floors[name] = float(z.min())
-        per[name] = {h.id: float(v) for h, v in zip(hits, z, strict=True)}
-        for rank, hit in enumerate(hits, 1):
-            ranks.setdefault(hit.id, {})[name] = rank
-            fields.setdefault(hit.id, hit.fields)
-    for hid in fields:
-        scores[hid] = sum(weights.get(name, 1.0) * per[name].get(hid, floors[name]) for name in per)
-    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
-    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+            w *= max(float(z[0] - z[1]), 1e-3) if len(z) > 1 else 1.0
+        return [w * float(v) for v in z], w * float(z.min())
+
+    return _weighted_sum(lists, top_k, contributions)
 
 
 def confidence_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
