@@ -100,3 +100,13 @@ def test_e5_bf16_matches_fp32() -> None:
     assert cos.min() > 0.99 and cos.min() < 1.0 - 1e-7
     q = ["What does the supplier deliver?"]  # one short query: fp32 in both, identical
     np.testing.assert_array_equal(bf16.encode_queries(q), fp32.encode_queries(q))
+
+
+def test_one_batch_path_equals_sentence_transformers_encode(minilm_fp32: E.LocalEmbedder) -> None:
+    texts = ["What is the notice period?", "患者男性，58岁，因胸痛3小时入院。", "ok"]
+    ref = minilm_fp32.model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)
+    got = minilm_fp32.encode(texts)  # one batch: the lean forward pass
+    assert got.dtype == np.float32 and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, atol=2e-6)
+    many = minilm_fp32.encode(texts * 12, batch_size=8)  # several batches: encode() itself
+    np.testing.assert_allclose(many[:3], ref, atol=2e-6)
