@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -96,7 +97,9 @@ class FileOutcome(BaseModel):
 
 
 class LedgerEntry(BaseModel):
-    """One line of the ledger."""
+    """One line of the ledger (frozen: readers share the entries this process has parsed)."""
+
+    model_config = ConfigDict(frozen=True)
 
     sha256: str
     path: str
@@ -124,6 +127,20 @@ class InboxScan(BaseModel):
     claimed_elsewhere: int = Field(default=0, description="New files another running job had claimed.")
 
 
+class _ReadState:
+    """What this process has parsed of one ledger file: its latest entries up to ``offset``."""
+
+    def __init__(self, inode: int) -> None:
+        self.inode = inode
+        self.offset = 0
+        self.lines = 0
+        self.latest: dict[str, LedgerEntry] = {}
+
+
+_READ_LOCK = threading.Lock()
+_READ_CACHE: dict[str, _ReadState] = {}
+
+
 class FileLedger:
     """Append-only record of the files a job has handled, keyed by content hash."""
 
@@ -142,28 +159,55 @@ class FileLedger:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
     def entries(self) -> dict[str, LedgerEntry]:
-        """The latest entry per content hash."""
-        out: dict[str, LedgerEntry] = {}
-        if not self.path.exists():
-            return out
-        with open(self.path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    entry = LedgerEntry.model_validate_json(line)
-                except ValueError:  # a torn last line after a crash: ignore it, say so
-                    log.warning("ledger %s line %d is not a valid entry; ignored", self.path, number)
-                    continue
-                out[entry.sha256] = entry
-        return out
+        """The latest entry per content hash.
+
+        The ledger only grows, and a deployment reads it several times per run for years: this
+        process keeps what it parsed and reads only the lines appended since (a file that
+        shrank or was replaced is read again from the start). A line still being written
+        (no newline yet) is left for the next read.
+        """
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        key = str(self.path)
+        with _READ_LOCK:
+            cached = _READ_CACHE.get(key)
+            if cached is None or cached.inode != stat.st_ino or stat.st_size < cached.offset:
+                cached = _ReadState(inode=stat.st_ino)
+            if stat.st_size > cached.offset:
+                self._read_from(cached)
+            _READ_CACHE[key] = cached
+            return dict(cached.latest)
+
+    def _read_from(self, state: _ReadState) -> None:
+        with open(self.path, "rb") as handle:
+            handle.seek(state.offset)
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1  # bytes up to the last full line
+        for raw in data[:complete].splitlines():
+            state.lines += 1
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                entry = LedgerEntry.model_validate_json(line)
+            except ValueError:  # a torn line after a crash: ignore it, say so
+                log.warning("ledger %s line %d is not a valid entry; ignored", self.path, state.lines)
+                continue
+            state.latest[entry.sha256] = entry
+        state.offset += complete
 
     def _append(self, entries: list[LedgerEntry]) -> None:
         if not entries:
             return
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write("".join(e.model_dump_json() + "\n" for e in entries))
+        with open(self.path, "a+b") as handle:
+            # after a crash mid-write the file ends in a torn line: end it first, or the
+            # next entry would be glued to it and lost with it
+            size = os.fstat(handle.fileno()).st_size
+            torn = size > 0 and os.pread(handle.fileno(), 1, size - 1) != b"\n"
+            text = "".join(e.model_dump_json() + "\n" for e in entries)
+            handle.write((("\n" if torn else "") + text).encode("utf-8"))
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -86,3 +86,41 @@ def test_torn_last_line_is_ignored_and_last_entry_wins(tmp_path: Path) -> None:
     assert list(entries) == ["a" * 64] and entries["a" * 64].status == "scored"
     with pytest.raises(ValueError):
         FileLedger("../escape", root=tmp_path)
+
+
+def test_entry_after_a_torn_line_is_kept(tmp_path: Path) -> None:
+    ledger = FileLedger("torn-then-more", root=tmp_path)
+    a, b = (InboxFile(path=f"/in/{n}.csv", sha256=n * 64, size=3) for n in "ab")
+    ledger.record(_entry(a))
+    with open(ledger.path, "a") as handle:
+        handle.write('{"sha256": "ccc", "pa')  # a crash mid-write
+    assert set(ledger.entries()) == {"a" * 64}
+    ledger.record(_entry(b, "quarantined"))  # the next run appends: not glued to the torn line
+    entries = FileLedger("torn-then-more", root=tmp_path).entries()
+    assert set(entries) == {"a" * 64, "b" * 64} and entries["b" * 64].status == "quarantined"
+
+
+def test_reads_only_what_was_appended_and_rereads_a_replaced_file(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [InboxFile(path=f"/in/{i}.csv", sha256=f"{i:064d}", size=3) for i in range(50)]
+    writer = FileLedger("grows", root=tmp_path)
+    for f in files[:40]:
+        writer.record(_entry(f, "claimed"))
+    assert len(FileLedger("grows", root=tmp_path).entries()) == 40
+    parsed: list[str] = []
+    real = LedgerEntry.model_validate_json
+    monkeypatch.setattr(LedgerEntry, "model_validate_json", lambda line: parsed.append(line) or real(line))
+    for f in files[40:]:
+        writer.record(_entry(f))
+    writer.record(_entry(files[0], "scored"))
+    entries = FileLedger("grows", root=tmp_path).entries()  # another instance, same process
+    assert len(parsed) == 11 and len(entries) == 50  # the 11 new lines only, not 51
+    assert entries[files[0].sha256].status == "scored" and entries[files[1].sha256].status == "claimed"
+    entries.clear()  # a caller's copy: the next read is whole again
+    assert len(writer.entries()) == 50 and len(parsed) == 11
+    # the file replaced (e.g. restored from a backup): read again from the start
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text(_entry(files[7], "quarantined").model_dump_json() + "\n")
+    os.replace(replacement, writer.path)
+    entries = writer.entries()
+    assert list(entries) == [files[7].sha256] and entries[files[7].sha256].status == "quarantined"
