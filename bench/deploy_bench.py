@@ -1,6 +1,6 @@
 """Orchestration overhead and batch-scoring throughput, side by side in one run.
 
-    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 100000] [--part all|tasks|scoring]
+    python bench/deploy_bench.py [--tasks 50] [--repeats 3] [--rows 100000] [--part all|tasks|scoring] [--history N]
 
 Prints one JSON line:
 - ``ms_per_task_ephemeral`` / ``ms_per_task_server``: median over repeats of
@@ -66,7 +66,8 @@ def _free_port() -> int:
 def _child(args: list[str], env: dict[str, str]) -> dict:
     # this checkout's code, not an installed copy
     env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run([sys.executable, __file__, *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=3600,
+                         check=False)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -115,7 +116,20 @@ def orchestration(n: int, repeats: int) -> dict:
     }
 
 
-def _scoring_worker(rows: int, repeats: int) -> None:
+def _seed_history(job: str, files: int) -> None:
+    """Give the job's ledger ``files`` earlier scored files (a deployment's months of hourly runs)."""
+    from tasks.ledger import FileLedger, LedgerEntry
+
+    entries = []
+    for i in range(files):
+        digest = f"{i:064x}"
+        entries.append(LedgerEntry(sha256=digest, path=f"/old/inbox/{i}.parquet", size=1, status="claimed", owner="h:1:x"))
+        entries.append(LedgerEntry(sha256=digest, path=f"/old/inbox/{i}.parquet", size=1, status="scored",
+                                   output=f"/old/scores/{i}.parquet", rows=100000, model="bench-score:0"))
+    FileLedger(job)._append(entries)
+
+
+def _scoring_worker(rows: int, repeats: int, history: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -138,6 +152,8 @@ def _scoring_worker(rows: int, repeats: int) -> None:
         # worker threads start with OMP_NUM_THREADS=1: score with one thread on both sides
         torch.set_num_threads(1)
         work = Path(os.environ["INDUSFLOW_HOME"])
+        if history:
+            _seed_history("fraud-batch-score", history)
         df = generate_transactions(n_accounts=max(50, rows // 18), n_terminals=max(30, rows // 40), n_days=10, seed=9)
         df = df.drop(columns=["label", "scenario"], errors="ignore").head(rows)
         flow_s, direct_s = [], []
@@ -169,13 +185,13 @@ def _scoring_worker(rows: int, repeats: int) -> None:
     print(json.dumps({"rows": len(df), "flow_s": flow_s, "direct_s": direct_s}))
 
 
-def scoring(rows: int, repeats: int) -> dict:
+def scoring(rows: int, repeats: int, history: int = 0) -> dict:
     with tempfile.TemporaryDirectory() as home, tempfile.TemporaryDirectory() as phome:
         env = {**os.environ, "INDUSFLOW_HOME": home, "PREFECT_HOME": phome, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                "PREFECT_LOGGING_LEVEL": "WARNING", "INDUSFLOW_LOG_LEVEL": "WARNING",
                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
         env.pop("PREFECT_API_URL", None)
-        res = _child(["--worker-score", str(rows), "--repeats", str(repeats)], env)
+        res = _child(["--worker-score", str(rows), "--repeats", str(repeats), "--history", str(history)], env)
     flow = statistics.median(res["flow_s"])
     direct = statistics.median(res["direct_s"])
     return {
@@ -183,6 +199,7 @@ def scoring(rows: int, repeats: int) -> dict:
         "score_rows_per_s_flow": round(res["rows"] / flow, 1),
         "score_rows_per_s_direct": round(res["rows"] / direct, 1),
         "score_ratio": round(direct / flow, 3),
+        "ledger_history_files": history,
         # per-repeat times, so the spread of this noisy figure is visible beside its median
         "score_flow_s": [round(x, 3) for x in res["flow_s"]],
         "score_direct_s": [round(x, 3) for x in res["direct_s"]],
@@ -197,6 +214,9 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=100000)
     p.add_argument("--part", choices=("all", "tasks", "scoring"), default="all",
                    help="measure the orchestration overhead, the batch-scoring ratio, or both")
+    p.add_argument("--history", type=int, default=0,
+                   help="files the batch job's ledger already holds before the timed runs (e.g. 20000: "
+                        "two years of hourly single-file runs); the flow's fixed cost must not grow with it")
     p.add_argument("--worker-tasks", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker-score", type=int, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -204,10 +224,10 @@ def main() -> None:
         _tasks_worker(a.worker_tasks, a.repeats)
         return
     if a.worker_score:
-        _scoring_worker(a.worker_score, a.repeats)
+        _scoring_worker(a.worker_score, a.repeats, a.history)
         return
     figures = {**(orchestration(a.tasks, a.repeats) if a.part in ("all", "tasks") else {}),
-               **(scoring(a.rows, a.repeats) if a.part in ("all", "scoring") else {})}
+               **(scoring(a.rows, a.repeats, a.history) if a.part in ("all", "scoring") else {})}
     print(json.dumps(figures))
 
 
