@@ -240,6 +240,14 @@ class FileLedger:
         return claimed, settled, elsewhere
 
 
+def scored_entries(job: str, outputs: list[str] | None = None) -> list[LedgerEntry]:
+    """The files ``job`` scored (only those that wrote one of ``outputs``, if given), oldest first."""
+    keep = set(outputs) if outputs is not None else None
+    entries = [e for e in FileLedger(job).entries().values()
+               if e.status == "scored" and e.output and (keep is None or e.output in keep)]
+    return sorted(entries, key=lambda e: e.at)
+
+
 def run_owner() -> str:
     """A claim owner for this run: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"

@@ -460,6 +460,30 @@ def check_drift(job: str, model_spec: str, model_path: str | Path, frame: pd.Dat
                         table=str(folder / "drift"), event_emitted=emitted)
 
 
+def check_batch_drift(job: str, model: str, inputs: Sequence[tuple[pd.DataFrame, np.ndarray]]) -> DriftSummary | None:
+    """:func:`check_drift` of one batch run of ``job``: ``inputs`` holds, per scored file, its
+    monitored input columns and its scores; they are compared with the profile of ``model``
+    (resolved to its version) under the job's thresholds, in the job's monitoring folder."""
+    if not inputs:
+        return None
+    from infra.deploy_config import monitoring_spec
+    from infra.home import home_layout
+    from infra.registry import ModelRegistry
+
+    ref = ModelRegistry().resolve(model)
+    frames, scores = zip(*inputs, strict=True)
+    return check_drift(job, ref.spec, ref.path, pd.concat(frames, ignore_index=True), np.concatenate(scores),
+                       monitoring_spec(job), home_layout().monitoring(job))
+
+
+def job_drift_history(job: str, out_dir: Path) -> DriftHistory:
+    """:func:`drift_history` of batch job ``job`` under its thresholds and monitoring folder."""
+    from infra.deploy_config import monitoring_spec
+    from infra.home import home_layout
+
+    return drift_history(job, home_layout().monitoring(job), monitoring_spec(job), out_dir)
+
+
 class DriftHistory(BaseModel):
     """The drift of a batch job's runs, as its monitor reports it."""
 

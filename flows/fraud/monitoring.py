@@ -17,7 +17,7 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from flows.fraud.results import Accumulated, LabelsIngest, PreparedFeatures
-from infra.deploy_config import MonitoringSpec, monitoring_spec
+from infra.deploy_config import MonitoringSpec
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.registry import ModelRegistry, parse_model_spec
@@ -31,7 +31,7 @@ from tasks import accumulate as A
 from tasks import monitoring as MON
 from tasks.data import DatasetRef, load_table
 from tasks.dispatch import Dispatched
-from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
+from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox, scored_entries
 from tasks.prepare import materialize_table
 
 log = logging.getLogger(__name__)
@@ -69,43 +69,28 @@ def _with_accounts(tx: pd.DataFrame, accounts: str | None) -> pd.DataFrame:
     return P.merge_accounts(tx, load_table(Path(accounts).expanduser(), accounts_schema()).read())
 
 
-def scored_inputs(job: str, outputs: list[str] | None = None) -> list[LedgerEntry]:
-    """The ledger entries of ``job``'s scored files (those of ``outputs`` only, if given)."""
-    keep = set(outputs) if outputs is not None else None
-    entries = [e for e in FileLedger(job).entries().values() if e.status == "scored" and e.output]
-    return [e for e in entries if keep is None or e.output in keep]
-
-
 @task(name="check-drift", cache_policy=NONE)
 def drift_step(run: InboxRun, columns: dict[str, str], accounts: str | None) -> MON.DriftSummary | None:
     """Compare this run's inputs and scores with the champion's profile (PSI, KS); record
     the rows, and emit an event and tag the run when a threshold is crossed (the plot over the
     runs is the monitor's)."""
-    if not run.outputs:
-        return None
-    model = ModelRegistry().resolve(run.model)
-    frames, scores = [], []
-    for entry in scored_inputs(BATCH_JOB, run.outputs):
+    inputs = []
+    for entry in scored_entries(BATCH_JOB, run.outputs) if run.outputs else []:
         kept = M.features_beside(Path(entry.output))
         if kept.exists():  # written while the file was scored: no second read of the input
-            frames.append(pd.read_parquet(kept))
+            frame = pd.read_parquet(kept)
         else:
-            tx = _with_accounts(load_table(Path(entry.path), transaction_schema(for_scoring=True),
-                                           columns=columns).read(), accounts)
-            frames.append(M.monitored_features(tx))
-        scores.append(pd.read_parquet(entry.output, columns=["score"])["score"].to_numpy())
-    if not frames:
-        return None
-    folder = home_layout().monitoring(BATCH_JOB)
-    return MON.check_drift(BATCH_JOB, model.spec, model.path, pd.concat(frames, ignore_index=True),
-                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder)
+            frame = M.monitored_features(_with_accounts(
+                load_table(Path(entry.path), transaction_schema(for_scoring=True), columns=columns).read(), accounts))
+        inputs.append((frame, pd.read_parquet(entry.output, columns=["score"])["score"].to_numpy()))
+    return MON.check_batch_drift(BATCH_JOB, run.model, inputs)
 
 
 @task(name="drift-history", cache_policy=NONE)
 def drift_history_step(out_dir: Path) -> MON.DriftHistory:
     """The batch job's drift over its recent runs: PSI per column plotted (``drift_psi.png``
     in the monitor's report folder) and a markdown section for the monitor's artifact."""
-    return MON.drift_history(BATCH_JOB, home_layout().monitoring(BATCH_JOB), monitoring_spec(BATCH_JOB), out_dir)
+    return MON.job_drift_history(BATCH_JOB, out_dir)
 
 
 # ------------------------------------------------------------------------------------
@@ -141,7 +126,7 @@ def all_labels() -> pd.DataFrame:
 def all_scores() -> pd.DataFrame:
     """Every transaction the batch job scored, with the score of its first scoring (the
     decision taken then: a file that re-sends earlier rows as history does not replace it)."""
-    entries = sorted(scored_inputs(BATCH_JOB), key=lambda e: e.at)
+    entries = scored_entries(BATCH_JOB)
     parts = [pd.read_parquet(e.output) for e in entries if Path(e.output).exists()]
     if not parts:
         return pd.DataFrame(columns=[S.TRANSACTION_ID, S.ACCOUNT_ID, S.TIMESTAMP, "score", "model", "model_version"])
@@ -163,7 +148,7 @@ def accumulate_step(new_label_ids: list[str], columns: dict[str, str], accounts:
     labels = all_labels()
     written: set[Any] = set()
     added = 0
-    for entry in scored_inputs(BATCH_JOB):
+    for entry in scored_entries(BATCH_JOB):
         if entry.sha256 in done:
             continue
         if not Path(entry.path).exists():

@@ -19,7 +19,7 @@ from prefect.cache_policies import NONE
 from flows.sensor.accumulated import failures_root, readings_root
 from flows.sensor.results import FailuresIngest, SensorAccumulated
 from flows.sensor.steps import grid_table
-from infra.deploy_config import MonitoringSpec, monitoring_spec
+from infra.deploy_config import MonitoringSpec
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.registry import ModelRegistry, parse_model_spec
@@ -32,7 +32,7 @@ from tasks import accumulate as A
 from tasks import monitoring as MON
 from tasks.data import DatasetRef, load_table
 from tasks.dispatch import Dispatched
-from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox
+from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox, scored_entries
 
 log = logging.getLogger(__name__)
 
@@ -55,30 +55,20 @@ def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) 
     """Compare this run's aligned readings and predicted RUL with the champion's profile (PSI,
     KS); record the rows, and emit an event and tag the run when a threshold is crossed (the
     plot over the runs is the monitor's)."""
-    if not run.outputs:
-        return None
-    model = ModelRegistry().resolve(run.model)
-    keep = set(run.outputs)
-    frames, scores = [], []
-    for entry in FileLedger(BATCH_JOB).entries().values():
-        if entry.status != "scored" or entry.output not in keep:
-            continue
+    inputs = []
+    for entry in scored_entries(BATCH_JOB, run.outputs) if run.outputs else []:
         plan = D.readings_plan(Path(entry.path), None, dict(columns), config.align, data_sha256=entry.sha256)
         grid_ref, _ = grid_table(plan)  # stored when the file was scored: read back, not rebuilt
-        frames.append(M.monitored_features(grid_ref.read()))
-        scores.append(pd.read_parquet(entry.output, columns=["predicted_rul"])["predicted_rul"].to_numpy())
-    if not frames:
-        return None
-    folder = home_layout().monitoring(BATCH_JOB)
-    return MON.check_drift(BATCH_JOB, model.spec, model.path, pd.concat(frames, ignore_index=True),
-                           np.concatenate(scores), monitoring_spec(BATCH_JOB), folder)
+        inputs.append((M.monitored_features(grid_ref.read()),
+                       pd.read_parquet(entry.output, columns=["predicted_rul"])["predicted_rul"].to_numpy()))
+    return MON.check_batch_drift(BATCH_JOB, run.model, inputs)
 
 
 @task(name="drift-history", cache_policy=NONE)
 def drift_history_step(out_dir: Path) -> MON.DriftHistory:
     """The batch job's drift over its recent runs: PSI per column plotted (``drift_psi.png``
     in the monitor's report folder) and a markdown section for the monitor's artifact."""
-    return MON.drift_history(BATCH_JOB, home_layout().monitoring(BATCH_JOB), monitoring_spec(BATCH_JOB), out_dir)
+    return MON.job_drift_history(BATCH_JOB, out_dir)
 
 
 # ------------------------------------------------------------------------------------
@@ -127,11 +117,6 @@ def _earliest_known(events: pd.DataFrame) -> pd.DataFrame:
 # scored readings -> accumulated data and the scored times
 
 
-def _scored_entries() -> list[LedgerEntry]:
-    entries = [e for e in FileLedger(BATCH_JOB).entries().values() if e.status == "scored" and e.output]
-    return sorted(entries, key=lambda e: e.at)
-
-
 @task(name="accumulate-scored-readings", cache_policy=NONE)
 def accumulate_step(columns: Mapping[str, str], step_seconds: float, encoding: str | None) -> SensorAccumulated:
     """Add the readings of every newly scored file to the day partitions, and record when each
@@ -140,7 +125,7 @@ def accumulate_step(columns: Mapping[str, str], step_seconds: float, encoding: s
     done = ledger.entries()
     folder = home_layout().monitoring(MONITOR_JOB)
     added = 0
-    for entry in _scored_entries():
+    for entry in scored_entries(BATCH_JOB):
         if entry.sha256 in done:
             continue
         if not Path(entry.path).exists() or not Path(entry.output).exists():
