@@ -30,26 +30,11 @@ sys.path.insert(0, str(ROOT))
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 from infra.ocr import OcrError, RapidOcr, TesseractOcr, pdf_pages
+from solutions.rag.evaluation import cer
 
 DATA = ROOT.parent / "shared" / "data"
 FONTS = {"en": Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"),
          "zh": Path("/usr/share/fonts/truetype/wqy/wqy-microhei.ttc")}
-
-
-def edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, start=1):
-        cur = [i]
-        for j, cb in enumerate(b, start=1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def cer(ref: str, hyp: str, lang: str) -> float:
-    join = "" if lang == "zh" else " "
-    ref, hyp = join.join(ref.split()), join.join(hyp.split())
-    return edit_distance(ref, hyp) / max(len(ref), 1)
 
 
 def wrap(text: str, font: ImageFont.FreeTypeFont, width: int, lang: str) -> list[str]:
@@ -136,7 +121,7 @@ def main() -> None:
                         out[f"{name}/{lang}"] = f"failed: {exc}"[:120]
                         break
                     secs.append(time.perf_counter() - t)
-                    scores.append(cer(ref, hyp, lang))
+                    scores.append(cer(ref, hyp, keep_spaces=lang != "zh"))
                 if scores:
                     key = f"{name}/{lang}/{'scanned' if scanned else 'clean'}"
                     out[key] = {"cer_median": round(statistics.median(scores), 4), "cer_max": round(max(scores), 4),

@@ -179,3 +179,26 @@ def render_eval(r: EvalResult) -> str:
         notes.append(f"embedder {r.coverage.model}: unknown pieces {r.coverage.unk_share:.1%}, passages over its "
                      f"window {r.coverage.truncated_share:.1%}")
     return render_eval_table(rows, f"rag-eval: {Path(r.qa_file).name}", notes)
+
+
+# ------------------------------------------------------------------------------------
+# OCR quality
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions all cost 1)."""
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, start=1):
+        cur = [i]
+        for j, cb in enumerate(b, start=1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def cer(reference: str, hypothesis: str, *, keep_spaces: bool = True) -> float:
+    """Character error rate of an OCR text: edit distance / reference length, after whitespace
+    is normalised to single spaces (``keep_spaces``) or removed (Chinese, which has none)."""
+    norm = (lambda s: " ".join(s.split())) if keep_spaces else (lambda s: "".join(s.split()))
+    ref, hyp = norm(reference), norm(hypothesis)
+    return edit_distance(ref, hyp) / max(len(ref), 1)

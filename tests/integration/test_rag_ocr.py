@@ -26,6 +26,7 @@ from infra.milvus import query_all
 from infra.ocr import OcrError, RapidOcr, TesseractOcr, TikaServerOcr, lines_in_order, ocr_engine
 from infra.settings import OcrSettings
 from solutions.rag.config import ChunkParams, IngestParams
+from solutions.rag.evaluation import cer
 from tasks.documents import discover, parse_sources
 from tasks.ingest import IngestStages, render_ingest
 from tasks.ocr import ocr_records
@@ -53,24 +54,6 @@ MIXED_SCAN = ["Appendix B: the scanned delivery note.", "Valve V-204 was deliver
 PHOTO = ["Whiteboard photo: shift handover at 06:00.", "Compressor C-7 vibration alarm acknowledged."]
 ATTACHED = ["Attached scan: safety instruction 42.", "Wear hearing protection in the turbine hall."]
 CHINESE = ["设备维护报告：第七泵站", "轴承温度在三月十二日超过八十五度。", "请在下次检修前更换密封件。"]
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions all cost 1)."""
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, start=1):
-        cur = [i]
-        for j, cb in enumerate(b, start=1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def cer(reference: str, hypothesis: str, *, keep_spaces: bool = True) -> float:
-    """Character error rate after whitespace normalisation (removed entirely for Chinese)."""
-    norm = (lambda s: " ".join(s.split())) if keep_spaces else (lambda s: "".join(s.split()))
-    ref, hyp = norm(reference), norm(hypothesis)
-    return edit_distance(ref, hyp) / max(len(ref), 1)
 
 
 def render(lines: list[str], font_path: Path = LATIN_FONT, size: int = 26, width: int = 1000) -> Image.Image:
