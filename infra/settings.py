@@ -259,7 +259,7 @@ class EmbeddingSettings(BaseSettings):
         pattern="^(auto|fp32|bf16)$",
         description="Arithmetic of the torch runtime: 'auto' (bf16 where the hardware multiplies it natively: CUDA "
         "GPUs with bf16, CPUs with AMX; fp32 elsewhere), 'fp32' or 'bf16'. bf16 is used only after its vectors of "
-        "sample texts match fp32 (mean cosine >= 0.99, none below 0.97), and only for batches large enough to gain.",
+        "sample texts match fp32 (mean cosine >= 0.99, none below 0.97); its linear layers then hold bf16 weights.",
     )
     runtime: str = Field(
         default="torch",
