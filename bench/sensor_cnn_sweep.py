@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--fold", type=int, default=0, help="Which of 5 engine folds is held out.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--length", type=int, default=None, help="Window length (default: the config's).")
+    parser.add_argument("--age", action="store_true", help="Add the age channel (steps since the first reading).")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--noise", type=float, default=None, help="Input noise std.")
     parser.add_argument("--channels", type=int, default=None)
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--weight-decay", type=float, default=1e-4)
     parser.add_argument("--flatten", action="store_true",
                         help="Variant: project the flattened per-step features instead of pooling over time.")
+    parser.add_argument("--ema", type=float, default=None, help="Score an exponential moving average of the weights.")
     parser.add_argument("--gbm", action="store_true", help="Also fit the GBM baseline on the fold.")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
@@ -67,7 +69,8 @@ def main() -> None:
               if v is not None}
     cfg = cfg.model_copy(update={
         "model": cfg.model.model_copy(update=model_upd), "finetune": cfg.finetune.model_copy(update=ft_upd),
-        "window": cfg.window.model_copy(update={"length": args.length} if args.length else {})})
+        "window": cfg.window.model_copy(update=({"length": args.length} if args.length else {})
+                                        | ({"age_channel": True} if args.age else {}))})
     mcfg, ft = cfg.model, cfg.finetune
     wcfg = window_config(SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset), cfg)
     grid, _ = load_cmapss(Path(args.cmapss_dir), args.subset)
@@ -78,7 +81,7 @@ def main() -> None:
     data = fd.data
     out: dict = {"tag": args.tag, "fold": args.fold, "seed": args.seed, "window": wcfg.length,
                  "model": mcfg.model_dump(), "input_noise": ft.input_noise, "lr": ft.lr, "epochs": ft.max_epochs,
-                 "weight_decay": args.weight_decay, "flatten": args.flatten}
+                 "weight_decay": args.weight_decay, "flatten": args.flatten, "age": args.age, "ema": args.ema}
     if args.gbm:
         gbm = E.fit_baseline(data.train, args.fold)
         out["gbm_val"] = float(np.sqrt(np.mean((gbm.predict_rul(data.val.x) - data.val.rul) ** 2)))
@@ -90,6 +93,11 @@ def main() -> None:
                                        torch.nn.Linear(enc.step_dim * wcfg.length, mcfg.embedding_dim))
         enc.pool = lambda h: enc.proj(h.flatten(1))  # type: ignore[method-assign]
     opt = torch.optim.AdamW(model.parameters(), lr=ft.lr, weight_decay=args.weight_decay)
+    trained = model
+    if args.ema:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema))
     x = torch.as_tensor(data.train.x)
     rul = torch.as_tensor(data.train.rul, dtype=torch.float32)
     fail = torch.as_tensor(data.train.fail, dtype=torch.float32)
@@ -98,9 +106,10 @@ def main() -> None:
     total, step, cap = per_epoch * ft.max_epochs, 0, wcfg.rul_cap
 
     def rmse(windows: np.ndarray, truth: np.ndarray) -> float:
-        model.eval()
+        scored = ema.module if args.ema else model
+        scored.eval()
         with torch.no_grad():
-            pred = (model(torch.as_tensor(windows))[0].clamp(0, 1) * cap).numpy()
+            pred = (scored(torch.as_tensor(windows))[0].clamp(0, 1) * cap).numpy()
         return round(float(np.sqrt(np.mean((pred - truth) ** 2))), 2)
 
     started, history = time.perf_counter(), []
@@ -118,11 +127,18 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if args.ema:
+                ema.update_parameters(trained)
             step += 1
         if ft.input_noise > 0:
             recalibrate_batchnorm(model.encoder, x)
         history.append({"train": rmse(data.train.x[::7], data.train.rul[::7]), "val": rmse(data.val.x, data.val.rul),
                         "test": rmse(data.test_last.x, data.test_last.rul)})
+    scored = ema.module if args.ema else model
+    scored.eval()
+    with torch.no_grad():
+        out["test_pred"] = [round(float(v), 3) for v in scored(torch.as_tensor(data.test_last.x))[0].clamp(0, 1) * cap]
+    out["test_truth"] = [float(v) for v in data.test_last.rul]
     best = min(history, key=lambda h: h["val"])
     out.update(curve=history, final=history[-1], at_best_val=best, seconds=round(time.perf_counter() - started, 1))
     print(json.dumps(out))

@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
     parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
+    parser.add_argument("--length", type=int, default=None, help="Override the window length.")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
@@ -74,6 +75,8 @@ def main() -> None:
     wcfg = window_config(SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset), cfg)
     if args.stride:
         wcfg = wcfg.model_copy(update={"stride": args.stride})
+    if args.length:
+        wcfg = wcfg.model_copy(update={"length": args.length})
     grid, _ = load_cmapss(Path(args.cmapss_dir), args.subset)
     grid = grid.loc[grid[S.SET] != "test"]  # the training file's engines only; test units stay unseen
     assets = CV.training_assets(grid)

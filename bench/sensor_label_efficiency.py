@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
     parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
+    parser.add_argument("--length", type=int, default=None, help="Override the window length.")
+    parser.add_argument("--mode", choices=("progressive", "top"), default=None,
+                        help="Override the fine-tuning schedule of the pre-trained runs.")
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
     parser.add_argument("--threads", type=int, default=1)
@@ -69,10 +72,14 @@ def main() -> None:
         cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"max_epochs": args.pretrain_epochs})})
     if args.channels:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"channels": args.channels})})
+    if args.mode:
+        cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"mode": args.mode})})
     source = SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset) if args.cmapss_dir else SensorSource()
     wcfg = window_config(source, cfg)
     if args.stride:
         wcfg = wcfg.model_copy(update={"stride": args.stride})
+    if args.length:
+        wcfg = wcfg.model_copy(update={"length": args.length})
     grid, _ = build_grid(source, cfg)
     grid = grid.loc[grid[S.SET] != "test"]  # C-MAPSS: the training file's engines only; test units stay unseen
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="sensor-label-eff-"))

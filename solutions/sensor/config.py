@@ -128,7 +128,11 @@ class WindowConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    length: int = Field(default=30, ge=2, description="Steps per window (30 as for C-MAPSS FD001).")
+    length: int = Field(
+        default=40, ge=2,
+        description="Steps per window (40: on C-MAPSS FD001 held-out engines RMSE 13.6 for the CNN and 12.6 for the "
+        "GBM against 13.8 and 13.9 with 30, three folds; engines cut shorter are left-padded).",
+    )
     stride: int | None = Field(
         default=None, ge=1,
         description="Steps between training windows (None: 1 for C-MAPSS, every cycle as the standard protocol; "
@@ -141,6 +145,11 @@ class WindowConfig(BaseModel):
     horizon: int = Field(default=30, ge=1, description="Failure within this many steps = positive.")
     n_regimes: int | Literal["auto"] = Field(
         default="auto", description="Operating regimes (KMeans on op settings); auto: by silhouette, 1-6."
+    )
+    age_channel: bool = Field(
+        default=False,
+        description="Add the asset's age (steps since its first reading, z-scored on the training assets) as an input "
+        "channel.",
     )
 
 

@@ -20,6 +20,8 @@ MIN_SILHOUETTE = 0.6
 #: a feature whose most common value fills this share of a regime's steps is taken as constant
 #: (C-MAPSS FD001 sensor 6: two values, one of them on 98% of the cycles)
 MAX_MODE_SHARE = 0.95
+#: name of the optional age channel (steps since the asset's first reading, z-scored)
+AGE_CHANNEL = "age"
 
 
 def _mode_share(part: np.ndarray) -> np.ndarray:
@@ -43,16 +45,22 @@ class RegimeNormalizer:
     flags pass through unchanged. Remaining NaN (gaps longer than the forward-fill
     limit) become 0, the regime mean.
 
+    With ``age``, one more channel (``AGE_CHANNEL``, last) carries the asset's age: its grid
+    step (steps since its first reading, C-MAPSS: cycle - 1), z-scored with the mean and
+    standard deviation of the steps of the assets it was fitted on (the training assets).
+
     Args:
         n_regimes: number of regimes, or ``"auto"`` (1-6 by silhouette).
         op_prefix: operating-setting columns start with this.
         seed: KMeans seed.
+        age: add the age channel.
     """
 
-    def __init__(self, n_regimes: int | str = "auto", op_prefix: str = "op_", seed: int = 0) -> None:
+    def __init__(self, n_regimes: int | str = "auto", op_prefix: str = "op_", seed: int = 0, age: bool = False) -> None:
         self.n_regimes = n_regimes
         self.op_prefix = op_prefix
         self.seed = seed
+        self.age = age
 
     def fit(self, grid: pd.DataFrame) -> RegimeNormalizer:
         values, ops, gaps = S.feature_columns(list(grid.columns), self.op_prefix)
@@ -84,6 +92,9 @@ class RegimeNormalizer:
         self.values_ = [c for c, kk in zip(values, keep) if kk]
         self.mean_, self.std_ = self.mean_[:, keep], self.std_[:, keep]
         self.gaps_ = [g for g in gaps if grid[g].to_numpy().any()]
+        steps = grid[S.STEP].to_numpy(dtype="float64") if self.age else np.zeros(0)
+        self.age_mean_ = float(steps.mean()) if len(steps) else 0.0
+        self.age_std_ = float(steps.std()) if len(steps) and steps.std() > 1e-9 else 1.0
         dropped = [c for c, kk in zip(values, keep) if not kk]
         if dropped:
             log.info("dropped %d feature(s) without variation: %s", len(dropped), dropped)
@@ -93,7 +104,7 @@ class RegimeNormalizer:
     @property
     def channels_(self) -> list[str]:
         """Model input channels, in order."""
-        return [*self.values_, *self.gaps_]
+        return [*self.values_, *self.gaps_, *([AGE_CHANNEL] if self.age else [])]
 
     def _fit_regimes(self, z: np.ndarray) -> np.ndarray:
         if z.shape[1] == 0 or self.n_regimes == 1:
@@ -154,7 +165,15 @@ class RegimeNormalizer:
         x = np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
         x = np.clip(x, -10, 10)
         gaps = np.column_stack([grid[g].to_numpy(dtype="float64") if g in grid else np.zeros(len(grid)) for g in self.gaps_]) if self.gaps_ else np.zeros((len(grid), 0))
-        return np.hstack([x, gaps]).astype("float32")
+        parts = [x, gaps]
+        if self.age:
+            if S.STEP not in grid.columns:
+                from infra.errors import DataValidationError
+
+                raise DataValidationError(f"the model's age channel needs the {S.STEP!r} column", column=S.STEP)
+            age = (grid[S.STEP].to_numpy(dtype="float64") - self.age_mean_) / self.age_std_
+            parts.append(np.clip(age, -10, 10)[:, None])
+        return np.hstack(parts).astype("float32")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready state (stored with the model in the registry)."""
@@ -162,11 +181,13 @@ class RegimeNormalizer:
             "n_regimes": self.n_regimes, "op_prefix": self.op_prefix, "seed": self.seed, "ops": self.ops_,
             "op_mean": self.op_mean_.tolist(), "op_std": self.op_std_.tolist(), "centers": self.centers_.tolist(),
             "values": self.values_, "gaps": self.gaps_, "mean": self.mean_.tolist(), "std": self.std_.tolist(),
+            "age": self.age, "age_mean": self.age_mean_, "age_std": self.age_std_,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RegimeNormalizer:
-        self = cls(d["n_regimes"], d["op_prefix"], d["seed"])
+        self = cls(d["n_regimes"], d["op_prefix"], d["seed"], bool(d.get("age", False)))
+        self.age_mean_, self.age_std_ = float(d.get("age_mean", 0.0)), float(d.get("age_std", 1.0))
         self.ops_, self.values_, self.gaps_ = list(d["ops"]), list(d["values"]), list(d["gaps"])
         self.op_mean_, self.op_std_ = np.asarray(d["op_mean"]), np.asarray(d["op_std"])
         self.centers_ = np.asarray(d["centers"]).reshape(len(d["centers"]), len(self.ops_))
