@@ -130,6 +130,9 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
+    # modules with infra.step_metrics.LeanSteps skip the transfer of CPU batches; our data modules
+    # define no transfer of their own, so Lightning's note that the module's is used says nothing
+    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`.*")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdverts) for f in logger.filters):
