@@ -276,6 +276,7 @@ def train_model(
     L = _lightning()
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+    from infra.step_metrics import LeanSteps
     from tasks.curves import make_curve_recorder
 
     _quiet_lightning()
@@ -318,6 +319,10 @@ def train_model(
         save_last=True,
     )
     stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
+    clip = spec.gradient_clip_val
+    if isinstance(module, LeanSteps) and not module.automatic_optimization:
+        module.clip_gradients_at(clip)  # it steps its optimiser itself; Lightning refuses to clip then
+        clip = None
     recorder = _make_epoch_recorder()
     curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
     # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
@@ -335,7 +340,7 @@ def train_model(
             logger=_loggers(ckpt_dir),
             enable_progress_bar=_show_progress(),
             enable_model_summary=False,
-            gradient_clip_val=spec.gradient_clip_val,
+            gradient_clip_val=clip,
             limit_train_batches=spec.limit_train_batches,
             limit_val_batches=spec.limit_val_batches,
             log_every_n_steps=10,

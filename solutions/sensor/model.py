@@ -130,7 +130,7 @@ class MaskedReconstruction(LeanSteps, L.LightningModule):
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
+        return self.optimize(self._step(batch, "train"))
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
@@ -234,7 +234,7 @@ class SensorRULModel(LeanSteps, L.LightningModule):
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
+        return self.optimize(self._step(batch, "train"))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.hparams.get("lr_schedule", "constant") == "constant":

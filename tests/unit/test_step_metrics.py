@@ -1,6 +1,7 @@
-"""LeanSteps: training metrics accumulated as tensors and logged once per epoch give what
-Lightning's per-step ``self.log(on_epoch=True)`` gave, and the batch transfer on the CPU is a
-no-op."""
+"""LeanSteps: manual optimisation trains to the same weights as Lightning's automatic one
+(gradient clipping included), training metrics accumulated as tensors and logged once per epoch
+give what Lightning's per-step ``self.log(on_epoch=True)`` gave, and the batch transfer on the CPU
+is a no-op."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class _Net(L.LightningModule):
             self.steps.append([])
         self.steps[-1].append((float(loss.detach()), len(batch[0])))
         self._log_train(loss, mae, len(batch[0]))
-        return loss
+        return self._finish(loss)
 
     def validation_step(self, batch, batch_idx):
         loss, _ = self._loss(batch)
@@ -50,12 +51,20 @@ class _Net(L.LightningModule):
 
 
 class PerStepLogging(_Net):
+    """Lightning's automatic optimisation and per-step logging."""
+
+    def _finish(self, loss):
+        return loss
+
     def _log_train(self, loss, mae, n) -> None:
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=n)
         self.log("train/mae", mae, prog_bar=True, on_step=False, on_epoch=True, batch_size=n)
 
 
 class EpochLogging(LeanSteps, _Net):
+    def _finish(self, loss):
+        return self.optimize(loss)
+
     def _log_train(self, loss, mae, n) -> None:
         self.log_epoch_mean("train/loss", loss, n)
         self.log_epoch_mean("train/mae", mae, n, prog_bar=True)
@@ -86,11 +95,15 @@ class _Data(L.LightningDataModule):
         return DataLoader(self.val, batch_size=64)
 
 
+def _weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
 def _fit(module: L.LightningModule, key: str, **spec) -> tuple[SeenAtEpochEnd, object]:
     seen = SeenAtEpochEnd()
     hw = resolve_training(request=HardwareRequest(accelerator="cpu", devices=1, num_threads=1))
-    result = train_model(module, _Data(), TrainSpec(run_key=key, max_epochs=3, patience=9, fresh=True, hardware=hw,
-                                                    **spec), callbacks=[seen])
+    spec = {"max_epochs": 3, "patience": 9, **spec}
+    result = train_model(module, _Data(), TrainSpec(run_key=key, fresh=True, hardware=hw, **spec), callbacks=[seen])
     return seen, result
 
 
@@ -106,12 +119,15 @@ def test_epoch_means_weight_by_batch_size() -> None:
 
 
 def test_epoch_logging_equals_lightning_per_step_logging_and_the_step_mean() -> None:
-    per_step, per_step_result = _fit(PerStepLogging(), "lean-ref")
-    lean_module = EpochLogging()
+    ref_module, lean_module = PerStepLogging(), EpochLogging()
+    per_step, per_step_result = _fit(ref_module, "lean-ref")
+    assert not lean_module.automatic_optimization
     lean, lean_result = _fit(lean_module, "lean-new")
-    # the same training (the logging path changes no weight) ...
-    assert [r["val/loss"] for r in read_curves(Path(lean_result.curves_csv))] == [
-        r["val/loss"] for r in read_curves(Path(per_step_result.curves_csv))]
+    # the same training: manual optimisation takes the same steps (clipped at TrainSpec's default 1.0) ...
+    ref_curves, lean_curves = (read_curves(Path(r.curves_csv)) for r in (per_step_result, lean_result))
+    assert [r["val/loss"] for r in lean_curves] == [r["val/loss"] for r in ref_curves]
+    assert [r["grad_norm"] for r in lean_curves] == [r["grad_norm"] for r in ref_curves]  # before clipping
+    assert all(torch.equal(a, b) for a, b in zip(_weights(ref_module).values(), _weights(lean_module).values()))
     assert len(lean.seen) == 3 and len(lean_module.steps) == 3
     for epoch, (ref, new, steps) in enumerate(zip(per_step.seen, lean.seen, lean_module.steps)):
         # ... and every epoch-end callback sees this epoch's means, equal to Lightning's own
@@ -120,6 +136,31 @@ def test_epoch_logging_equals_lightning_per_step_logging_and_the_step_mean() -> 
         assert new["train/loss"] == pytest.approx(weighted, rel=1e-6)
         assert [n for _, n in steps] == [64, 64, 64, 58]
     assert lean_result.metrics["train/loss"] == per_step_result.metrics["train/loss"]
+
+
+@pytest.mark.parametrize("clip", [1e-3, None])
+def test_manual_steps_clip_like_automatic_optimisation(clip: float | None) -> None:
+    ref, lean = PerStepLogging(), EpochLogging()
+    _fit(ref, f"lean-clip-ref-{clip}", gradient_clip_val=clip, max_epochs=1)
+    _fit(lean, f"lean-clip-new-{clip}", gradient_clip_val=clip, max_epochs=1)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(ref).values(), _weights(lean).values()))
+    if clip is None:  # clipping at 1e-3 changed the weights: the clip was applied, not skipped
+        clipped = EpochLogging()
+        _fit(clipped, "lean-clip-small", gradient_clip_val=1e-3, max_epochs=1)
+        assert not torch.equal(_weights(clipped)["net.0.weight"], _weights(lean)["net.0.weight"])
+
+
+class _WithScheduler(EpochLogging):
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 1)}
+
+
+def test_lean_steps_refuse_a_lightning_scheduler_they_would_not_step() -> None:
+    with pytest.raises(ValueError, match="does not step Lightning learning-rate schedulers"):
+        _fit(_WithScheduler(), "lean-sched", max_epochs=1)
+    with pytest.raises(ValueError, match="positive norm"):
+        EpochLogging().clip_gradients_at(0.0)
 
 
 def test_epoch_means_cover_a_limited_epoch() -> None:
