@@ -90,6 +90,14 @@ class LeanSteps:
         super().__init__(*args, **kwargs)
         self.automatic_optimization = False
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_current_fx_name":
+            # Lightning sets this around every hook call (dozens of times a step); it is never a
+            # parameter, buffer or sub-module, so torch.nn.Module's checks for those are skipped
+            object.__setattr__(self, name, value)
+            return
+        super().__setattr__(name, value)
+
     def clip_gradients_at(self, max_norm: float | None) -> None:
         """Clip the gradients' total norm to ``max_norm`` before each optimiser step (None: no clipping)."""
         if max_norm is not None and max_norm <= 0:
