@@ -12,6 +12,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
+from infra.step_metrics import LeanSteps
+
 #: how :class:`SensorEncoder` pools its per-step features over time
 POOLINGS = ("meanmax", "mean", "meanlast")
 #: steps at the end of a window whose features ``meanlast`` pooling averages
@@ -75,7 +77,7 @@ def random_mask(shape: tuple[int, int, int], p_time: float, p_sensor: float, gen
     return time | sensor
 
 
-class MaskedReconstruction(L.LightningModule):
+class MaskedReconstruction(LeanSteps, L.LightningModule):
     """Self-supervised pre-training: mask random time steps and sensors, reconstruct them.
 
     The decoder sees the per-step features plus the pooled 256-d embedding, so both the
@@ -121,11 +123,14 @@ class MaskedReconstruction(L.LightningModule):
         recon = self(x, mask)
         m = mask.float()
         loss = ((recon - x) ** 2 * m).sum() / m.sum().clamp_min(1.0)
-        self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        if stage == "train":  # the epoch mean, accumulated without a per-step self.log
+            self.log_epoch_mean(f"{stage}/loss", loss, len(x), prog_bar=True)
+        else:
+            self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
+        return self.optimize(self._step(batch, "train"))
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
@@ -178,7 +183,7 @@ def rul_fail_loss(
     return mse + fail_weight * bce
 
 
-class SensorRULModel(L.LightningModule):
+class SensorRULModel(LeanSteps, L.LightningModule):
     """Encoder + heads, trained on labelled windows (RUL MSE + weighted BCE)."""
 
     def __init__(
@@ -218,13 +223,18 @@ class SensorRULModel(L.LightningModule):
         cap = self.hparams.rul_cap
         loss = rul_fail_loss(pred, logit, rul, fail, rul_cap=cap, fail_weight=self.hparams.fail_weight,
                              pos_weight=self.hparams.pos_weight)
-        rmse = torch.sqrt(F.mse_loss(pred.clamp(0, 1) * cap, rul))
-        self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
-        self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        with torch.no_grad():
+            rmse = torch.sqrt(F.mse_loss(pred.clamp(0, 1) * cap, rul))
+        if stage == "train":  # epoch means, accumulated without a per-step self.log
+            self.log_epoch_mean(f"{stage}/loss", loss, len(x))
+            self.log_epoch_mean(f"{stage}/rmse", rmse, len(x), prog_bar=True)
+        else:
+            self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
+            self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
+        return self.optimize(self._step(batch, "train"))
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.hparams.get("lr_schedule", "constant") == "constant":

@@ -137,3 +137,82 @@ def test_ddp_two_cpu_processes_shard_data_and_resume(tmp_path: Path) -> None:
     assert resumed["epochs_completed"] == 3
     for rank in (0, 1):
         assert len(json.loads((out / f"seen-rank{rank}-of2-max3.json").read_text())) == 48
+
+
+_LEAN_SCRIPT = r'''
+import hashlib, sys
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from infra.resources import TrainerArgs
+from infra.step_metrics import LeanSteps
+from tasks.train import TrainSpec, train_model
+
+OUT = Path(sys.argv[1])
+
+
+class Lean(LeanSteps, L.LightningModule):
+    def __init__(self, manual):
+        super().__init__()
+        self.automatic_optimization = not manual
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def _loss(self, batch):
+        x, y = batch
+        return nn.functional.binary_cross_entropy_with_logits(self.net(x).squeeze(-1), y)
+
+    def training_step(self, batch, i):
+        loss = self._loss(batch)
+        self.log_epoch_mean("train/loss", loss, len(batch[0]))
+        return self.optimize(loss)
+
+    def validation_step(self, batch, i):
+        self.log("val/loss", self._loss(batch), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=0.05)
+
+
+class D(L.LightningDataModule):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(96, 4, generator=g)
+        self.ds = TensorDataset(x, (x[:, 0] > 0).float())
+
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=8, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=32)
+
+
+hw = TrainerArgs(accelerator="cpu", devices=2, strategy="ddp", precision="32-true", num_threads=1)
+for manual in (True, False):
+    module = Lean(manual)
+    train_model(module, D(), TrainSpec(run_key=f"ddp-lean-{manual}", max_epochs=2, patience=9, hardware=hw,
+                                       gradient_clip_val=0.05))
+    h = hashlib.sha256(b"".join(v.detach().numpy().tobytes() for _, v in sorted(module.state_dict().items())))
+    (OUT / f"weights-manual{manual}-rank{module.global_rank}.txt").write_text(h.hexdigest())
+'''
+
+
+def test_ddp_manual_lean_steps_sync_gradients_like_automatic(tmp_path: Path) -> None:
+    """LeanSteps' manual steps under ddp: both ranks (different data) end with the same weights,
+    the weights automatic optimisation reaches (gradients all-reduced, clipped after the sync)."""
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "train_ddp_lean.py"
+    script.write_text(_LEAN_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(repo), "INDUSFLOW_HOME": str(tmp_path / "home"),
+           "INDUSFLOW_TRAIN_PROGRESS_BAR": "false", "OMP_NUM_THREADS": "1"}
+    _run(script, out, env, repo)
+    hashes = {p.name: p.read_text() for p in out.glob("weights-*.txt")}
+    assert len(hashes) == 4
+    assert len(set(hashes.values())) == 1, hashes
