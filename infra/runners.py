@@ -44,6 +44,15 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
     return ThreadPoolTaskRunner(max_workers=workers)
 
 
+def runs_on_local_threads(runner: Any) -> bool:
+    """Whether ``runner`` (a :class:`ConfiguredTaskRunner`'s chosen runner, if it is one) runs
+    tasks on this process's thread pool rather than on workers elsewhere (Dask, Ray)."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    inner = getattr(runner, "_inner", None) if isinstance(runner, ConfiguredTaskRunner) else runner
+    return isinstance(inner, ThreadPoolTaskRunner)
+
+
 class ConfiguredTaskRunner(TaskRunner):
     """Delegates to the runner that ``INDUSFLOW_RUNNER_*`` names, read when the run starts."""
 

@@ -248,3 +248,34 @@ def test_latin1_and_gbk_transactions_score_like_utf8(tmp_path: Path, champion: s
     assert named["score"].tolist() == out["zh-utf8"]["score"].tolist()
     assert main(["score", "--data", str(inbox / "zh-gbk.csv"), "--encoding", "klingon", "--model", MODEL]) == 2
     assert "--encoding: unknown text encoding" in capsys.readouterr().err
+
+
+def test_a_single_file_is_scored_in_the_flows_thread_several_on_the_pool(tmp_path: Path) -> None:
+    import threading
+
+    from prefect import flow
+
+    from infra.runners import ConfiguredTaskRunner
+    from tasks.ledger import FileLedger, InboxFile, ScoredFile, score_inbox
+
+    seen: dict[str, int] = {}
+
+    def score(file: InboxFile) -> ScoredFile:
+        seen[Path(file.path).name] = threading.get_ident()
+        if "bad" in file.path:
+            raise RuntimeError("disk gone")
+        return ScoredFile(output=file.path + ".out", rows=1, model="m:1")
+
+    @flow(task_runner=ConfiguredTaskRunner())
+    def run(names: list[str]) -> tuple[int, list[str]]:
+        files = [InboxFile(path=str(tmp_path / n), sha256=f"{i:064d}", size=1) for i, n in enumerate(names)]
+        outcomes = score_inbox(files, score, FileLedger("inline", root=tmp_path))
+        return threading.get_ident(), [o.status for o in outcomes]
+
+    flow_thread, statuses = run(["one.csv"])
+    assert statuses == ["scored"] and seen["one.csv"] == flow_thread  # no hop to a pool thread
+    flow_thread, statuses = run(["a.csv", "b.csv"])
+    assert statuses == ["scored", "scored"] and flow_thread not in {seen["a.csv"], seen["b.csv"]}
+    _, statuses = run(["bad.csv"])  # a failure in the flow's thread is still caught and released
+    assert statuses == ["failed"]
+    assert FileLedger("inline", root=tmp_path).entries()[f"{0:064d}"].status == "released"
