@@ -60,17 +60,16 @@ def main() -> None:
 
     questions = json.loads(Path(args.questions).read_text())
     retriever = index.as_retriever(similarity_top_k=args.top_k, embed_model=embed)
-    hits = 0
-    chunks_seen: set[str] = set()
+    hit_ids: list[int] = []
     t = time.perf_counter()
-    for question, gold in questions:
+    for i, (question, gold) in enumerate(questions):
         nodes = retriever.retrieve(question)
-        names = [n.node.metadata.get("pid") for n in nodes]
-        chunks_seen.update(n.node.node_id for n in nodes)
-        hits += gold in names
+        if gold in [n.node.metadata.get("pid") for n in nodes]:
+            hit_ids.append(i)
     out["query_s"] = round(time.perf_counter() - t, 2)
     out["questions"] = len(questions)
-    out["recall_at_k"] = round(hits / max(len(questions), 1), 4)
+    out["recall_at_k"] = round(len(hit_ids) / max(len(questions), 1), 4)
+    out["hit_ids"] = hit_ids  # the questions whose gold passage was retrieved (for a paired comparison)
     out["chunks"] = int(store.client.query(store.collection_name, filter="", output_fields=["count(*)"])[0]["count(*)"])
     out["total_s"] = round(out["ingest_s"] + out["query_s"], 2)
     import llama_index.core
