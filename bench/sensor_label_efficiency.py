@@ -46,6 +46,11 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=None, help="Override the window length.")
     parser.add_argument("--mode", choices=("progressive", "top"), default=None,
                         help="Override the fine-tuning schedule of the pre-trained runs.")
+    parser.add_argument("--pretrain-data", choices=("train", "train+test"), default="train",
+                        help="What the encoder is pre-trained on: the training and validation assets' readings, or "
+                        "those plus the held-out assets' readings as cut for testing (unlabelled, as a C-MAPSS test "
+                        "file gives them).")
+    parser.add_argument("--variants", nargs="+", choices=("pretrained", "scratch"), default=["pretrained", "scratch"])
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
     parser.add_argument("--threads", type=int, default=1)
@@ -97,27 +102,30 @@ def main() -> None:
             handle.write(json.dumps(record) + "\n")
 
     for seed in [] if args.summarize_only else args.seeds:
-        todo = [(f, pre) for f in args.fractions for pre in (True, False) if (seed, f, pre) not in done]
+        wanted = [v == "pretrained" for v in args.variants]
+        todo = [(f, pre) for f in args.fractions for pre in wanted if (seed, f, pre) not in done]
         if not todo:
             continue
         splits = P.split_assets(grid, SplitConfig(val_fraction=cfg.split.val_fraction,
                                                   test_fraction=cfg.split.test_fraction, seed=seed))
         t0 = time.perf_counter()
         fd = CV.fold_data(grid, splits, cfg, wcfg, seed=seed)  # normaliser of the training + validation assets
-        encoder = pretrain_encoder(grid, splits, fd.normalizer, cfg, wcfg, f"le-pre-{seed}") \
+        extra = fd.data.test_cut_grid if args.pretrain_data == "train+test" else None
+        encoder = pretrain_encoder(grid, splits, fd.normalizer, cfg, wcfg, f"le-pre-{seed}", extra) \
             if any(pre for _, pre in todo) else None
         pre_s = round(time.perf_counter() - t0, 1)
         for frac in args.fractions:
             labelled = P.labelled_assets(grid, splits["train"], frac, seed)
             data = CV.fold_data(grid, splits, cfg, wcfg, labelled=labelled, seed=seed).data
-            for pretrained in (True, False):
+            for pretrained in wanted:
                 if (seed, frac, pretrained) in done:
                     continue
                 run = train_cnn(data, len(fd.normalizer.channels_), cfg, wcfg, seed, f"le-{seed}-{frac}-{int(pretrained)}",
                                 encoder if pretrained else None)
                 row = {"seed": seed, "label_fraction": frac, "labelled_assets": len(labelled),
                        "train_assets": len(splits["train"]), "test_assets": len(splits["test"]),
-                       "pretrained": pretrained, **CV.rul_scores(data, run.last, run.every),
+                       "pretrained": pretrained, "pretrain_data": args.pretrain_data if pretrained else None,
+                       **CV.rul_scores(data, run.last, run.every),
                        "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds,
                        "pretrain_seconds": pre_s}
                 curve = {"seed": seed, "label_fraction": frac, "model": "pre-trained" if pretrained else "scratch",
@@ -129,7 +137,8 @@ def main() -> None:
                 print(json.dumps(row), file=sys.stderr, flush=True)
 
     for r in rows:
-        r["model"] = f"{r['label_fraction']:.0%} labelled, " + ("pre-trained" if r["pretrained"] else "scratch")
+        seen = " (+ held-out readings)" if r.get("pretrain_data") == "train+test" else ""
+        r["model"] = f"{r['label_fraction']:.0%} labelled, " + (f"pre-trained{seen}" if r["pretrained"] else "scratch")
     metrics = ("rmse", "phm08")
     summary = CV.summarize(sorted(rows, key=lambda r: (r["label_fraction"], not r["pretrained"])), metrics)
     table = CV.render_table(summary, metrics)

@@ -49,17 +49,28 @@ def curve_recorder() -> Any:
 
 
 def pretrain_encoder(grid: Any, splits: dict[str, list[str]], normalizer: Any, config: Any, wcfg: Any,
-                     run_key: str) -> dict[str, Any]:
+                     run_key: str, extra_rows: Any = None) -> dict[str, Any]:
     """Masked-reconstruction pre-training on the unlabelled windows of the training (and,
-    for its early stopping, validation) assets; the pre-trained state dict."""
+    for its early stopping, validation) assets; the pre-trained state dict.
+
+    ``extra_rows`` (a grid, e.g. the held-out assets as cut for testing: the readings a
+    C-MAPSS test file holds, never their RUL) adds its windows to the pre-training windows.
+    """
+    import numpy as np
+
     from solutions.sensor import pipeline as P
+    from solutions.sensor.features import make_windows
     from solutions.sensor.model import WindowDataModule
     from tasks.train import TrainSpec, train_model
 
     pcfg = config.pretrain
     tr, va = P.pretrain_windows(grid, splits, normalizer, wcfg, pcfg.stride)
+    x = tr.x
+    if extra_rows is not None and len(extra_rows):
+        extra = make_windows(extra_rows, normalizer, length=wcfg.length, stride=pcfg.stride)
+        x = np.concatenate([x, extra.x]) if len(extra) else x
     module = P.build_pretrainer(len(normalizer.channels_), config.model, pcfg)
-    train_model(module, WindowDataModule((tr.x,), (va.x,), pcfg.batch_size, seed=pcfg.seed),
+    train_model(module, WindowDataModule((x,), (va.x,), pcfg.batch_size, seed=pcfg.seed),
                 TrainSpec(run_key=run_key, max_epochs=pcfg.max_epochs, patience=pcfg.patience, monitor="val/loss",
                           seed=pcfg.seed))
     return module.state_dict()
@@ -88,7 +99,7 @@ def train_cnn(data: Any, n_channels: int, config: Any, wcfg: Any, seed: int, run
 
     ft = config.finetune
     t0 = time.perf_counter()
-    model = P.build_predictor(n_channels, config.model, wcfg, ft.lr, data.train.fail, ft)
+    model = P.build_predictor(n_channels, config.model, wcfg, ft.lr, data.train.fail, ft, seed=seed)  # init follows the seed too
     dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
                           ft.batch_size, ft.min_samples_per_epoch, seed)
     spec = TrainSpec(run_key=run_key, **{**P.train_spec_fields(config), "seed": seed})
