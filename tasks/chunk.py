@@ -55,10 +55,13 @@ def _windows(units: list[tuple[int, int, int, int]], size: int, overlap: int) ->
         out.append((i, j))
         if j >= n:
             break
-        # next window starts at the first unit whose tokens all fall in the last `overlap` tokens
+        # the next window starts at the first unit whose tokens all fall in the last `overlap`
+        # tokens, and late enough that it still holds unit j: every window brings text the one
+        # before lacked (short sentences before a long one gave windows that each dropped one
+        # short sentence and ended where the one before ended: near-copies that crowded search)
         tail_start = units[j - 1][3] - overlap
         k = j
-        while k - 1 > i and units[k - 1][2] >= tail_start:
+        while k - 1 > i and units[k - 1][2] >= tail_start and units[j][3] - units[k - 1][2] <= size:
             k -= 1
         i = max(k, i + 1)
     return out

@@ -17,7 +17,9 @@ from solutions.rag.config import ChunkParams, RedactionParams
 from solutions.rag.redact import RedactionConfig, redact, redaction_fingerprint
 from solutions.rag.text import sentence_spans
 
-PIPELINE_VERSION = "1"
+#: bumped when chunking or redaction changes how an unchanged file is stored, so that the next ingest
+#: re-does every file (2: windows before a long sentence no longer repeat each other, ``tasks.chunk``)
+PIPELINE_VERSION = "2"
 
 
 def pipeline_key(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str) -> str:

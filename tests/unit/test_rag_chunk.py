@@ -58,6 +58,20 @@ def test_windows_respect_size_overlap_and_sentences() -> None:
     assert [c.index for c in chunks] == list(range(len(chunks)))
 
 
+def test_short_sentences_before_a_long_one_give_no_near_copies() -> None:
+    """Every window reaches past the one before; none ends where the one before ended."""
+    tok = WordTokenizer()
+    short = [f"Short {i} here." for i in range(8)]  # 4 tokens each
+    long = "Long " + " ".join(f"w{i}" for i in range(30)) + "."  # 32 tokens
+    text = " ".join([*short, long, "Tail end here."])
+    spans = chunk_text(text, [tuple(o) for o in tok(text)["offset_mapping"]], sentence_spans(text), size=40, overlap=20)
+    ends = [e for _, e, _ in spans]
+    assert ends == sorted(set(ends)), spans  # the old rule gave four windows ending at the same token
+    assert all(n <= 40 for _, _, n in spans)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert len(spans) == 3, spans
+
+
 def test_sentence_longer_than_a_window_is_cut_by_tokens() -> None:
     tok = WordTokenizer()
     text = "短句。" + "长" * 100 + "。尾句。"
