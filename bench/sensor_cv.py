@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--max-epochs", type=int, default=None, help="Override the config's fine-tuning epochs.")
     parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
     parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
+    parser.add_argument("--dropout", type=float, default=None, help="Override the encoder's and heads' dropout.")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
     parser.add_argument("--length", type=int, default=None, help="Override the window length.")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
@@ -71,6 +72,8 @@ def main() -> None:
         cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"max_epochs": args.pretrain_epochs})})
     if args.channels:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"channels": args.channels})})
+    if args.dropout is not None:
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dropout": args.dropout})})
     ft, pcfg = cfg.finetune, cfg.pretrain
     wcfg = window_config(SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset), cfg)
     if args.stride:
