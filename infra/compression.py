@@ -35,7 +35,8 @@ class ChannelGroup(BaseModel):
     ``norm`` (a BatchNorm1d right after the producer) loses the same channels; each
     consumer (Linear or Conv1d) loses the matching input columns. ``repeats``: the
     consumers' input is that many copies of the channels concatenated (e.g. mean and
-    max pooling side by side: 2).
+    max pooling side by side: 2). ``passthrough``: inputs of the consumers after those
+    copies that come from elsewhere (e.g. statistics of the model's input); they are kept.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -44,6 +45,7 @@ class ChannelGroup(BaseModel):
     consumers: tuple[str, ...] = Field(description="Modules reading the producer's output.")
     norm: str | None = Field(default=None, description="BatchNorm1d right after the producer, if any.")
     repeats: int = Field(default=1, ge=1, description="Copies of the channels in the consumers' input.")
+    passthrough: int = Field(default=0, ge=0, description="Consumer inputs after the copies, from elsewhere, kept whole.")
 
 
 @dataclass

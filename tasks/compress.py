@@ -689,14 +689,15 @@ def prune_channels_(model: nn.Module, group: ChannelGroup, ratio: float, *, min_
     n_out = producer.weight.shape[0]
     for name, c in consumers.items():
         n_in = c.weight.shape[1] if isinstance(c, (nn.Linear, nn.Conv1d)) else None
-        if n_in != n_out * group.repeats:
+        if n_in != n_out * group.repeats + group.passthrough:
             raise ValueError(
                 f"consumer {name!r} ({type(c).__name__}, {n_in} inputs) does not read {group.repeats} x {n_out} "
-                f"outputs of {group.producer!r}; fix the ChannelGroup"
+                f"outputs of {group.producer!r} and {group.passthrough} other inputs; fix the ChannelGroup"
             )
     keep_n = max(min_keep, round(n_out * (1.0 - ratio)))
     keep = torch.sort(torch.topk(_channel_importance(producer, norm), keep_n).indices).values
-    cols = torch.cat([keep + r * n_out for r in range(group.repeats)])
+    cols = torch.cat([keep + r * n_out for r in range(group.repeats)]
+                     + [torch.arange(n_out * group.repeats, n_out * group.repeats + group.passthrough)])
     shapes: dict[str, list[int]] = {}
     with torch.no_grad():
         if isinstance(producer, nn.Linear):

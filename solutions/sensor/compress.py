@@ -38,6 +38,7 @@ from solutions.sensor.config import (
 from solutions.sensor.data import build_grid
 from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import (
+    N_WINDOW_STATS,
     SensorOutputs,
     SensorRULModel,
     WindowDataModule,
@@ -51,10 +52,11 @@ log = logging.getLogger(__name__)
 #: The metric this adapter scores (``sensor-train`` registers it; lower is better).
 PRIMARY_METRIC = "test/rmse"
 
-def prune_plan(pooling: str = "meanmax", norm: str = "batch") -> list[ChannelGroup]:
+def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int = 0) -> list[ChannelGroup]:
     """Structured pruning of the sensor model: conv channels (with their BatchNorm, when the
     encoder has one: ``norm``), the embedding and the shared hidden layer. The last conv feeds
-    ``proj`` twice when two poolings sit side by side (``meanmax``, ``meanlast``), once for ``mean``."""
+    ``proj`` twice when two poolings sit side by side (``meanmax``, ``meanlast``), once for ``mean``;
+    ``stat_inputs``: the window statistics ``proj`` reads after them (kept whole)."""
 
     def bn(i: int) -> str | None:
         return f"encoder.convs.{i}.1" if norm == "batch" else None
@@ -63,7 +65,7 @@ def prune_plan(pooling: str = "meanmax", norm: str = "batch") -> list[ChannelGro
         ChannelGroup(producer="encoder.convs.0.0", norm=bn(0), consumers=("encoder.convs.1.0",)),
         ChannelGroup(producer="encoder.convs.1.0", norm=bn(1), consumers=("encoder.convs.2.0",)),
         ChannelGroup(producer="encoder.convs.2.0", norm=bn(2), consumers=("encoder.proj.1",),
-                     repeats=1 if pooling == "mean" else 2),
+                     repeats=1 if pooling == "mean" else 2, passthrough=stat_inputs),
         ChannelGroup(producer="encoder.proj.1", consumers=("heads.shared.0",)),
         ChannelGroup(producer="heads.shared.0", consumers=("heads.rul", "heads.fail")),
     ]
@@ -211,7 +213,8 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
         loss_fn=loss_fn,
         soft_loss=soft_loss,
         lr=float(hp.get("lr", 1e-3)),
-        prune_plan=prune_plan(hp.get("pooling", "meanmax"), hp.get("norm", "batch")),
+        prune_plan=prune_plan(hp.get("pooling", "meanmax"), hp.get("norm", "batch"),
+                              N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0),
         prune_note="of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed",
         bench_inputs=x_all,
         output_columns=["rul/cap", "fail_logit"],

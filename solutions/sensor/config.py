@@ -175,6 +175,12 @@ class ModelConfig(BaseModel):
         description="Normalisation after each conv: BatchNorm, or none (on C-MAPSS FD001 BatchNorm let the model "
         "tell training engines apart and miss new ones).",
     )
+    window_stats: bool = Field(
+        default=True,
+        description="The encoder's projection also reads each input channel's window statistics (mean, std, min, "
+        "max, last, slope, mean of the last steps: the GBM baseline's features) beside the pooled conv features "
+        "(C-MAPSS FD001 engine-split CV, scratch CNN: RMSE 13.18 -> 12.33 and 13.86 -> 13.27 on two fold splits).",
+    )
 
 
 class PretrainConfig(BaseModel):

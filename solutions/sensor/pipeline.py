@@ -180,7 +180,7 @@ def build_pretrainer(n_channels: int, mcfg: ModelConfig, pcfg: PretrainConfig) -
     with seeded(pcfg.seed):
         return MaskedReconstruction(
             n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr,
-            pooling=mcfg.pooling, norm=mcfg.norm,
+            pooling=mcfg.pooling, norm=mcfg.norm, stats=mcfg.window_stats,
         )
 
 
@@ -195,7 +195,8 @@ def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: 
     with seeded(seed):
         return SensorRULModel(
             n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
-            pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0, pooling=mcfg.pooling, norm=mcfg.norm, **recipe,
+            pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0, pooling=mcfg.pooling, norm=mcfg.norm,
+            stats=mcfg.window_stats, **recipe,
         )
 
 

@@ -121,8 +121,10 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
     # structured pruning shrank conv channels and neurons; the student is smaller
     shapes = result["prune"][0]["shapes"]
     assert result["prune"][0]["method"] == "structured-channels"
-    # default widths 32/64/64 with mean pooling into the 256-d projection: half of each kept
-    assert shapes["encoder.convs.0.0.weight"][0] == 16 and shapes["encoder.proj.1.weight"] == [128, 32]
+    # default widths 32/64/64 with mean pooling into the 256-d projection: half of each kept; the
+    # projection's 7 window statistics per input channel are kept whole
+    n_in = shapes["encoder.convs.0.0.weight"][1]
+    assert shapes["encoder.convs.0.0.weight"][0] == 16 and shapes["encoder.proj.1.weight"] == [128, 32 + 7 * n_in]
     assert rows["pruned-structured"]["params"] < rows["fp32"]["params"] / 2
     assert rows["distilled"]["params"] < rows["fp32"]["params"] / 2
     assert len(result["sensitivity"]) == 3 * 7  # 3 convs + 4 Linear weights x 3 ratios

@@ -53,3 +53,50 @@ def test_encoder_without_batchnorm_builds_prunes_and_keeps_the_state_keys() -> N
     assert pruned.encoder.convs[0][0].out_channels == 4 and pruned(x)[0].shape == (4,)
     with pytest.raises(ValueError, match="unknown norm"):
         SensorEncoder(3, norm="layer")
+
+
+def test_window_stats_are_the_baseline_features() -> None:
+    """The encoder's window statistics are the GBM's summary features (slope scaled by the window length)."""
+    import numpy as np
+
+    from solutions.sensor.baseline import window_summary_features
+    from solutions.sensor.model import N_WINDOW_STATS, window_stats
+
+    x = np.random.default_rng(0).normal(size=(5, 3, 12)).astype("float32")
+    ours = window_stats(torch.from_numpy(x)).numpy()
+    gbm = window_summary_features(x)
+    assert ours.shape == gbm.shape == (5, 3 * N_WINDOW_STATS)
+    scale = np.ones(3 * N_WINDOW_STATS, dtype="float32")
+    scale[5 * 3 : 6 * 3] = 12  # the slope block: per step in the baseline, over the window here
+    np.testing.assert_allclose(ours, gbm * scale, rtol=1e-4, atol=1e-5)
+
+
+def test_encoder_with_window_stats_reads_them_prunes_and_exports(tmp_path) -> None:
+    """``stats=True``: the projection reads 7 statistics per input channel after the conv features;
+    they change the embedding, pruning keeps them, pre-trained weights load, ONNX gives the same output."""
+    import copy
+
+    import numpy as np
+    import onnxruntime as ort
+
+    from infra.onnx import export_onnx
+    from solutions.sensor.model import MaskedReconstruction, SensorOutputs
+
+    torch.manual_seed(0)
+    model = SensorRULModel(3, channels=8, embedding_dim=16, pooling="mean", norm="none", stats=True).eval()
+    assert model.encoder.proj[1].in_features == 16 + 7 * 3
+    x = torch.randn(4, 3, 12)
+    shifted = x + torch.linspace(0, 1, 12)
+    blind = copy.deepcopy(model)
+    with torch.no_grad():
+        blind.encoder.proj[1].weight[:, 16:] = 0  # the statistics' columns
+    assert not torch.allclose(model.encoder(x), blind.encoder(x))
+    with pytest.raises(ValueError, match="window's statistics"):
+        model.encoder.pool(model.encoder.steps(x))
+    pruned, _ = C.prune_channels(model, 0.5, prune_plan("mean", "none", 7 * 3))
+    assert pruned.encoder.proj[1].in_features == 8 + 7 * 3 and pruned(x)[0].shape == (4,)
+    pre = MaskedReconstruction(3, channels=8, embedding_dim=16, pooling="mean", norm="none", stats=True)
+    assert model.load_encoder(pre.state_dict()) > 0
+    path, _ = export_onnx(SensorOutputs(model).eval(), x, tmp_path / "m.onnx", input_names=["x"])
+    got = ort.InferenceSession(str(path)).run(None, {"x": shifted.numpy()})[0]
+    np.testing.assert_allclose(got, SensorOutputs(model).eval()(shifted).detach().numpy(), rtol=1e-4, atol=1e-5)
