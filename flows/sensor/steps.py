@@ -30,7 +30,7 @@ from solutions.sensor import data as D
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor import scoring as SC
-from solutions.sensor.config import SensorConfig, SensorSource, WindowConfig
+from solutions.sensor.config import ModelConfig, SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import SensorRULModel, WindowDataModule, build_module, predict
 from solutions.sensor.schema import BadReadingReport
@@ -118,9 +118,9 @@ def pretrain_spec(grid_ref: DatasetRef, config: SensorConfig, wcfg: WindowConfig
 
 
 @task(name="find-encoder", cache_policy=NONE)
-def find_encoder_step(name: str, data_hash: str) -> ModelRef | None:
-    """The registered encoder pre-trained on this data, if any."""
-    return P.encoder_for(ModelRegistry(), name, data_hash)
+def find_encoder_step(name: str, data_hash: str, model: ModelConfig | None = None) -> ModelRef | None:
+    """The registered encoder pre-trained on this data (with the shapes ``model`` builds), if any."""
+    return P.encoder_for(ModelRegistry(), name, data_hash, model)
 
 
 @task(name="prepare-supervised-windows", cache_policy=NONE)

@@ -46,7 +46,7 @@ def sensor_train(
     grid_ref, bad = st.obtain_grid(source, config)
     wcfg = window_config(source, config)
     # -- encoder: the one pre-trained on this data, pre-training it first if there is none
-    encoder = st.find_encoder_step(config.encoder_name, grid_ref.content_hash) if ft.pretrained else None
+    encoder = st.find_encoder_step(config.encoder_name, grid_ref.content_hash, config.model) if ft.pretrained else None
     if ft.pretrained and encoder is None:
         encoder = sensor_pretrain(source, config).model
     # -- labelled windows, model, training

@@ -280,14 +280,30 @@ def encoder_params(module: MaskedReconstruction, data: PretrainData, wcfg: Windo
     }
 
 
-def encoder_for(registry: ModelRegistry, name: str, data_hash: str) -> ModelRef | None:
-    """The champion encoder if it was pre-trained on this data, else the latest that was."""
+def encoder_fits(params: dict[str, Any], mcfg: ModelConfig) -> bool:
+    """Whether a registered encoder (its registry params) has the shapes ``mcfg`` builds: width,
+    embedding, pooling, norm and window statistics (encoders registered before a setting existed
+    have that setting's old default)."""
+    hp = params.get("hparams", {})
+    return (hp.get("channels") == mcfg.channels and hp.get("embedding_dim") == mcfg.embedding_dim
+            and hp.get("pooling", "meanmax") == mcfg.pooling and hp.get("norm", "batch") == mcfg.norm
+            and bool(hp.get("stats", False)) == mcfg.window_stats)
+
+
+def encoder_for(registry: ModelRegistry, name: str, data_hash: str, mcfg: ModelConfig | None = None) -> ModelRef | None:
+    """The champion encoder if it was pre-trained on this data, else the latest that was; with
+    ``mcfg``, only one whose shapes it builds (after a model setting changed, e.g. the window
+    statistics, an encoder of the old shape is not loaded: the caller pre-trains a new one)."""
     if name not in registry.models():
         return None
+
+    def usable(v: ModelRef) -> bool:
+        return v.data_hash == data_hash and (mcfg is None or encoder_fits(v.params, mcfg))
+
     champion = registry.champion(name)
-    if champion is not None and champion.data_hash == data_hash:
+    if champion is not None and usable(champion):
         return champion
-    same = [v for v in registry.versions(name) if v.data_hash == data_hash]
+    same = [v for v in registry.versions(name) if usable(v)]
     return same[-1] if same else None
 
 

@@ -100,3 +100,31 @@ def test_encoder_with_window_stats_reads_them_prunes_and_exports(tmp_path) -> No
     path, _ = export_onnx(SensorOutputs(model).eval(), x, tmp_path / "m.onnx", input_names=["x"])
     got = ort.InferenceSession(str(path)).run(None, {"x": shifted.numpy()})[0]
     np.testing.assert_allclose(got, SensorOutputs(model).eval()(shifted).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_encoder_of_another_shape_is_not_reused(tmp_path) -> None:
+    """After the window statistics became the default, an encoder pre-trained without them on the
+    same data is passed over (loading it would fail on the projection's shape); one that fits is used."""
+    from infra.registry import ModelRegistry
+    from solutions.sensor.config import ModelConfig
+    from solutions.sensor.model import MaskedReconstruction
+    from solutions.sensor.pipeline import encoder_for
+
+    reg = ModelRegistry(tmp_path)
+    new, old = ModelConfig(channels=8, embedding_dim=16), ModelConfig(channels=8, embedding_dim=16, window_stats=False)
+
+    def register(stats: bool, data: str) -> None:
+        module = MaskedReconstruction(3, channels=8, embedding_dim=16, pooling="mean", norm="none", stats=stats)
+        reg.register("enc", module.state_dict(), params={"architecture": "MaskedReconstruction",
+                                                         "hparams": dict(module.hparams)},
+                     metrics={"val/loss": 1.0}, primary_metric="val/loss", higher_is_better=False, data_hash=data)
+
+    register(False, "h1")
+    assert encoder_for(reg, "enc", "h1", new) is None  # the old shape: pre-train anew
+    assert encoder_for(reg, "enc", "h1", old).version == 1
+    assert encoder_for(reg, "enc", "h1").version == 1  # without a config: as before
+    register(True, "h1")
+    register(True, "h2")
+    found = encoder_for(reg, "enc", "h1", new)
+    assert found.version == 2 and SensorRULModel(3, channels=8, embedding_dim=16, pooling="mean", norm="none",
+                                                 stats=True).load_encoder(reg.load_state_dict(found)) > 0
