@@ -31,6 +31,38 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def seed_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per fold and CNN variant run with two seeds or more: the scores of the mean of
+    its seeds' predictions (the seed-averaged CNN) and, for the ensemble's CNN, of that mean
+    with the GBM. ``fold_data(fold)`` gives a fold's windows (their truth)."""
+    import numpy as np
+
+    from solutions.sensor import crossval as CV
+
+    done = {(r["fold"], r["seed"]) for r in rows if r["model"] == "ensemble"}
+    runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for line in preds_file.read_text().splitlines():
+        record = json.loads(line)
+        if (record["fold"], record["seed"]) in done:
+            runs.setdefault((record["fold"], record["model"]), []).append(record)
+    out = []
+    for (fold, variant), members in sorted(runs.items()):
+        if variant == "gbm" or len(members) < 2:
+            continue
+        data = fold_data(fold)
+        last = np.mean([m["last"] for m in members], axis=0)
+        every = np.mean([m["every"] for m in members], axis=0)
+        base = {"fold": fold, "seed": -1, "seeds": sorted(m["seed"] for m in members),
+                "test_engines": next(r["test_engines"] for r in rows if r["fold"] == fold)}
+        out.append({**base, "model": f"{variant}_seed_mean", **CV.rul_scores(data, last, every)})
+        ensemble_cnn = "cnn_pretrained" if (fold, "cnn_pretrained") in runs else "cnn_scratch"
+        if variant == ensemble_cnn and (fold, "gbm") in runs:
+            gbm = runs[(fold, "gbm")][0]
+            out.append({**base, "model": "ensemble_seed_mean", **CV.rul_scores(
+                data, CV.ensemble(last, gbm["last"]), CV.ensemble(every, gbm["every"]))})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cmapss-dir", default=str(Path(__file__).resolve().parents[2] / "shared/data/cmapss"))
@@ -44,6 +76,8 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=None, help="Override the encoder's and heads' dropout.")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
     parser.add_argument("--length", type=int, default=None, help="Override the window length.")
+    parser.add_argument("--pad-from", type=int, default=None,
+                        help="Override the row the padded training windows start from (0: no padded windows).")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
@@ -55,6 +89,7 @@ def main() -> None:
     from bench.sensor_runs import bench_environment
 
     bench_environment(args.threads)
+    import numpy as np
 
     from bench.sensor_runs import plot_curves, pretrain_encoder, train_cnn
     from solutions.sensor import crossval as CV
@@ -80,6 +115,8 @@ def main() -> None:
         wcfg = wcfg.model_copy(update={"stride": args.stride})
     if args.length:
         wcfg = wcfg.model_copy(update={"length": args.length})
+    if args.pad_from is not None:
+        wcfg = wcfg.model_copy(update={"pad_from": args.pad_from or None})
     grid, _ = load_cmapss(Path(args.cmapss_dir), args.subset)
     grid = grid.loc[grid[S.SET] != "test"]  # the training file's engines only; test units stay unseen
     assets = CV.training_assets(grid)
@@ -87,9 +124,10 @@ def main() -> None:
     out_dir = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="sensor-cv-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     runs_file, curves_file = out_dir / "sensor_cv_runs.jsonl", out_dir / "sensor_cv_curves.jsonl"
+    preds_file = out_dir / "sensor_cv_predictions.jsonl"
     if not (args.resume or args.summarize_only):
-        runs_file.unlink(missing_ok=True)
-        curves_file.unlink(missing_ok=True)
+        for stale in (runs_file, curves_file, preds_file):
+            stale.unlink(missing_ok=True)
     rows = [json.loads(line) for line in runs_file.read_text().splitlines()] if runs_file.exists() else []
     curves = [json.loads(line) for line in curves_file.read_text().splitlines()] if curves_file.exists() else []
     done = {(r["fold"], r["seed"]) for r in rows if r["model"] == "ensemble"}
@@ -142,6 +180,9 @@ def main() -> None:
                 curves.append(curve)
                 keep(curve, curves_file)
                 print(json.dumps(fresh[-1]), file=sys.stderr, flush=True)
+            for variant, (last, every) in ({"gbm": (gbm_last, gbm_all)} | preds).items():
+                keep({"fold": fold, "seed": seed, "model": variant, "last": np.round(last, 3).tolist(),
+                      "every": np.round(every, 3).tolist()}, preds_file)
             cnn = preds.get("cnn_pretrained", preds["cnn_scratch"])
             fresh.append({**base, "model": "ensemble", **CV.rul_scores(
                 data, CV.ensemble(cnn[0], gbm_last), CV.ensemble(cnn[1], gbm_all))})
@@ -152,6 +193,15 @@ def main() -> None:
             print(f"fold {fold} seed {seed}: {time.perf_counter() - t_fold:.0f} s", file=sys.stderr, flush=True)
 
     metrics = ("rmse", "phm08", "rmse_all_windows")
+    rows = [r for r in rows if not r["model"].endswith("_seed_mean")]
+    if preds_file.exists():
+        def data_of(fold: int) -> Any:
+            if fold in prepared:
+                return prepared[fold][0].data
+            splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
+            return CV.fold_data(grid, splits, cfg, wcfg, seed=fold).data
+
+        rows += seed_means(preds_file, data_of, rows)
     summary = CV.summarize(rows, metrics)
     table = CV.render_table(summary, metrics)
     png = plot_curves(curves, ft.smoothing, out_dir / "sensor_cv_val_curves.png") if curves else None
@@ -160,6 +210,7 @@ def main() -> None:
         "bench": "sensor_cv", "subset": args.subset, "engines": len(assets), "folds": args.folds,
         "runs_per_fold": {f: sorted(s for ff, s in done if ff == f) for f in sorted({f for f, _ in done})}, "protocol": {
             "test": f"last window of {wcfg.test_cuts} random cuts per held-out engine", "window": wcfg.length,
+            "pad_from": wcfg.pad_from,
             "train_stride": wcfg.stride, "rul_cap": wcfg.rul_cap, "val_fraction": cfg.split.val_fraction},
         "recipe": {"finetune": ft.model_dump(), "model": cfg.model.model_dump(), "pretrain": pcfg.model_dump()},
         "summary": {r["model"]: {m: round(float(r[f"{m}_mean"]), 3) for m in metrics}

@@ -236,6 +236,7 @@ def make_windows(
     horizon: int = 30,
     last_only: bool = False,
     pad: bool = False,
+    pad_from: int | None = None,
     report: BadReadingReport | None = None,
 ) -> WindowSet:
     """Slide windows over each asset's grid rows (sorted by step); the last window of an
@@ -243,7 +244,9 @@ def make_windows(
 
     Assets shorter than ``length`` are skipped and listed in ``report``, unless ``pad``
     (left-pad with the first row, as the C-MAPSS test protocol needs); padded ones are
-    listed too.
+    listed too. ``pad_from`` (training) also slides windows that end before the
+    ``length``-th row, from the ``pad_from``-th row on, left-padded the same way, so a model
+    meets during training the padded windows that short assets give when scored.
     """
     grid = grid.sort_values([S.ASSET, S.STEP], kind="stable").reset_index(drop=True)
     x_all = normalizer.transform(grid)
@@ -256,13 +259,15 @@ def make_windows(
     for s, e in zip(starts, ends):
         n = e - s
         block = x_all[s:e]
-        if n < length:
-            if not pad:
-                if report is not None:
-                    report.assets_without_window.append(str(assets[s]))
-                continue
-            block = np.vstack([np.repeat(block[:1], length - n, axis=0), block])
+        first = length if pad_from is None else min(pad_from, length)  # rows the first window needs
+        if n < first and not pad:
             if report is not None:
+                report.assets_without_window.append(str(assets[s]))
+            continue
+        lead = length - min(n, first)  # padding rows
+        if lead:
+            block = np.vstack([np.repeat(block[:1], lead, axis=0), block])
+            if report is not None and n < length:
                 report.padded_assets.append(str(assets[s]))
         m = len(block)
         if last_only:

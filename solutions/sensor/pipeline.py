@@ -151,8 +151,10 @@ def supervised_windows(
     """Windows for training (labelled assets), validation and the test protocols."""
     kw = {"length": cfg.length, "rul_cap": cfg.rul_cap, "horizon": cfg.horizon}
     stride = cfg.stride or DEFAULT_STRIDE
-    train = make_windows(rows_of(grid, labelled), normalizer, stride=stride, report=report, **kw).labelled()
-    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(stride, 2), **kw).labelled()
+    train = make_windows(rows_of(grid, labelled), normalizer, stride=stride, pad_from=cfg.pad_from, report=report,
+                         **kw).labelled()
+    val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(stride, 2), pad_from=cfg.pad_from,
+                       **kw).labelled()
     test_grid = rows_of(grid, splits["test"])
     cut = cut_test_assets(test_grid, splits["test"], min(cfg.length, TEST_MIN_STEPS), seed, cuts=cfg.test_cuts)
     test_last = make_windows(cut, normalizer, last_only=True, pad=True, report=report, **kw).labelled()

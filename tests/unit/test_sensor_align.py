@@ -114,6 +114,30 @@ def test_too_short_assets_are_skipped_and_counted_or_padded() -> None:
     assert len(padded) == 2 and report.padded_assets == ["B"]
 
 
+def test_padded_training_windows_start_at_pad_from_and_match_the_scored_ones() -> None:
+    grid = pd.DataFrame({S.ASSET: ["A"] * 10 + ["B"] * 3 + ["C"] * 2, S.STEP: list(range(10)) + list(range(3)) + [0, 1],
+                         "x": np.arange(15.0), S.RUL: np.r_[np.arange(10.0)[::-1], [2.0, 1.0, 0.0], [1.0, 0.0]],
+                         S.FAILED: True, S.SET: "fleet", S.FAILURE_TYPE: ""})
+    norm = RegimeNormalizer(1).fit(grid)
+    report = BadReadingReport()
+    ws = make_windows(grid, norm, length=5, stride=1, pad_from=3, report=report)
+    # A: windows end at rows 2..9 (steps 2..9), B at rows 2 only; C (2 rows) has none
+    assert ws.asset.tolist() == ["A"] * 8 + ["B"] and ws.end_step.tolist() == [*range(2, 10), 2]
+    assert report.assets_without_window == ["C"] and report.padded_assets == ["B"]
+    assert ws.rul.tolist() == [*np.arange(8.0)[::-1], 0.0]
+    # each padded window is the one scoring gives the asset cut at that row
+    for k in (3, 4):
+        cut = grid.loc[(grid[S.ASSET] == "A") & (grid[S.STEP] < k)]
+        scored = make_windows(cut, norm, length=5, last_only=True, pad=True)
+        np.testing.assert_array_equal(ws.x[k - 3], scored.x[0])
+    # unpadded windows are the ones made without pad_from
+    plain = make_windows(grid, norm, length=5, stride=1)
+    np.testing.assert_array_equal(ws.x[2:8], plain.x)
+    # a stride keeps the last window at the last row
+    strided = make_windows(grid.loc[grid[S.ASSET] == "A"], norm, length=5, stride=3, pad_from=2)
+    assert strided.end_step.tolist() == [3, 6, 9]
+
+
 def test_regime_normaliser_finds_regimes_and_round_trips() -> None:
     rng = np.random.default_rng(0)
     regime = rng.integers(0, 3, 900)
