@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--split-seed", type=int, default=0, help="Seed of the engine folds.")
     parser.add_argument("--max-epochs", type=int, default=None, help="Override the config's fine-tuning epochs.")
+    parser.add_argument("--patience", type=int, default=None, help="Override the fine-tuning early-stopping patience.")
     parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
     parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
     parser.add_argument("--dropout", type=float, default=None, help="Override the encoder's and heads' dropout.")
@@ -103,6 +104,8 @@ def main() -> None:
     cfg = SensorConfig()
     if args.max_epochs:
         cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"max_epochs": args.max_epochs})})
+    if args.patience:
+        cfg = cfg.model_copy(update={"finetune": cfg.finetune.model_copy(update={"patience": args.patience})})
     if args.pretrain_epochs:
         cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"max_epochs": args.pretrain_epochs})})
     if args.channels:
