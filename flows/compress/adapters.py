@@ -13,8 +13,9 @@ from infra.errors import RegistryError
 from infra.registry import ModelRef
 from solutions.fraud.compress import ADAPTER as FRAUD_ADAPTER
 from solutions.sensor.compress import ADAPTER as SENSOR_ADAPTER
+from solutions.sensor.compress import ENSEMBLE_ADAPTER as SENSOR_ENSEMBLE_ADAPTER
 
-ADAPTERS: dict[str, ModelAdapter] = {a.architecture: a for a in (FRAUD_ADAPTER, SENSOR_ADAPTER)}
+ADAPTERS: dict[str, ModelAdapter] = {a.architecture: a for a in (FRAUD_ADAPTER, SENSOR_ADAPTER, SENSOR_ENSEMBLE_ADAPTER)}
 
 
 def adapter_for(ref: ModelRef) -> ModelAdapter:

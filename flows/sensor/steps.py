@@ -32,7 +32,14 @@ from solutions.sensor import pipeline as P
 from solutions.sensor import scoring as SC
 from solutions.sensor.config import ModelConfig, SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
-from solutions.sensor.model import SensorRULModel, WindowDataModule, build_module, predict
+from solutions.sensor.model import (
+    RULModel,
+    SensorRULEnsemble,
+    SensorRULModel,
+    WindowDataModule,
+    build_module,
+    predict,
+)
 from solutions.sensor.schema import BadReadingReport
 from tasks.compress import load_variant
 from tasks.data import DatasetRef
@@ -146,8 +153,15 @@ def train_spec(grid_ref: DatasetRef, encoder: ModelRef | None, config: SensorCon
     return TrainSpec(run_key=run_key, **P.train_spec_fields(config), fresh=fresh, hardware=resolve_training("sensor-train"))
 
 
+@task(name="ensemble-cnns", cache_policy=NONE)
+def ensemble_step(members: list[SensorRULModel]) -> SensorRULEnsemble:
+    """The seed ensemble of the trained CNNs (the mean of their outputs), as one model."""
+    log.info("CNN candidate: the mean of %d CNNs trained from consecutive seeds", len(members))
+    return SensorRULEnsemble.of(members)
+
+
 @task(name="predict-test-windows", cache_policy=NONE)
-def predict_cnn_step(model: SensorRULModel, data: P.SupervisedData) -> E.TestPredictions:
+def predict_cnn_step(model: RULModel, data: P.SupervisedData) -> E.TestPredictions:
     """The trained CNN's predictions on the validation and test windows."""
     return E.predict_cnn(model, data)
 
@@ -174,7 +188,7 @@ def baseline_candidate_step(data: P.SupervisedData, seed: int) -> BaselineCandid
 
 
 @task(name="choose-candidate", cache_policy=NONE)
-def choose_candidate_step(model: SensorRULModel, baseline: BaselineCandidate | None,
+def choose_candidate_step(model: RULModel, baseline: BaselineCandidate | None,
                           data: P.SupervisedData) -> CA.SensorChoice:
     """CNN, GBM or their mean: the lowest validation RUL RMSE wins (the test assets only report)."""
     cnn_val, _ = predict(model, data.val.x)
@@ -202,7 +216,7 @@ class WinnerRegistration:
 
 
 @task(name="prepare-registration", cache_policy=NONE)
-def winner_registration_step(choice: CA.SensorChoice, model: SensorRULModel, baseline: BaselineCandidate | None,
+def winner_registration_step(choice: CA.SensorChoice, model: RULModel, baseline: BaselineCandidate | None,
                              out_dir: Path) -> WinnerRegistration:
     """The winner's module, kind and files (skops for a GBM); its params beside the shared ones."""
     if choice.winner == CA.CNN or baseline is None:

@@ -16,12 +16,24 @@ from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor.config import SensorConfig, SensorSource
 from solutions.sensor.data import window_config
+from solutions.sensor.model import SensorRULModel, WindowDataModule
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, publish_eval_report_task
-from tasks.finetune import finetune_model_task
+from tasks.finetune import FreezeReport, finetune_model_task
 from tasks.monitoring import PROFILE_FILE
 from tasks.register import register_model_task
-from tasks.train import train_model_task
+from tasks.train import TrainResult, TrainSpec, train_model_task
+
+
+def _train_cnn(model: SensorRULModel, dm: WindowDataModule, spec: TrainSpec, pretrained: bool,
+               config: SensorConfig) -> tuple[TrainResult, FreezeReport | None]:
+    """Fine-tune (from a pre-trained encoder) or train one CNN; its train result and freeze report."""
+    ft = config.finetune
+    if pretrained:
+        tuned = finetune_model_task(model, dm, spec, mode=ft.mode, groups=P.unfreeze_groups(config),
+                                    every_n_epochs=ft.unfreeze_every, unfrozen_lr_ratio=ft.unfrozen_lr_ratio)
+        return tuned.train, tuned.freeze
+    return train_model_task(model, dm, spec), None
 
 
 @flow(name="sensor-train", log_prints=True)
@@ -53,13 +65,16 @@ def sensor_train(
     setup = st.supervised_setup_step(grid_ref, config, wcfg, bad, encoder)
     model, dm = st.new_predictor_step(setup, config, wcfg, encoder)
     spec = st.train_spec(grid_ref, encoder, config, wcfg, fresh)
-    freeze = None
-    if encoder is not None:
-        tuned = finetune_model_task(model, dm, spec, mode=ft.mode, groups=P.unfreeze_groups(config),
-                                    every_n_epochs=ft.unfreeze_every, unfrozen_lr_ratio=ft.unfrozen_lr_ratio)
-        trained, freeze = tuned.train, tuned.freeze
-    else:
-        trained = train_model_task(model, dm, spec)
+    trained, freeze = _train_cnn(model, dm, spec, encoder is not None, config)
+    if ft.members > 1:  # a seed ensemble: more CNNs on the same windows, from the next seeds
+        members = [model]
+        for i in range(1, ft.members):
+            member_cfg = P.member_config(config, i)
+            member, member_dm = st.new_predictor_step(setup, member_cfg, wcfg, encoder)
+            _train_cnn(member, member_dm, st.train_spec(grid_ref, encoder, member_cfg, wcfg, fresh),
+                       encoder is not None, member_cfg)
+            members.append(member)
+        model = st.ensemble_step(members)
     # -- evaluate the CNN and the baseline on the same test assets
     out_dir = home_layout().new_report("sensor-train")
     cnn_pred = st.predict_cnn_step(model, setup.data)

@@ -49,14 +49,24 @@ from solutions.sensor.schema import BadReadingReport, ColumnMapping
 
 log = logging.getLogger(__name__)
 
+#: the registry architecture of a seed ensemble of CNNs
+ENSEMBLE = "SensorRULEnsemble"
+
 #: The metric this adapter scores (``sensor-train`` registers it; lower is better).
 PRIMARY_METRIC = "test/rmse"
 
-def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int = 0) -> list[ChannelGroup]:
+def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int = 0, members: int | None = None
+               ) -> list[ChannelGroup]:
     """Structured pruning of the sensor model: conv channels (with their BatchNorm, when the
     encoder has one: ``norm``), the embedding and the shared hidden layer. The last conv feeds
     ``proj`` twice when two poolings sit side by side (``meanmax``, ``meanlast``), once for ``mean``;
-    ``stat_inputs``: the window statistics ``proj`` reads after them (kept whole)."""
+    ``stat_inputs``: the window statistics ``proj`` reads after them (kept whole). ``members``:
+    the plan of a seed ensemble of that many CNNs (each member pruned alike), None for one CNN."""
+    if members is not None:
+        return [g.model_copy(update={"producer": f"members.{i}.{g.producer}",
+                                     "norm": f"members.{i}.{g.norm}" if g.norm else None,
+                                     "consumers": tuple(f"members.{i}.{c}" for c in g.consumers)})
+                for i in range(members) for g in prune_plan(pooling, norm, stat_inputs)]
 
     def bn(i: int) -> str | None:
         return f"encoder.convs.{i}.1" if norm == "batch" else None
@@ -69,6 +79,12 @@ def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int =
         ChannelGroup(producer="encoder.proj.1", consumers=("heads.shared.0",)),
         ChannelGroup(producer="heads.shared.0", consumers=("heads.rul", "heads.fail")),
     ]
+
+
+def member_hparams(params: dict[str, Any]) -> dict[str, Any]:
+    """The hyper-parameters of one CNN of a registered sensor model (a seed ensemble's members share them)."""
+    hp = params["hparams"]
+    return dict(hp["member"]) if params.get("architecture") == ENSEMBLE else dict(hp)
 
 
 #: the plan of a model with mean and max pooling (the model class's default)
@@ -149,10 +165,11 @@ def losses(hp: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def student_of(params: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
-    """A fresh, smaller model (half the channels, a quarter of the embedding) and its registry params."""
-    small = dict(params["hparams"])
+    """A fresh, smaller model (half the channels, a quarter of the embedding) and its registry
+    params; a seed ensemble's student is one such CNN."""
+    small = member_hparams(params)
     small.update(channels=max(8, int(small["channels"]) // 2), embedding_dim=max(8, int(small["embedding_dim"]) // 4))
-    return SensorOutputs(SensorRULModel(**small)), {**params, "hparams": small}
+    return SensorOutputs(SensorRULModel(**small)), {**params, "architecture": "SensorRULModel", "hparams": small}
 
 
 def failure_pr_auc(x: torch.Tensor, fail: np.ndarray) -> Any:
@@ -180,7 +197,8 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
             f"{ref.spec} has primary metric {ref.primary_metric!r} (higher is better: {ref.higher_is_better}); "
             f"the sensor adapter scores {PRIMARY_METRIC!r}, lower is better"
         )
-    hp = dict(ref.params["hparams"])
+    hp = member_hparams(ref.params)
+    members = int(ref.params["hparams"]["members"]) if ref.params.get("architecture") == ENSEMBLE else None
     norm = RegimeNormalizer.from_dict(ref.params["normalizer"])
     wcfg = WindowConfig(**ref.params["window"])
     split = SplitConfig(**ref.params.get("split", {}))
@@ -214,7 +232,7 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
         soft_loss=soft_loss,
         lr=float(hp.get("lr", 1e-3)),
         prune_plan=prune_plan(hp.get("pooling", "meanmax"), hp.get("norm", "batch"),
-                              N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0),
+                              N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0, members),
         prune_note="of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed",
         bench_inputs=x_all,
         output_columns=["rul/cap", "fail_logit"],
@@ -228,3 +246,6 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
 
 ADAPTER = ModelAdapter(architecture="SensorRULModel", build=build_module, prepare=prepare, options=SensorHeldOut,
                        check=check_options)
+#: a seed ensemble of CNNs: pruned member by member; its distilled student is one small CNN
+ENSEMBLE_ADAPTER = ModelAdapter(architecture=ENSEMBLE, build=build_module, prepare=prepare, options=SensorHeldOut,
+                                check=check_options)

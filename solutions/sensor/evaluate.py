@@ -18,7 +18,7 @@ import numpy as np
 from infra.registry import KIND_SKLEARN, ModelRef, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
-from solutions.sensor.model import SensorRULModel, predict
+from solutions.sensor.model import RULModel, predict
 from solutions.sensor.pipeline import SupervisedData, lead_metrics, predictor_from_params, rul_extra
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def rmse(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(np.sqrt(np.mean((np.asarray(y_pred, "float64") - np.asarray(y_true, "float64")) ** 2)))
 
 
-def predict_cnn(model: SensorRULModel, data: SupervisedData) -> TestPredictions:
+def predict_cnn(model: RULModel, data: SupervisedData) -> TestPredictions:
     """The CNN's predictions on the validation and test windows."""
     rul_last, _ = predict(model, data.test_last.x)
     _, prob_val = predict(model, data.val.x)

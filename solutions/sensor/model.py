@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import lightning as L
@@ -362,6 +363,61 @@ class SensorOutputs(nn.Module):
         return torch.stack([rul, logit], dim=-1)
 
 
+class SensorRULEnsemble(L.LightningModule):
+    """Sensor RUL models trained alone from different seeds, as one model: the mean of their RUL
+    heads and of their failure logits.
+
+    It is not trained itself: :meth:`of` wraps trained members. Registry params rebuild it
+    (``SensorRULEnsemble(**hparams)``: the member count and one member's hyper-parameters);
+    its state dict holds member ``i``'s weights under ``members.<i>.``.
+    """
+
+    def __init__(self, members: int, member: dict[str, Any]) -> None:
+        super().__init__()
+        if members < 1:
+            raise ValueError(f"an ensemble needs at least one member, got {members}")
+        self.save_hyperparameters()
+        self.members = nn.ModuleList(SensorRULModel(**member) for _ in range(members))
+
+    @classmethod
+    def of(cls, models: Sequence[SensorRULModel]) -> SensorRULEnsemble:
+        """The ensemble of trained ``models`` (same hyper-parameters; their weights are copied)."""
+        first = dict(models[0].hparams)
+        for i, m in enumerate(models[1:], start=1):
+            if dict(m.hparams) != first:
+                raise ValueError(f"ensemble member {i} has other hyper-parameters than member 0")
+        ensemble = cls(len(models), first)
+        for target, source in zip(ensemble.members, models):
+            target.load_state_dict(source.state_dict())
+        return ensemble.eval()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = [m(x) for m in self.members]
+        return torch.stack([o[0] for o in outs]).mean(0), torch.stack([o[1] for o in outs]).mean(0)
+
+
+class SensorEnsembleOutputs(nn.Module):
+    """A :class:`SensorRULEnsemble` as a plain module with one ``(batch, 2)`` output, as
+    :class:`SensorOutputs` is for one model (same state-dict keys as the ensemble)."""
+
+    def __init__(self, model: SensorRULEnsemble) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(SensorOutputs(m) for m in model.members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([m(x) for m in self.members]).mean(0)
+
+
+#: a trained RUL/failure model: one CNN or a seed ensemble of them
+RULModel = SensorRULModel | SensorRULEnsemble
+
+
+def rul_cap_of(model: RULModel) -> float:
+    """The RUL cap the model's RUL head is scaled by."""
+    hp = model.hparams
+    return float(hp["member"]["rul_cap"] if "member" in hp else hp["rul_cap"])
+
+
 class WindowDataModule(L.LightningDataModule):
     """Train/val loaders over window arrays. Labels are optional (pre-training).
 
@@ -399,22 +455,24 @@ class WindowDataModule(L.LightningDataModule):
 
 
 @torch.no_grad()
-def predict(model: SensorRULModel, x: np.ndarray, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+def predict(model: RULModel, x: np.ndarray, batch_size: int = 2048) -> tuple[np.ndarray, np.ndarray]:
     """(RUL in steps, failure probability) for windows ``x`` (n, channels, time)."""
     model.eval()
     rul, prob = [], []
     for i in range(0, len(x), batch_size):
         xb = torch.as_tensor(x[i : i + batch_size], dtype=torch.float32, device=model.device)
         r, logit = model(xb)
-        rul.append((r.clamp(0, 1) * model.hparams.rul_cap).float().cpu().numpy())
+        rul.append((r.clamp(0, 1) * rul_cap_of(model)).float().cpu().numpy())
         prob.append(torch.sigmoid(logit).float().cpu().numpy())
     if not rul:
         return np.zeros(0), np.zeros(0)
     return np.concatenate(rul).astype("float64"), np.concatenate(prob).astype("float64")
 
 
-def build_module(params: dict) -> SensorOutputs:
+def build_module(params: dict) -> SensorOutputs | SensorEnsembleOutputs:
     """A fresh fp32 sensor model (RUL and failure heads as one output) from registry params."""
+    if params.get("architecture") == "SensorRULEnsemble":
+        return SensorEnsembleOutputs(SensorRULEnsemble(**params["hparams"]))
     if params.get("architecture") != "SensorRULModel":
         raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
     return SensorOutputs(SensorRULModel(**params["hparams"]))

@@ -29,7 +29,7 @@ from infra.registry import ModelRef
 from solutions.sensor import schema as S
 from solutions.sensor.align import align_readings, apply_mapping, clean_readings
 from solutions.sensor.config import AlignConfig
-from solutions.sensor.model import SensorRULModel
+from solutions.sensor.model import RULModel
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.scoring import alert_threshold, scores_table
 
@@ -43,7 +43,7 @@ class OnlineSensorModel:
     """A registered sensor version kept loaded: the model (or a compressed variant) and its ref."""
 
     ref: ModelRef
-    net: SensorRULModel | None = None
+    net: RULModel | None = None
     variant: nn.Module | None = None
     baseline: Any = None  # the GBM of a GBM or ensemble version (solutions.sensor.candidates)
 

@@ -28,7 +28,13 @@ from solutions.sensor.config import (
 )
 from solutions.sensor.features import RegimeNormalizer, WindowSet, make_windows
 from solutions.sensor.metrics import alert_lead_times, phm08_score
-from solutions.sensor.model import MaskedReconstruction, SensorRULModel, WindowDataModule
+from solutions.sensor.model import (
+    MaskedReconstruction,
+    RULModel,
+    SensorRULEnsemble,
+    SensorRULModel,
+    WindowDataModule,
+)
 from solutions.sensor.schema import BadReadingReport
 
 log = logging.getLogger(__name__)
@@ -218,7 +224,7 @@ def lead_metrics(ws: WindowSet, prob: np.ndarray, threshold: float, horizon: int
     return alert_lead_times(ws.asset, ws.rul_raw, prob, threshold, horizon)
 
 
-def model_params(model: SensorRULModel, normalizer: RegimeNormalizer, wcfg: WindowConfig, **extra: Any) -> dict[str, Any]:
+def model_params(model: RULModel, normalizer: RegimeNormalizer, wcfg: WindowConfig, **extra: Any) -> dict[str, Any]:
     """JSON parameters that rebuild the model and its normalisation from the registry."""
     return {
         "architecture": type(model).__name__,
@@ -234,11 +240,14 @@ def preprocessing_from_params(params: dict[str, Any]) -> tuple[RegimeNormalizer,
     return RegimeNormalizer.from_dict(params["normalizer"]), WindowConfig(**params["window"])
 
 
-def predictor_from_params(params: dict[str, Any], state_dict: dict[str, Any]) -> tuple[SensorRULModel, RegimeNormalizer, WindowConfig]:
-    """Rebuild a registered RUL model (weights already read safely by the registry)."""
-    if params.get("architecture") != "SensorRULModel":
+def predictor_from_params(params: dict[str, Any], state_dict: dict[str, Any]
+                          ) -> tuple[RULModel, RegimeNormalizer, WindowConfig]:
+    """Rebuild a registered RUL model, one CNN or a seed ensemble of them (weights already read
+    safely by the registry)."""
+    kinds = {"SensorRULModel": SensorRULModel, "SensorRULEnsemble": SensorRULEnsemble}
+    if params.get("architecture") not in kinds:
         raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
-    model = SensorRULModel(**params["hparams"])
+    model = kinds[params["architecture"]](**params["hparams"])
     model.load_state_dict(state_dict)
     model.eval()
     return model, RegimeNormalizer.from_dict(params["normalizer"]), WindowConfig(**params["window"])
@@ -348,6 +357,15 @@ def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConf
         ft.batch_size, ft.min_samples_per_epoch, ft.seed,
     )
     return model, dm
+
+
+def member_config(config: SensorConfig, member: int) -> SensorConfig:
+    """The config that trains seed-ensemble member ``member`` (0 is the configured run): its
+    fine-tuning seed (initial weights, batch order, run key) is the configured one + ``member``."""
+    if member == 0:
+        return config
+    ft = config.finetune
+    return config.model_copy(update={"finetune": ft.model_copy(update={"seed": ft.seed + member})})
 
 
 def train_run_key(data_hash: str, encoder: str | None, config: SensorConfig, wcfg: WindowConfig) -> str:

@@ -20,7 +20,7 @@ from infra.store import safe_stem
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorSource
 from solutions.sensor.features import make_windows
-from solutions.sensor.model import SensorRULModel, predict, predict_outputs
+from solutions.sensor.model import RULModel, predict, predict_outputs
 from solutions.sensor.pipeline import predictor_from_params, preprocessing_from_params
 from solutions.sensor.schema import BadReadingReport
 
@@ -47,7 +47,7 @@ def units_to_score(grid: pd.DataFrame, source: SensorSource) -> pd.DataFrame:
 
 def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: BadReadingReport | None = None, *,
                  state_dict: dict | None = None, variant: nn.Module | None = None,
-                 net: SensorRULModel | None = None, baseline: Any = None,
+                 net: RULModel | None = None, baseline: Any = None,
                  ) -> tuple[pd.DataFrame, BadReadingReport | None]:
     """Predicted RUL, failure probability and alert flag of each asset's latest window.
 
@@ -56,7 +56,7 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
         grid: the grid table to score.
         threshold: alert when P(failure) is at or above it.
         report: the grid's bad readings; a copy comes back with the assets padded to one window.
-        state_dict: the weights of a registered ``SensorRULModel``.
+        state_dict: the weights of a registered ``SensorRULModel`` (or ``SensorRULEnsemble``).
         variant: a compressed variant as a plain module (instead of ``state_dict``).
         net: the registered model already loaded (the online path keeps it loaded).
         baseline: the version's GBM (``solutions.sensor.candidates.load_baseline``) for a version

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from flows.fraud.cli import main as fraud_main
-from flows.sensor.cli import main as sensor_main
 import tasks.compress as C
 from flows.compress.adapters import adapter_for
 from flows.compress.cli import main as compress_main
+from flows.fraud.cli import main as fraud_main
+from flows.sensor.cli import main as sensor_main
 from infra.registry import ModelRegistry
 from solutions.fraud.compress import FraudHeldOut
 from solutions.sensor.compress import SensorHeldOut
@@ -87,7 +87,7 @@ SENSOR_FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--s
 
 def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> None:
     train = ["train", *SENSOR_FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline",
-             "--max-epochs", "1", "--model", "rul-cmp", "--json"]
+             "--max-epochs", "1", "--members", "1", "--model", "rul-cmp", "--json"]
     assert sensor_main(train) == 0
     trained = _last_json(capsys.readouterr().out)
     source = trained["model"]
@@ -162,6 +162,29 @@ def test_compress_flow_on_tiny_sensor_model(capsys: pytest.CaptureFixture) -> No
         a, b = pd.read_parquet(by_variant["output"]), pd.read_parquet(by_source["output"])
         assert by_variant["model"] == variant.spec and len(a) == len(b) == 16
         assert float((a["predicted_rul"] - b["predicted_rul"]).abs().median()) < 30
+
+
+def test_compress_flow_on_a_seed_ensemble_of_sensor_cnns(capsys: pytest.CaptureFixture) -> None:
+    """A seed ensemble compresses like one CNN: each member pruned alike, the student is one
+    small CNN, and the chosen variant scores through ``sensor score``."""
+    train = ["train", *SENSOR_FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline",
+             "--max-epochs", "1", "--members", "2", "--model", "rul-cmp-seeds", "--json"]
+    assert sensor_main(train) == 0
+    source = _last_json(capsys.readouterr().out)["model"]
+    assert compress_main(["--model", "rul-cmp-seeds", *SENSOR_FLEET, "--all", "--finetune-epochs", "1",
+                          "--distill-epochs", "1", "--latency-batch", "32", "--tolerance", "0.99", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    rows = {c["name"]: c for c in result["candidates"]}
+    assert rows["fp32"]["metric"] == pytest.approx(source["metrics"]["test/rmse"], rel=1e-9)
+    assert result["onnx"]["passed"]
+    shapes = result["prune"][0]["shapes"]
+    assert shapes["members.0.encoder.convs.0.0.weight"][0] == shapes["members.1.encoder.convs.0.0.weight"][0] == 16
+    assert rows["distilled"]["params"] < rows["fp32"]["params"] / 4  # one small CNN for two full ones
+    registry = ModelRegistry()
+    variant = registry.resolve(f"{result['variant']['name']}:{result['variant']['version']}")
+    capsys.readouterr()
+    assert sensor_main(["score", *SENSOR_FLEET, "--model", variant.spec, "--json"]) == 0
+    assert _last_json(capsys.readouterr().out)["assets_scored"] == 16
 
 
 @pytest.fixture(scope="module")

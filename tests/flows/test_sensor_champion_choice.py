@@ -55,3 +55,30 @@ def test_baseline_winning_on_validation_is_registered_and_scored(tmp_path: Path,
     batch = _last_json(capsys.readouterr().out)
     assert batch["scored"] == 1 and batch["rows"] == 4
     assert (pd.read_parquet(batch["outputs"][0])["model_version"] == ref.version).all()
+
+
+def test_a_seed_ensemble_of_cnns_is_registered_as_one_model_and_scored(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """``--members 2``: two CNNs from consecutive seeds, registered as one ensemble whose
+    weights hold both; ``score`` rebuilds it from the registry params; compress has its adapter."""
+    from flows.compress.adapters import adapter_for
+
+    args = [*FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline", "--max-epochs", "2",
+            "--members", "2", "--model", "rul-seeds", "--json"]
+    assert main(["train", *args]) == 0
+    result = _last_json(capsys.readouterr().out)
+    ref = ModelRegistry().resolve("rul-seeds")
+    assert result["winner"] == "cnn" and ref.params["architecture"] == "SensorRULEnsemble"
+    assert ref.params["hparams"]["members"] == 2
+    weights = load_file(str(ref.weights_path))
+    first = {k[len("members.0."):]: v for k, v in weights.items() if k.startswith("members.0.")}
+    second = {k[len("members.1."):]: v for k, v in weights.items() if k.startswith("members.1.")}
+    assert first and first.keys() == second.keys()
+    assert any(not (first[k] == second[k]).all() for k in first)  # trained from other seeds
+
+    out_file = tmp_path / "scores.parquet"
+    assert main(["score", *FLEET, "--model", "rul-seeds", "--output", str(out_file), "--json"]) == 0
+    capsys.readouterr()
+    frame = pd.read_parquet(out_file)
+    assert len(frame) == 16 and frame["predicted_rul"].between(0, 125).all()
+    assert adapter_for(ref).architecture == "SensorRULEnsemble"
