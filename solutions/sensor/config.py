@@ -245,9 +245,10 @@ class FinetuneConfig(BaseModel):
     )
     seed: int = Field(default=0, description="Seed of the labelled draw and of training.")
     members: int = Field(
-        default=1, ge=1,
+        default=3, ge=1,
         description="CNNs trained from seeds seed, seed + 1, ...; their mean is the CNN candidate (C-MAPSS FD001 "
-        "engine-split CV: one CNN 12.10, the mean of 3 11.87; a seed ensemble is not compressed).",
+        "engine-split CV, 2 fold splits x 5 folds: one CNN RMSE 12.10, the mean of 3 11.87; sensor train on FD001 "
+        "1:17 -> 1:56 on 2 cores).",
     )
 
 
