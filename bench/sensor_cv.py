@@ -9,6 +9,11 @@ pre-trained CNN and the GBM). The CNN is built and trained as ``sensor-train`` b
 trains it (same config, the same generic train / fine-tune functions). Validation engines
 come from each fold's training engines; the normaliser is fitted on those only.
 
+With two seeds or more, each fold also scores the mean of its seeds' CNNs
+(``*_seed_mean``): with seeds 0 1 2 that is the flow's default CNN candidate, a seed
+ensemble of ``FinetuneConfig.members`` = 3 CNNs, and ``ensemble_seed_mean`` is its mean with
+the GBM.
+
 Prints a markdown table (mean ± std (min–max) over folds x seeds) and one JSON line;
 writes the validation curves (PNG) and the JSON beside them in ``--out-dir``.
 
