@@ -40,6 +40,7 @@ from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import (
     N_WINDOW_STATS,
     SensorOutputs,
+    SensorRULEnsemble,
     SensorRULModel,
     WindowDataModule,
     build_module,
@@ -50,7 +51,7 @@ from solutions.sensor.schema import BadReadingReport, ColumnMapping
 log = logging.getLogger(__name__)
 
 #: the registry architecture of a seed ensemble of CNNs
-ENSEMBLE = "SensorRULEnsemble"
+ENSEMBLE = SensorRULEnsemble.__name__
 
 #: The metric this adapter scores (``sensor-train`` registers it; lower is better).
 PRIMARY_METRIC = "test/rmse"
@@ -169,7 +170,7 @@ def student_of(params: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     params; a seed ensemble's student is one such CNN."""
     small = member_hparams(params)
     small.update(channels=max(8, int(small["channels"]) // 2), embedding_dim=max(8, int(small["embedding_dim"]) // 4))
-    return SensorOutputs(SensorRULModel(**small)), {**params, "architecture": "SensorRULModel", "hparams": small}
+    return SensorOutputs(SensorRULModel(**small)), {**params, "architecture": SensorRULModel.__name__, "hparams": small}
 
 
 def failure_pr_auc(x: torch.Tensor, fail: np.ndarray) -> Any:
@@ -244,7 +245,7 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
     )
 
 
-ADAPTER = ModelAdapter(architecture="SensorRULModel", build=build_module, prepare=prepare, options=SensorHeldOut,
+ADAPTER = ModelAdapter(architecture=SensorRULModel.__name__, build=build_module, prepare=prepare, options=SensorHeldOut,
                        check=check_options)
 #: a seed ensemble of CNNs: pruned member by member; its distilled student is one small CNN
 ENSEMBLE_ADAPTER = ModelAdapter(architecture=ENSEMBLE, build=build_module, prepare=prepare, options=SensorHeldOut,

@@ -469,10 +469,15 @@ def predict(model: RULModel, x: np.ndarray, batch_size: int = 2048) -> tuple[np.
     return np.concatenate(rul).astype("float64"), np.concatenate(prob).astype("float64")
 
 
+def rul_model_from_params(params: dict) -> RULModel:
+    """A fresh RUL model (one CNN or a seed ensemble, by the params' ``architecture``) from registry params."""
+    kinds = {cls.__name__: cls for cls in (SensorRULModel, SensorRULEnsemble)}
+    if params.get("architecture") not in kinds:
+        raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
+    return kinds[params["architecture"]](**params["hparams"])
+
+
 def build_module(params: dict) -> SensorOutputs | SensorEnsembleOutputs:
     """A fresh fp32 sensor model (RUL and failure heads as one output) from registry params."""
-    if params.get("architecture") == "SensorRULEnsemble":
-        return SensorEnsembleOutputs(SensorRULEnsemble(**params["hparams"]))
-    if params.get("architecture") != "SensorRULModel":
-        raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
-    return SensorOutputs(SensorRULModel(**params["hparams"]))
+    model = rul_model_from_params(params)
+    return SensorEnsembleOutputs(model) if isinstance(model, SensorRULEnsemble) else SensorOutputs(model)

@@ -31,9 +31,9 @@ from solutions.sensor.metrics import alert_lead_times, phm08_score
 from solutions.sensor.model import (
     MaskedReconstruction,
     RULModel,
-    SensorRULEnsemble,
     SensorRULModel,
     WindowDataModule,
+    rul_model_from_params,
 )
 from solutions.sensor.schema import BadReadingReport
 
@@ -244,10 +244,7 @@ def predictor_from_params(params: dict[str, Any], state_dict: dict[str, Any]
                           ) -> tuple[RULModel, RegimeNormalizer, WindowConfig]:
     """Rebuild a registered RUL model, one CNN or a seed ensemble of them (weights already read
     safely by the registry)."""
-    kinds = {"SensorRULModel": SensorRULModel, "SensorRULEnsemble": SensorRULEnsemble}
-    if params.get("architecture") not in kinds:
-        raise ValueError(f"not a sensor RUL model: {params.get('architecture')!r}")
-    model = kinds[params["architecture"]](**params["hparams"])
+    model = rul_model_from_params(params)
     model.load_state_dict(state_dict)
     model.eval()
     return model, RegimeNormalizer.from_dict(params["normalizer"]), WindowConfig(**params["window"])
