@@ -15,6 +15,7 @@ import pandas as pd
 
 from flows.cli import Command, make_main
 from flows.fraud.adapt import fraud_adapt
+from flows.fraud.federate import FraudFederateResult, fraud_federate
 from flows.fraud.monitor import fraud_monitor
 from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.results import (
@@ -259,6 +260,20 @@ def tune_summary(r: FraudTuneResult) -> str:
 # commands
 
 
+def federate_summary(result: FraudFederateResult) -> str:
+    """Per-model test AP / ROC-AUC, partial rounds, ε and the registered version."""
+    lines = [f"{name:28s} AP {m['ap'] if m['ap'] is not None else float('nan'):.4f}  "
+             f"ROC-AUC {m['roc_auc'] if m['roc_auc'] is not None else float('nan'):.4f}"
+             for name, m in result.metrics.items()]
+    lines.append(f"rows per bank: {result.rows_per_bank}; partial rounds: {result.partial_rounds or 'none'}")
+    if result.refused:
+        lines.append(f"refused banks: {sorted(result.refused)}")
+    lines.append(f"privacy: epsilon {result.epsilon}" if result.epsilon else "privacy: no differential privacy")
+    lines.append(f"registered {result.model} ({'champion' if result.promoted else 'not promoted'}); "
+                 f"report {result.report_dir}")
+    return "\n".join(lines)
+
+
 COMMANDS = (
     Command(
         "train", fraud_train, train_summary,
@@ -294,6 +309,15 @@ COMMANDS = (
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
         hidden={"config.baseline.enabled"},
         check=check_tune,
+    ),
+    Command(
+        "federate", fraud_federate, lambda r: federate_summary(r),
+        help="federated training across K banks (Flower; --dp-epsilon for DP-SGD), registered via the champion rule",
+        flags={"config.model_name": "model", "config.model.seed": "model-seed",
+               "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
+               "config.compare": "no-compare"},
+        hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
+        check=lambda kwargs: _check_files(kwargs, "data"),
     ),
     Command(
         "reproduce", fraud_reproduce, reproduce_summary,
