@@ -4,8 +4,9 @@ body, query or path ever gets a 5xx, and every 4xx says what is wrong.
 One server for the module: ``python -m flows.serve``'s app with the fraud, sensor and (when Milvus
 Lite and the packaged MiniLM are installed) knowledge-base verticals, each serving a tiny
 registered model, on a real uvicorn at 127.0.0.1; an ``admin`` key sends every request. Each
-operation gets ``EXAMPLES`` schema-valid and ``EXAMPLES`` schema-breaking cases (no shrinking, a
-time budget per operation), so the test runs in about a minute on 2 busy cores.
+operation is sent its documented request bodies (``/docs``'s examples), then ``EXAMPLES`` schema-valid and ``EXAMPLES``
+schema-breaking cases (no shrinking, at most ``BUDGET_S`` seconds each), so the test runs in
+under a minute on 2 busy cores (``INDUSFLOW_FUZZ_EXAMPLES`` / ``INDUSFLOW_FUZZ_BUDGET_S`` for more).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from tests.serve.sensor_helpers import MODEL as SENSOR_MODEL  # noqa: E402
 from tests.serve.sensor_helpers import train_tiny_sensor  # noqa: E402
 
 #: cases per operation and generation mode (positive, negative)
-EXAMPLES = int(os.environ.get("INDUSFLOW_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("INDUSFLOW_FUZZ_EXAMPLES", "25"))
 #: wall-clock budget per operation and mode (seconds); generation stops when it is spent
-BUDGET_S = float(os.environ.get("INDUSFLOW_FUZZ_BUDGET_S", "3"))
+BUDGET_S = float(os.environ.get("INDUSFLOW_FUZZ_BUDGET_S", "2"))
 #: headers the fuzzer must not make up: the test's own credential goes in every request
 AUTH_HEADERS = ("x-api-key", "authorization")
 
@@ -59,6 +60,7 @@ class Api:
 @dataclass
 class Tally:
     sent: Counter = field(default_factory=Counter)
+    examples_ok: Counter = field(default_factory=Counter)
     statuses: dict[str, Counter] = field(default_factory=dict)
     server_errors: list[str] = field(default_factory=list)
     vague: list[str] = field(default_factory=list)
@@ -141,43 +143,52 @@ def says_what_is_wrong(status: int, body: Any) -> bool:
     return False
 
 
-def _fuzz(api: Api, operation: Any, mode: Any, tally: Tally, client: httpx.Client) -> None:
+def _fuzz(api: Api, operation: Any, mode: str, tally: Tally, client: httpx.Client) -> None:
     label = f"{operation.method.upper()} {operation.path}"
     started = time.monotonic()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    @given(case=operation.as_strategy(generation_mode=mode), _=st.just(None))
-    def run(case: Any, _: None) -> None:
-        if time.monotonic() - started > BUDGET_S:
-            return
+    def send(case: Any) -> None:
         kwargs = case.as_transport_kwargs(base_url=api.url)
+        body = _content(kwargs)
         headers = {k: v for k, v in (kwargs.get("headers") or {}).items() if k.lower() not in AUTH_HEADERS}
         headers["X-API-Key"] = api.key
         request = client.build_request(kwargs["method"], kwargs["url"], params=kwargs.get("params"),
-                                       headers=headers, cookies=kwargs.get("cookies"),
-                                       content=_content(kwargs))
+                                       headers=headers, cookies=kwargs.get("cookies"), content=body)
         response = client.send(request)
         tally.sent[label] += 1
         tally.statuses.setdefault(label, Counter())[response.status_code] += 1
-        shown = f"{label} {mode.name}: {kwargs.get('params')} {_content(kwargs)!r:.300} -> {response.status_code} " \
-                f"{response.text[:300]}"
+        if mode == "EXAMPLES" and response.status_code < 300:
+            tally.examples_ok[label] += 1
+        shown = f"{label} {mode}: {kwargs.get('params')} {body!r:.300} -> {response.status_code} {response.text[:300]}"
         if response.status_code >= 500:
             tally.server_errors.append(shown)
         elif response.status_code >= 400:
             try:
-                body = response.json()
+                answer = response.json()
             except ValueError:
-                body = None
-            if not says_what_is_wrong(response.status_code, body):
+                answer = None
+            if not says_what_is_wrong(response.status_code, answer):
                 tally.vague.append(shown)
+
+    if mode == "EXAMPLES":  # each documented request body once (the first thing a /docs user sends)
+        content = (operation.definition.raw.get("requestBody") or {}).get("content") or {}
+        for media, spec in content.items():
+            for example in (spec.get("examples") or {}).values():
+                send(operation.Case(body=example["value"], media_type=media))
+        return
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
+              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @given(case=operation.as_strategy(generation_mode=getattr(schemathesis.GenerationMode, mode)), _=st.just(None))
+    def run(case: Any, _: None) -> None:
+        if time.monotonic() - started <= BUDGET_S:
+            send(case)
 
     try:
         run()
     except Unsatisfiable:
         # nothing to break in an operation without parameters or body (GET /healthz): no negative case
-        assert mode.name == "NEGATIVE", f"{label}: no positive case could be generated"
+        assert mode == "NEGATIVE", f"{label}: no positive case could be generated"
 
 
 def _content(kwargs: dict[str, Any]) -> bytes | None:
@@ -204,12 +215,13 @@ def test_no_request_gets_a_5xx_and_every_4xx_says_why(api: Api) -> None:
     tally = Tally()
     with httpx.Client(timeout=90) as client:
         for operation in operations:
-            for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
+            for mode in ("EXAMPLES", "POSITIVE", "NEGATIVE"):
                 _fuzz(api, operation, mode, tally, client)
     print("\nrequests sent per route (status counts):")
     for label in sorted(tally.sent):
         print(f"  {label}: {tally.sent[label]}  {dict(sorted(tally.statuses[label].items()))}")
     print(f"5xx: {len(tally.server_errors)}; 4xx without a reason: {len(tally.vague)}")
     assert all(tally.sent[label] > 0 for label in labels), tally.sent
+    assert tally.examples_ok["POST /v1/sensor/predict"] > 0, "the sensor route's OpenAPI example was refused"
     assert not tally.server_errors, "\n".join(tally.server_errors[:20])
     assert not tally.vague, "\n".join(tally.vague[:20])

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
+from flows.serve import sensor as serve_sensor
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
 from solutions.sensor import data as D
@@ -84,9 +85,9 @@ def test_the_readme_request_file_scores_as_the_batch_path(tiny, server: SensorSe
 def test_the_openapi_example_is_a_working_request(tiny, server: SensorServer) -> None:
     home, model = tiny
     schema = httpx.get(f"{server.url}/openapi.json").json()
-    ref = schema["paths"]["/v1/sensor/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    name = ref["$ref"].rsplit("/", 1)[1]
-    [example] = schema["components"]["schemas"][name]["examples"]
+    examples = schema["paths"]["/v1/sensor/predict"]["post"]["requestBody"]["content"]["application/json"]["examples"]
+    example = examples["readings"]["value"]
+    assert set(examples["cmapss"]["value"]["grid"][0]) == {"asset_id", "step", *OP_COLUMNS, *SENSOR_COLUMNS}
     response = _post(server, example)
     assert response.status_code == 200, response.text
     [prediction] = response.json()["predictions"]
@@ -208,6 +209,9 @@ def test_cmapss_cycles_as_grid_rows_score_as_the_batch_path(tmp_path: Path) -> N
              **{c: float(r[c]) for c in (*OP_COLUMNS, *SENSOR_COLUMNS)}} for r in lines.to_dict("records")]
     with SensorServer(home, sensor_model=CMAPSS_MODEL) as srv:
         response = _post(srv, {"grid": rows})
+        documented = _post(srv, serve_sensor.OPENAPI_EXAMPLES["cmapss"]["value"])  # /docs's C-MAPSS example
+    assert documented.status_code == 200, documented.text
+    assert [p["asset_id"] for p in documented.json()["predictions"]] == ["engine-1"]
     assert response.status_code == 200, response.text
     predictions = response.json()["predictions"]
     assert [p["asset_id"] for p in predictions] == ["test-1", "test-2"]
