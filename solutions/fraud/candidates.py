@@ -150,7 +150,10 @@ class StoredBaseline:
             raise DataValidationError(f"the model needs window features {missing}, which this file cannot give",
                                       source=source)
         rows = (features[P.PERIOD] == period).to_numpy()
-        x = features.loc[rows, self.feature_names]
+        return self.probabilities(features.loc[rows, self.feature_names])
+
+    def probabilities(self, x: pd.DataFrame) -> np.ndarray:
+        """Fraud probabilities of feature rows whose columns are :attr:`feature_names` (the online path)."""
         with threadpool_limits(self.n_threads or 1):
             return self.estimator.predict_proba(x)[:, 1]
 
