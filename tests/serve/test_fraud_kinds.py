@@ -19,6 +19,7 @@ from flows.serve import fraud as serve_fraud
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
 from solutions.fraud import schema as S
+from tasks.champion import promote_by_hand, rollback_champion
 from tests.serve.fraud_helpers import MODEL, FraudServer, TinyFraud, api_key, post_scores, train_tiny_kinds
 
 TOL = 1e-5
@@ -101,17 +102,29 @@ def test_champion_moving_between_kinds_while_serving(kinds: tuple[HomeLayout, di
             post_scores(client, server.url, key, history[start : start + CHUNK])
         for kind, rows in zip(KINDS, thirds, strict=True):
             version = data[kind].ref.version
-            registry.set_alias(MODEL, "champion", version)
-            deadline = time.monotonic() + 20
-            while slot.version != version:
-                assert time.monotonic() < deadline, f"the server did not reload {MODEL}:{version}"
-                time.sleep(0.05)
+            if slot.version != version:  # what `python -m flows.fraud promote --model NAME:VERSION` does
+                promote_by_hand(f"{MODEL}:{version}", registry)
+            _wait_for(slot, version)
             online: dict[str, float] = {}
             for i in rows:
                 [result] = post_scores(client, server.url, key, [period[i]])
                 assert result["model_version"] == version
                 online[result["transaction_id"]] = result["score"]
             _compare(data[kind], online)
+        # `python -m flows.fraud rollback`: back to the GBM, which answers the next request
+        assert rollback_champion(MODEL, registry).candidate_version == data["baseline"].ref.version
+        _wait_for(slot, data["baseline"].ref.version)
+        late = {**period[-1], S.TRANSACTION_ID: "after-rollback",
+                S.TIMESTAMP: str(pd.Timestamp(period[-1][S.TIMESTAMP]) + pd.Timedelta(seconds=1))}
+        [result] = post_scores(client, server.url, key, [late])
+        assert result["model_version"] == data["baseline"].ref.version
+
+
+def _wait_for(slot: object, version: int) -> None:
+    deadline = time.monotonic() + 20
+    while slot.version != version:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"the server did not reload {MODEL}:{version}"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("kind", ["baseline", "ensemble"])
