@@ -290,7 +290,7 @@ COMMANDS = (
         "adapt", fraud_adapt, adapt_summary,
         help="fine-tune the champion on data with a new fraud pattern",
         flags={"config.baseline.delay_days": "feature-delay-days"},
-        hidden={"config.model", "config.model_name", "config.baseline.enabled", "old_data"},
+        hidden={"config.model", "config.model_name", "config.baseline.enabled", "config.candidates", "old_data"},
         check=check_adapt, prepare=adapt_old_data,
     ),
     Command(
@@ -312,7 +312,7 @@ COMMANDS = (
         "tune", fraud_tune, tune_summary,
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
-        hidden={"config.baseline.enabled"},
+        hidden={"config.baseline.enabled", "config.candidates"},
         check=check_tune,
     ),
     Command(
