@@ -92,3 +92,20 @@ def test_chunk_size_follows_the_window_and_chunks_fit_it(e5: E5Embedder) -> None
     fed = [len(e5.tokenizer(PASSAGE_PREFIX + c.text)["input_ids"]) for c in chunks]
     assert max(fed) <= e5.max_tokens  # the whole chunk is embedded, nothing cut
     assert max(fed) > 0.9 * e5.max_tokens  # and the window is used, not a fixed 256
+
+
+def test_coverage_advice_names_the_model_and_the_missing_characters(e5: E5Embedder, caplog) -> None:
+    """Line breaks are not unknown; a glyph outside the vocabulary is named by its Unicode name."""
+    from infra.embeddings import coverage_report
+
+    pages = ["First line\nsecond line\n\tthird line of a parsed page\n" * 20]
+    clean = coverage_report(e5.tokenizer, pages, e5.max_tokens, e5.name)
+    assert clean.unk_share == 0 and not clean.poor and clean.advice == ""
+    glyphs = ["\U0001D11E \U0001D11E \U0001D11E \U0001D11E notes " * 5]  # musical G clefs
+    caplog.set_level("WARNING", logger="infra.embeddings")
+    poor = coverage_report(e5.tokenizer, glyphs, e5.max_tokens, e5.name)
+    assert poor.poor and poor.unk_share > 0.05
+    assert poor.unknown_chars[0] == "U+1D11E MUSICAL SYMBOL G CLEF"
+    assert e5.name in poor.advice and "U+1D11E MUSICAL SYMBOL G CLEF" in poor.advice
+    assert "multilingual model" not in poor.advice and "\U0001D11E" not in poor.advice
+    assert any("embedder coverage is poor" in r.getMessage() for r in caplog.records)
