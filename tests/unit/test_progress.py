@@ -38,6 +38,7 @@ def test_without_a_terminal_a_line_every_few_seconds_or_percent_never_per_item(c
     assert 10 <= len(lines) <= 12  # 0/1000, each 10%, and the last one: not 1000 lines
     assert lines[0].startswith("ingest kb: 0/1000 files (0%)")
     assert lines[-1].startswith("ingest kb: 1000/1000 files (100%)") and "ETA 00:00" in lines[-1]
+    assert not lines[-2].startswith("ingest kb: 1000/1000")  # the end is said once, not again at close
     assert all(re.match(r"ingest kb: \d+/1000 files \(\d+%\), ", line) for line in lines)
     assert published[0] == 0.0 and published[-1] == 100.0
     assert len(published) <= 10 / 2 + 3  # at most every 2 s, plus the first and the last
