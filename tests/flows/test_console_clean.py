@@ -21,7 +21,7 @@ def run_cli(args: list[str], home: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "INDUSFLOW_"))}
     env.update(INDUSFLOW_HOME=str(home / "indusflow"), PREFECT_HOME=str(home / "prefect"),
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600,
+    return subprocess.run([sys.executable, *args], check=False, env=env, capture_output=True, text=True, timeout=600,
                           cwd=Path(__file__).resolve().parents[2])
 
 
