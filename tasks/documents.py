@@ -108,6 +108,29 @@ class Quarantined:
     detail: str = ""
 
 
+#: What each quarantine reason means to the person who gave the file (pages, APIs). The
+#: ``detail`` of a record (parser and exception text) stays in the ingest's own report.
+REASON_TEXT = {
+    "encrypted": "password-protected",
+    "unsupported": "not a document",
+    "empty": "no text found",
+    "ocr_empty": "no text found (scanned, OCR read nothing)",
+    "ocr_failed": "OCR failed",
+    "undecodable": "text in an unreadable encoding",
+    "corrupt": "damaged or not a valid file",
+    "unreadable": "could not be read",
+    "too_large": "too large",
+    "archive_bomb": "archive bomb",
+    "too_deep": "archives nested too deep",
+    "unsafe_path": "unsafe name in an archive",
+}
+
+
+def reason_text(reason: str) -> str:
+    """The short human text of a quarantine reason code (``encrypted`` -> ``password-protected``)."""
+    return REASON_TEXT.get(reason, "not indexed")
+
+
 @dataclass
 class ParseResult:
     """Documents parsed from a batch of sources, and what was quarantined."""

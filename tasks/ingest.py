@@ -35,6 +35,7 @@ from infra.milvus import ensure_collection
 from infra.pii import redact_path, tag_key
 from infra.settings import TikaSettings, get_embedding_settings
 from infra.store import check_name, read_json_dict, safe_join, stable_hash, write_json_atomic
+from tasks.catalog import record_roots
 from tasks.chunk import Chunk, chunk_document
 from tasks.documents import (
     DocMeta,
@@ -440,6 +441,7 @@ def run_ingest(
     collection = check_name(collection, "collection name")
     files = discover(sources)
     key = tag_key()
+    record_roots(collection, sources, key)  # documents are named relative to these (tasks.catalog)
     name = {f.path: redact_path(f.path, key) for f in files}
     exists = client.has_collection(collection)
     manifest = load_manifest(client, collection) if exists else {}
