@@ -10,6 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: Where a training run takes its transactions from (a flow parameter: kept here, in a light
+#: module, so the command line reads it without importing the flows).
+TrainingSource = Literal["synthetic", "file", "accumulated"]
+
 
 class SyntheticDataConfig(BaseModel):
     """The seeded synthetic transaction generator (the embedded default data)."""
