@@ -82,7 +82,8 @@ def code_root() -> Path:
 def run_once(argv: list[str], env: dict[str, str]) -> tuple[float, int, int]:
     """(seconds, exit code, lines printed) of one fresh process."""
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, *argv], cwd=code_root(), env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, *argv], cwd=code_root(), env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
     seconds = time.perf_counter() - started
     return seconds, proc.returncode, len((proc.stdout + proc.stderr).strip().splitlines())
 

@@ -27,7 +27,9 @@ from infra.home import home_layout
 from infra.settings import TuneSettings, get_tune_settings
 from infra.store import check_name
 from tasks.evaluate import new_figure, save_figure
-from tasks.tune_config import TuneConfig as TuneConfig  # re-exported: defined in a light module
+from tasks.tune_config import (
+    TuneConfig,  # defined in a light module (a flow parameter); importable from here too
+)
 
 log = logging.getLogger(__name__)
 

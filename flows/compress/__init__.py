@@ -16,7 +16,11 @@ _EXPORTS = {
     "model_compress": "flows.compress.flow",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "CompressConfig",
+    "CompressResult",
+    "model_compress",
+]
 
 if TYPE_CHECKING:
     from flows.compress.flow import model_compress

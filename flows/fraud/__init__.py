@@ -31,7 +31,21 @@ _EXPORTS = {
     "fraud_tune": "flows.fraud.tune",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "FraudAdaptResult",
+    "FraudBatchScoreResult",
+    "FraudMonitorResult",
+    "FraudScoreResult",
+    "FraudTrainResult",
+    "FraudTuneResult",
+    "fraud_adapt",
+    "fraud_batch_score",
+    "fraud_monitor",
+    "fraud_reproduce",
+    "fraud_score",
+    "fraud_train",
+    "fraud_tune",
+]
 
 if TYPE_CHECKING:
     from flows.fraud.adapt import fraud_adapt

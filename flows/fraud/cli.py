@@ -307,7 +307,7 @@ COMMANDS = (
         check=check_score,
     ),
     Command(
-        "batch", BATCH, lambda r: inbox_summary("fraud-batch-score", r, rows="rows"),
+        "batch", BATCH, batch_summary,
         help="score every new file of an inbox folder/glob (ledger + quarantine)",
         check=check_batch,
     ),

@@ -20,7 +20,14 @@ _EXPORTS = {
     "rag_ingest": "flows.rag.ingest",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AskResult",
+    "EvalResult",
+    "IngestResult",
+    "rag_ask",
+    "rag_eval",
+    "rag_ingest",
+]
 
 if TYPE_CHECKING:
     from flows.rag.ask import rag_ask

@@ -25,7 +25,19 @@ _EXPORTS = {
     "sensor_train": "flows.sensor.train",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "SensorBatchScoreResult",
+    "SensorMonitorResult",
+    "SensorPretrainResult",
+    "SensorScoreResult",
+    "SensorTrainResult",
+    "sensor_batch_score",
+    "sensor_monitor",
+    "sensor_pretrain",
+    "sensor_reproduce",
+    "sensor_score",
+    "sensor_train",
+]
 
 if TYPE_CHECKING:
     from flows.sensor.batch import sensor_batch_score

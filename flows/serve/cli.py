@@ -111,9 +111,8 @@ def _public(record: Any) -> dict[str, Any]:
 def run_keys(argv: Sequence[str]) -> int:
     """``keys add|list|revoke``."""
     from infra.home import home_layout
-    from infra.serving.runtime import key_store
-
     from infra.serving.auth import check_scopes
+    from infra.serving.runtime import key_store
 
     args = keys_parser().parse_args(argv)
     if args.action == "add":
@@ -168,7 +167,7 @@ def announce(url: str, wait_s: float = ANNOUNCE_WAIT_S, poll_s: float = 0.25) ->
     body: dict[str, Any] | None = None
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:  # noqa: S310 - our own server
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:  # 503: answering, a model still loading
             body = json.loads(exc.read() or b"{}")

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from sklearn.metrics import average_precision_score
 from torch import nn
 
@@ -25,7 +24,7 @@ from infra.registry import ModelRef
 from infra.tables import assign_periods, read_table, time_split, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.config import FraudHeldOut, SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.config import FraudHeldOut, SequenceModelConfig, SplitConfig
 from solutions.fraud.model import FraudSequenceModel, build_module
 from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.sequences import FraudPreprocessor

@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from sklearn.metrics import average_precision_score
 from torch import nn
 
@@ -33,7 +32,6 @@ from solutions.sensor.config import (
     SensorHeldOut,
     SensorSource,
     SplitConfig,
-    SyntheticFleetConfig,
     WindowConfig,
 )
 from solutions.sensor.data import build_grid

@@ -34,11 +34,11 @@ try:
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 except SystemExit as exc:
     code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-heavy = %r
+heavy = HEAVY_NAMES
 with open(report, "w") as fh:
     json.dump({"code": code, "heavy": sorted(m for m in heavy if m in sys.modules)}, fh)
 sys.exit(code)
-""" % (HEAVY,)
+""".replace("HEAVY_NAMES", repr(HEAVY))
 
 
 def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
