@@ -12,13 +12,24 @@ docstring). The conventions every command shares:
   on stderr and no traceback, and is caught before a flow run starts wherever the
   parameters alone can tell (pydantic validation, then the command's ``check``).
 
-The generator is plain ``argparse`` (stdlib): it adds nothing to the start-up time, which
-the Prefect import dominates.
+A command names its flow by entrypoint (``"flows.fraud.train:fraud_train"``, as the
+deployments do). Building the parser reads the flow's signature and docstring from its
+source (:func:`flow_signature`: the module is parsed, not imported; only the names its
+parameters' annotations and defaults use are imported, from light modules such as
+``solutions/<vertical>/config.py``), and the flow module is imported only when the command
+runs. So ``--help``, a bad flag and every pre-flight error answer without importing
+Lightning, torch or Prefect's engine. A command may still pass the flow object itself
+(slower start: its whole module tree is imported to build the parser).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import functools
+import importlib
+import importlib.util
 import inspect
 import json
 import sys
@@ -43,7 +54,8 @@ class Command:
 
     Attributes:
         name: sub-command name (``train``); None for a single-command module.
-        flow: the Prefect flow it runs.
+        flow: the Prefect flow it runs: its entrypoint ``"module:function"`` (imported only
+            when the command runs), or the flow object.
         summary: renders the flow's result for people (printed before ``--json``'s line).
         help: one line for the command list (default: the flow docstring's first line).
         flags: parameter path (``config.data.seed``) -> flag name without dashes, where the
@@ -59,7 +71,7 @@ class Command:
     """
 
     name: str | None
-    flow: Any
+    flow: str | Any
     summary: Callable[[Any], str]
     help: str | None = None
     flags: Mapping[str, str] = field(default_factory=dict)
@@ -99,6 +111,154 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+
+# ------------------------------------------------------------------------------------
+# a flow's signature, read from its source
+
+
+class _SourceResolver:
+    """Evaluates expressions of a module's top level (annotations, defaults) from its source.
+
+    A name is looked up, in this order, in the module's ``import`` / ``from ... import``
+    statements (importing only that module), its simple top-level assignments (evaluated
+    the same way) and the builtins. Nothing else of the module runs.
+    """
+
+    def __init__(self, module: str, tree: ast.Module, filename: str) -> None:
+        self.module, self.filename = module, filename
+        self.package = module if filename.endswith("__init__.py") else module.rpartition(".")[0]
+        self.bindings: dict[str, ast.stmt] = {}
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    self.bindings[alias.asname or alias.name.split(".")[0]] = node
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                self.bindings[node.targets[0].id] = node
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                self.bindings[node.target.id] = node
+        self.values: dict[str, Any] = {}
+
+    def name(self, name: str) -> Any:
+        if name in self.values:
+            return self.values[name]
+        node = self.bindings.get(name)
+        if isinstance(node, ast.ImportFrom):
+            alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == name)
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), self.package) \
+                if node.level else node.module or ""
+            module = importlib.import_module(source)
+            value = getattr(module, alias.name) if hasattr(module, alias.name) else \
+                importlib.import_module(f"{source}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == name)
+            value = importlib.import_module(alias.name)
+            if alias.asname is None:
+                value = importlib.import_module(alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            value = self.expr(node.value)
+        elif hasattr(builtins, name):
+            value = getattr(builtins, name)
+        else:
+            raise NameError(f"{self.filename}: {name!r} is not defined at the top level of {self.module}")
+        self.values[name] = value
+        return value
+
+    def expr(self, node: ast.expr) -> Any:
+        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+        namespace = {"__builtins__": builtins.__dict__, **{n: self.name(n) for n in names}}
+        return eval(compile(ast.Expression(node), self.filename, "eval"), namespace)
+
+
+def _source_of(module: str) -> tuple[str, str]:
+    """(source text, file name) of a module, found without importing it (its parents are)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise RuntimeError(f"no Python source for module {module!r}")
+    return Path(spec.origin).read_text(encoding="utf-8"), spec.origin
+
+
+@functools.cache
+def _parsed(entrypoint: str) -> tuple[str, str, ast.Module, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """(module, file name, module tree, function node) of a ``module:function`` entrypoint."""
+    module, sep, name = entrypoint.partition(":")
+    if not sep:
+        raise RuntimeError(f"flow entrypoint {entrypoint!r} is not of the form module:function")
+    text, filename = _source_of(module)
+    tree = ast.parse(text, filename)
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
+                None)
+    if node is None:
+        raise RuntimeError(f"{filename}: no top-level function {name!r} (entrypoint {entrypoint})")
+    return module, filename, tree, node
+
+
+@functools.cache
+def signature_from_source(entrypoint: str) -> Callable[..., Any]:
+    """A stand-in for the function named by ``module:function``, built from its source.
+
+    It has the function's name, docstring, ``inspect.signature`` and evaluated annotations
+    (so ``typing.get_type_hints`` works as on the real one), and raises if called. The module
+    itself is not imported: see :class:`_SourceResolver` for what is.
+    """
+    module, filename, tree, node = _parsed(entrypoint)
+    name = node.name
+    resolver = _SourceResolver(module, tree, filename)
+    args = node.args
+    positional = args.posonlyargs + args.args
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    kinds = [inspect.Parameter.POSITIONAL_ONLY] * len(args.posonlyargs) + \
+        [inspect.Parameter.POSITIONAL_OR_KEYWORD] * len(args.args)
+    specs = list(zip(positional, defaults, kinds, strict=True)) + [
+        (a, d, inspect.Parameter.KEYWORD_ONLY) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    ]
+    params, annotations = [], {}
+    for arg, default, kind in specs:
+        annotation = resolver.expr(arg.annotation) if arg.annotation is not None else inspect.Parameter.empty
+        if annotation is not inspect.Parameter.empty:
+            annotations[arg.arg] = annotation
+        value = resolver.expr(default) if default is not None else inspect.Parameter.empty
+        params.append(inspect.Parameter(arg.arg, kind, default=value, annotation=annotation))
+
+    def stand_in(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"{entrypoint} is read from its source for the command line; import it to run it")
+
+    stand_in.__name__ = stand_in.__qualname__ = name
+    stand_in.__module__ = module
+    stand_in.__doc__ = ast.get_docstring(node)
+    stand_in.__annotations__ = annotations
+    stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return stand_in
+
+
+def flow_doc(flow: str | Any) -> str:
+    """A flow's docstring, cleaned as ``inspect.getdoc`` does (from the source for an
+    entrypoint string: no import at all)."""
+    if isinstance(flow, str):
+        return ast.get_docstring(_parsed(flow)[3]) or ""
+    return inspect.getdoc(flow.fn) or ""
+
+
+def flow_function(flow: str | Any) -> Callable[..., Any]:
+    """The function whose parameters make a command's flags: read from source for an
+    entrypoint string (nothing heavy imported), the flow's ``fn`` for a flow object."""
+    return signature_from_source(flow) if isinstance(flow, str) else flow.fn
+
+
+def load_flow(flow: str | Any) -> Any:
+    """The flow object (an entrypoint string is imported now)."""
+    if not isinstance(flow, str):
+        return flow
+    module, _, name = flow.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def given(kwargs: Mapping[str, Any], flow: str | Any, name: str) -> Any:
+    """The value a parameter will have: given on the command line, or the flow's default."""
+    if name in kwargs:
+        return kwargs[name]
+    default = inspect.signature(flow_function(flow)).parameters[name].default
+    return None if default is inspect.Parameter.empty else default
 
 
 # ------------------------------------------------------------------------------------
@@ -147,9 +307,9 @@ def docstring_args(fn: Callable[..., Any]) -> dict[str, str]:
     return out
 
 
-def description_of(flow: Any) -> str:
+def description_of(flow: str | Any) -> str:
     """A flow's docstring without its ``Args:`` section (the command's description)."""
-    doc = inspect.getdoc(flow.fn) or ""
+    doc = flow_doc(flow)
     kept = []
     for line in doc.splitlines():
         if line.strip() in {"Args:", "Arguments:", "Parameters:", "Returns:"}:
@@ -177,7 +337,7 @@ def _walk(path: tuple[str, ...], annotation: Any, default: Any, required: bool, 
 
 
 def _leaves(command: Command) -> list[_Leaf]:
-    fn = command.flow.fn
+    fn = flow_function(command.flow)
     hints = typing.get_type_hints(fn)
     docs = docstring_args(fn)
     leaves: list[_Leaf] = []
@@ -352,7 +512,7 @@ def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
     for key, value in vars(namespace).items():
         if key.startswith(_PREFIX):
             _set_path(overrides, key[len(_PREFIX):].split("__"), value)
-    fn = command.flow.fn
+    fn = flow_function(command.flow)
     hints = typing.get_type_hints(fn)
     kwargs: dict[str, Any] = {}
     for name, param in inspect.signature(fn).parameters.items():
@@ -401,26 +561,43 @@ def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[A
     return exit_code(result) if exit_code is not None else 0
 
 
-def make_main(prog: str, description: str, commands: Sequence[Command]) -> Callable[[list[str] | None], int]:
-    """``main(argv) -> exit code`` of a module's commands (one unnamed command: no sub-commands)."""
+def _chosen_name(argv: Sequence[str], names: Collection[str]) -> str | None:
+    """The sub-command an argument list asks for: its first argument that is not an option."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in names else None
+    return None
 
-    def build() -> tuple[argparse.ArgumentParser, dict[str | None, _Built]]:
+
+def make_main(prog: str, description: str, commands: Sequence[Command]) -> Callable[[list[str] | None], int]:
+    """``main(argv) -> exit code`` of a module's commands (one unnamed command: no sub-commands).
+
+    Only the chosen sub-command's flags are built (its flow's parameters resolved); the others
+    appear in the command list with their help line, which needs nothing but the docstring.
+    """
+
+    def build(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str | None, _Built]]:
         parser = _Parser(prog=prog, description=description,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
         built: dict[str | None, _Built] = {}
         if len(commands) == 1 and commands[0].name is None:
             built[None] = _configure(parser, commands[0])
             return parser, built
+        chosen = _chosen_name(argv, [c.name for c in commands if c.name])
         sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
         for command in commands:
             text = description_of(command.flow)
             p = sub.add_parser(command.name, help=command.help or text.splitlines()[0] if text else None,
                                description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
-            built[command.name] = _configure(p, command)
+            if command.name == chosen:
+                built[command.name] = _configure(p, command)
         return parser, built
 
     def main(argv: list[str] | None = None) -> int:
-        parser, built = build()
+        argv = list(sys.argv[1:] if argv is None else argv)
+        parser, built = build(argv)
         args = parser.parse_args(argv)
         chosen = built[getattr(args, "command", None)]
         try:
@@ -428,7 +605,15 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
-        return run_flow(lambda: chosen.command.flow(**kwargs), as_json=args.json, summary=chosen.command.summary,
+        return run_flow(lambda: load_flow(chosen.command.flow)(**kwargs), as_json=args.json, summary=chosen.command.summary,
                         exit_code=chosen.command.exit_code)
 
     return main
+
+
+def check_commands(commands: Sequence[Command]) -> None:
+    """Build every command's flags (resolving each flow's parameters): raises on a clash of
+    flag names or a ``Command`` field that names no parameter. For tests; ``main`` builds
+    only the chosen command's."""
+    for command in commands:
+        _configure(_Parser(prog=command.name or "command"), command)

@@ -17,7 +17,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from infra.deploy_config import DeployConfig, DeployConfigError, DeploymentSpec, load_deploy_config
@@ -212,6 +214,11 @@ RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "infra,tasks,solutions,flows", "PREF
 def cmd_serve(args: argparse.Namespace) -> int:
     from prefect import serve
 
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C stops the server: a shell starts a background job (`... &`, a script's child)
+        # with SIGINT ignored, and the child inherits that; Prefect's serve() stops on the
+        # KeyboardInterrupt that the default handler raises
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     for key, value in RUN_ENV.items():  # inherited by the flow-run subprocesses
         os.environ.setdefault(key, value)
     config = load_deploy_config()

@@ -104,6 +104,63 @@ def read_table(path: Path, encoding: str | None = None) -> pd.DataFrame:
         raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
 
 
+def read_header(path: Path, encoding: str | None = None) -> list[str]:
+    """The column names of a CSV or Parquet file, read without its rows (a Parquet schema,
+    a CSV's first line), by the same content rules as :func:`read_table`.
+
+    Raises:
+        DataValidationError: the file is missing, empty or cannot be read as a table.
+    """
+    if not path.is_file():
+        raise DataValidationError("file not found", source=str(path))
+    if path.stat().st_size == 0:
+        raise DataValidationError("file is empty (0 bytes)", source=str(path))
+    with open(path, "rb") as handle:
+        magic = handle.read(4)
+    try:
+        if magic == b"PAR1":
+            import pyarrow.parquet as pq
+
+            return [str(name) for name in pq.read_schema(path).names]
+        if path.suffix.lower() in {".parquet", ".pq"}:
+            raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
+        if encoding:
+            try:
+                check_encoding(encoding)
+            except ValueError as exc:
+                raise DataValidationError(str(exc), source=str(path)) from None
+        header = pd.read_csv(path, nrows=0, encoding=encoding or detect_encoding(path))
+        return [str(c) for c in header.columns]
+    except DataValidationError:
+        raise
+    except OSError as exc:
+        if exc.errno is not None:
+            raise
+        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
+    except pd.errors.EmptyDataError as exc:
+        raise DataValidationError("file has no header and no rows", source=str(path)) from exc
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
+
+
+def check_mapped_columns(path: Path, columns: Mapping[str, str], encoding: str | None = None) -> None:
+    """Pre-flight: every source column of a canonical -> source mapping is in the file's header.
+
+    Raises:
+        DataValidationError: naming the file and the first absent column, with the file's columns.
+    """
+    if not columns:
+        return
+    header = read_header(path, encoding)
+    absent = [src for src in columns.values() if src not in header]
+    if absent:
+        raise DataValidationError(
+            f"column mapping names {absent}, which the file does not have; it has {describe_columns(header)}",
+            source=str(path),
+            column=absent[0],
+        )
+
+
 # --------------------------------------------------------------------------------------
 # messages that quote no content
 

@@ -27,6 +27,9 @@ from infra.home import home_layout
 from infra.settings import TuneSettings, get_tune_settings
 from infra.store import check_name
 from tasks.evaluate import new_figure, save_figure
+from tasks.tune_config import (
+    TuneConfig,  # defined in a light module (a flow parameter); importable from here too
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,26 +151,6 @@ def suggest(trial: Any, space: Sequence[Param]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------
 # study
-
-
-class TuneConfig(BaseModel):
-    """How to search: trial count, parallelism, sampler and pruner."""
-
-    model_config = ConfigDict(frozen=True)
-
-    trials: int = Field(default=20, ge=1, description="Finished trials (complete + pruned) wanted in the study.")
-    max_in_flight: int | None = Field(
-        default=None, ge=1, description="Trials trained at the same time (default: the tuning settings)."
-    )
-    study: str | None = Field(default=None, description="Study name; the same name resumes the same study.")
-    seed: int = Field(default=0, description="Seed of the TPE sampler.")
-    startup_trials: int = Field(default=5, ge=1, description="Random trials before TPE takes over.")
-    prune_after_trials: int = Field(default=3, ge=0, description="Complete trials before the pruner may stop one.")
-    warmup_epochs: int = Field(default=1, ge=0, description="Epochs of every trial that are never pruned.")
-    enqueue_defaults: bool = Field(
-        default=True, description="Run the config's default values as the first trial (a reference point)."
-    )
-    max_failures: int = Field(default=3, ge=0, description="Failed trials tolerated in one run before it stops.")
 
 
 class StudyRef(BaseModel):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.cli import Command, make_main
-from flows.compress.adapters import adapter_for, options_for
-from flows.compress.flow import model_compress
-from flows.compress.results import summarize
 from infra.registry import ModelRegistry
-from solutions.fraud.compress import FraudHeldOut
-from solutions.sensor.compress import SensorHeldOut
+from solutions.fraud.config import FraudHeldOut
+from solutions.sensor.config import SensorHeldOut
+
+if TYPE_CHECKING:
+    from flows.compress.results import CompressResult
+
+#: The flow, by entrypoint: imported only when the command runs (see flows/cli.py).
+COMPRESS = "flows.compress.flow:model_compress"
 
 #: Flags every adapter shares: given once, as the fraud options, and copied to the others.
 _SHARED = ("sensor_data.data", "sensor_data.columns", "sensor_data.fleet.seed")
@@ -28,13 +31,23 @@ def share_data_options(kwargs: dict[str, Any]) -> dict[str, Any]:
 def check(kwargs: dict[str, Any]) -> None:
     """The model is registered, its architecture has an adapter, and the adapter accepts the data options."""
     shared = share_data_options(kwargs)
-    adapter = adapter_for(ModelRegistry().resolve(kwargs["model"]))
+    ref = ModelRegistry().resolve(kwargs["model"])  # RegistryError names the registered models
+    from flows.compress.adapters import adapter_for, options_for
+
+    adapter = adapter_for(ref)
     adapter.check(options_for(adapter, shared["fraud_data"], shared["sensor_data"]))
+
+
+def summarize(r: CompressResult) -> str:
+    """The human summary of a compression run."""
+    from flows.compress.results import summarize as render
+
+    return render(r)
 
 
 COMMANDS = [
     Command(
-        None, model_compress, summarize,
+        None, COMPRESS, summarize,
         flags={"config.try_all": "all", "config.register_variant": "no-register"},
         hidden=_SHARED, check=check, prepare=share_data_options,
     ),

@@ -22,8 +22,8 @@ from infra.compute import resolve_training
 from infra.hardware import set_cpu_threads
 from infra.home import home_layout
 from infra.registry import ModelRegistry
-from solutions.fraud.compress import FraudHeldOut
-from solutions.sensor.compress import SensorHeldOut
+from solutions.fraud.config import FraudHeldOut
+from solutions.sensor.config import SensorHeldOut
 from tasks.cards import refresh_parent_card_task
 from tasks.compress import Bench, choose_candidate
 

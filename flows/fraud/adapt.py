@@ -8,7 +8,7 @@ from prefect import flow
 from pydantic import Field
 
 from flows.fraud import reports as R
-from flows.fraud.monitoring import TrainingSource, profile_step, training_transactions
+from flows.fraud.monitoring import profile_step, training_transactions
 from flows.fraud.results import FraudAdaptResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -27,7 +27,7 @@ from flows.fraud.steps import (
 )
 from infra.compute import resolve_training
 from infra.home import home_layout
-from solutions.fraud.config import FraudTrainConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.config import FraudTrainConfig, SplitConfig, SyntheticDataConfig, TrainingSource
 from tasks.evaluate import artifact_key
 from tasks.finetune import finetune_model_task
 from tasks.monitoring import PROFILE_FILE

@@ -1,4 +1,4 @@
-"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune}``: the fraud commands.
+"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune,promote,rollback,reproduce}``: the fraud commands.
 
 Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`); this module
 names the flags where a field name alone would be unclear, checks files, column mappings,
@@ -7,33 +7,37 @@ timestamps and model names before a flow run starts, and renders each result for
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from flows.cli import Command, make_main
-from flows.fraud.adapt import fraud_adapt
-from flows.fraud.federate import FraudFederateResult, fraud_federate
-from flows.fraud.monitor import fraud_monitor
-from flows.fraud.reproduce import fraud_reproduce
-from flows.fraud.results import (
-    FraudAdaptResult,
-    FraudMonitorResult,
-    FraudScoreResult,
-    FraudTrainResult,
-    FraudTuneResult,
-)
-from flows.fraud.score import fraud_batch_score, fraud_score
-from flows.fraud.steps import fraud_space
-from flows.fraud.train import fraud_train
-from flows.fraud.tune import fraud_tune
+from flows.cli import Command, given, make_main
 from infra.registry import ModelRegistry, parse_model_spec
-from infra.tables import check_encoding
-from solutions.fraud.schema import ColumnMapping
-from tasks.ledger import inbox_summary
-from tasks.reproduce import reproduce_exit_code, reproduce_summary
+
+if TYPE_CHECKING:
+    from flows.fraud.results import (
+        FraudAdaptResult,
+        FraudBatchScoreResult,
+        FraudMonitorResult,
+        FraudScoreResult,
+        FraudTrainResult,
+        FraudTuneResult,
+    )
+    from infra.registry import PromotionDecision
+    from flows.fraud.federate import FraudFederateResult
+    from tasks.reproduce import ReproduceResult
+
+#: The flows, by entrypoint: imported only when a command runs (flows/cli.py reads their
+#: parameters from the source), so --help and pre-flight errors import no torch or Prefect engine.
+TRAIN = "flows.fraud.train:fraud_train"
+ADAPT = "flows.fraud.adapt:fraud_adapt"
+SCORE = "flows.fraud.score:fraud_score"
+BATCH = "flows.fraud.score:fraud_batch_score"
+MONITOR = "flows.fraud.monitor:fraud_monitor"
+TUNE = "flows.fraud.tune:fraud_tune"
+REPRODUCE = "flows.fraud.reproduce:fraud_reproduce"
+PROMOTE = "flows.fraud.promote:fraud_promote"
+ROLLBACK = "flows.fraud.promote:fraud_rollback"
+FEDERATE = "flows.fraud.federate:fraud_federate"
 
 #: Flag names shared by the commands that train (fields whose names would collide or mislead).
 TRAINING_FLAGS = {
@@ -48,14 +52,6 @@ TRAINING_FLAGS = {
 # pre-flight checks (before any flow run starts)
 
 
-def _given(kwargs: dict[str, Any], flow: Any, name: str) -> Any:
-    """The value a parameter will have: given on the command line, or the flow's default."""
-    if name in kwargs:
-        return kwargs[name]
-    default = inspect.signature(flow.fn).parameters[name].default
-    return None if default is inspect.Parameter.empty else default
-
-
 def _check_files(kwargs: dict[str, Any], *names: str) -> None:
     for name in names:
         value = kwargs.get(name)
@@ -63,17 +59,28 @@ def _check_files(kwargs: dict[str, Any], *names: str) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: no such file: {value}")
 
 
-def _check_columns(kwargs: dict[str, Any]) -> None:
-    if kwargs.get("columns"):
-        try:
-            ColumnMapping(dict(kwargs["columns"]))
-        except ValueError as exc:
-            raise ValueError(f"--columns: {exc}") from None
+def _check_columns(kwargs: dict[str, Any], file: str | None = "data") -> None:
+    """The mapping names canonical columns, and the ``file`` parameter's header (read
+    without its rows) has every mapped source column."""
+    if not kwargs.get("columns"):
+        return
+    from solutions.fraud.schema import ColumnMapping
+
+    try:
+        ColumnMapping(dict(kwargs["columns"]))
+    except ValueError as exc:
+        raise ValueError(f"--columns: {exc}") from None
+    if file and kwargs.get(file) is not None:
+        from infra.tables import check_mapped_columns
+
+        check_mapped_columns(Path(kwargs[file]).expanduser(), kwargs["columns"], kwargs.get("encoding"))
 
 
 def _check_since(kwargs: dict[str, Any]) -> None:
     since = kwargs.get("since")
     if since is not None:
+        import pandas as pd
+
         try:
             pd.Timestamp(since)
         except (ValueError, TypeError):
@@ -82,6 +89,8 @@ def _check_since(kwargs: dict[str, Any]) -> None:
 
 def _check_encoding(kwargs: dict[str, Any]) -> None:
     if kwargs.get("encoding"):
+        from infra.tables import check_encoding
+
         try:
             check_encoding(kwargs["encoding"])
         except ValueError as exc:
@@ -89,7 +98,7 @@ def _check_encoding(kwargs: dict[str, Any]) -> None:
 
 
 def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None:
-    spec = _given(kwargs, flow, "model")
+    spec = given(kwargs, flow, "model")
     try:
         parse_model_spec(spec)
     except ValueError as exc:
@@ -107,7 +116,9 @@ def check_train(kwargs: dict[str, Any]) -> None:
 def check_tune(kwargs: dict[str, Any]) -> None:
     """As :func:`check_train`, and the search space fits the sequence model's config."""
     check_train(kwargs)
-    fraud_space(_given(kwargs, fraud_tune, "config").model)
+    from flows.fraud.steps import fraud_space
+
+    fraud_space(given(kwargs, TUNE, "config").model)
 
 
 def check_adapt(kwargs: dict[str, Any]) -> None:
@@ -117,43 +128,65 @@ def check_adapt(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"--fraction: {kwargs['fraction']} is not in (0, 1]")
     if kwargs.get("max_epochs", 1) < 1:
         raise ValueError(f"--max-epochs: {kwargs['max_epochs']} is below 1")
-    _check_model(kwargs, fraud_adapt, registered=True)
+    _check_model(kwargs, ADAPT, registered=True)
 
 
 def check_score(kwargs: dict[str, Any]) -> None:
     """Files exist, mapping and ``--since`` are valid, the model is registered."""
+    _check_encoding(kwargs)
     check_train(kwargs)
     _check_since(kwargs)
-    _check_encoding(kwargs)
-    _check_model(kwargs, fraud_score, registered=True)
+    _check_model(kwargs, SCORE, registered=True)
 
 
 def check_batch(kwargs: dict[str, Any]) -> None:
     """Accounts file and mapping valid, model name well formed (it is resolved only when a
     file waits: a schedule may fire before the first training)."""
     _check_files(kwargs, "accounts")
-    _check_columns(kwargs)
+    _check_columns(kwargs, file=None)
     _check_encoding(kwargs)
-    _check_model(kwargs, fraud_batch_score, registered=False)
+    _check_model(kwargs, BATCH, registered=False)
 
 
 def check_reproduce(kwargs: dict[str, Any]) -> None:
     """The model is registered and the tolerance is not negative."""
     if kwargs.get("tolerance", 0.0) < 0:
         raise ValueError(f"--tolerance: {kwargs['tolerance']} is negative")
-    _check_model(kwargs, fraud_reproduce, registered=True)
+    _check_model(kwargs, REPRODUCE, registered=True)
+
+
+def check_promote(kwargs: dict[str, Any]) -> None:
+    """``--model`` names a registered version (NAME:VERSION or NAME@alias)."""
+    from tasks.champion import version_spec
+
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def check_rollback(kwargs: dict[str, Any]) -> None:
+    """``--model`` is a registered model NAME with a champion."""
+    from tasks.champion import bare_name
+
+    try:
+        name = bare_name(given(kwargs, ROLLBACK, "model"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
 
 
 def check_monitor(kwargs: dict[str, Any]) -> None:
     """Accounts file and mapping valid, model name well formed."""
     _check_files(kwargs, "accounts")
-    _check_columns(kwargs)
-    _check_model(kwargs, fraud_monitor, registered=False)
+    _check_columns(kwargs, file=None)
+    _check_model(kwargs, MONITOR, registered=False)
 
 
 def adapt_old_data(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The old regime's data for the forgetting check: the new data's size, seed 0, no new pattern."""
-    config = _given(kwargs, fraud_adapt, "config")
+    config = given(kwargs, ADAPT, "config")
     return {**kwargs, "old_data": config.data.model_copy(update={"seed": 0, "new_pattern": False})}
 
 
@@ -256,6 +289,34 @@ def tune_summary(r: FraudTuneResult) -> str:
     return "\n".join(lines)
 
 
+def batch_summary(r: FraudBatchScoreResult) -> str:
+    """The human summary of an inbox run."""
+    from tasks.ledger import inbox_summary
+
+    return inbox_summary("fraud-batch-score", r, rows="rows")
+
+
+def reproduce_summary(r: ReproduceResult) -> str:
+    """The human summary of a reproduction."""
+    from tasks.reproduce import reproduce_summary as render
+
+    return render(r)
+
+
+def champion_move_summary(r: PromotionDecision) -> str:
+    """The human summary of a champion moved by hand."""
+    from tasks.champion import champion_move_summary as render
+
+    return render(r)
+
+
+def reproduce_exit_code(r: ReproduceResult) -> int:
+    """0 when the reproduction is within its tolerance."""
+    from tasks.reproduce import reproduce_exit_code as code
+
+    return code(r)
+
+
 # ------------------------------------------------------------------------------------
 # commands
 
@@ -276,42 +337,42 @@ def federate_summary(result: FraudFederateResult) -> str:
 
 COMMANDS = (
     Command(
-        "train", fraud_train, train_summary,
+        "train", TRAIN, train_summary,
         help="train + evaluate + register (sequence model vs baseline)",
         flags={**TRAINING_FLAGS, "config.baseline.enabled": "no-baseline"},
         check=check_train,
     ),
     Command(
-        "adapt", fraud_adapt, adapt_summary,
+        "adapt", ADAPT, adapt_summary,
         help="fine-tune the champion on data with a new fraud pattern",
         flags={"config.baseline.delay_days": "feature-delay-days"},
-        hidden={"config.model", "config.model_name", "config.baseline.enabled", "old_data"},
+        hidden={"config.model", "config.model_name", "config.baseline.enabled", "config.candidates", "old_data"},
         check=check_adapt, prepare=adapt_old_data,
     ),
     Command(
-        "score", fraud_score, score_summary,
+        "score", SCORE, score_summary,
         help="score a transactions file with the champion (or a named version)",
         check=check_score,
     ),
     Command(
-        "batch", fraud_batch_score, lambda r: inbox_summary("fraud-batch-score", r, rows="rows"),
+        "batch", BATCH, batch_summary,
         help="score every new file of an inbox folder/glob (ledger + quarantine)",
         check=check_batch,
     ),
     Command(
-        "monitor", fraud_monitor, monitor_summary,
+        "monitor", MONITOR, monitor_summary,
         help="delayed labels -> realised metrics per day, accumulated data, retrain trigger",
         check=check_monitor,
     ),
     Command(
-        "tune", fraud_tune, tune_summary,
+        "tune", TUNE, tune_summary,
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
-        hidden={"config.baseline.enabled"},
+        hidden={"config.baseline.enabled", "config.candidates"},
         check=check_tune,
     ),
     Command(
-        "federate", fraud_federate, lambda r: federate_summary(r),
+        "federate", FEDERATE, lambda r: federate_summary(r),
         help="federated training across K banks (Flower; --dp-epsilon for DP-SGD), registered via the champion rule",
         flags={"config.model_name": "model", "config.model.seed": "model-seed",
                "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
@@ -320,7 +381,17 @@ COMMANDS = (
         check=lambda kwargs: _check_files(kwargs, "data"),
     ),
     Command(
-        "reproduce", fraud_reproduce, reproduce_summary,
+        "promote", PROMOTE, champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=check_promote,
+    ),
+    Command(
+        "rollback", ROLLBACK, champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=check_rollback,
+    ),
+    Command(
+        "reproduce", REPRODUCE, reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",
         check=check_reproduce, exit_code=reproduce_exit_code,
     ),
@@ -328,7 +399,8 @@ COMMANDS = (
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, reproduce. "
+    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, promote, roll back, "
+    "reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",
     COMMANDS,

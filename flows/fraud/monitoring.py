@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,7 @@ from infra.store import stable_hash
 from solutions.fraud import monitoring as M
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.config import SplitConfig, SyntheticDataConfig
+from solutions.fraud.config import SplitConfig, SyntheticDataConfig, TrainingSource
 from solutions.fraud.pipeline import accounts_schema, transaction_schema
 from tasks import accumulate as A
 from tasks import monitoring as MON
@@ -42,8 +42,6 @@ LABELS_JOB = "fraud-labels"
 ACCUMULATE_JOB = "fraud-accumulate"
 #: Days of history before the training window that window features look back on.
 HISTORY_DAYS = 30
-
-TrainingSource = Literal["synthetic", "file", "accumulated"]
 
 
 # ------------------------------------------------------------------------------------

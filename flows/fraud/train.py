@@ -8,7 +8,7 @@ from prefect import flow
 
 from flows.fraud import reports as R
 from flows.fraud.governance import compare_with_champion, fraud_card, fraud_lineage, recompare_with
-from flows.fraud.monitoring import TrainingSource, profile_step, training_transactions
+from flows.fraud.monitoring import profile_step, training_transactions
 from flows.fraud.results import FraudTrainResult
 from flows.fraud.steps import (
     PRIMARY_METRIC,
@@ -27,7 +27,7 @@ from flows.fraud.steps import (
 )
 from infra.compute import resolve_training
 from infra.home import home_layout
-from solutions.fraud.config import FraudTrainConfig
+from solutions.fraud.config import FraudTrainConfig, TrainingSource
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, plot_comparison
 from tasks.monitoring import PROFILE_FILE
@@ -75,7 +75,7 @@ def fraud_train(
     trained = train_model_task(model, setup.datamodule, sequence_train_spec(prepared, config.model, fresh=fresh, hardware=hardware))
     # -- the candidates compared on validation; the test period only reports
     sequence = score_val_test(model, setup, ref, prepared)
-    choice = choose_candidate(sequence, baseline)
+    choice = choose_candidate(sequence, baseline, config.candidates)
     seq_report = evaluate_on_test("sequence", sequence, config.fpr_target, out_dir)
     base_report = evaluate_on_test("baseline", baseline.scores, config.fpr_target, out_dir) if baseline else None
     winner_report = (evaluate_on_test(choice.winner, choice.scores[choice.winner], config.fpr_target, out_dir)

@@ -35,7 +35,8 @@ from solutions.fraud.config import FraudTrainConfig
 from tasks.evaluate import artifact_key, plot_comparison, publish_eval_report_task
 from tasks.register import register_model_task
 from tasks.train import train_model_task
-from tasks.tune import TuneConfig, optimize, report_study
+from tasks.tune import optimize, report_study
+from tasks.tune_config import TuneConfig
 
 
 @flow(name="fraud-tune", log_prints=True, task_runner=ConfiguredTaskRunner())

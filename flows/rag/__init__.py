@@ -1,14 +1,49 @@
 """RAG knowledge base flows: ``rag-ingest``, ``rag-ask`` and ``rag-eval``.
 
 Command line: ``python -m flows.rag {ingest,ask,eval} --help`` (see :mod:`flows.rag.cli`).
+The names below are imported on first use (PEP 562): importing the package's ``cli`` does
+not import the flows.
 """
 
 from __future__ import annotations
 
-from flows.rag.ask import rag_ask
-from flows.rag.evaluate import rag_eval
-from flows.rag.ingest import rag_ingest
-from solutions.rag.results import AskResult, EvalResult
-from tasks.ingest import IngestResult
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AskResult", "EvalResult", "IngestResult", "rag_ask", "rag_eval", "rag_ingest"]
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "AskResult": "solutions.rag.results",
+    "EvalResult": "solutions.rag.results",
+    "IngestResult": "tasks.ingest",
+    "rag_ask": "flows.rag.ask",
+    "rag_eval": "flows.rag.evaluate",
+    "rag_ingest": "flows.rag.ingest",
+}
+
+__all__ = [
+    "AskResult",
+    "EvalResult",
+    "IngestResult",
+    "rag_ask",
+    "rag_eval",
+    "rag_ingest",
+]
+
+if TYPE_CHECKING:
+    from flows.rag.ask import rag_ask
+    from flows.rag.evaluate import rag_eval
+    from flows.rag.ingest import rag_ingest
+    from solutions.rag.results import AskResult, EvalResult
+    from tasks.ingest import IngestResult
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

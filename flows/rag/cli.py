@@ -7,16 +7,19 @@ the last line of stdout.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.cli import Command, make_main
-from flows.rag.ask import rag_ask
-from flows.rag.evaluate import rag_eval
-from flows.rag.ingest import rag_ingest
 from infra.pii import redact_path, redact_text
-from solutions.rag.evaluation import render_eval
-from solutions.rag.results import AskResult, EvalResult
-from tasks.ingest import IngestResult
+
+if TYPE_CHECKING:
+    from solutions.rag.results import AskResult, EvalResult
+    from tasks.ingest import IngestResult
+
+#: The flows, by entrypoint: imported only when a command runs (see flows/cli.py).
+INGEST = "flows.rag.ingest:rag_ingest"
+ASK = "flows.rag.ask:rag_ask"
+EVAL = "flows.rag.evaluate:rag_eval"
 
 CHUNK_FLAGS = {"chunk.tokens": "chunk-tokens", "chunk.overlap": "chunk-overlap"}
 WEIGHT_FLAGS = {"weights.dense": "dense-weight", "weights.bm25": "bm25-weight"}
@@ -47,6 +50,8 @@ def _ask_summary(r: AskResult) -> str:
 
 
 def _eval_summary(r: EvalResult) -> str:
+    from solutions.rag.evaluation import render_eval
+
     return render_eval(r)
 
 
@@ -75,7 +80,7 @@ def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 COMMANDS = [
     Command(
-        "ingest", rag_ingest, _ingest_summary, help="parse, redact, chunk, embed and index documents",
+        "ingest", INGEST, _ingest_summary, help="parse, redact, chunk, embed and index documents",
         positional="sources",
         flags={"sources": "source", **{f"params.{k}": v for k, v in CHUNK_FLAGS.items()},
                **{f"params.redaction.{kind}": f"no-redact-{kind.replace('_', '-')}"
@@ -83,11 +88,11 @@ COMMANDS = [
         check=_sources_exist,
     ),
     Command(
-        "ask", rag_ask, _ask_summary, help="answer a question with citations", positional="question",
+        "ask", ASK, _ask_summary, help="answer a question with citations", positional="question",
         flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()}, prepare=_redacted_question,
     ),
     Command(
-        "eval", rag_eval, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",
+        "eval", EVAL, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",
         flags={**CHUNK_FLAGS, **WEIGHT_FLAGS}, check=_data_exists,
     ),
 ]

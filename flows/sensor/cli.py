@@ -8,29 +8,31 @@ Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.cli import Command, make_main
-from flows.sensor.batch import sensor_batch_score
-from flows.sensor.monitor import sensor_monitor
-from flows.sensor.pretrain import sensor_pretrain
-from flows.sensor.reproduce import sensor_reproduce
-from flows.sensor.results import (
-    SensorBatchScoreResult,
-    SensorMonitorResult,
-    SensorPretrainResult,
-    SensorScoreResult,
-    SensorTrainResult,
-)
-from flows.sensor.score import sensor_score
-from flows.sensor.train import sensor_train
 from infra.registry import ModelRegistry, parse_model_spec
-from infra.tables import check_encoding
-from solutions.sensor.config import SensorSource
-from solutions.sensor.data import check_source_files
-from solutions.sensor.schema import ColumnMapping
-from tasks.ledger import inbox_summary
-from tasks.reproduce import reproduce_exit_code, reproduce_summary
+
+if TYPE_CHECKING:
+    from flows.sensor.results import (
+        SensorBatchScoreResult,
+        SensorMonitorResult,
+        SensorPretrainResult,
+        SensorScoreResult,
+        SensorTrainResult,
+    )
+    from infra.registry import PromotionDecision
+    from tasks.reproduce import ReproduceResult
+
+#: The flows, by entrypoint: imported only when a command runs (see flows/cli.py).
+PRETRAIN = "flows.sensor.pretrain:sensor_pretrain"
+TRAIN = "flows.sensor.train:sensor_train"
+SCORE = "flows.sensor.score:sensor_score"
+BATCH = "flows.sensor.batch:sensor_batch_score"
+MONITOR = "flows.sensor.monitor:sensor_monitor"
+REPRODUCE = "flows.sensor.reproduce:sensor_reproduce"
+PROMOTE = "flows.sensor.promote:sensor_promote"
+ROLLBACK = "flows.sensor.promote:sensor_rollback"
 
 # flag names where a field name alone would collide or be unclear
 _FLEET = {"config.fleet.seed": "seed"}
@@ -64,6 +66,10 @@ _TRAINING = ("config.window", "config.model", "config.pretrain", "config.finetun
 
 
 def _check_source(kwargs: dict[str, Any]) -> None:
+    """Files or folder exist; a readings/events file's header (no rows read) has the mapped columns."""
+    from solutions.sensor.config import SensorSource
+    from solutions.sensor.data import check_source_files
+
     check_source_files(kwargs.get("source", SensorSource()))
 
 
@@ -80,6 +86,9 @@ def _check_score(kwargs: dict[str, Any]) -> None:
 
 def _check_inbox_reading(kwargs: dict[str, Any], location: str) -> None:
     """The encoding and column mapping of an inbox job, and its ``location`` (a folder, a file or a glob)."""
+    from infra.tables import check_encoding
+    from solutions.sensor.schema import ColumnMapping
+
     if kwargs.get("encoding"):
         try:
             check_encoding(kwargs["encoding"])
@@ -151,6 +160,8 @@ def _score_summary(r: SensorScoreResult) -> str:
 
 
 def _batch_summary(r: SensorBatchScoreResult) -> str:
+    from tasks.ledger import inbox_summary
+
     lines = [inbox_summary("sensor-batch-score", r, rows="assets", flagged="alerts")]
     lines += [f"  {report.summary()}" for report in r.bad_readings.values()]
     return "\n".join(lines)
@@ -168,44 +179,92 @@ def _monitor_summary(r: SensorMonitorResult) -> str:
     return "\n".join(lines)
 
 
+def _check_promote(kwargs: dict[str, Any]) -> None:
+    from tasks.champion import version_spec
+
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def _check_rollback(kwargs: dict[str, Any]) -> None:
+    from tasks.champion import bare_name
+
+    try:
+        name = bare_name(kwargs.get("model", "sensor-rul"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
+
+
+def _champion_move_summary(r: PromotionDecision) -> str:
+    from tasks.champion import champion_move_summary
+
+    return champion_move_summary(r)
+
+
+def _reproduce_summary(r: ReproduceResult) -> str:
+    from tasks.reproduce import reproduce_summary
+
+    return reproduce_summary(r)
+
+
+def _reproduce_exit_code(r: ReproduceResult) -> int:
+    from tasks.reproduce import reproduce_exit_code
+
+    return reproduce_exit_code(r)
+
+
 COMMANDS = [
     Command(
-        "pretrain", sensor_pretrain, _pretrain_summary,
+        "pretrain", PRETRAIN, _pretrain_summary,
         help="self-supervised masked-reconstruction pre-training of the encoder",
         flags={**_FLEET, **_PRETRAIN},
         hidden={"config.finetune", "config.baseline", "config.model_name", _RANGES},
         check=_check_source,
     ),
     Command(
-        "train", sensor_train, _train_summary,
+        "train", TRAIN, _train_summary,
         help="fine-tune (or train from scratch) + evaluate beside a baseline + register",
         flags={**_FLEET, **_PRETRAIN, **_TRAIN},
         hidden={_RANGES},
         check=_check_source,
     ),
     Command(
-        "score", sensor_score, _score_summary,
+        "score", SCORE, _score_summary,
         help="score the latest window of each asset with the champion (or --model)",
         flags=_FLEET,
         hidden={*_TRAINING, _RANGES},
         check=_check_score,
     ),
     Command(
-        "batch", sensor_batch_score, _batch_summary,
+        "batch", BATCH, _batch_summary,
         help="score every new readings file of an inbox folder/glob (ledger + quarantine)",
         hidden={*_TRAINING, "config.fleet", _RANGES},
         check=_check_batch,
     ),
     Command(
-        "monitor", sensor_monitor, _monitor_summary,
+        "monitor", MONITOR, _monitor_summary,
         help="failure events -> realised RUL error per model version; accumulate training data",
         hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
         check=_check_monitor,
     ),
     Command(
-        "reproduce", sensor_reproduce, reproduce_summary,
+        "promote", PROMOTE, _champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=_check_promote,
+    ),
+    Command(
+        "rollback", ROLLBACK, _champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=_check_rollback,
+    ),
+    Command(
+        "reproduce", REPRODUCE, _reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",
-        check=_check_reproduce, exit_code=reproduce_exit_code,
+        check=_check_reproduce, exit_code=_reproduce_exit_code,
     ),
 ]
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
 import sys
+import threading
+import time
 import typing
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +22,8 @@ from pydantic import ValidationError
 
 from flows.cli import UserError
 from infra.errors import IndusflowError
+
+log = logging.getLogger(__name__)
 
 DESCRIPTION = """Serve the registered champions over HTTP (fraud scoring, sensor prediction) and the
 knowledge base (/v1/kb: search, cited answers, document uploads; collections INDUSFLOW_KB_COLLECTIONS).
@@ -28,6 +34,32 @@ knowledge base (/v1/kb: search, cited answers, document uploads; collections IND
   python -m flows.serve keys list | keys revoke KEY_ID      list keys (no secrets), revoke one
 
 Settings: INDUSFLOW_SERVE_* (README, Configuration); keys live hashed under <home>/serving/."""
+
+
+#: Every scope a route of the API checks (flows/serve/{fraud,sensor,app}.py; ``admin`` grants all):
+#: ``keys add`` refuses another, so a typo is caught when the key is made, not on its first 403.
+KNOWN_SCOPES = ("fraud:score", "fraud:label", "sensor:predict", "metrics:read", "admin")
+#: Knowledge-base scopes name a collection: ``kb:<collection>:read`` or ``kb:<collection>:write``.
+KB_SCOPES = ("kb:<collection>:read", "kb:<collection>:write")
+_KB_SCOPE = re.compile(r"^kb:(?P<collection>[^:]*):(?P<action>[^:]*)$")
+_COLLECTION = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+def check_known_scopes(scopes: Sequence[str]) -> None:
+    """Each scope is one the API checks, or a knowledge-base scope on a well-formed collection
+    name; ``UserError`` names the bad one and the known scopes."""
+    known = ", ".join(KNOWN_SCOPES + KB_SCOPES)
+    for scope in scopes:
+        if scope in KNOWN_SCOPES:
+            continue
+        kb = _KB_SCOPE.match(scope)
+        if kb is None:
+            raise UserError(f"--scope {scope!r}: unknown scope; known scopes: {known}")
+        if kb["action"] not in ("read", "write"):
+            raise UserError(f"--scope {scope!r}: a knowledge-base scope ends in :read or :write ({', '.join(KB_SCOPES)})")
+        if not _COLLECTION.match(kb["collection"]):
+            raise UserError(f"--scope {scope!r}: collection {kb['collection']!r} is not a collection name "
+                            "(a lower-case letter, then up to 39 lower-case letters, digits or _)")
 
 
 class _ArgParser(argparse.ArgumentParser):
@@ -79,9 +111,16 @@ def _public(record: Any) -> dict[str, Any]:
 def run_keys(argv: Sequence[str]) -> int:
     """``keys add|list|revoke``."""
     from infra.home import home_layout
+    from infra.serving.auth import check_scopes
     from infra.serving.runtime import key_store
 
     args = keys_parser().parse_args(argv)
+    if args.action == "add":
+        try:
+            check_scopes(args.scopes)  # the syntax first (area:action)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        check_known_scopes(args.scopes)
     store = key_store(home_layout())
     if args.action == "add":
         try:
@@ -114,6 +153,50 @@ def run_keys(argv: Sequence[str]) -> int:
     return 0
 
 
+#: How long the start-up announcement waits for the models' first load (seconds).
+ANNOUNCE_WAIT_S = 60.0
+
+
+def announce(url: str, wait_s: float = ANNOUNCE_WAIT_S, poll_s: float = 0.25) -> str | None:
+    """Log (INFO, logger ``flows.serve``) one line once the server answers: where it listens and
+    the models it loaded (``name:version``), or why one is not loaded yet. Returns the line."""
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + wait_s
+    body: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # 503: answering, a model still loading
+            body = json.loads(exc.read() or b"{}")
+        except (OSError, ValueError):
+            body = None  # not listening yet
+        if body is not None and "loading" not in (body.get("waiting") or {}).values():
+            break  # every model loaded, or its slot says why not
+        time.sleep(poll_s)
+    if body is None:
+        return None
+    waiting = body.get("waiting") or {}
+    models = [f"{name}:{version}" if version is not None else f"{name}:none ({waiting.get(name, 'loading')})"
+              for name, version in (body.get("models") or {}).items()]
+    line = f"serving on {url} (docs {url}/docs); models: {', '.join(models) or 'none'}"
+    log.info(line)
+    return line
+
+
+def _log_to_stderr() -> None:
+    """The ``flows.serve`` logger at INFO on stderr (uvicorn's own log level stays as asked)."""
+    logger = logging.getLogger("flows.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False  # once: a handler the app's imports give the root logger would repeat it
+    logger.setLevel(logging.INFO)
+
+
 def run_server(argv: Sequence[str]) -> int:
     """Run uvicorn on the app (blocks until stopped)."""
     import uvicorn
@@ -132,6 +215,9 @@ def run_server(argv: Sequence[str]) -> int:
         raise UserError(f"--port {port}: not a TCP port")
     if args.workers < 1:
         raise UserError("--workers must be at least 1")
+    _log_to_stderr()
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
+    threading.Thread(target=announce, args=(f"http://{shown}:{port}",), name="announce", daemon=True).start()
     uvicorn.run("flows.serve.app:create_app", factory=True, host=host, port=port, workers=args.workers,
                 log_level=args.log_level, access_log=args.access_log, proxy_headers=False)
     return 0

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from sklearn.metrics import average_precision_score
 from torch import nn
 
@@ -25,7 +24,7 @@ from infra.registry import ModelRef
 from infra.tables import assign_periods, read_table, time_split, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.config import SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.config import FraudHeldOut, SequenceModelConfig, SplitConfig
 from solutions.fraud.model import FraudSequenceModel, build_module
 from solutions.fraud.schema import ColumnMapping
 from solutions.fraud.sequences import FraudPreprocessor
@@ -37,30 +36,6 @@ log = logging.getLogger(__name__)
 FEATURE_DELAY_DAYS = 7.0
 #: The inputs the sequence model reads from a batch (ONNX input names).
 INPUT_NAMES = ["step_num", "step_cat", "ctx_num", "ctx_cat"]
-
-
-class FraudHeldOut(BaseModel):
-    """Held-out data: a file (--data, --columns and --seed serve every model type), or synthetic transactions.
-
-    ``data`` and ``columns`` name a transactions file for a fraud model; the compress
-    command hands them to a sensor model's options too (a readings file there).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    data: str | None = Field(
-        default=None, description="Held-out data, CSV or Parquet: transactions (fraud) or long-format readings (sensor); "
-        "default: the seeded synthetic data."
-    )
-    columns: dict[str, str] = Field(
-        default_factory=dict, description="Column mapping canonical=SOURCE of the data file, e.g. account_id=CUSTOMER_ID."
-    )
-    accounts: str | None = Field(
-        default=None, description="Optional accounts table: account_id, age, occupation, account_age_days."
-    )
-    synthetic: SyntheticDataConfig = Field(
-        default=SyntheticDataConfig(), description="The synthetic data, when no file is given."
-    )
 
 
 # ------------------------------------------------------------------------------------

@@ -10,6 +10,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: Where a training run takes its transactions from (a flow parameter: kept here, in a light
+#: module, so the command line reads it without importing the flows).
+TrainingSource = Literal["synthetic", "file", "accumulated"]
+
 
 class SyntheticDataConfig(BaseModel):
     """The seeded synthetic transaction generator (the embedded default data)."""
@@ -94,6 +98,17 @@ class FraudTrainConfig(BaseModel):
     baseline: BaselineConfig = BaselineConfig()
     fpr_target: float = Field(default=0.01, gt=0, lt=1, description="FPR for recall@FPR.")
     model_name: str = Field(default="fraud-seq", description="Registry name of the model.")
+    candidates: tuple[Literal["sequence", "baseline", "ensemble"], ...] = Field(
+        default=("sequence", "baseline", "ensemble"), min_length=1,
+        description="Candidates that may be registered (the best on validation among them wins; "
+        "the others are still reported): sequence, baseline (the GBM), ensemble (their mean).",
+    )
+
+    @model_validator(mode="after")
+    def _candidates_trained(self) -> FraudTrainConfig:
+        if not self.baseline.enabled and not set(self.candidates) & {"sequence"}:
+            raise ValueError(f"candidates {list(self.candidates)} need the baseline, which is turned off")
+        return self
 
 
 # ------------------------------------------------------------------------------------
@@ -147,3 +162,27 @@ SEARCH_SPACE: tuple[ParamSpec, ...] = (
     FloatParam(name="weight_decay", low=1e-6, high=1e-2, log=True),
     CategoricalParam(name="loss", choices=("bce", "focal")),
 )
+
+
+class FraudHeldOut(BaseModel):
+    """Held-out data: a file (--data, --columns and --seed serve every model type), or synthetic transactions.
+
+    ``data`` and ``columns`` name a transactions file for a fraud model; the compress
+    command hands them to a sensor model's options too (a readings file there).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    data: str | None = Field(
+        default=None, description="Held-out data, CSV or Parquet: transactions (fraud) or long-format readings (sensor); "
+        "default: the seeded synthetic data."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="Column mapping canonical=SOURCE of the data file, e.g. account_id=CUSTOMER_ID."
+    )
+    accounts: str | None = Field(
+        default=None, description="Optional accounts table: account_id, age, occupation, account_age_days."
+    )
+    synthetic: SyntheticDataConfig = Field(
+        default=SyntheticDataConfig(), description="The synthetic data, when no file is given."
+    )

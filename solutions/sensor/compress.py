@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from sklearn.metrics import average_precision_score
 from torch import nn
 
@@ -30,9 +29,9 @@ from solutions.sensor.config import (
     AlignConfig,
     FinetuneConfig,
     SensorConfig,
+    SensorHeldOut,
     SensorSource,
     SplitConfig,
-    SyntheticFleetConfig,
     WindowConfig,
 )
 from solutions.sensor.data import build_grid
@@ -90,21 +89,6 @@ def member_hparams(params: dict[str, Any]) -> dict[str, Any]:
 
 #: the plan of a model with mean and max pooling (the model class's default)
 PRUNE_PLAN = prune_plan("meanmax")
-
-
-class SensorHeldOut(BaseModel):
-    """Sensor held-out data: C-MAPSS files, a long-format readings file, or the synthetic fleet."""
-
-    model_config = ConfigDict(frozen=True)
-
-    data: str | None = Field(default=None, description="Long-format readings CSV or Parquet (default: the synthetic fleet).")
-    events: str | None = Field(default=None, description="Failure events CSV or Parquet beside the readings.")
-    columns: dict[str, str] = Field(default_factory=dict, description="Column mapping canonical=SOURCE.")
-    cmapss_dir: str | None = Field(default=None, description="Folder with the NASA C-MAPSS files (instead of a readings file).")
-    subset: str = Field(default="FD001", description="C-MAPSS subset.")
-    fleet: SyntheticFleetConfig = Field(
-        default=SyntheticFleetConfig(), description="The synthetic fleet, when no file is given."
-    )
 
 
 # ------------------------------------------------------------------------------------

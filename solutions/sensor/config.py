@@ -277,3 +277,18 @@ class SensorConfig(BaseModel):
     baseline: bool = Field(default=True, description="Fit the gradient-boosting baseline beside the CNN.")
     encoder_name: str = Field(default="sensor-encoder", description="Registry name of the encoder.")
     model_name: str = Field(default="sensor-rul", description="Registry name of the RUL/failure model.")
+
+
+class SensorHeldOut(BaseModel):
+    """Sensor held-out data: C-MAPSS files, a long-format readings file, or the synthetic fleet."""
+
+    model_config = ConfigDict(frozen=True)
+
+    data: str | None = Field(default=None, description="Long-format readings CSV or Parquet (default: the synthetic fleet).")
+    events: str | None = Field(default=None, description="Failure events CSV or Parquet beside the readings.")
+    columns: dict[str, str] = Field(default_factory=dict, description="Column mapping canonical=SOURCE.")
+    cmapss_dir: str | None = Field(default=None, description="Folder with the NASA C-MAPSS files (instead of a readings file).")
+    subset: str = Field(default="FD001", description="C-MAPSS subset.")
+    fleet: SyntheticFleetConfig = Field(
+        default=SyntheticFleetConfig(), description="The synthetic fleet, when no file is given."
+    )

@@ -175,3 +175,37 @@ def test_two_trainings_never_share_one_gpu_slot() -> None:
         thread.join(60)
     assert seen["first"] == [0]
     assert second_training(30.0) == "ran" and seen["second"] == [0]  # free again once the first ended
+
+
+def test_serve_stops_within_two_seconds_of_sigint(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) stops `python -m infra.deploy serve`, even when started with SIGINT
+    ignored, as a shell's background job is."""
+    import signal
+    import time
+
+    env = {**os.environ, "PREFECT_API_URL": _api_url(), "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log_file:
+        # SIGINT ignored, then exec: as a shell starts `cmd &` (an ignored signal survives exec)
+        ignoring = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                    "os.execv(sys.executable, [sys.executable, '-m', 'infra.deploy', 'serve', '--only', "
+                    "'hourly-batch-score'])")
+        server = subprocess.Popen([sys.executable, "-c", ignoring], cwd=REPO, env=env, stdout=log_file,
+                                  stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        served = False
+        while time.monotonic() < deadline and server.poll() is None and not served:
+            served = "being served" in log_path.read_text()  # Prefect's start message: the runner polls
+            time.sleep(0.5)
+        assert served, log_path.read_text()[-3000:]
+        time.sleep(2)  # the runner is polling now
+        server.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        server.wait(timeout=30)
+        took = time.monotonic() - sent
+        assert took <= 2.0, f"stopped {took:.1f} s after SIGINT\n{log_path.read_text()[-3000:]}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()

@@ -1,0 +1,157 @@
+"""The command line answers without the heavy imports: ``--help``, a bad flag and every
+pre-flight error (missing file, bad or unknown ``--columns`` mapping, bad values) of every
+``python -m`` module import neither torch, Lightning nor Prefect's engine (the flows are
+named by entrypoint and imported only when a command runs: flows/cli.py). A bad column
+mapping is caught from the file's header alone: exit 2, one ``error:`` line naming the
+column and the file, nothing else printed.
+
+Each case runs in a fresh process through a small wrapper that runs the module as
+``python -m`` would and then reports which of the heavy modules ``sys.modules`` holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.cli import check_commands, flow_doc, signature_from_source
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "lightning", "pytorch_lightning", "prefect.engine", "prefect.flow_engine", "sklearn")
+MISSING = "/no/such/dir/input.csv"
+
+WRAPPER = """
+import json, runpy, sys
+module, report, *argv = sys.argv[1:]
+sys.argv = [module, *argv]
+code = 0
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+heavy = HEAVY_NAMES
+with open(report, "w") as fh:
+    json.dump({"code": code, "heavy": sorted(m for m in heavy if m in sys.modules)}, fh)
+sys.exit(code)
+""".replace("HEAVY_NAMES", repr(HEAVY))
+
+
+def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
+    tx = tmp / "tx.csv"
+    tx.write_text("TRANSACTION_ID,CUSTOMER_ID,TX_DATETIME,TX_AMOUNT,TX_FRAUD\n1,7,2025-01-01 10:00:00,12.5,0\n")
+    readings = tmp / "readings.csv"
+    readings.write_text("machine,ts,sensor,value\nm1,2025-01-01 10:00:00,temp,21.5\n")
+    fraud_cols = ["--data", str(tx), "--columns", "account_id=NO_SUCH_COLUMN"]
+    return [
+        (["flows.fraud", "--help"], 0, "usage:"),
+        *[(["flows.fraud", c, "--help"], 0, "usage:")
+          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "reproduce")],
+        (["flows.fraud", "train", "--data", MISSING], 2, "--data: no such file"),
+        (["flows.fraud", "train", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
+        (["flows.fraud", "score", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
+        (["flows.fraud", "tune", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
+        (["flows.fraud", "train", "--columns", "bogus=x"], 2, "unknown canonical column(s) ['bogus']"),
+        (["flows.fraud", "train", "--val-days", "20"], 2, "must be smaller than train_days"),
+        (["flows.fraud", "tune", "--loss", "hinge"], 2, "invalid choice"),
+        (["flows.fraud", "train", "--no-such-flag"], 2, "unrecognized arguments"),
+        (["flows.sensor", "--help"], 0, "usage:"),
+        *[(["flows.sensor", c, "--help"], 0, "usage:")
+          for c in ("pretrain", "train", "score", "batch", "monitor", "reproduce")],
+        (["flows.sensor", "train", "--data", MISSING], 2, "file not found"),
+        (["flows.sensor", "train", "--data", str(readings), "--columns", "asset_id=NO_SUCH_COLUMN"], 2,
+         "NO_SUCH_COLUMN"),
+        (["flows.sensor", "batch", "--threshold", "1.5"], 2, "--threshold must be between 0 and 1"),
+        (["flows.rag", "--help"], 0, "usage:"),
+        *[(["flows.rag", c, "--help"], 0, "usage:") for c in ("ingest", "ask", "eval")],
+        (["flows.rag", "ingest", MISSING], 2, "source not found"),
+        (["flows.rag", "eval", "--data", MISSING], 2, "QA file not found"),
+        (["flows.compress", "--help"], 0, "usage:"),
+        (["flows.compress", "--model", "no-such-model"], 2, "no model named 'no-such-model'"),
+        (["flows.serve", "--help"], 0, "usage:"),
+        (["flows.serve", "keys", "add", "--help"], 0, "usage:"),
+        (["flows.serve", "--port", "70000"], 2, "not a TCP port"),
+        (["flows.serve", "keys", "add", "x", "--scope", "fraud:scor"], 2, "fraud:score"),
+        (["infra.deploy", "--help"], 0, "usage:"),
+        (["infra.deploy", "serve", "--help"], 0, "usage:"),
+        (["infra.deploy", "run", "--bogus"], 2, "error:"),
+    ]
+
+
+def test_help_and_preflight_errors_import_no_heavy_module(tmp_path: Path) -> None:
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    cases = _cases(tmp_path)
+    failures = []
+    for start in range(0, len(cases), 4):  # 4 at a time: the machine may have 2 cores
+        batch = []
+        for i, (argv, code, expected) in enumerate(cases[start:start + 4], start):
+            report = tmp_path / f"report-{i}.json"
+            proc = subprocess.Popen([sys.executable, "-c", WRAPPER, argv[0], str(report), *argv[1:]], cwd=REPO,
+                                    env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            batch.append((argv, code, expected, report, proc))
+        for argv, code, expected, report, proc in batch:
+            out, err = proc.communicate(timeout=120)
+            seen = json.loads(report.read_text()) if report.exists() else {"heavy": ["(no report)"]}
+            problems = []
+            if proc.returncode != code:
+                problems.append(f"exit {proc.returncode}, wanted {code}")
+            if seen["heavy"]:
+                problems.append(f"imported {seen['heavy']}")
+            if code == 2:
+                lines = err.strip().splitlines()
+                if out or len(lines) != 1 or not lines[0].startswith("error: ") or expected not in lines[0]:
+                    problems.append(f"wanted one error line with {expected!r}")
+            elif expected not in out:
+                problems.append(f"no {expected!r} on stdout")
+            if problems:
+                failures.append(f"{' '.join(argv)}: {'; '.join(problems)}\n  stdout: {out[-300:]}\n  stderr: {err[-800:]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_unknown_column_error_names_the_column_and_the_file(tmp_path: Path, capsys) -> None:
+    from flows.fraud.cli import main
+
+    tx = tmp_path / "tx.csv"
+    tx.write_text("TRANSACTION_ID,CUSTOMER_ID,TX_DATETIME,TX_AMOUNT,TX_FRAUD\n1,7,2025-01-01 10:00:00,12.5,0\n")
+    code = main(["train", "--data", str(tx), "--columns", "account_id=CUSTOMER,timestamp=TX_DATETIME"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("error: ") and str(tx) in lines[0] and "'CUSTOMER'" in lines[0]
+    assert "CUSTOMER_ID" in lines[0]  # the columns the file has
+
+
+ENTRYPOINT_MODULES = ("flows.fraud.cli", "flows.sensor.cli", "flows.rag.cli", "flows.compress.cli")
+
+
+@pytest.mark.parametrize("module", ENTRYPOINT_MODULES)
+def test_signatures_read_from_source_match_the_flows(module: str) -> None:
+    """What the parser reads from a flow's source is what the imported flow has: parameter
+    names, kinds, defaults, annotations (with extras) and the docstring."""
+    import importlib
+    import inspect
+    import typing
+
+    from flows.cli import load_flow
+
+    commands = importlib.import_module(module).COMMANDS
+    check_commands(commands)  # every command's flags build (no clash, no stray name)
+    for command in commands:
+        assert isinstance(command.flow, str), f"{module} {command.name}: name the flow by entrypoint"
+        stand_in = signature_from_source(command.flow)
+        real = load_flow(command.flow).fn
+        ours, theirs = inspect.signature(stand_in).parameters, inspect.signature(real).parameters
+        assert list(ours) == list(theirs), command.flow
+        for name in ours:
+            assert ours[name].kind == theirs[name].kind, (command.flow, name)
+            assert ours[name].default == theirs[name].default, (command.flow, name)
+        assert typing.get_type_hints(stand_in, include_extras=True) == {
+            k: v for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
+        }, command.flow
+        assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
