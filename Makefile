@@ -20,6 +20,10 @@ $(VENV)/.installed: pyproject.toml
 		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
 	$(PY) -m pip install -q -e ".[all,dev]"
+	@# Flower 1.42 pins fastapi/uvicorn/rich/typer/protobuf below the serving stack's: install it and
+	@# Opacus beside them without their pins (python -m flows.fraud federate and its tests run so)
+	$(PY) -m pip install -q --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
+		"iterators<0.0.3" "pycryptodome<4" tomli tomli_w opt_einsum prompt_toolkit
 	@touch $@
 
 install: $(VENV)/.installed

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         FraudTuneResult,
     )
     from infra.registry import PromotionDecision
+    from flows.fraud.federate import FraudFederateResult
     from tasks.reproduce import ReproduceResult
 
 #: The flows, by entrypoint: imported only when a command runs (flows/cli.py reads their
@@ -36,6 +37,7 @@ TUNE = "flows.fraud.tune:fraud_tune"
 REPRODUCE = "flows.fraud.reproduce:fraud_reproduce"
 PROMOTE = "flows.fraud.promote:fraud_promote"
 ROLLBACK = "flows.fraud.promote:fraud_rollback"
+FEDERATE = "flows.fraud.federate:fraud_federate"
 
 #: Flag names shared by the commands that train (fields whose names would collide or mislead).
 TRAINING_FLAGS = {
@@ -319,6 +321,20 @@ def reproduce_exit_code(r: ReproduceResult) -> int:
 # commands
 
 
+def federate_summary(result: FraudFederateResult) -> str:
+    """Per-model test AP / ROC-AUC, partial rounds, ε and the registered version."""
+    lines = [f"{name:28s} AP {m['ap'] if m['ap'] is not None else float('nan'):.4f}  "
+             f"ROC-AUC {m['roc_auc'] if m['roc_auc'] is not None else float('nan'):.4f}"
+             for name, m in result.metrics.items()]
+    lines.append(f"rows per bank: {result.rows_per_bank}; partial rounds: {result.partial_rounds or 'none'}")
+    if result.refused:
+        lines.append(f"refused banks: {sorted(result.refused)}")
+    lines.append(f"privacy: epsilon {result.epsilon}" if result.epsilon else "privacy: no differential privacy")
+    lines.append(f"registered {result.model} ({'champion' if result.promoted else 'not promoted'}); "
+                 f"report {result.report_dir}")
+    return "\n".join(lines)
+
+
 COMMANDS = (
     Command(
         "train", TRAIN, train_summary,
@@ -354,6 +370,15 @@ COMMANDS = (
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
         hidden={"config.baseline.enabled", "config.candidates"},
         check=check_tune,
+    ),
+    Command(
+        "federate", FEDERATE, lambda r: federate_summary(r),
+        help="federated training across K banks (Flower; --dp-epsilon for DP-SGD), registered via the champion rule",
+        flags={"config.model_name": "model", "config.model.seed": "model-seed",
+               "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
+               "config.compare": "no-compare"},
+        hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
+        check=lambda kwargs: _check_files(kwargs, "data"),
     ),
     Command(
         "promote", PROMOTE, champion_move_summary,

@@ -103,24 +103,36 @@ class FraudPreprocessor:
         self, df: pd.DataFrame, train_mask: np.ndarray, window: pd.DataFrame | None = None
     ) -> FraudPreprocessor:
         """Learn vocabularies and scaling from the rows where ``train_mask`` is true."""
-        sorted_df, order = self._sorted(df)
-        steps = step_features(sorted_df)
-        mask = np.asarray(train_mask)[order]
+        blocks = self.training_blocks(df, train_mask, window)
         self.vocab_ = {
             col: _vocab(df.loc[np.asarray(train_mask), col]) if col in df else []
             for col in STEP_CATEGORICAL + STATIC_CATEGORICAL
         }
-        self.step_mean_, self.step_std_ = _stats(steps.to_numpy()[mask])
-        static = self._static(sorted_df)
-        self.static_mean_, self.static_std_ = _stats(static[mask])
+        self.step_mean_, self.step_std_ = _stats(blocks["step"])
+        self.static_mean_, self.static_std_ = _stats(blocks["static"])
+        if self.window_feature_names:
+            self.window_mean_, self.window_std_ = _stats(blocks["window"])
+        else:
+            self.window_mean_, self.window_std_ = [], []
+        return self
+
+    def training_blocks(
+        self, df: pd.DataFrame, train_mask: np.ndarray, window: pd.DataFrame | None = None
+    ) -> dict[str, np.ndarray]:
+        """The unscaled ``step``, ``static`` and ``window`` feature matrices of the rows where
+        ``train_mask`` is true: what :meth:`fit` learns its scaling from (federated training
+        merges their moments across banks without sharing the rows)."""
+        sorted_df, order = self._sorted(df)
+        mask = np.asarray(train_mask)[order]
+        blocks = {"step": step_features(sorted_df).to_numpy()[mask], "static": self._static(sorted_df)[mask]}
         if self.window_feature_names:
             if window is None:
                 raise ValueError("window features were named but not given")
             win = window[list(self.window_feature_names)].to_numpy(dtype="float64")[order]
-            self.window_mean_, self.window_std_ = _stats(win[mask])
+            blocks["window"] = win[mask]
         else:
-            self.window_mean_, self.window_std_ = [], []
-        return self
+            blocks["window"] = np.zeros((int(mask.sum()), 0))
+        return blocks
 
     @staticmethod
     def _sorted(df: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:

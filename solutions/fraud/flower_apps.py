@@ -1,0 +1,335 @@
+"""The fraud federation's Flower server and bank client, each run as its own process:
+``python -m solutions.fraud.flower_apps server|client SPEC.json``.
+
+Flower 1.42's supported deployment is SuperLink + SuperNodes running a packaged ServerApp /
+ClientApp (``flwr run``); that runtime spawns a further process per app per run and needs a
+built app bundle. Here one server process and one process per bank are started directly with
+the compatibility entry points (``start_server`` / ``start_client`` over gRPC on 127.0.0.1),
+which 1.42 still ships (deprecated since 1.13): each process imports torch once, which matters
+on small machines. Round 1 is the moments round (each bank shares feature moments and
+vocabularies, never rows); rounds 2.. train with FedAvg weighted by train rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from infra.tables import TimeSplit
+from solutions.fraud import federated as FD
+from solutions.fraud.config import SequenceModelConfig
+
+ROUNDS_FILE = "rounds.jsonl"
+FINAL_FILE = "global.npz"
+SUMMARY_FILE = "federation.json"
+
+
+class ClientFault(BaseModel):
+    """Fault injection for a bank (tests, drills): crash or stall in one training round."""
+
+    model_config = ConfigDict(frozen=True)
+
+    crash_round: int | None = None
+    slow_round: int | None = None
+    slow_s: float = 0.0
+
+
+class ClientSpec(BaseModel):
+    """What one bank's process is given: its partition only, the shared split and settings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str
+    partition: FD.BankPartition
+    bounds: TimeSplit
+    delay_days: float
+    model: SequenceModelConfig
+    rounds: int
+    local_epochs: int
+    dp: FD.DPSettings | None = None
+    fault: ClientFault = ClientFault()
+    run_dir: str
+
+
+class ServerSpec(BaseModel):
+    """What the server process is given (no data)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str
+    clients: int
+    min_clients: int
+    rounds: int
+    round_timeout_s: float
+    connect_timeout_s: float
+    model: SequenceModelConfig
+    dp: bool
+    run_dir: str
+
+
+# ------------------------------------------------------------------------------------
+# client
+
+
+def run_client(spec: ClientSpec) -> int:
+    """Load and validate the bank's own partition, then serve the federation's rounds."""
+    import torch
+    from flwr.client import NumPyClient, start_client
+
+    torch.set_num_threads(1)
+    run_dir = Path(spec.run_dir)
+    try:
+        data = FD.load_bank(spec.partition, spec.bounds, spec.delay_days)
+    except FD.BankRefused as exc:
+        (run_dir / f"refused-{spec.partition.bank}.json").write_text(json.dumps({"bank": spec.partition.bank,
+                                                                                 "error": str(exc)}))
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    state: dict[str, Any] = {}
+
+    def ensure(config: dict[str, Any]) -> tuple[Any, FD.BankSetup]:
+        if "bank" not in state:
+            pre = FD.FraudPreprocessor.from_dict(json.loads(config["preprocessor"]))
+            state["bank"] = FD.bank_setup(data, pre, spec.model)
+            state["model"] = FD.initial_model(pre, spec.model, float(config["pos_weight"]))
+            if spec.dp is not None:
+                state["privacy"] = FD.privacy_for(spec.dp, state["bank"].n_train(), spec.model.batch_size)
+        return state["model"], state["bank"]
+
+    class Bank(NumPyClient):
+        def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+            return []
+
+        def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+            if config.get("phase") == "moments":
+                moments = FD.local_moments(data, spec.model)
+                return [], 0, {"moments": json.dumps(moments), "sha256": data.sha256,
+                               "rows": json.dumps(data.rows()), "bank": data.bank}
+            rnd = int(config["round"])
+            if spec.fault.crash_round == rnd:
+                os._exit(3)
+            if spec.fault.slow_round == rnd:
+                time.sleep(spec.fault.slow_s)
+            model, bank = ensure(config)
+            FD.set_weights(model, parameters)
+            fit = FD.train_local(model, bank, spec.model, spec.local_epochs, seed=spec.model.seed + 1000 * rnd
+                                 + data.bank, privacy=state.get("privacy"))
+            metrics: dict[str, Any] = {"bank": data.bank, "loss": fit.loss, "steps": fit.steps}
+            if fit.epsilon is not None:
+                metrics.update(epsilon=fit.epsilon, noise_multiplier=state["privacy"].noise_multiplier,
+                               sample_rate=state["privacy"].sample_rate)
+            return FD.get_weights(model), fit.examples, metrics
+
+        def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+            model, bank = ensure(config)
+            FD.set_weights(model, parameters)
+            y, s = FD.bank_scores(model, bank, "val")
+            m = FD.ranking_metrics(y, s)
+            return 0.0, max(1, len(y)), {"bank": data.bank, "val_ap": m["ap"], "val_roc_auc": m["roc_auc"]}
+
+    start_client(server_address=spec.address, client=Bank().to_client(), insecure=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------
+# server
+
+
+def _strategy(spec: ServerSpec):  # noqa: C901 - one Flower strategy, its phases inline
+    from flwr.common import FitIns, EvaluateIns, ndarrays_to_parameters, parameters_to_ndarrays
+    from flwr.server.strategy import FedAvg
+
+    run_dir = Path(spec.run_dir)
+    log = run_dir / ROUNDS_FILE
+
+    class FederatedFraud(FedAvg):
+        """FedAvg with a moments round first; every round written to ``rounds.jsonl``."""
+
+        def __init__(self) -> None:
+            super().__init__(fraction_fit=1.0, fraction_evaluate=1.0, min_fit_clients=spec.min_clients,
+                             min_evaluate_clients=spec.min_clients, min_available_clients=spec.min_clients,
+                             accept_failures=True)
+            self.config: dict[str, Any] = {}
+            self.banks: dict[int, dict[str, Any]] = {}
+            self.current: dict[str, Any] = {}
+
+        def initialize_parameters(self, client_manager):
+            deadline = time.monotonic() + spec.connect_timeout_s
+            while time.monotonic() < deadline:  # every bank connected or refused
+                refused = len(list(run_dir.glob("refused-*.json")))
+                if client_manager.num_available() + refused >= spec.clients:
+                    break
+                time.sleep(0.2)
+            return ndarrays_to_parameters([])
+
+        def configure_fit(self, server_round, parameters, client_manager):
+            config = {"phase": "moments"} if server_round == 1 else {**self.config, "round": server_round - 1}
+            clients = client_manager.sample(num_clients=max(spec.min_clients, client_manager.num_available()),
+                                            min_num_clients=spec.min_clients)
+            self.current = {"round": server_round - 1, "sampled": len(clients), "started": time.time()}
+            return [(c, FitIns(parameters, config)) for c in clients]
+
+        def aggregate_fit(self, server_round, results, failures):
+            if server_round == 1:
+                shared = [json.loads(r.metrics["moments"]) for _, r in results]
+                for _, r in results:
+                    self.banks[int(r.metrics["bank"])] = {"sha256": r.metrics["sha256"],
+                                                           "rows": json.loads(r.metrics["rows"])}
+                if len({b["sha256"] for b in self.banks.values()}) != len(self.banks):
+                    raise AssertionError("two banks reported the same partition")
+                pre, pos, neg = FD.merge_moments(shared)
+                rate = 1.0 if spec.dp else spec.model.negative_rate
+                weight = FD.federated_pos_weight(pos, neg, rate)
+                model = FD.initial_model(pre, spec.model, weight)
+                self.config = {"preprocessor": json.dumps(pre.to_dict()), "pos_weight": weight}
+                (run_dir / "preprocessor.json").write_text(self.config["preprocessor"])
+                self._write({"round": 0, "phase": "moments", "banks": sorted(self.banks), "failures": len(failures),
+                             "partial": len(results) < spec.clients})
+                return ndarrays_to_parameters(FD.get_weights(model)), {}
+            aggregated, _ = super().aggregate_fit(server_round, results, failures)
+            per_bank = {int(r.metrics["bank"]): {k: v for k, v in r.metrics.items() if k != "bank"}
+                        for _, r in results}
+            self.current.update(phase="train", ok=len(results), failures=len(failures),
+                                partial=len(results) < spec.clients, banks=per_bank,
+                                loss=float(np.average([r.metrics["loss"] for _, r in results],
+                                                      weights=[r.num_examples for _, r in results]))
+                                if results else None)
+            if aggregated is not None:
+                np.savez(run_dir / FINAL_FILE, *parameters_to_ndarrays(aggregated))
+            return aggregated, {}
+
+        def configure_evaluate(self, server_round, parameters, client_manager):
+            if server_round == 1:
+                return []
+            clients = client_manager.sample(num_clients=max(spec.min_clients, client_manager.num_available()),
+                                            min_num_clients=spec.min_clients)
+            return [(c, EvaluateIns(parameters, {**self.config})) for c in clients]
+
+        def aggregate_evaluate(self, server_round, results, failures):
+            if server_round > 1:
+                val = {int(r.metrics["bank"]): float(r.metrics["val_ap"]) for _, r in results}
+                self.current.update(val_ap=val, eval_failures=len(failures), seconds=time.time()
+                                    - self.current.pop("started", time.time()))
+                self._write(self.current)
+            return None, {}
+
+        def evaluate(self, server_round, parameters):
+            return None
+
+        def _write(self, row: dict[str, Any]) -> None:
+            with open(log, "a") as f:
+                f.write(json.dumps(row, default=float) + "\n")
+
+    return FederatedFraud()
+
+
+def run_server(spec: ServerSpec) -> int:
+    """Serve ``rounds`` training rounds (after the moments round); write the summary."""
+    from flwr.server import ServerConfig, start_server
+
+    strategy = _strategy(spec)
+    start_server(server_address=spec.address, strategy=strategy,
+                 config=ServerConfig(num_rounds=spec.rounds + 1, round_timeout=spec.round_timeout_s))
+    Path(spec.run_dir, SUMMARY_FILE).write_text(json.dumps({"banks": strategy.banks}))
+    return 0
+
+
+# ------------------------------------------------------------------------------------
+# the whole federation on this machine
+
+
+class FederationOutcome(BaseModel):
+    """What a finished federation leaves: the global weights' file, the rounds, the banks."""
+
+    weights: str | None
+    preprocessor: dict[str, Any] | None
+    rounds: list[dict[str, Any]]
+    banks: dict[str, dict[str, Any]]
+    exit_codes: dict[str, int | None]
+    refused: dict[int, str]
+
+
+def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
+    """The rounds the server has written so far."""
+    path = run_dir / ROUNDS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.FederateConfig, run_dir: Path,
+                   faults: dict[int, ClientFault] | None = None, on_round: Any = None,
+                   timeout_s: float = 3600) -> FederationOutcome:
+    """Start the server and one process per bank on 127.0.0.1, wait for the last round
+    (``on_round(rounds)`` whenever a round is written), stop every process."""
+    from infra.processes import ProcessGroup, free_port
+
+    fed = cfg.federation
+    run_dir.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{fed.port or free_port()}"
+    dp = (FD.DPSettings(epsilon=fed.dp_epsilon, delta=fed.dp_delta, max_grad_norm=fed.dp_max_grad_norm,
+                        rounds=fed.rounds, local_epochs=fed.local_epochs) if fed.dp_epsilon else None)
+    server = ServerSpec(address=address, clients=len(parts), min_clients=min(fed.needed(), len(parts)),
+                        rounds=fed.rounds, round_timeout_s=fed.round_timeout_s,
+                        connect_timeout_s=fed.connect_timeout_s, model=cfg.model, dp=dp is not None,
+                        run_dir=str(run_dir))
+    (run_dir / "server.json").write_text(server.model_dump_json())
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    seen = [0]
+
+    def poll() -> None:
+        rounds = read_rounds(run_dir)
+        if on_round is not None and len(rounds) > seen[0]:
+            seen[0] = len(rounds)
+            on_round(rounds)
+
+    with ProcessGroup(run_dir / "logs") as group:
+        main = group.start("server", "solutions.fraud.flower_apps", ["server", str(run_dir / "server.json")], env)
+        for part in parts:
+            spec = ClientSpec(address=address, partition=part, bounds=bounds, delay_days=cfg.delay_days,
+                              model=cfg.model, rounds=fed.rounds, local_epochs=fed.local_epochs, dp=dp,
+                              fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir))
+            path = run_dir / f"client-{part.bank}.json"
+            path.write_text(spec.model_dump_json())
+            group.start(f"bank-{part.bank}", "solutions.fraud.flower_apps", ["client", str(path)], env)
+        code = group.wait(main, timeout_s, poll)
+        if code != 0:
+            raise RuntimeError(f"the federation server failed (exit {code}): {main.tail()}")
+        time.sleep(0.5)
+        group.stop()
+        codes = {c.name: c.proc.returncode for c in group.children}
+    refused = {int(json.loads(p.read_text())["bank"]): json.loads(p.read_text())["error"]
+               for p in run_dir.glob("refused-*.json")}
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).exists() else {}
+    pre = run_dir / "preprocessor.json"
+    weights = run_dir / FINAL_FILE
+    return FederationOutcome(weights=str(weights) if weights.exists() else None,
+                             preprocessor=json.loads(pre.read_text()) if pre.exists() else None,
+                             rounds=read_rounds(run_dir), banks={str(k): v for k, v in summary.get("banks", {}).items()},
+                             exit_codes=codes, refused=refused)
+
+
+def load_weights(path: str) -> list[np.ndarray]:
+    """The global weights a federation wrote, in ``state_dict`` order."""
+    with np.load(path) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in ("server", "client"):
+        print("usage: python -m solutions.fraud.flower_apps server|client SPEC.json", file=sys.stderr)
+        return 2
+    text = Path(argv[1]).read_text()
+    if argv[0] == "server":
+        return run_server(ServerSpec.model_validate_json(text))
+    return run_client(ClientSpec.model_validate_json(text))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

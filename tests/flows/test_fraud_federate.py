@@ -1,0 +1,54 @@
+"""``fraud federate`` end to end: a tiny federation of bank processes over Flower on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.fraud.cli import main
+from flows.fraud.federate import fraud_federate
+from infra.registry import ModelRegistry
+from solutions.fraud import federated as FD
+from solutions.fraud.config import SyntheticDataConfig
+from solutions.fraud.flower_apps import ClientFault
+
+TINY = ["--n-accounts", "240", "--n-terminals", "100", "--n-days", "30", "--fraud-rate", "0.03", "--seed", "1",
+        "--train-days", "12", "--val-days", "3", "--delay-days", "3", "--test-days", "5",
+        "--feature-delay-days", "3", "--hidden", "8", "--mlp-hidden", "16", "--seq-len", "4"]
+
+
+def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
+    code = main(["federate", *TINY, "--clients", "2", "--rounds", "2", "--model", "fraud-fed-e2e", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    train_rounds = [r for r in result["rounds"] if r.get("phase") == "train"]
+    assert [r["round"] for r in train_rounds] == [1, 2] and not result["partial_rounds"]
+    assert all(r["ok"] == 2 for r in train_rounds)
+    assert set(result["rows_per_bank"]) == {"0", "1"}
+    for name in ("federated (union)", "federated (bank 0)", "pooled (all rows)", "bank 1 alone", "GBM pooled"):
+        assert 0 <= result["metrics"][name]["ap"] <= 1, name
+    assert result["epsilon"] is None
+    registry = ModelRegistry()
+    ref = registry.resolve("fraud-fed-e2e:1")
+    fed = ref.params["federation"]
+    assert fed["clients"] == 2 and fed["rounds"] == 2 and fed["privacy"] == {"dp": False}
+    assert sum(fed["rows_per_client"].values()) == sum(result["rows_per_bank"].values())
+    card = (registry.version_dir(ref) if hasattr(registry, "version_dir") else __import__("pathlib").Path(ref.path))
+    assert "WITHOUT differential privacy" in (card / "card.md").read_text()
+
+
+def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> None:
+    config = FD.FederateConfig(
+        federation=FD.FederationConfig(clients=2, rounds=2, min_clients=1, dp_epsilon=8.0),
+        data=SyntheticDataConfig(n_accounts=240, n_terminals=100, n_days=30, fraud_rate=0.03, seed=1),
+        split={"train_days": 12, "val_days": 3, "delay_days": 3, "test_days": 5}, delay_days=3,
+        model=FD.SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
+        compare=False, model_name="fraud-fed-crash")
+    result = fraud_federate(config=config, faults={1: ClientFault(crash_round=2)})
+    assert result.partial_rounds == [2]
+    second = [r for r in result.rounds if r.get("round") == 2][0]
+    assert second["ok"] == 1 and second["failures"] == 1 and list(second["banks"]) == ["0"]
+    assert result.epsilon is not None and 0 < result.epsilon["federation"] <= 8.05
+    assert result.metrics["federated (union)"]["ap"] is not None

@@ -1,0 +1,109 @@
+"""Federated fraud training's domain logic: partitions, shared moments, local DP-SGD and its accounting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from infra.tables import time_split
+from solutions.fraud import federated as FD
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud.config import SequenceModelConfig
+from solutions.fraud.synthetic import generate_transactions
+
+CFG = SequenceModelConfig(hidden=8, mlp_hidden=16, seq_len=4, batch_size=128, negative_rate=0.5)
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    return generate_transactions(n_accounts=240, n_terminals=100, n_days=30, fraud_rate=0.03, seed=1)
+
+
+@pytest.fixture(scope="module")
+def banks(table: pd.DataFrame, tmp_path_factory: pytest.TempPathFactory) -> list[FD.BankData]:
+    parts = FD.write_partitions(table, FD.partition_banks(table, 2), tmp_path_factory.mktemp("banks"))
+    bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
+    return [FD.load_bank(p, bounds, 3) for p in parts]
+
+
+def test_partitions_are_disjoint_stable_and_complete(table: pd.DataFrame, tmp_path: Path) -> None:
+    a, b = FD.partition_banks(table, 3), FD.partition_banks(table.sample(frac=1, random_state=0).sort_index(), 3)
+    assert (a == b).all() and set(a) == {0, 1, 2}
+    assert table.groupby(S.ACCOUNT_ID)[S.ACCOUNT_ID].transform(lambda s: 0).shape[0] == len(a)
+    assert pd.Series(a).groupby(table[S.ACCOUNT_ID].to_numpy()).nunique().max() == 1  # one bank per account
+    parts = FD.write_partitions(table, a, tmp_path)
+    assert sum(p.rows for p in parts) == len(table)
+    FD.check_disjoint(parts)
+    by_channel = FD.partition_banks(table, 2, by=S.CHANNEL)
+    assert pd.Series(by_channel).groupby(table[S.CHANNEL].to_numpy()).nunique().max() == 1
+    with pytest.raises(ValueError, match="no column"):
+        FD.partition_banks(table, 2, by="nope")
+
+
+def test_a_client_reads_only_its_own_partition(table: pd.DataFrame, tmp_path: Path) -> None:
+    parts = FD.write_partitions(table, FD.partition_banks(table, 2), tmp_path)
+    bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
+    other = parts[0].model_copy(update={"path": parts[1].path})  # bank 0 pointed at bank 1's file
+    with pytest.raises(AssertionError, match="not the partition written for this bank"):
+        FD.load_bank(other, bounds, 3)
+    bank = FD.load_bank(parts[0], bounds, 3)
+    ids = set(pd.read_parquet(parts[1].path)[S.ACCOUNT_ID])
+    assert not ids & set(bank.table[S.ACCOUNT_ID])
+
+
+def test_invalid_bank_data_is_refused_with_a_named_error(table: pd.DataFrame, tmp_path: Path) -> None:
+    bad = table.head(500).copy()
+    bad[S.AMOUNT] = bad[S.AMOUNT].astype("object")
+    bad.loc[3, S.AMOUNT] = "lots"
+    path = tmp_path / "bank-0.parquet"
+    bad.astype({S.AMOUNT: "string"}).to_parquet(path, index=False)
+    part = FD.BankPartition(bank=0, path=str(path), sha256=FD.file_hash(path), rows=len(bad), accounts=1)
+    bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
+    with pytest.raises(FD.BankRefused, match=r"bank 0 refused: .*amount"):
+        FD.load_bank(part, bounds, 3)
+
+
+def test_merged_moments_equal_the_pooled_preprocessor(banks: list[FD.BankData]) -> None:
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    pooled_table = pd.concat([b.table for b in banks], ignore_index=True)
+    pooled_feats = pd.concat([b.features for b in banks], ignore_index=True)
+    names = P.context_feature_names(pooled_feats)
+    pooled = P.FraudPreprocessor(names).fit(pooled_table, pooled_feats[P.PERIOD].to_numpy() == "train", pooled_feats)
+    for key in ("step_mean_", "step_std_", "static_mean_", "window_mean_", "window_std_"):
+        np.testing.assert_allclose(getattr(pre, key), getattr(pooled, key), rtol=1e-6, atol=1e-9)
+    assert pre.vocab_ == pooled.vocab_
+    train = pooled_feats[P.PERIOD] == "train"
+    assert pos == pooled_table.loc[train.to_numpy(), S.LABEL].sum() and pos + neg == train.sum()
+
+
+def test_dp_sgd_trains_and_reports_the_accountants_epsilon(banks: list[FD.BankData]) -> None:
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    model = FD.initial_model(pre, CFG, FD.federated_pos_weight(pos, neg, 1.0))
+    bank = FD.bank_setup(banks[0], pre, CFG)
+    settings = FD.DPSettings(epsilon=4.0, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1)
+    privacy = FD.privacy_for(settings, bank.n_train(), CFG.batch_size)
+    before = [w.copy() for w in FD.get_weights(model)]
+    eps = []
+    for rnd in range(2):
+        fit = FD.train_local(model, bank, CFG, 1, seed=rnd, privacy=privacy)
+        eps.append(fit.epsilon)
+    after = FD.get_weights(model)
+    assert any(not np.allclose(a, b) for a, b in zip(before, after, strict=True))  # the plain GRU got the update
+    steps = privacy.steps()
+    assert steps >= 2 * privacy.steps_per_epoch - 2  # Poisson batches: an empty one is skipped
+    assert eps[0] < eps[1] <= 4.0 + 0.05
+    assert eps[1] == pytest.approx(FD.accountant_epsilon(privacy.noise_multiplier, privacy.sample_rate, steps, 1e-5))
+    y, s = FD.bank_scores(model, bank, "test")
+    assert len(y) == len(s) == (banks[0].periods() == "test").sum() and np.isfinite(s).all()
+
+
+def test_weights_round_trip(banks: list[FD.BankData]) -> None:
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    a = FD.initial_model(pre, CFG, 1.0)
+    b = FD.initial_model(pre, CFG.model_copy(update={"seed": 5}), 1.0)
+    FD.set_weights(b, FD.get_weights(a))
+    assert all(np.array_equal(x, y) for x, y in zip(FD.get_weights(a), FD.get_weights(b), strict=True))
