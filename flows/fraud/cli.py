@@ -1,4 +1,4 @@
-"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune}``: the fraud commands.
+"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune,promote,rollback,reproduce}``: the fraud commands.
 
 Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`); this module
 names the flags where a field name alone would be unclear, checks files, column mappings,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         FraudTrainResult,
         FraudTuneResult,
     )
+    from infra.registry import PromotionDecision
     from tasks.reproduce import ReproduceResult
 
 #: The flows, by entrypoint: imported only when a command runs (flows/cli.py reads their
@@ -33,6 +34,8 @@ BATCH = "flows.fraud.score:fraud_batch_score"
 MONITOR = "flows.fraud.monitor:fraud_monitor"
 TUNE = "flows.fraud.tune:fraud_tune"
 REPRODUCE = "flows.fraud.reproduce:fraud_reproduce"
+PROMOTE = "flows.fraud.promote:fraud_promote"
+ROLLBACK = "flows.fraud.promote:fraud_rollback"
 
 #: Flag names shared by the commands that train (fields whose names would collide or mislead).
 TRAINING_FLAGS = {
@@ -150,6 +153,28 @@ def check_reproduce(kwargs: dict[str, Any]) -> None:
     _check_model(kwargs, REPRODUCE, registered=True)
 
 
+def check_promote(kwargs: dict[str, Any]) -> None:
+    """``--model`` names a registered version (NAME:VERSION or NAME@alias)."""
+    from tasks.champion import version_spec
+
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def check_rollback(kwargs: dict[str, Any]) -> None:
+    """``--model`` is a registered model NAME with a champion."""
+    from tasks.champion import bare_name
+
+    try:
+        name = bare_name(given(kwargs, ROLLBACK, "model"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
+
+
 def check_monitor(kwargs: dict[str, Any]) -> None:
     """Accounts file and mapping valid, model name well formed."""
     _check_files(kwargs, "accounts")
@@ -262,6 +287,13 @@ def tune_summary(r: FraudTuneResult) -> str:
     return "\n".join(lines)
 
 
+def champion_move_summary(decision: PromotionDecision) -> str:
+    """The human summary of a champion moved by hand."""
+    from tasks.champion import champion_move_summary as render
+
+    return render(decision)
+
+
 def batch_summary(r: FraudBatchScoreResult) -> str:
     """The human summary of an inbox run."""
     from tasks.ledger import inbox_summary
@@ -298,7 +330,7 @@ COMMANDS = (
         "adapt", ADAPT, adapt_summary,
         help="fine-tune the champion on data with a new fraud pattern",
         flags={"config.baseline.delay_days": "feature-delay-days"},
-        hidden={"config.model", "config.model_name", "config.baseline.enabled", "old_data"},
+        hidden={"config.model", "config.model_name", "config.baseline.enabled", "config.candidates", "old_data"},
         check=check_adapt, prepare=adapt_old_data,
     ),
     Command(
@@ -320,8 +352,18 @@ COMMANDS = (
         "tune", TUNE, tune_summary,
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
-        hidden={"config.baseline.enabled"},
+        hidden={"config.baseline.enabled", "config.candidates"},
         check=check_tune,
+    ),
+    Command(
+        "promote", PROMOTE, champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=check_promote,
+    ),
+    Command(
+        "rollback", ROLLBACK, champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=check_rollback,
     ),
     Command(
         "reproduce", REPRODUCE, reproduce_summary,
@@ -332,7 +374,8 @@ COMMANDS = (
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, reproduce. "
+    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, promote, roll back, "
+    "reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",
     COMMANDS,

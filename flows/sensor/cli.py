@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         SensorScoreResult,
         SensorTrainResult,
     )
+    from infra.registry import PromotionDecision
     from tasks.reproduce import ReproduceResult
 
 #: The flows, by entrypoint: imported only when a command runs (see flows/cli.py).
@@ -30,6 +31,8 @@ SCORE = "flows.sensor.score:sensor_score"
 BATCH = "flows.sensor.batch:sensor_batch_score"
 MONITOR = "flows.sensor.monitor:sensor_monitor"
 REPRODUCE = "flows.sensor.reproduce:sensor_reproduce"
+PROMOTE = "flows.sensor.promote:sensor_promote"
+ROLLBACK = "flows.sensor.promote:sensor_rollback"
 
 # flag names where a field name alone would collide or be unclear
 _FLEET = {"config.fleet.seed": "seed"}
@@ -188,6 +191,32 @@ def _reproduce_exit_code(r: ReproduceResult) -> int:
     return reproduce_exit_code(r)
 
 
+def _check_promote(kwargs: dict[str, Any]) -> None:
+    from tasks.champion import version_spec
+
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def _check_rollback(kwargs: dict[str, Any]) -> None:
+    from tasks.champion import bare_name
+
+    try:
+        name = bare_name(kwargs.get("model", "sensor-rul"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
+
+
+def _champion_move_summary(decision: PromotionDecision) -> str:
+    from tasks.champion import champion_move_summary
+
+    return champion_move_summary(decision)
+
+
 COMMANDS = [
     Command(
         "pretrain", PRETRAIN, _pretrain_summary,
@@ -221,6 +250,16 @@ COMMANDS = [
         help="failure events -> realised RUL error per model version; accumulate training data",
         hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
         check=_check_monitor,
+    ),
+    Command(
+        "promote", PROMOTE, _champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=_check_promote,
+    ),
+    Command(
+        "rollback", ROLLBACK, _champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=_check_rollback,
     ),
     Command(
         "reproduce", REPRODUCE, _reproduce_summary,
