@@ -33,7 +33,7 @@ def bare_name(spec: str) -> str:
     Raises:
         RegistryError: the spec names a version or an alias.
     """
-    name, version = parse_model_spec(spec)
+    name, _ = parse_model_spec(spec)
     if spec != name:
         raise RegistryError(f"{spec!r}: rollback takes a model NAME (it returns its champion to the one before)")
     return name

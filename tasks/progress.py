@@ -73,7 +73,7 @@ class Progress:
         self.done = 0
         self.lines: list[str] = []  # what was logged (tests and reports read it)
         self._t0 = clock()
-        self._logged_at, self._logged_pct = self._t0, 0.0
+        self._logged_at, self._logged_pct, self._logged_done = self._t0, 0.0, -1
         self._published_at: float | None = None
         self._published_failed = False
         self._bar: Any = None
@@ -112,7 +112,7 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._log()  # one line in the log of a terminal run too
-        elif not self.lines or self.lines[-1] != self.line():
+        elif self._logged_done != self.done:  # stopped early, between two lines
             self._log()
         self._publish(force=True)
 
@@ -136,7 +136,7 @@ class Progress:
         text = self.line()
         self.lines.append(text)
         self.logger.info("%s", text)
-        self._logged_at, self._logged_pct = self._clock(), self.percent
+        self._logged_at, self._logged_pct, self._logged_done = self._clock(), self.percent, self.done
 
     def _publish(self, force: bool = False) -> None:
         if self.publish is None or self._published_failed:

@@ -179,18 +179,6 @@ def _monitor_summary(r: SensorMonitorResult) -> str:
     return "\n".join(lines)
 
 
-def _reproduce_summary(r: ReproduceResult) -> str:
-    from tasks.reproduce import reproduce_summary
-
-    return reproduce_summary(r)
-
-
-def _reproduce_exit_code(r: ReproduceResult) -> int:
-    from tasks.reproduce import reproduce_exit_code
-
-    return reproduce_exit_code(r)
-
-
 def _check_promote(kwargs: dict[str, Any]) -> None:
     from tasks.champion import version_spec
 
@@ -211,10 +199,22 @@ def _check_rollback(kwargs: dict[str, Any]) -> None:
     ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
 
 
-def _champion_move_summary(decision: PromotionDecision) -> str:
+def _champion_move_summary(r: PromotionDecision) -> str:
     from tasks.champion import champion_move_summary
 
-    return champion_move_summary(decision)
+    return champion_move_summary(r)
+
+
+def _reproduce_summary(r: ReproduceResult) -> str:
+    from tasks.reproduce import reproduce_summary
+
+    return reproduce_summary(r)
+
+
+def _reproduce_exit_code(r: ReproduceResult) -> int:
+    from tasks.reproduce import reproduce_exit_code
+
+    return reproduce_exit_code(r)
 
 
 COMMANDS = [

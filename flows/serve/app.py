@@ -58,7 +58,9 @@ DOCS_ASSETS = "/docs-assets"
 
 def mount_docs(app: FastAPI) -> None:
     """``/docs``: the interactive API page with Swagger UI's files served by this server
-    (package ``swagger-ui-bundle``), so it works behind a firewall with no internet."""
+    (package ``swagger-ui-bundle``), so it works behind a firewall with no internet. Its
+    *Authorize* button takes an API key (``X-API-Key``) or a bearer token: the schemes every
+    protected route declares (:data:`infra.serving.auth.API_KEY_SCHEME`, ``BEARER_SCHEME``)."""
     from swagger_ui_bundle import swagger_ui_path
 
     app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
@@ -68,7 +70,8 @@ def mount_docs(app: FastAPI) -> None:
         return get_swagger_ui_html(openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} - docs",
                                    swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
                                    swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png")
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+                                   swagger_ui_parameters={"persistAuthorization": True})
 
 
 def create_app(settings: ServeSettings | None = None, *,
@@ -117,7 +120,8 @@ def create_app(settings: ServeSettings | None = None, *,
     app = FastAPI(
         title="indusflow serving API",
         description="Online scoring of the registered champions. Send an API key in `X-API-Key` "
-        "(or `Authorization: Bearer`); `python -m flows.serve keys add` creates one.",
+        "(or `Authorization: Bearer`); `python -m flows.serve keys add` creates one. On this page: "
+        "*Authorize*, then *Try it out*.",
         version="1",
         lifespan=lifespan,
         docs_url=None,  # served below from packaged assets: the default page loads them from a CDN

@@ -1,5 +1,9 @@
 """``POST /v1/fraud/score``: the fraud champion scores transactions as they arrive.
 
+The champion may be of any registered kind: the sequence model, the GBM baseline or their
+ensemble (:class:`~solutions.fraud.online.OnlineFraudModel` holds either part or both); the
+alias can move from one kind to another while serving.
+
 Each request carries one or more transactions in the project's transaction schema (the
 batch path's column names, or source names with the same ``columns`` mapping as
 ``fraud score --columns``). Their features come from the online feature state

@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any
 
 import pandas as pd
-from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+from pydantic import BaseModel, Field, model_validator
 
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
@@ -33,26 +33,65 @@ if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model 
 SCOPE = "sensor:predict"
 _SEP = "\x1f"  # request number and asset id, while requests share one model call
 
-_EXAMPLE = {
-    "readings": [
-        {"asset_id": "pump-7", "timestamp": "2025-03-01T10:00:00", "sensor": "temperature", "value": 71.2},
-        {"asset_id": "pump-7", "timestamp": "2025-03-01T10:00:05", "sensor": "vibration", "value": 0.31},
-    ]
+
+def _reading(minute: int, sensor: str, value: float) -> dict[str, Any]:
+    return {"asset_id": "pump-7", "timestamp": f"2025-03-01T{10 + minute // 60:02d}:{minute % 60:02d}:00",
+            "sensor": sensor, "value": value}
+
+
+#: Two hours of one asset with the sensors of the synthetic fleet (``sensor train``'s default data):
+#: each slow sensor once an hour (pressure once: carried forward), each vibration channel twice an
+#: hour (2 readings per grid step make a fast sensor: RMS, peak and kurtosis per step).
+_EXAMPLE = {"readings": [
+    *(_reading(m, s, v) for m in (0, 60) for s, v in (("op_load", 0.6), ("op_speed", 1802.0), ("temperature", 103.5),
+                                                         ("flow", 129.1), ("current", 22.3))),
+    _reading(0, "pressure", 6.7),
+    *(_reading(m, s, v) for m in (5, 35, 65, 95) for s, v in (("vib_radial", 0.91 if m % 60 == 5 else -0.87),
+                                                                 ("vib_axial", 0.24 if m % 60 == 5 else -0.31))),
+]}
+_CMAPSS_LINES = ("1 1 -0.0007 -0.0004 100.0 518.67 641.82 1589.70 1400.60 14.62 21.61 554.36 2388.06 9046.19 1.30 47.47 "
+                 "521.66 2388.02 8138.62 8.4195 0.03 392 2388 100.00 39.06 23.4190",
+                 "1 2 0.0019 -0.0003 100.0 518.67 642.15 1591.82 1403.14 14.62 21.61 553.75 2388.04 9044.07 1.30 47.49 "
+                 "522.28 2388.07 8131.49 8.4318 0.03 392 2388 100.00 39.00 23.4236")
+
+
+def _cmapss_row(line: str) -> dict[str, Any]:
+    unit, cycle, *values = line.split()
+    names = [*(f"op_setting_{i}" for i in (1, 2, 3)), *(f"sensor_{i}" for i in range(1, 22))]
+    return {"asset_id": f"engine-{unit}", "step": int(cycle) - 1, **dict(zip(names, map(float, values)))}
+
+
+#: What /docs offers (and the fuzz test sends): the readings above, and two cycles of a C-MAPSS
+#: engine as grid rows (for a champion trained with --cmapss-dir; the synthetic one answers 422).
+OPENAPI_EXAMPLES = {
+    "readings": {"summary": "Long-format readings (the default synthetic-fleet champion)", "value": _EXAMPLE},
+    "cmapss": {"summary": "C-MAPSS engine cycles as grid rows, step = cycle - 1 (a C-MAPSS champion)",
+               "value": {"grid": [_cmapss_row(line) for line in _CMAPSS_LINES]}},
 }
+_READING_SCHEMA = {"type": "object", "additionalProperties": True, "properties": {
+    "asset_id": {"type": "string"}, "timestamp": {"anyOf": [{"type": "string", "format": "date-time"},
+                                                            {"type": "number"}]},
+    "sensor": {"type": "string"}, "value": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
+_GRID_ROW_SCHEMA = {"type": "object", "additionalProperties": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+                    "required": ["asset_id", "step"],
+                    "properties": {"asset_id": {"type": "string"}, "step": {"type": "integer"}}}
 
 
 class SensorPredictRequest(BaseModel):
     """Recent readings of one or more assets: ``readings`` (long format) or ``grid`` (aligned)."""
 
-    model_config = ConfigDict(json_schema_extra={"examples": [_EXAMPLE]})
-
     readings: list[dict[str, Any]] | None = Field(
-        default=None, description="Long format: one object per reading (asset_id, timestamp, sensor, value).")
+        default=None, json_schema_extra={"items": _READING_SCHEMA},
+        description="Long format: one object per reading (asset_id, timestamp as ISO 8601 or seconds, sensor, "
+        "value), aligned on the model's grid (3600 s steps); every sensor the model was trained on, over at least "
+        "2 steps (a history shorter than the window is left-padded with its first step).")
     grid: list[dict[str, Any]] | None = Field(
-        default=None, description="Aligned grid: one object per (asset_id, step) with the feature and gap__ columns.")
+        default=None, json_schema_extra={"items": _GRID_ROW_SCHEMA},
+        description="Aligned grid: one object per (asset_id, step) with the model's feature columns (and gap__ "
+        "flags); C-MAPSS engines send one row per cycle, step = cycle - 1, op_setting_1..3 and sensor_1..21.")
     columns: dict[str, str] | None = Field(
-        default=None, description="Column mapping canonical -> source name for long-format readings.",
-        examples=[{"asset_id": "machine", "sensor": "probe"}])
+        default=None, description="Column mapping canonical -> source name for long-format readings, e.g. "
+        '{"asset_id": "machine", "sensor": "probe"}.')
 
     @model_validator(mode="after")
     def _one_format(self) -> SensorPredictRequest:
@@ -117,14 +156,16 @@ def build(services: Services) -> Vertical | None:
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
 
     def predict_batch(items: list[_Item]) -> list[_Result]:
-        from solutions.sensor.online import grid_from_readings, grid_from_rows, predict_grid
+        from solutions.sensor.online import check_grid, grid_from_readings, grid_from_rows, predict_grid
 
         ref, model = slot.current()
+        window = int(model.preprocessing[1].length)
         grids: list[pd.DataFrame | Exception] = []
         for k, body in enumerate(items):
-            try:
+            try:  # each request checked alone: a bad one fails itself, not the model call it shares
                 grid = grid_from_rows(body.grid) if body.grid is not None else grid_from_readings(
-                    body.rows, body.columns)[0]
+                    body.rows, body.columns, window=window)[0]
+                check_grid(model, grid)
             except (DataValidationError, ValueError) as exc:
                 grids.append(exc)
                 continue
@@ -152,7 +193,7 @@ def build(services: Services) -> Vertical | None:
     router = APIRouter(tags=["sensor"])
 
     @router.post("/v1/sensor/predict", response_model=SensorPredictResponse)
-    async def predict(body: SensorPredictRequest, request: Request,
+    async def predict(body: Annotated[SensorPredictRequest, Body(openapi_examples=OPENAPI_EXAMPLES)], request: Request,
                       principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorPredictResponse:
         """Predict RUL, failure probability and alert for each asset's latest window."""
         if body.grid is not None:
@@ -166,7 +207,7 @@ def build(services: Services) -> Vertical | None:
         if isinstance(result, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
                                                          "rows": result.rows})
-        if isinstance(result, Exception):
+        if isinstance(result, Exception):  # a ValueError of the request's content (e.g. its column mapping)
             raise HTTPException(status_code=422, detail={"error": str(result)})
         if result.empty:
             raise HTTPException(status_code=422, detail={"error": "no asset has a usable window of readings"})

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException, Request, Security
+from fastapi.security import APIKeyHeader, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.store import write_json_atomic
@@ -261,6 +262,16 @@ class Authenticator:
         return Principal(f"jwt:{subject}", frozenset(scopes), None)
 
 
+#: The two ways to present a credential, declared in the OpenAPI document (``securitySchemes``, and
+#: ``security`` on every route that needs one) so the ``/docs`` page's *Authorize* button sends them.
+#: They only document: :func:`authorize` reads the headers itself (``auto_error=False``).
+API_KEY_SCHEME = APIKeyHeader(name="X-API-Key", scheme_name="ApiKey", auto_error=False,
+                              description="An API key (`python -m flows.serve keys add`).")
+BEARER_SCHEME = HTTPBearer(scheme_name="Bearer", bearerFormat="API key or JWT", auto_error=False,
+                           description="`Authorization: Bearer <API key or JWT>` (JWT: HS256/RS256 per the settings).")
+_DOCUMENTED = (Security(API_KEY_SCHEME), Security(BEARER_SCHEME))
+
+
 def require_scope(scope: str) -> Callable[[Request], Any]:
     """A FastAPI dependency: the authenticated :class:`Principal` holding ``scope``.
 
@@ -269,7 +280,7 @@ def require_scope(scope: str) -> Callable[[Request], Any]:
     """
     check_scopes([scope])
 
-    async def dependency(request: Request) -> Principal:
+    async def dependency(request: Request, _key: Any = _DOCUMENTED[0], _bearer: Any = _DOCUMENTED[1]) -> Principal:
         return await authorize(request, lambda principal: principal.allows(scope), scope,
                                f"this credential lacks the scope {scope!r}")
 
@@ -286,7 +297,7 @@ def require_any_scope(prefix: str) -> Callable[[Request], Any]:
     def holds(principal: Principal) -> bool:
         return ADMIN in principal.scopes or any(s.startswith(prefix) for s in principal.scopes)
 
-    async def dependency(request: Request) -> Principal:
+    async def dependency(request: Request, _key: Any = _DOCUMENTED[0], _bearer: Any = _DOCUMENTED[1]) -> Principal:
         return await authorize(request, holds, prefix.rstrip(":"), f"this credential holds no {prefix}* scope")
 
     dependency.__name__ = f"require_any_{prefix.replace(':', '_')}"

@@ -4,7 +4,9 @@ In order: the IP allow-list (403), the body-size limit (413, from ``Content-Leng
 the body streams in), the per-request timeout (504), then — whatever the outcome — the request
 metrics and one audit line (probes ``/healthz``, ``/readyz``, ``/metrics`` are counted but not
 audited). Plus the exception handlers that turn an open breaker or a model not yet loaded into
-a 503 with a reason and ``Retry-After``.
+a 503 with a reason and ``Retry-After``, and a request the code finds invalid past FastAPI's own
+validation (a :class:`~infra.errors.DataValidationError`, a malformed multipart body) into a
+4xx that says what is wrong, never a 500.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from infra.errors import DataValidationError
 from infra.serving.breaker import BreakerOpen
 from infra.serving.runtime import Services
 from infra.serving.slot import ModelNotReady
@@ -174,7 +177,28 @@ async def not_ready_handler(request: Request, exc: Exception) -> JSONResponse:
                         headers={"Retry-After": "5"})
 
 
+async def invalid_data_handler(request: Request, exc: Exception) -> JSONResponse:
+    """422 naming the offending column and rows (the message is already redacted)."""
+    assert isinstance(exc, DataValidationError)
+    return JSONResponse({"detail": {"error": str(exc), "column": exc.column, "rows": exc.rows}}, status_code=422)
+
+
+async def malformed_form_handler(request: Request, exc: Exception) -> JSONResponse:
+    """400 for a multipart/form-data body that cannot be parsed."""
+    return JSONResponse({"detail": f"malformed multipart/form-data body: {exc}"}, status_code=400)
+
+
+def _form_errors() -> dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]]:
+    try:
+        from python_multipart.exceptions import FormParserError
+    except ImportError:  # python-multipart comes with the upload routes' extra
+        return {}
+    return {FormParserError: malformed_form_handler}
+
+
 EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]] = {
     BreakerOpen: breaker_open_handler,
     ModelNotReady: not_ready_handler,
+    DataValidationError: invalid_data_handler,
+    **_form_errors(),
 }

@@ -10,6 +10,12 @@ Two input formats:
 * the aligned grid (one row per asset and step, one column per feature), as the aligner
   produces it.
 
+C-MAPSS-style data (one row per engine and cycle, settings and sensors as columns) is already a
+grid: it is sent as ``grid`` rows with ``step`` = cycle - 1, as :mod:`solutions.sensor.cmapss`
+reads a file. A request is checked against the model before it joins a shared model call
+(:func:`check_grid`): a feature the model needs and the request lacks is a
+:class:`~infra.errors.DataValidationError` naming it, never a failed model call.
+
 Either way the grid goes through :func:`solutions.sensor.scoring.scores_table` (the batch
 path's windowing, regime normalisation and prediction) with the model kept loaded.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -28,14 +35,18 @@ from infra.errors import DataValidationError
 from infra.registry import ModelRef
 from solutions.sensor import schema as S
 from solutions.sensor.align import align_readings, apply_mapping, clean_readings
-from solutions.sensor.config import AlignConfig
+from solutions.sensor.config import AlignConfig, WindowConfig
+from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import RULModel
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
+from solutions.sensor.pipeline import preprocessing_from_params
 from solutions.sensor.scoring import alert_threshold, scores_table
 
-__all__ = ["OnlineSensorModel", "grid_from_readings", "grid_from_rows", "predict_grid"]
+__all__ = ["OnlineSensorModel", "check_grid", "grid_from_readings", "grid_from_rows", "predict_grid"]
 
 SOURCE = "request"
+#: aggregates :func:`~solutions.sensor.align.align_readings` makes of a fast sensor
+FAST_SUFFIXES = ("_rms", "_peak", "_kurtosis")
 
 
 @dataclass(frozen=True)
@@ -52,21 +63,69 @@ class OnlineSensorModel:
         """The alert threshold chosen at training."""
         return alert_threshold(self.ref, None)
 
+    @cached_property
+    def preprocessing(self) -> tuple[RegimeNormalizer, WindowConfig]:
+        """The normaliser and window settings the version was trained with."""
+        return preprocessing_from_params(self.ref.params)
+
+    @property
+    def features(self) -> list[str]:
+        """The grid columns the model reads (operating settings, then sensor features)."""
+        norm, _ = self.preprocessing
+        return [*norm.ops_, *norm.values_]
+
+
+def _reject_nested(frame: pd.DataFrame, columns: Sequence[str]) -> None:
+    """A list or an object where a cell belongs is an error naming the column and rows."""
+    for col in columns:
+        if col not in frame.columns or frame[col].dtype != object:
+            continue
+        bad = frame[col].map(lambda v: isinstance(v, (list, dict, tuple, set))).to_numpy(dtype=bool)
+        if bad.any():
+            raise DataValidationError("holds a list or an object where a single value belongs", source=SOURCE,
+                                      column=str(col), rows=[int(i) for i in np.flatnonzero(bad)[:5]])
+
+
+def _check_span(readings: pd.DataFrame, cfg: AlignConfig, window: int | None) -> None:
+    """At least one asset's readings cover 2 grid steps (the aligner's minimum), else a message
+    that says how much history to send."""
+    if readings.empty:
+        return
+    codes = readings[S.ASSET].cat.codes.to_numpy()
+    t = readings["t"].to_numpy()
+    first = np.full(int(codes.max()) + 1, np.inf)
+    last = np.full(len(first), -np.inf)
+    np.minimum.at(first, codes, t)
+    np.maximum.at(last, codes, t)
+    anchored = np.floor(first / cfg.step_seconds) * cfg.step_seconds  # the aligner's grid origin
+    if ((last - anchored) < cfg.step_seconds).all():
+        want = f"; the model's window is {window} steps (a shorter history is left-padded with its first step)" \
+            if window else ""
+        raise DataValidationError(
+            f"every asset's readings fall within one grid step of {cfg.step_seconds:g} s: send each asset's "
+            f"readings over at least 2 steps{want}", source=SOURCE, column=S.TIMESTAMP)
+
 
 def grid_from_readings(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None,
-                       align: AlignConfig | None = None) -> tuple[pd.DataFrame, BadReadingReport]:
+                       align: AlignConfig | None = None, *, window: int | None = None,
+                       ) -> tuple[pd.DataFrame, BadReadingReport]:
     """Long-format readings -> the grid, as a readings file is read by ``sensor score --data``.
 
+    ``window`` (the model's window length) only words the error of a history under 2 grid steps.
+
     Raises:
-        DataValidationError: a required column is missing, timestamps cannot be parsed or no
+        DataValidationError: a required column is missing, a cell holds a list or an object,
+            timestamps cannot be parsed, every asset's readings fall in one grid step or no
             usable reading is left (the message names the column).
     """
     if not records:
         raise DataValidationError("no readings in the request", source=SOURCE)
     frame = pd.DataFrame.from_records(list(records))
     frame = apply_mapping(frame, ColumnMapping(dict(columns or {})), S.READING_COLUMNS, SOURCE)
+    _reject_nested(frame, S.READING_COLUMNS)
     cfg = align or AlignConfig()
     readings, report = clean_readings(frame, cfg, SOURCE)
+    _check_span(readings, cfg, window)
     return align_readings(readings, None, cfg, report)
 
 
@@ -84,6 +143,10 @@ def grid_from_rows(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     missing = [c for c in (S.ASSET, S.STEP) if c not in grid.columns]
     if missing:
         raise DataValidationError(f"grid rows need column(s) {missing}", source=SOURCE, column=missing[0])
+    _reject_nested(grid, [str(c) for c in grid.columns])
+    if grid[S.ASSET].isna().any():
+        raise DataValidationError("grid rows need an asset id", source=SOURCE, column=S.ASSET,
+                                  rows=[int(i) for i in np.flatnonzero(grid[S.ASSET].isna().to_numpy())[:5]])
     grid[S.ASSET] = grid[S.ASSET].astype(str)
     steps = pd.to_numeric(grid[S.STEP], errors="coerce")
     bad = (steps.isna() | (steps != np.floor(steps))).to_numpy()
@@ -107,6 +170,25 @@ def grid_from_rows(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         if col not in grid.columns:
             grid[col] = value
     return grid
+
+
+def check_grid(model: OnlineSensorModel, grid: pd.DataFrame) -> None:
+    """The grid has every feature ``model`` reads.
+
+    Raises:
+        DataValidationError: naming the missing features (and a fast sensor sent too sparsely
+            to be aggregated as one, at fewer than 2 readings per grid step).
+    """
+    missing = [c for c in model.features if c not in grid.columns]
+    if not missing:
+        return
+    have = sorted(c for c in grid.columns if c not in S.LABEL_COLUMNS and not str(c).startswith(S.GAP_PREFIX))
+    sparse = sorted({c[: -len(x)] for c in missing for x in FAST_SUFFIXES if c.endswith(x) and c[: -len(x)] in have})
+    hint = (f"; {sparse} came as slow sensor(s): a fast sensor needs at least 2 readings per grid step"
+            if sparse else "")
+    raise DataValidationError(
+        f"the request lacks feature(s) {missing} that {model.ref.spec} was trained on (it reads {model.features}; "
+        f"the request has {have}){hint}", source=SOURCE, column=missing[0])
 
 
 def predict_grid(model: OnlineSensorModel, grid: pd.DataFrame) -> pd.DataFrame:

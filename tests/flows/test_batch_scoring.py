@@ -279,3 +279,29 @@ def test_a_single_file_is_scored_in_the_flows_thread_several_on_the_pool(tmp_pat
     _, statuses = run(["bad.csv"])  # a failure in the flow's thread is still caught and released
     assert statuses == ["failed"]
     assert FileLedger("inline", root=tmp_path).entries()[f"{0:064d}"].status == "released"
+
+
+def test_batch_progress_reaches_100_with_i_of_n_lines(tmp_path: Path, champion: str, caplog, capsys) -> None:
+    import logging
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    def progress_artifacts(start: str) -> list[float]:
+        with get_client(sync_client=True) as client:
+            arts = client.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"])))
+        return [float(a.data) for a in arts if (a.description or "").startswith(start)]
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    for seed in (31, 32):
+        _transactions(seed=seed, days=3).to_csv(inbox / f"day{seed}.csv", index=False)
+    caplog.set_level(logging.INFO, logger="tasks.progress")
+    before = len(progress_artifacts("fraud-batch-score: "))
+    assert main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scored"] == 2
+    values = progress_artifacts("fraud-batch-score: ")
+    assert len(values) == before + 1 and 100.0 in values and all(v == 100.0 for v in values)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.progress"]
+    assert lines[0].startswith("score fraud-batch-score: 0/2 files (0%)")
+    assert lines[-1].startswith("score fraud-batch-score: 2/2 files (100%)")

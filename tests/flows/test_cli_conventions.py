@@ -71,8 +71,8 @@ def test_bad_invocations_through_python_m(tmp_path: Path) -> None:
 
 
 def test_every_module_and_command_has_help() -> None:
-    commands = {"flows.fraud": ["train", "adapt", "score", "batch", "tune", "reproduce"],
-                "flows.sensor": ["pretrain", "train", "score", "batch", "reproduce"], "flows.rag": ["ingest", "ask", "eval"]}
+    commands = {"flows.fraud": ["train", "adapt", "score", "batch", "tune", "promote", "rollback", "reproduce"],
+                "flows.sensor": ["pretrain", "train", "score", "batch", "promote", "rollback", "reproduce"], "flows.rag": ["ingest", "ask", "eval"]}
     code = "; ".join(
         f"from {module}.cli import main as m{i}" for i, module in enumerate(commands)
     )

@@ -52,8 +52,8 @@ def train_tiny_kinds(layout: HomeLayout, seed: int = 5,
     """As :func:`train_tiny_fraud`, and one version of every other kind asked for, registered in
     this order (the first is champion): the GBM (fitted on the train period, a skops file) and the
     ensemble of both (their mean), each with the batch ``score`` path's scores of the last day."""
-    from solutions.fraud import candidates as CA
     from infra.registry import KIND_SKLEARN, KIND_TORCH, KIND_TORCH_SKLEARN
+    from solutions.fraud import candidates as CA
 
     torch.manual_seed(seed)
     raw = generate_transactions(n_accounts=30, n_terminals=12, n_days=21, fraud_rate=0.05, seed=seed)
