@@ -38,8 +38,8 @@ from solutions.sensor.align import align_readings, apply_mapping, clean_readings
 from solutions.sensor.config import AlignConfig, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import RULModel
-from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.pipeline import preprocessing_from_params
+from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.scoring import alert_threshold, scores_table
 
 __all__ = ["OnlineSensorModel", "check_grid", "grid_from_readings", "grid_from_rows", "predict_grid"]

@@ -25,21 +25,21 @@ import pytest
 import uvicorn
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
-from flows.serve import fraud as serve_fraud  # noqa: E402
-from flows.serve import sensor as serve_sensor  # noqa: E402
-from flows.serve.app import create_app  # noqa: E402
-from infra.home import HomeLayout  # noqa: E402
-from infra.registry import ModelRegistry  # noqa: E402
-from infra.serving.runtime import key_store  # noqa: E402
-from infra.settings import ServeSettings  # noqa: E402
-from tests.serve.fraud_helpers import MODEL as FRAUD_MODEL  # noqa: E402
-from tests.serve.fraud_helpers import free_port, train_tiny_fraud  # noqa: E402
-from tests.serve.sensor_helpers import MODEL as SENSOR_MODEL  # noqa: E402
-from tests.serve.sensor_helpers import train_tiny_sensor  # noqa: E402
+from flows.serve import fraud as serve_fraud
+from flows.serve import sensor as serve_sensor
+from flows.serve.app import create_app
+from infra.home import HomeLayout
+from infra.registry import ModelRegistry
+from infra.serving.runtime import key_store
+from infra.settings import ServeSettings
+from tests.serve.fraud_helpers import MODEL as FRAUD_MODEL
+from tests.serve.fraud_helpers import free_port, train_tiny_fraud
+from tests.serve.sensor_helpers import MODEL as SENSOR_MODEL
+from tests.serve.sensor_helpers import train_tiny_sensor
 
 #: cases per operation and generation mode (positive, negative)
 EXAMPLES = int(os.environ.get("INDUSFLOW_FUZZ_EXAMPLES", "25"))
