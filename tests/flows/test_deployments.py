@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from flows.fraud.cli import main
 from infra.deploy import build_deployments, ensure_gpu_limits
 from infra.deploy_config import load_deploy_config
