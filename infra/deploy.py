@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from infra.deploy_config import DeployConfig, DeployConfigError, DeploymentSpec, load_deploy_config
 from infra.errors import IndusflowError
@@ -296,8 +296,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one ``error:`` line (exit 2), as the flows' commands do."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.deploy", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m infra.deploy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("list", help="show the deployments the config defines")
     p.add_argument("--json", action="store_true", help="print them as one JSON object")

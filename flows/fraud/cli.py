@@ -289,6 +289,13 @@ def tune_summary(r: FraudTuneResult) -> str:
     return "\n".join(lines)
 
 
+def champion_move_summary(decision: PromotionDecision) -> str:
+    """The human summary of a champion moved by hand."""
+    from tasks.champion import champion_move_summary as render
+
+    return render(decision)
+
+
 def batch_summary(r: FraudBatchScoreResult) -> str:
     """The human summary of an inbox run."""
     from tasks.ledger import inbox_summary
@@ -299,13 +306,6 @@ def batch_summary(r: FraudBatchScoreResult) -> str:
 def reproduce_summary(r: ReproduceResult) -> str:
     """The human summary of a reproduction."""
     from tasks.reproduce import reproduce_summary as render
-
-    return render(r)
-
-
-def champion_move_summary(r: PromotionDecision) -> str:
-    """The human summary of a champion moved by hand."""
-    from tasks.champion import champion_move_summary as render
 
     return render(r)
 

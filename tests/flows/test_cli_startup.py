@@ -50,7 +50,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
     return [
         (["flows.fraud", "--help"], 0, "usage:"),
         *[(["flows.fraud", c, "--help"], 0, "usage:")
-          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "reproduce")],
+          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "promote", "rollback", "reproduce")],
         (["flows.fraud", "train", "--data", MISSING], 2, "--data: no such file"),
         (["flows.fraud", "train", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
         (["flows.fraud", "score", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
@@ -61,7 +61,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.fraud", "train", "--no-such-flag"], 2, "unrecognized arguments"),
         (["flows.sensor", "--help"], 0, "usage:"),
         *[(["flows.sensor", c, "--help"], 0, "usage:")
-          for c in ("pretrain", "train", "score", "batch", "monitor", "reproduce")],
+          for c in ("pretrain", "train", "score", "batch", "monitor", "promote", "rollback", "reproduce")],
         (["flows.sensor", "train", "--data", MISSING], 2, "file not found"),
         (["flows.sensor", "train", "--data", str(readings), "--columns", "asset_id=NO_SUCH_COLUMN"], 2,
          "NO_SUCH_COLUMN"),
@@ -151,7 +151,8 @@ def test_signatures_read_from_source_match_the_flows(module: str) -> None:
         for name in ours:
             assert ours[name].kind == theirs[name].kind, (command.flow, name)
             assert ours[name].default == theirs[name].default, (command.flow, name)
-        assert typing.get_type_hints(stand_in, include_extras=True) == {
-            k: v for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
+        # compared by repr: pydantic's FieldInfo (in Annotated extras) compares by identity
+        assert {k: repr(v) for k, v in typing.get_type_hints(stand_in, include_extras=True).items()} == {
+            k: repr(v) for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
         }, command.flow
         assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
