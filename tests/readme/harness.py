@@ -204,10 +204,16 @@ def _venv() -> Path:
 class Workspace:
     """The folder the README's commands run in, its fresh home, and the servers it started."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, reuse: bool = False) -> None:
         self.root = root
         self.cwd = root / "work"
         self.home = root / "home"
+        self.blocks = rb.parse()
+        self.done: dict[str, SectionResult] = {}
+        if reuse:  # a workspace an earlier run left (developing one section): its home and ports
+            self.fixtures = []
+            self.ports = json.loads((root / "ports.json").read_text())
+            return
         self.cwd.mkdir(parents=True)
         self.home.mkdir()
         self.fixtures = readme_fixtures.write_all(self.cwd)
@@ -221,10 +227,9 @@ class Workspace:
                 (venv / entry.name).symlink_to(entry)
         (venv / ".installed").touch()  # make ui's `install` prerequisite is met: no pip run
         self.ports = {"serve_port": free_port(), "ui_port": free_port()}
+        (root / "ports.json").write_text(json.dumps(self.ports))
         (self.home / ".curlrc").write_text(
             "fail-with-body\nshow-error\nwrite-out = \"%{stderr}[curl] HTTP %{http_code}\\n\"\n")
-        self.blocks = rb.parse()
-        self.done: dict[str, SectionResult] = {}
 
     def base_env(self) -> dict[str, str]:
         venv_bin = str(_venv() / "bin")
@@ -286,8 +291,8 @@ class Workspace:
     @staticmethod
     def _print_progress(section: str, o: Outcome) -> None:
         if os.environ.get("README_TEST_VERBOSE"):
-            print(f"[{section}] {o.status} line {o.cmd.lineno} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}",
-                  file=sys.__stderr__, flush=True)
+            print(f"[{section}] {o.status} line {o.cmd.lineno} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}"
+                  + "".join(f"\n    {p[:200]}" for p in o.problems[:3]), file=sys.__stderr__, flush=True)
 
     def _prepare(self, cmd: rb.Command) -> tuple[str, list[str]]:
         text, notes = cmd.text, []
@@ -417,17 +422,21 @@ def _answers(url: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    """``[--workspace DIR] [SECTION ...]``: with --workspace, reuse DIR's home and run only SECTIONs."""
+    reuse = None
+    if argv[:1] == ["--workspace"]:
+        reuse, argv = Path(argv[1]), argv[2:]
     sections = argv or list(rb.SECTIONS)
     problems = rb.problems(rb.parse())
     for p in problems:
         print(f"README problem: {p}")
-    root = Path(tempfile.mkdtemp(prefix="readme-test-"))
+    root = reuse or Path(tempfile.mkdtemp(prefix="readme-test-"))
     os.environ.setdefault("README_TEST_VERBOSE", "1")
-    ws = Workspace(root)
+    ws = Workspace(root, reuse=reuse is not None)
     print(f"workspace {root}; fixtures: {', '.join(ws.fixtures)}")
     failed = 0
     for name in sections:
-        result = ws.run_through(name)
+        result = ws.run_section(name) if reuse else ws.run_through(name)
         print(result.report(), flush=True)
         if result.failed:
             failed += 1

@@ -93,10 +93,13 @@ def handbook_csv(path: Path, seed: int = 1) -> None:
 
 
 def canonical_transactions(seed: int, n_days: int) -> pd.DataFrame:
+    """The last ``n_days`` of a fleet of accounts like the default synthetic data's (same sizes, other
+    seed), after a week of their history: the kind of file the trained champion scores next."""
     from solutions.fraud.synthetic import generate_transactions
 
-    df = generate_transactions(n_accounts=200, n_terminals=100, n_days=n_days, start="2025-03-01", seed=seed)
-    return df.drop(columns=[c for c in ("label", "scenario") if c in df.columns])
+    df = generate_transactions(n_days=n_days + 7, start="2025-02-20", seed=seed)
+    df = df[df["timestamp"] >= df["timestamp"].max().normalize() - pd.Timedelta(days=n_days - 1)]
+    return df.drop(columns=[c for c in ("label", "scenario") if c in df.columns]).reset_index(drop=True)
 
 
 def sensor_files(cwd: Path) -> None:
@@ -107,9 +110,9 @@ def sensor_files(cwd: Path) -> None:
         n_assets=16, min_life=90, max_life=150, fast_rate=4, bad_reading_rate=0.0, censored_fraction=0.1, seed=3))
     readings.to_csv(cwd / "readings.csv", index=False)
     events.to_csv(cwd / "events.csv", index=False)
-    # later: three other assets' readings up to a point before they failed, then their failures
+    # later: other assets' readings up to a point before they failed, then their failures
     later, later_events = generate_fleet(SyntheticFleetConfig(
-        n_assets=4, min_life=90, max_life=150, fast_rate=4, bad_reading_rate=0.0, censored_fraction=0.0, seed=4))
+        n_assets=12, min_life=90, max_life=150, fast_rate=4, bad_reading_rate=0.0, censored_fraction=0.0, seed=4))
     later["asset_id"] = "L-" + later["asset_id"].astype(str)
     later_events["asset_id"] = "L-" + later_events["asset_id"].astype(str)
     cut = later.groupby("asset_id")["timestamp"].transform(lambda t: t.min() + (t.max() - t.min()) * 0.7)
@@ -178,10 +181,10 @@ def write_all(cwd: Path) -> list[str]:
     import json
 
     handbook_csv(cwd / "tx.csv")
-    canonical_transactions(seed=2, n_days=3).to_parquet(cwd / "new.parquet", index=False)
+    canonical_transactions(seed=2, n_days=1).to_parquet(cwd / "new.parquet", index=False)
     inbox = cwd / "incoming" / "tx"
     inbox.mkdir(parents=True)
-    canonical_transactions(seed=3, n_days=2).to_csv(inbox / "day-1.csv", index=False)
+    canonical_transactions(seed=3, n_days=1).to_csv(inbox / "day-1.csv", index=False)
     manuals = cwd / "manuals"
     manuals.mkdir()
     for name, text in MANUALS.items():
