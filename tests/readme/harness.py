@@ -65,7 +65,7 @@ def _last_line(out: str) -> str:
 
 
 def _key_id(out: str) -> str:
-    m = re.search(r"^API key (\S+) \(", out, re.M)
+    m = re.search(r"^API key (\S+) \(", out, re.MULTILINE)
     return m.group(1) if m else ""
 
 
@@ -122,8 +122,8 @@ READY_TIMEOUT_S = 300.0
 NOISE = [
     (re.compile(r"Traceback \(most recent call last\)"), "a traceback"),
     (re.compile(r"\|\s*(WARNING|ERROR|CRITICAL)\s*\|"), "a WARNING/ERROR log line"),
-    (re.compile(r"^\s*(WARNING|ERROR|CRITICAL)\b[:\s]", re.M), "a WARNING/ERROR log line"),
-    (re.compile(r"^\s*(warning|error):", re.M | re.I), "a warning/error line"),
+    (re.compile(r"^\s*(WARNING|ERROR|CRITICAL)\b[:\s]", re.MULTILINE), "a WARNING/ERROR log line"),
+    (re.compile(r"^\s*(warning|error):", re.MULTILINE | re.IGNORECASE), "a warning/error line"),
     (re.compile(r"\b[A-Z]\w*Warning: "), "a Python warning"),
 ]
 
@@ -169,8 +169,8 @@ class SectionResult:
 
     def report(self) -> str:
         ran = [o for o in self.outcomes if o.status != "skipped"]
-        out = [f"README section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
-               f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s"]
+        out = [(f"README section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
+               f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s")]
         for o in self.outcomes:
             head = f"  [{o.status}] README line {o.cmd.lineno}: {o.cmd.first_line.strip()[:110]}"
             if o.status == "skipped":
@@ -317,7 +317,7 @@ class Workspace:
         while True:
             tries += 1
             try:
-                proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], cwd=self.cwd, env=env,
+                proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], check=False, cwd=self.cwd, env=env,
                                       stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                       timeout=COMMAND_TIMEOUT_S)
                 outcome.rc, outcome.stdout, outcome.stderr = proc.returncode, proc.stdout, proc.stderr
