@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import time
+import unicodedata
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -589,31 +591,57 @@ class CoverageReport(BaseModel):
     window: int
     poor: bool
     advice: str = ""
+    #: The characters most often inside unknown pieces, as ``U+XXXX NAME`` (never document text).
+    unknown_chars: list[str] = []
+
+
+def _char_label(ch: str) -> str:
+    return f"U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}"
 
 
 def coverage_report(tokenizer: Any, texts: Sequence[str], window: int, model: str = "") -> CoverageReport:
-    """Share of unknown word pieces and of texts longer than the model's window."""
+    """Share of unknown word pieces and of texts longer than the model's window.
+
+    The advice names the model in use and the characters its vocabulary lacks (by Unicode
+    name, so no document text reaches a log), rather than guessing at what the model is.
+    """
     unk_id = getattr(tokenizer, "unk_token_id", None)
     tokens = unk = truncated = 0
+    chars: Counter[str] = Counter()
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        try:
+            enc = tokenizer(text, add_special_tokens=False, truncation=False, verbose=False,
+                            return_offsets_mapping=unk_id is not None)
+        except (TypeError, NotImplementedError):  # a tokenizer without offsets: counts only
+            enc = tokenizer(text, add_special_tokens=False, truncation=False, verbose=False)
+        ids = enc["input_ids"]
         tokens += len(ids)
         if unk_id is not None:
-            unk += sum(1 for i in ids if i == unk_id)
+            unknown = [k for k, i in enumerate(ids) if i == unk_id]
+            unk += len(unknown)
+            offsets = enc.get("offset_mapping") if hasattr(enc, "get") else None
+            if offsets:
+                for k in unknown:
+                    a, b = offsets[k]
+                    chars.update(ch for ch in text[a:b] if not ch.isspace())
         truncated += len(ids) + 2 > window
     n = max(len(texts), 1)
     unk_share = unk / max(tokens, 1)
     trunc_share = truncated / n
     poor = unk_share > POOR_UNK_SHARE or trunc_share > POOR_TRUNCATED_SHARE
+    top = [_char_label(ch) for ch, _ in chars.most_common(3)]
+    name = model or "the embedder"
     advice = ""
     if unk_share > POOR_UNK_SHARE:
-        advice += (f"{unk_share:.0%} of word pieces are unknown to {model or 'the embedder'}: dense retrieval will "
-                   "be weak for this corpus; rely on BM25/hybrid or set INDUSFLOW_EMBED_MODEL to a local "
-                   "multilingual model folder. ")
+        advice += (f"{unk_share:.0%} of word pieces are unknown to {name}"
+                   + (f" (most often {', '.join(top)})" if top else "")
+                   + ": its vocabulary lacks these characters, so dense retrieval sees less of this corpus; "
+                   "rely on BM25/hybrid or set INDUSFLOW_EMBED_MODEL to a model whose vocabulary covers them. ")
     if trunc_share > POOR_TRUNCATED_SHARE:
-        advice += (f"{trunc_share:.0%} of chunks exceed the model's {window}-token window and are truncated "
+        advice += (f"{trunc_share:.0%} of chunks exceed {name}'s {window}-token window and are truncated "
                    "when embedded: lower --chunk-tokens.")
     if poor:
         log.warning("embedder coverage is poor: %s", advice.strip())
     return CoverageReport(model=model, texts=len(texts), tokens=tokens, unk_share=round(unk_share, 4),
-                          truncated_share=round(trunc_share, 4), window=window, poor=poor, advice=advice.strip())
+                          truncated_share=round(trunc_share, 4), window=window, poor=poor, advice=advice.strip(),
+                          unknown_chars=top)

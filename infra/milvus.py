@@ -5,8 +5,16 @@ field computed by Milvus from the text (analyzer ``jieba``, which also splits La
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
+
+# pymilvus sets up its loggers when it is imported, with ``logging.config.dictConfig``, which
+# flushes and closes every handler of the process while holding the logging lock. Imported
+# inside a flow run, that flush drains Prefect's API-log and events workers: the run stalls
+# 5 s (the drain's timeout) and Prefect prints ``EventsWorker - Still processing items``.
+# Imported here, with the flow modules, it runs before any flow run has started those workers.
+import pymilvus  # noqa: F401
 
 from infra.errors import IndusflowError
 from infra.home import home_layout
@@ -38,9 +46,23 @@ def lite_path(name: str = "rag") -> Path:
     return home_layout().milvus() / f"{check_name(name, 'database name')}.db"
 
 
+def ignore_milvus_lite_pkg_resources_warning() -> None:
+    """Ignore the ``pkg_resources is deprecated`` warning of milvus-lite's import, and only that.
+
+    milvus-lite 2.5.1 (pinned for its C++ engine; no later 2.5 release) reads its own version
+    with ``pkg_resources``, which setuptools 80 answers with a ``UserWarning`` on every command
+    that opens a Lite file. Nothing a user can change: the filter names that one module.
+    (Adding the same filter again replaces it: calling this per client keeps one entry.)
+    """
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning,
+                            module="milvus_lite")
+
+
 def open_client(settings: MilvusSettings | None = None, uri: str | None = None) -> Any:
     """A ``MilvusClient`` on the configured server, or the given/default Milvus Lite file."""
     from pymilvus import MilvusClient
+
+    ignore_milvus_lite_pkg_resources_warning()
 
     settings = settings or get_milvus_settings()
     target = uri or settings.uri or str(lite_path())

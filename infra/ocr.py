@@ -1,9 +1,13 @@
 """OCR engines and page rendering: text from images and from PDF pages without a text layer.
 
-Three engines read one page image each and return its text, lines in reading order:
+Three engines read one page image each and return its text, lines in reading order
+(:meth:`read`); an engine that scores what it reads also gives each line its confidence
+(``read_lines``, see :func:`read_lines`), so a caller can tell a short line read with
+certainty from low-confidence noise:
 
 - ``rapidocr``: embedded, PyPI ``rapidocr`` on ONNX Runtime with the PP-OCR detection and
   recognition models (Chinese + English) shipped inside the wheel; nothing is downloaded.
+  Scores every text box (its recognition confidence, 0-1).
 - ``tesseract``: PyPI ``pytesseract`` over a ``tesseract`` binary on ``PATH`` (optional).
 - ``tika``: the configured Tika server OCRs the page image (its Tesseract parser; the
   ``X-Tika-OCRLanguage`` header names the languages).
@@ -20,6 +24,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.errors import IndusflowError
@@ -56,6 +61,24 @@ class OcrEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class OcrLine:
+    """One line an engine read: its text and the engine's confidence (0-1; None when the
+    engine gives none)."""
+
+    text: str
+    confidence: float | None = None
+
+
+def read_lines(engine: OcrEngine, image: Image) -> list[OcrLine]:
+    """The lines ``engine`` reads in ``image``, scored when the engine scores them (its
+    ``read_lines``), else its text line by line with no confidence."""
+    scored = getattr(engine, "read_lines", None)
+    if scored is not None:
+        return list(scored(image))
+    return [OcrLine(line) for line in engine.read(image).splitlines() if line.strip()]
+
+
 # ------------------------------------------------------------------------------------
 # engines
 
@@ -68,20 +91,32 @@ def lines_in_order(boxes: Sequence[Sequence[Sequence[float]]], texts: Sequence[s
 
     A box joins the current line when its vertical centre lies inside the line's first box.
     """
+    return [line.text for line in scored_lines_in_order(boxes, texts, [None] * len(texts))]
+
+
+def scored_lines_in_order(boxes: Sequence[Sequence[Sequence[float]]], texts: Sequence[str],
+                          scores: Sequence[float | None]) -> list[OcrLine]:
+    """As :func:`lines_in_order`, each line with the lowest confidence of its boxes (a line is
+    only as certain as its least certain word)."""
     items = []
-    for box, text in zip(boxes, texts, strict=True):
+    for box, text, score in zip(boxes, texts, scores, strict=True):
         ys = [float(p[1]) for p in box]
         xs = [float(p[0]) for p in box]
-        items.append((min(ys), max(ys), min(xs), text))
+        items.append((min(ys), max(ys), min(xs), text, score))
     items.sort(key=lambda i: ((i[0] + i[1]) / 2, i[2]))
-    lines: list[list[tuple[float, float, float, str]]] = []
+    lines: list[list[tuple[float, float, float, str, float | None]]] = []
     for item in items:
         centre = (item[0] + item[1]) / 2
         if lines and lines[-1][0][0] <= centre <= lines[-1][0][1]:
             lines[-1].append(item)
         else:
             lines.append([item])
-    return [" ".join(t for *_, t in sorted(line, key=lambda i: i[2]) if t.strip()) for line in lines]
+    out = []
+    for line in lines:
+        words = [i for i in sorted(line, key=lambda i: i[2]) if i[3].strip()]
+        known = [float(i[4]) for i in words if i[4] is not None]
+        out.append(OcrLine(" ".join(i[3] for i in words), min(known) if known else None))
+    return out
 
 
 class RapidOcr:
@@ -113,7 +148,8 @@ class RapidOcr:
                 })
             return _RAPID[key]
 
-    def read(self, image: Image) -> str:
+    def read_lines(self, image: Image) -> list[OcrLine]:
+        """The lines of ``image`` in reading order, each with its recognition confidence."""
         import numpy as np
 
         engine = self._engine()
@@ -123,8 +159,12 @@ class RapidOcr:
         except Exception as exc:  # onnxruntime / opencv errors on odd images
             raise OcrError(f"rapidocr: {type(exc).__name__}: {exc}"[:300]) from exc
         if out.boxes is None or not out.txts:
-            return ""
-        return "\n".join(line for line in lines_in_order(out.boxes.tolist(), list(out.txts)) if line)
+            return []
+        scores = list(out.scores) if out.scores is not None else [None] * len(out.txts)
+        return [line for line in scored_lines_in_order(out.boxes.tolist(), list(out.txts), scores) if line.text]
+
+    def read(self, image: Image) -> str:
+        return "\n".join(line.text for line in self.read_lines(image))
 
 
 class TesseractOcr:

@@ -171,7 +171,7 @@ class E5Tokenizer:
 def e5_tokenizer(f: E5File) -> E5Tokenizer:
     """A fast tokenizer (offsets, ``unk_token_id``) over the file's SentencePiece-unigram vocabulary.
 
-    Normalisation is NFKC plus collapsed spaces, then the metaspace pre-tokenizer, as XLM-R's
+    Normalisation is NFKC, ASCII whitespace as spaces and collapsed spaces, then the metaspace pre-tokenizer, as XLM-R's
     SentencePiece model does; the token count matches the C engine's on ordinary text (checked
     in the tests), so chunks sized with it fit the model's window.
     """
@@ -179,7 +179,10 @@ def e5_tokenizer(f: E5File) -> E5Tokenizer:
 
     vocab = [(p, float(s)) for p, s in zip(f.pieces, f.scores, strict=True)]
     tok = Tokenizer(models.Unigram(vocab, unk_id=f.unk, byte_fallback=False))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+    # SentencePiece's NMT normalisation turns tabs, line breaks and the other ASCII whitespace
+    # into spaces (the packaged engine does too): left as they are, each would be an [UNK] piece
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex("[\t\n\r\f\v]"), " "),
+                                           normalizers.Replace(Regex(" {2,}"), " ")])
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
     return E5Tokenizer(tok, f)
 

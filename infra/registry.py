@@ -5,10 +5,14 @@ Layout::
     registry/<name>/<version>/weights.safetensors   tensors only (no pickle)
     registry/<name>/<version>/meta.json             params, metrics, lineage
     registry/<name>/aliases.json                    {"champion": 3, ...}
+    registry/<name>/alias_history.jsonl             one line per alias move (who was before)
 
 A version folder appears in one atomic rename, so a failed registration leaves nothing
 half-written. The ``champion`` alias moves only through :meth:`ModelRegistry.promote`,
-which applies the champion rule (beat the current champion on the primary metric).
+which applies the champion rule (beat the current champion on the primary metric) or, with
+``force``, moves it by hand; :meth:`ModelRegistry.rollback` returns it to the champion before.
+Every move is appended to the alias history; a home written before the history existed
+keeps working (its first rollback has no earlier champion to return to).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "meta.json"
+ALIAS_HISTORY_FILE = "alias_history.jsonl"
 CHAMPION = "champion"
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
 KIND_TORCH = "torch"
@@ -168,7 +173,46 @@ class ModelRegistry:
             return {}
         return {k: int(v) for k, v in json.loads(path.read_text()).items()}
 
+    def _write_alias(self, name: str, aliases: dict[str, int], alias: str, version: int, action: str,
+                     reason: str) -> None:
+        """Point ``alias`` at ``version`` and append the move to the history (inside the lock)."""
+        previous = aliases.get(alias)
+        aliases[alias] = int(version)
+        write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+        entry = {"alias": alias, "version": int(version), "previous": previous, "action": action,
+                 "reason": reason, "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+        with open(self._model_dir(name) / ALIAS_HISTORY_FILE, "a") as handle:
+            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def _alias_stack(self, name: str, alias: str, current: int | None) -> list[int]:
+        """The alias's versions, oldest first, as promotions pushed and rollbacks popped them;
+        the last is ``current`` (a move not in the history, e.g. from an older release, is put on top)."""
+        stack: list[int] = []
+        for entry in self.alias_history(name, alias):
+            if entry.get("action") == "rollback":
+                if stack:
+                    stack.pop()
+                if not stack or stack[-1] != entry["version"]:
+                    stack.append(int(entry["version"]))
+            else:
+                if not stack and entry.get("previous") is not None:
+                    stack.append(int(entry["previous"]))  # the champion before the history began
+                stack.append(int(entry["version"]))
+        if current is not None and (not stack or stack[-1] != current):
+            stack.append(current)
+        return stack
+
     # -- reading -----------------------------------------------------------------------
+    def alias_history(self, name: str, alias: str | None = CHAMPION) -> list[dict[str, Any]]:
+        """The recorded moves of ``alias`` (every alias with None), oldest first."""
+        path = self._model_dir(name) / ALIAS_HISTORY_FILE
+        if not path.exists():
+            return []
+        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in entries if alias is None or e.get("alias") == alias]
+
     def models(self) -> list[str]:
         """Names of registered models."""
         if not self.root.exists():
@@ -309,8 +353,8 @@ class ModelRegistry:
         with self._lock(name):
             self.get(name, version)
             aliases = self._aliases(name)
-            aliases[alias] = int(version)
-            write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+            if aliases.get(alias) != int(version):
+                self._write_alias(name, aliases, alias, version, "set", "set_alias")
 
     def promote(
         self,
@@ -322,6 +366,7 @@ class ModelRegistry:
         comparison: ChampionComparison | None = None,
         recompare: Callable[[ModelRef], ChampionComparison | None] | None = None,
         alpha: float | None = None,
+        force: bool = False,
     ) -> PromotionDecision:
         """Move ``champion`` to ``candidate`` only if it beats the current champion.
 
@@ -342,6 +387,8 @@ class ModelRegistry:
                 the lock when ``comparison`` names a version that is no longer champion).
             alpha: significance gate: also require the paired-bootstrap p-value < alpha
                 (None: off). A missing p-value fails the gate.
+            force: move the alias whatever the metrics say (a promotion by hand); the
+                champion it replaces is still read inside the lock and recorded in the history.
         """
         metric = candidate.primary_metric
         value = candidate.primary_value()
@@ -365,7 +412,12 @@ class ModelRegistry:
                 if champion_value is None:
                     champion_value = current.metrics.get(metric)
             sign = 1.0 if candidate.higher_is_better else -1.0
-            if value is None:
+            if force:
+                promoted = True
+                reason = ("candidate is already the champion" if current is not None
+                          and current.version == candidate.version
+                          else f"promoted by hand (champion before: {f'v{current.version}' if current else 'none'})")
+            elif value is None:
                 promoted, reason = False, f"candidate has no {metric}"
             elif current is None:
                 promoted, reason = True, "no champion yet"
@@ -394,9 +446,9 @@ class ModelRegistry:
                     f"{metric} {value:.4f} does not beat champion v{current.version} "
                     f"{champion_value:.4f} (needs a margin > {min_delta})"
                 )
-            if promoted:
-                aliases[CHAMPION] = candidate.version
-                write_json_atomic(self._model_dir(candidate.name) / "aliases.json", aliases)
+            if promoted and aliases.get(CHAMPION) != candidate.version:
+                self._write_alias(candidate.name, aliases, CHAMPION, candidate.version,
+                                  "force" if force else "promote", reason)
         decision = PromotionDecision(
             name=candidate.name,
             metric=metric,
@@ -414,3 +466,29 @@ class ModelRegistry:
         if strict and not promoted:
             raise QualityGateError(f"{candidate.spec} not promoted: {reason}")
         return decision
+
+    def rollback(self, name: str, alias: str = CHAMPION) -> PromotionDecision:
+        """Return ``alias`` to the version it pointed at before the current one (from the history).
+
+        Raises:
+            RegistryError: the model is unknown, has no such alias, or no earlier version is
+                recorded (a home written before the history existed).
+        """
+        check_name(alias, "alias")
+        with self._lock(name):
+            aliases = self._aliases(name)
+            if alias not in aliases:
+                self.get(name, alias)  # names the model's aliases and versions
+            current = self.get(name, aliases[alias])
+            stack = self._alias_stack(name, alias, current.version)
+            if len(stack) < 2:
+                raise RegistryError(f"{name}@{alias} is v{current.version} and no earlier {alias} is recorded "
+                                    f"in {ALIAS_HISTORY_FILE}; promote a version by hand instead")
+            target = self.get(name, stack[-2])
+            reason = f"rolled back from v{current.version} to v{target.version} (the {alias} before it)"
+            self._write_alias(name, aliases, alias, target.version, "rollback", reason)
+        log.info("%s@%s: %s", name, alias, reason)
+        return PromotionDecision(
+            name=name, metric=target.primary_metric, candidate_version=target.version,
+            candidate_value=target.primary_value(), champion_version=current.version,
+            champion_value=current.primary_value(), promoted=True, reason=reason)

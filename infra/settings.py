@@ -193,7 +193,8 @@ class TikaSettings(BaseSettings):
     )
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="Larger files are quarantined.")
     max_chars: int = Field(default=5_000_000, ge=1000, description="Extracted text is cut at this many characters.")
-    min_chars: int = Field(default=20, ge=0, description="Documents with less text than this are quarantined as empty.")
+    min_chars: int = Field(default=20, ge=0, description="Documents with less text than this are quarantined as empty "
+                           "(OCR'd text an engine scores is judged by INDUSFLOW_OCR_MIN_CONFIDENCE instead).")
     timeout_s: float = Field(default=120.0, gt=0, description="Tika server request timeout.")
     max_archive_bytes: int = Field(
         default=512 * 1024 * 1024, ge=1,
@@ -229,6 +230,12 @@ class OcrSettings(BaseSettings):
     )
     threads: int = Field(
         default=1, ge=0, description="CPU threads of the embedded OCR (rapidocr); 0: ONNX Runtime's default (all cores).",
+    )
+    min_confidence: float = Field(
+        default=0.85, ge=0.0, le=1.0,
+        description="OCR lines read with less confidence than this (0-1) are dropped as noise; a page with a line "
+        "above it keeps its text however short (a stamp, a one-line notice). Engines that give no confidence "
+        "(Tesseract, the Tika server) fall back to INDUSFLOW_TIKA_MIN_CHARS.",
     )
 
 

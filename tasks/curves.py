@@ -3,10 +3,13 @@
 :func:`make_curve_recorder` builds a Lightning callback that, after every epoch,
 
 - appends a row to ``curves.csv`` beside the checkpoints (rows of a resumed run are kept
-  up to the resumed epoch, so the file has one row per epoch of the whole training);
-- inside a Prefect flow or task run, publishes the rows so far as a table artifact
-  (``train-curves-<run key>``, a new version per epoch) and moves a progress artifact, so the
-  UI shows the curves while the training runs, not only after it ends.
+  up to the resumed epoch, so the file has one row per epoch of the whole training) and
+  redraws ``curves.png`` there;
+- inside a Prefect flow or task run, publishes ONE markdown artifact per training
+  (``train-curves-<run key>``: the chart as an embedded PNG, which Prefect's UI renders, and
+  the table of rows so far), created at the first epoch and updated in place at each next
+  one, and moves a progress artifact (:mod:`tasks.progress`), so the UI shows the curves
+  while the training runs, not only after it ends.
 
 The callback costs little per step: the training loss is summed as a tensor (no host sync per
 step) and the gradient norm (before clipping) is measured on the first step of each epoch and
@@ -15,7 +18,9 @@ every ``grad_norm_every``-th step after it.
 
 from __future__ import annotations
 
+import base64
 import csv
+import io
 import logging
 import math
 import re
@@ -26,10 +31,12 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from infra.store import atomic_path
+from tasks.progress import Progress, ProgressArtifact, in_prefect_run
 
 log = logging.getLogger(__name__)
 
 CURVES_FILE = "curves.csv"
+CURVES_PNG = "curves.png"
 #: Columns of ``curves.csv``, in order (the monitored metric is added when it is not ``val/loss``).
 BASE_COLUMNS = ("epoch", "train/loss", "val/loss", "lr", "grad_norm", "epoch_seconds", "samples_per_s")
 
@@ -55,12 +62,6 @@ def read_curves(path: Path) -> list[dict[str, float | None]]:
         return [{k: (float(v) if v not in ("", None) else None) for k, v in row.items()} for row in csv.DictReader(handle)]
 
 
-def _in_prefect_run() -> bool:
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
-
-
 def _scalar(value: Any) -> float | None:
     try:
         number = float(value)
@@ -82,7 +83,8 @@ class CurveRecorder(Callback):
         self.publish = publish
         self.rows: list[dict[str, float | None]] = []
         self.artifact_key = curves_artifact_key(run_key)
-        self.progress_id: Any = None
+        self.artifact_id: Any = None  # the one curves artifact of this training, once created
+        self.progress: Progress | None = None
         self._reset_epoch()
 
     # -- accumulation (cheap: tensors stay on the device until the epoch ends)
@@ -100,9 +102,19 @@ class CurveRecorder(Callback):
         start = trainer.current_epoch
         self.rows = [r for r in read_curves(self.path) if r.get("epoch") is not None and r["epoch"] < start]
         if self.publish is None:
-            self.publish = _in_prefect_run()
+            self.publish = in_prefect_run()
         if self.publish and trainer.is_global_zero:
-            self._publish_progress(trainer, create=True)
+            # the console line per epoch is the train task's (tasks.train.epoch_progress): artifact only here
+            self.progress = Progress(max(1, trainer.max_epochs or 1), f"train {self.run_key}", "epochs",
+                                     publish=ProgressArtifact(f"Epochs of {self.run_key} done (% of max_epochs)"),
+                                     live=False, every_s=math.inf, every_pct=math.inf, publish_every_s=0.0,
+                                     logger=_QUIET)
+            self.progress.start()
+            self.progress.advance(len(self.rows))
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.progress is not None:
+            self.progress.close()
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset_epoch()
@@ -149,9 +161,11 @@ class CurveRecorder(Callback):
         if not trainer.is_global_zero:
             return
         self._write_csv()
+        png = self._write_png()
         if self.publish:
-            self._publish_table()
-            self._publish_progress(trainer)
+            self._publish_curves(png)
+            if self.progress is not None:
+                self.progress.advance()
 
     def _write_csv(self) -> None:
         with atomic_path(self.path) as tmp, tmp.open("w", newline="") as handle:
@@ -160,33 +174,100 @@ class CurveRecorder(Callback):
             for row in self.rows:
                 writer.writerow({k: ("" if row.get(k) is None else _fmt(k, row[k])) for k in self.columns})
 
-    # -- Prefect UI (never fails the training)
-    def _publish_table(self) -> None:
-        from prefect.artifacts import create_table_artifact
-
-        table = [{k: (_fmt(k, r.get(k)) if r.get(k) is not None else None) for k in self.columns} for r in self.rows]
+    def _write_png(self) -> bytes | None:
         try:
-            create_table_artifact(
-                table=table,
-                key=self.artifact_key,
-                description=f"Training curves of {self.run_key}: one row per epoch, updated while it trains.",
-            )
+            png = plot_curves(self.rows, self.monitor)
+        except Exception as exc:  # noqa: BLE001 - a chart is a convenience: the CSV holds the curves
+            log.warning("could not draw the training curves: %s", exc)
+            return None
+        with atomic_path(self.path.with_name(CURVES_PNG)) as tmp:
+            tmp.write_bytes(png)
+        return png
+
+    # -- Prefect UI (never fails the training)
+    def _publish_curves(self, png: bytes | None) -> None:
+        from prefect.artifacts import create_markdown_artifact
+
+        markdown = render_curves(self.rows, self.columns, self.run_key, png)
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = create_markdown_artifact(
+                    markdown=markdown, key=self.artifact_key,
+                    description=f"Training curves of {self.run_key}: chart and one row per epoch, updated while it trains.",
+                )
+            else:
+                update_artifact_data(self.artifact_id, markdown)
         except Exception as exc:  # noqa: BLE001 - the UI is a convenience: the CSV holds the curves
             log.warning("could not publish the training curves: %s", exc)
 
-    def _publish_progress(self, trainer: Any, create: bool = False) -> None:
-        from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
-        done = 100.0 * (len(self.rows) and (int(self.rows[-1]["epoch"] or 0) + 1)) / max(1, trainer.max_epochs or 1)
-        try:
-            if create or self.progress_id is None:
-                self.progress_id = create_progress_artifact(
-                    progress=min(100.0, done), description=f"Epochs of {self.run_key} done (% of max_epochs)"
-                )
-            else:
-                update_progress_artifact(self.progress_id, min(100.0, done))
-        except Exception as exc:  # noqa: BLE001 - never fail a training for the UI
-            log.warning("could not publish the training progress: %s", exc)
+#: The training's progress artifact logs nothing (the train task logs each epoch).
+_QUIET = logging.getLogger(__name__ + ".progress")
+_QUIET.propagate = False
+_QUIET.addHandler(logging.NullHandler())
+
+
+def update_artifact_data(artifact_id: Any, data: Any) -> None:
+    """Replace the data of an existing artifact (its key and id stay: the UI shows one artifact)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id=artifact_id, artifact=ArtifactUpdate(data=data))
+
+
+def plot_curves(rows: list[dict[str, float | None]], monitor: str) -> bytes:
+    """A PNG: training and validation loss per epoch (left) and the monitored metric (right)."""
+    from tasks.evaluate import new_figure
+
+    epochs = [int(r["epoch"] or 0) + 1 for r in rows]
+    metric = monitor if monitor != "val/loss" else None
+    fig = new_figure((8.0, 3.2) if metric else (4.5, 3.2))
+    axes = fig.subplots(1, 2 if metric else 1, squeeze=False)[0]
+    for name in ("train/loss", "val/loss"):
+        points = [(e, r.get(name)) for e, r in zip(epochs, rows, strict=True) if r.get(name) is not None]
+        if points:
+            axes[0].plot(*zip(*points, strict=True), marker="o", ms=3, lw=1.5, label=name)
+    axes[0].set(xlabel="epoch", ylabel="loss", title="loss")
+    if metric:
+        points = [(e, r.get(metric)) for e, r in zip(epochs, rows, strict=True) if r.get(metric) is not None]
+        if points:
+            axes[1].plot(*zip(*points, strict=True), marker="o", ms=3, lw=1.5, color="tab:green", label=metric)
+        axes[1].set(xlabel="epoch", ylabel=metric, title=metric)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def render_curves(rows: list[dict[str, float | None]], columns: list[str], run_key: str, png: bytes | None) -> str:
+    """Markdown of the curves artifact: the chart (an embedded PNG) and the table, one row per epoch."""
+    lines = [f"## Training curves: {run_key}", "", f"{len(rows)} epoch(s) so far.", ""]
+    if png:
+        lines += [f"![training curves](data:image/png;base64,{base64.b64encode(png).decode('ascii')})", ""]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in rows:
+        cells = ["" if r.get(k) is None else str(_fmt(k, r[k])) for k in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_curves_table(markdown: str) -> list[dict[str, float | None]]:
+    """The rows of a curves artifact's table (tests and tools read the artifact back with it)."""
+    table = [line for line in markdown.splitlines() if line.startswith("|")]
+    if len(table) < 2:
+        return []
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = []
+    for line in table[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.append({k: (float(v) if v else None) for k, v in zip(header, cells, strict=True)})
+    return rows
 
 
 def _fmt(column: str, value: Any) -> Any:

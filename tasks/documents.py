@@ -108,6 +108,29 @@ class Quarantined:
     detail: str = ""
 
 
+#: What each quarantine reason means to the person who gave the file (pages, APIs). The
+#: ``detail`` of a record (parser and exception text) stays in the ingest's own report.
+REASON_TEXT = {
+    "encrypted": "password-protected",
+    "unsupported": "not a document",
+    "empty": "no text found",
+    "ocr_empty": "no text found (scanned, OCR read nothing)",
+    "ocr_failed": "OCR failed",
+    "undecodable": "text in an unreadable encoding",
+    "corrupt": "damaged or not a valid file",
+    "unreadable": "could not be read",
+    "too_large": "too large",
+    "archive_bomb": "archive bomb",
+    "too_deep": "archives nested too deep",
+    "unsafe_path": "unsafe name in an archive",
+}
+
+
+def reason_text(reason: str) -> str:
+    """The short human text of a quarantine reason code (``encrypted`` -> ``password-protected``)."""
+    return REASON_TEXT.get(reason, "not indexed")
+
+
 @dataclass
 class ParseResult:
     """Documents parsed from a batch of sources, and what was quarantined."""
@@ -302,9 +325,17 @@ def _document(
             ocr_text = "\n\n".join(parts)
             info = got.info
             no_parser = {k: v for k, v in meta.items() if k != "X-TIKA:Parsed-By"}  # OCR was the parser
-            failure = _failure_reason(no_parser, ocr_text, settings.min_chars)
+            # an engine that scores its lines kept only what it read with confidence: that is
+            # text however short (a stamp, a one-line notice); unscored text is judged by length
+            confident = info.min_confidence is not None and info.chars > 0
+            failure = _failure_reason(no_parser, ocr_text, 1 if confident else settings.min_chars)
             if failure and failure[0] == "empty":
                 pages = f"{info.pages_ocr} page{'s' if info.pages_ocr != 1 else ''}"
+                if info.min_confidence is not None:
+                    noise = f"; {info.dropped_lines} low-confidence line{'s' if info.dropped_lines != 1 else ''} " \
+                            "dropped as noise" if info.dropped_lines else ""
+                    return Quarantined(path, "ocr_empty", f"no text layer; OCR ({info.engine}) found 0 characters "
+                                       f"with confidence >= {info.min_confidence:g} on {pages}{noise}")
                 return Quarantined(path, "ocr_empty", f"no text layer; OCR ({info.engine}) found "
                                    f"{len(ocr_text.strip())} characters on {pages} (minimum {settings.min_chars})")
             if failure:

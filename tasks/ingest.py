@@ -35,6 +35,7 @@ from infra.milvus import ensure_collection
 from infra.pii import redact_path, tag_key
 from infra.settings import TikaSettings, get_embedding_settings
 from infra.store import check_name, read_json_dict, safe_join, stable_hash, write_json_atomic
+from tasks.catalog import record_roots
 from tasks.chunk import Chunk, chunk_document
 from tasks.documents import (
     DocMeta,
@@ -59,6 +60,7 @@ from tasks.index import (
     write_source_task,
 )
 from tasks.ocr import OcrItem, load_ocr_ledger, ocr_key, ocr_summary, record_ocr, render_ocr, save_ocr_ledger
+from tasks.progress import track
 from tasks.retrieve import to_timestamp
 
 log = logging.getLogger(__name__)
@@ -439,6 +441,7 @@ def run_ingest(
     collection = check_name(collection, "collection name")
     files = discover(sources)
     key = tag_key()
+    record_roots(collection, sources, key)  # documents are named relative to these (tasks.catalog)
     name = {f.path: redact_path(f.path, key) for f in files}
     exists = client.has_collection(collection)
     manifest = load_manifest(client, collection) if exists else {}
@@ -473,9 +476,17 @@ def run_ingest(
     if todo or not exists:
         ensure_collection(client, collection, embedder.dim)
     parsed = 0
+    meter = track(len(todo), f"ingest {collection}", "files",
+                  description=f"Ingest into {collection}: % of the {len(todo)} new or changed files written")
+
+    def written(source: str) -> None:
+        meter.advance()
+        if on_source_written:
+            on_source_written(source)
+
     pipeline = EmbedWritePipeline(client, collection, embedder, stages, progress, show_progress=show_progress,
-                                  on_source_written=on_source_written)
-    with pipeline:
+                                  on_source_written=written)
+    with meter, pipeline:
         for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
                                             max_archive_members=max_archive_members):
             parsed += len(result.documents)

@@ -52,6 +52,7 @@ from infra.home import home_layout
 from infra.registry import ModelRef
 from infra.store import check_name, safe_join, sha256_file, write_json_atomic
 from infra.tables import bounded, content_error
+from tasks.progress import track
 
 log = logging.getLogger(__name__)
 
@@ -444,24 +445,32 @@ def score_inbox(files: list[InboxFile], score: Callable[[InboxFile], ScoredFile]
     here = len(files) == 1 and (context is None or runs_on_local_threads(context.task_runner))
     futures = [None] if here else [score_file_task.submit(score, f) for f in files]
     outcomes: list[FileOutcome] = []
-    for file, future in zip(files, futures, strict=True):
-        try:
-            outcome = score_file_task(score, file) if future is None else future.result()
-        except Exception as exc:  # noqa: BLE001 - not a data problem: leave it for the next run
-            reason = bounded(f"{type(exc).__name__}: {exc}", MAX_REASON_CHARS)
-            log.error("scoring %s failed (%s); it stays in the inbox for the next run", file.path, reason)
-            release(file, reason, ledger)
-            outcomes.append(FileOutcome(file=file, status="failed", reason=reason))
-            continue
-        if outcome.status == "scored" and outcome.scored is not None:
-            ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
-                                      status="scored",
-                                      output=outcome.scored.output, rows=outcome.scored.rows,
-                                      model=outcome.scored.model))
-        else:
-            quarantine(file, outcome.reason or "unknown", ledger)
-        outcomes.append(outcome)
+    meter = track(len(files), f"score {ledger.name}", "files",
+                  description=f"{ledger.name}: % of the {len(files)} claimed files handled")
+    with meter:
+        for file, future in zip(files, futures, strict=True):
+            outcomes.append(_settle_outcome(score, file, future, ledger))
+            meter.advance()
     return outcomes
+
+
+def _settle_outcome(score: Callable[[InboxFile], ScoredFile], file: InboxFile, future: Any,
+                    ledger: FileLedger) -> FileOutcome:
+    """Wait for one file's outcome and record it in the ledger (scored, quarantined or released)."""
+    try:
+        outcome = score_file_task(score, file) if future is None else future.result()
+    except Exception as exc:  # noqa: BLE001 - not a data problem: leave it for the next run
+        reason = bounded(f"{type(exc).__name__}: {exc}", MAX_REASON_CHARS)
+        log.error("scoring %s failed (%s); it stays in the inbox for the next run", file.path, reason)
+        release(file, reason, ledger)
+        return FileOutcome(file=file, status="failed", reason=reason)
+    if outcome.status == "scored" and outcome.scored is not None:
+        ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+                                  status="scored", output=outcome.scored.output, rows=outcome.scored.rows,
+                                  model=outcome.scored.model))
+    else:
+        quarantine(file, outcome.reason or "unknown", ledger)
+    return outcome
 
 
 def render_inbox_report(title: str, scan: InboxScan, outcomes: list[FileOutcome], model: str) -> str:

@@ -3,8 +3,10 @@
 :class:`DocumentOcr` decides from Tika's content type and per-page character counts which
 pages need OCR, reads them with the configured engine (:mod:`infra.ocr`) and returns the
 document's text with those pages filled in, plus what was done (which pages, which engine).
-The text then goes through the same normalisation, quarantine checks and redaction as any
-parsed text. Per collection, an OCR ledger beside the quarantine cache keeps which documents
+Lines the engine reads with a confidence under ``INDUSFLOW_OCR_MIN_CONFIDENCE`` (or
+holding no letter or digit) are dropped as noise; what is kept is text however short (a stamp,
+a one-line notice), so a scored OCR text is never judged by its length. The text then goes
+through the same normalisation, quarantine checks and redaction as any parsed text. Per collection, an OCR ledger beside the quarantine cache keeps which documents
 had pages OCR'd (``pages_ocr``), so a document listing can show it for every stored document.
 """
 
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.home import home_layout
-from infra.ocr import OcrEngine, OcrError, ocr_engine, open_image_frames, pdf_pages
+from infra.ocr import OcrEngine, OcrError, OcrLine, ocr_engine, open_image_frames, pdf_pages, read_lines
 from infra.pii import redact_path
 from infra.settings import OcrSettings, get_ocr_settings, get_tika_settings
 from infra.store import check_name, read_json_dict, safe_join, write_json_atomic
@@ -50,6 +52,10 @@ class OcrInfo:
     skipped_pages: int = 0  # pages that needed OCR but were over INDUSFLOW_OCR_MAX_PAGES
     failed_pages: tuple[int, ...] = ()  # pages the engine or renderer failed on
     seconds: float = 0.0
+    #: The confidence the engine's lines were judged by; None when the engine gives none (its
+    #: text is then judged by length, as a text layer is).
+    min_confidence: float | None = None
+    dropped_lines: int = 0  # lines read under min_confidence (noise), left out of the text
 
     @property
     def pages_ocr(self) -> int:
@@ -96,7 +102,25 @@ class DocumentOcr:
         """What changes the stored text of an OCR'd document (part of the ingest pipeline key)."""
         s = self.settings
         return {"engine": self.engine.name, "dpi": s.dpi, "max_pages": s.max_pages, "languages": s.languages,
-                "max_image_pixels": s.max_image_pixels, "min_page_chars": s.min_page_chars}
+                "max_image_pixels": s.max_image_pixels, "min_page_chars": s.min_page_chars,
+                "min_confidence": s.min_confidence}
+
+    @property
+    def scored(self) -> bool:
+        """Whether the engine gives each line a confidence (the text is judged by it)."""
+        return hasattr(self.engine, "read_lines")
+
+    def kept(self, lines: list[OcrLine]) -> tuple[str, int]:
+        """``(text, lines dropped)``: the lines read with confidence, one per line; a line under
+        ``min_confidence`` or without a letter or digit is noise."""
+        keep, dropped = [], 0
+        for line in lines:
+            if line.confidence is not None and (line.confidence < self.settings.min_confidence
+                                                or not any(ch.isalnum() for ch in line.text)):
+                dropped += 1
+            else:
+                keep.append(line.text)
+        return "\n".join(keep), dropped
 
     def wants(self, ctype: str, meta: dict[str, list[str]], text: str) -> bool:
         """Whether ``ctype``/``meta`` name an image, or a PDF with pages lacking a text layer."""
@@ -118,16 +142,25 @@ class DocumentOcr:
         except OcrError as exc:
             return OcrFailure(exc.reason, str(exc))
 
-    def _read_page(self, image: object, page: int, total: int, shown: str, started: float) -> str | None:
+    def _read_page(self, image: object, page: int, total: int, shown: str, started: float,
+                   dropped: list[int]) -> str | None:
+        """The kept text of one page (its dropped lines counted into ``dropped``); None when the engine failed."""
         try:
-            text = self.engine.read(image)  # type: ignore[arg-type]
+            text, noise = self.kept(read_lines(self.engine, image))  # type: ignore[arg-type]
         except OcrError as exc:
             log.warning("OCR of %s page %d failed: %s", shown, page, exc)
             return None
+        dropped.append(noise)
         if total > 1 and (page % PROGRESS_EVERY == 0 or page == total):
             log.info("OCR (%s) %s: page %d of %d, %.1f s", self.engine.name, shown, page, total,
                      time.perf_counter() - started)
         return text
+
+    def _info(self, pages: list[int], chars: int, skipped: int, failed: list[int], started: float,
+              dropped: list[int]) -> OcrInfo:
+        return OcrInfo(self.engine.name, tuple(pages), chars, skipped, tuple(failed),
+                       round(time.perf_counter() - started, 3),
+                       self.settings.min_confidence if self.scored else None, sum(dropped))
 
     def _image(self, data: bytes, shown: str) -> OcrText | OcrFailure:
         started = time.perf_counter()
@@ -135,16 +168,15 @@ class DocumentOcr:
         if skipped:
             log.warning("%s: %d image frames, only the first %d are OCR'd (INDUSFLOW_OCR_MAX_PAGES)", shown,
                         len(frames) + skipped, len(frames))
-        texts, pages, failed = [], [], []
+        texts, pages, failed, dropped = [], [], [], []
         for n, frame in enumerate(frames, start=1):
-            text = self._read_page(frame, n, len(frames), shown, started)
+            text = self._read_page(frame, n, len(frames), shown, started, dropped)
             if text is None:
                 failed.append(n)
                 continue
             pages.append(n)
             texts.append(text)
-        info = OcrInfo(self.engine.name, tuple(pages), sum(len(t) for t in texts), skipped, tuple(failed),
-                       round(time.perf_counter() - started, 3))
+        info = self._info(pages, sum(len(t.strip()) for t in texts), skipped, failed, started, dropped)
         if not pages:
             return OcrFailure("ocr_failed", f"{self.engine.name} failed on every frame of the image")
         return OcrText(tuple(texts), info)
@@ -162,20 +194,19 @@ class DocumentOcr:
             log.warning("%s: %d pages without a text layer, only the first %d are OCR'd "
                         "(INDUSFLOW_OCR_MAX_PAGES)", shown, len(need), len(todo))
         texts: list[str] = []
-        pages, failed, chars = [], [], 0
+        pages, failed, dropped, chars = [], [], [], 0
         for i, layer, image in pdf_pages(data, todo, dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
             page_text = layer
             if image is not None:
-                read = self._read_page(image, len(pages) + len(failed) + 1, len(todo), shown, started)
+                read = self._read_page(image, len(pages) + len(failed) + 1, len(todo), shown, started, dropped)
                 if read is None:
                     failed.append(i + 1)
                 else:
                     pages.append(i + 1)
-                    chars += len(read)
+                    chars += len(read.strip())
                     page_text = read if len(layer.strip()) == 0 else f"{layer.strip()}\n{read}"
             texts.append(page_text)
-        info = OcrInfo(self.engine.name, tuple(pages), chars, skipped, tuple(failed),
-                       round(time.perf_counter() - started, 3))
+        info = self._info(pages, chars, skipped, failed, started, dropped)
         if todo and not pages:
             return OcrFailure("ocr_failed", f"{self.engine.name} failed on every page it was given ({len(todo)})")
         return OcrText(tuple(texts), info)

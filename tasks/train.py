@@ -139,6 +139,19 @@ def _quiet_lightning() -> None:
             logger.addFilter(_DropAdverts())
 
 
+def epoch_progress(epoch: int, max_epochs: int | None, trained_now: int, seconds_now: float) -> str:
+    """``epoch i/N (p%), s/epoch, elapsed, ETA`` of a training (rate and ETA from the epochs this
+    call trained, validation included; the ETA is an upper bound: early stopping may end it sooner)."""
+    from tasks.progress import format_interval
+
+    total = max_epochs if max_epochs and max_epochs > 0 else epoch
+    per = seconds_now / trained_now if trained_now > 0 else 0.0
+    left = max(0, total - epoch)
+    return (f"epoch {epoch}/{total} ({100.0 * epoch / total:.0f}%), {per:.1f} s/epoch, "
+            f"elapsed {format_interval(seconds_now)}, ETA {format_interval(left * per) if per else '?'}"
+            + (" at most" if left and per else ""))
+
+
 def _make_epoch_recorder():
     from lightning.pytorch.callbacks import Callback
 
@@ -156,6 +169,7 @@ def _make_epoch_recorder():
 
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             self.start_epoch = trainer.current_epoch
+            self._started = time.perf_counter()
 
         def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
             self._t0 = time.perf_counter()
@@ -181,9 +195,9 @@ def _make_epoch_recorder():
                 if getattr(v, "numel", lambda: 0)() == 1 and not k.endswith("_step")
             }
             log.info(
-                "epoch %d/%d: %.1f s of training batches; %s",
-                trainer.current_epoch + 1,
-                trainer.max_epochs,
+                "%s: %.1f s of training batches; %s",
+                epoch_progress(trainer.current_epoch + 1, trainer.max_epochs, len(self.epochs),
+                               time.perf_counter() - getattr(self, "_started", self._t0)),
                 elapsed,
                 ", ".join(f"{k}={v:.4f}" for k, v in sorted(shown.items())) or "no metrics yet",
             )

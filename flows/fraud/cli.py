@@ -1,4 +1,4 @@
-"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune}``: the fraud commands.
+"""``python -m flows.fraud {train,adapt,score,batch,monitor,tune,promote,rollback,reproduce}``: the fraud commands.
 
 Flags, defaults and help come from the flows' parameters (:mod:`flows.cli`); this module
 names the flags where a field name alone would be unclear, checks files, column mappings,
@@ -16,6 +16,7 @@ import pandas as pd
 from flows.cli import Command, make_main
 from flows.fraud.adapt import fraud_adapt
 from flows.fraud.monitor import fraud_monitor
+from flows.fraud.promote import fraud_promote, fraud_rollback
 from flows.fraud.reproduce import fraud_reproduce
 from flows.fraud.results import (
     FraudAdaptResult,
@@ -31,6 +32,7 @@ from flows.fraud.tune import fraud_tune
 from infra.registry import ModelRegistry, parse_model_spec
 from infra.tables import check_encoding
 from solutions.fraud.schema import ColumnMapping
+from tasks.champion import bare_name, champion_move_summary, version_spec
 from tasks.ledger import inbox_summary
 from tasks.reproduce import reproduce_exit_code, reproduce_summary
 
@@ -141,6 +143,24 @@ def check_reproduce(kwargs: dict[str, Any]) -> None:
     if kwargs.get("tolerance", 0.0) < 0:
         raise ValueError(f"--tolerance: {kwargs['tolerance']} is negative")
     _check_model(kwargs, fraud_reproduce, registered=True)
+
+
+def check_promote(kwargs: dict[str, Any]) -> None:
+    """``--model`` names a registered version (NAME:VERSION or NAME@alias)."""
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def check_rollback(kwargs: dict[str, Any]) -> None:
+    """``--model`` is a registered model NAME with a champion."""
+    try:
+        name = bare_name(_given(kwargs, fraud_rollback, "model"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
 
 
 def check_monitor(kwargs: dict[str, Any]) -> None:
@@ -270,7 +290,7 @@ COMMANDS = (
         "adapt", fraud_adapt, adapt_summary,
         help="fine-tune the champion on data with a new fraud pattern",
         flags={"config.baseline.delay_days": "feature-delay-days"},
-        hidden={"config.model", "config.model_name", "config.baseline.enabled", "old_data"},
+        hidden={"config.model", "config.model_name", "config.baseline.enabled", "config.candidates", "old_data"},
         check=check_adapt, prepare=adapt_old_data,
     ),
     Command(
@@ -292,8 +312,18 @@ COMMANDS = (
         "tune", fraud_tune, tune_summary,
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
-        hidden={"config.baseline.enabled"},
+        hidden={"config.baseline.enabled", "config.candidates"},
         check=check_tune,
+    ),
+    Command(
+        "promote", fraud_promote, champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=check_promote,
+    ),
+    Command(
+        "rollback", fraud_rollback, champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=check_rollback,
     ),
     Command(
         "reproduce", fraud_reproduce, reproduce_summary,
@@ -304,7 +334,8 @@ COMMANDS = (
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, reproduce. "
+    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, promote, roll back, "
+    "reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",
     COMMANDS,

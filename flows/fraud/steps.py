@@ -131,9 +131,10 @@ def fit_baseline_candidate(ref: DatasetRef, prepared: PreparedFeatures, seed: in
 
 
 @task(name="choose-candidate", cache_policy=NONE)
-def choose_candidate(sequence: SC.ValTestScores, baseline: CA.BaselineCandidate | None) -> CA.CandidateChoice:
-    """Sequence model, GBM or their ensemble: the highest validation PR-AUC wins."""
-    choice = CA.choose_on_validation(sequence, baseline.scores if baseline else None)
+def choose_candidate(sequence: SC.ValTestScores, baseline: CA.BaselineCandidate | None,
+                     allowed: tuple[str, ...] | None = None) -> CA.CandidateChoice:
+    """Sequence model, GBM or their ensemble (those ``allowed``): the highest validation PR-AUC wins."""
+    choice = CA.choose_on_validation(sequence, baseline.scores if baseline else None, allowed)
     log.info("candidates (val PR-AUC) %s: registering the %s", choice.val_pr_auc, choice.winner)
     return choice
 

@@ -75,7 +75,7 @@ def fraud_train(
     trained = train_model_task(model, setup.datamodule, sequence_train_spec(prepared, config.model, fresh=fresh, hardware=hardware))
     # -- the candidates compared on validation; the test period only reports
     sequence = score_val_test(model, setup, ref, prepared)
-    choice = choose_candidate(sequence, baseline)
+    choice = choose_candidate(sequence, baseline, config.candidates)
     seq_report = evaluate_on_test("sequence", sequence, config.fpr_target, out_dir)
     base_report = evaluate_on_test("baseline", baseline.scores, config.fpr_target, out_dir) if baseline else None
     winner_report = (evaluate_on_test(choice.winner, choice.scores[choice.winner], config.fpr_target, out_dir)

@@ -14,6 +14,7 @@ from flows.cli import Command, make_main
 from flows.sensor.batch import sensor_batch_score
 from flows.sensor.monitor import sensor_monitor
 from flows.sensor.pretrain import sensor_pretrain
+from flows.sensor.promote import sensor_promote, sensor_rollback
 from flows.sensor.reproduce import sensor_reproduce
 from flows.sensor.results import (
     SensorBatchScoreResult,
@@ -29,6 +30,7 @@ from infra.tables import check_encoding
 from solutions.sensor.config import SensorSource
 from solutions.sensor.data import check_source_files
 from solutions.sensor.schema import ColumnMapping
+from tasks.champion import bare_name, champion_move_summary, version_spec
 from tasks.ledger import inbox_summary
 from tasks.reproduce import reproduce_exit_code, reproduce_summary
 
@@ -168,6 +170,22 @@ def _monitor_summary(r: SensorMonitorResult) -> str:
     return "\n".join(lines)
 
 
+def _check_promote(kwargs: dict[str, Any]) -> None:
+    try:
+        name, version = version_spec(kwargs["model"])
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+
+def _check_rollback(kwargs: dict[str, Any]) -> None:
+    try:
+        name = bare_name(kwargs.get("model", "sensor-rul"))
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
+
+
 COMMANDS = [
     Command(
         "pretrain", sensor_pretrain, _pretrain_summary,
@@ -201,6 +219,16 @@ COMMANDS = [
         help="failure events -> realised RUL error per model version; accumulate training data",
         hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
         check=_check_monitor,
+    ),
+    Command(
+        "promote", sensor_promote, champion_move_summary,
+        help="make a registered version the champion by hand (NAME:VERSION)",
+        check=_check_promote,
+    ),
+    Command(
+        "rollback", sensor_rollback, champion_move_summary,
+        help="return the champion to the version that was champion before",
+        check=_check_rollback,
     ),
     Command(
         "reproduce", sensor_reproduce, reproduce_summary,

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import DataValidationError
-from infra.registry import ModelRef
+from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
 from infra.serving.batching import DynamicBatcher
@@ -133,26 +133,27 @@ SCORE_REQUEST_BODY = {"requestBody": {"required": True, "content": {
 
 
 def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
-    """A registered fraud version (or a compressed variant of one) ready for online scoring."""
-    from infra.registry import KIND_TORCH
+    """A registered fraud version of any kind (sequence model, GBM or their ensemble; a
+    compressed variant of a sequence model) ready for online scoring."""
     from solutions.fraud import pipeline as P
+    from solutions.fraud.candidates import load_baseline
     from solutions.fraud.model import build_module
     from solutions.fraud.online import OnlineFraudModel
     from tasks.compress import load_variant
 
-    if ref.kind != KIND_TORCH:
-        raise ValueError(f"{ref.spec} is a {ref.kind} version (the GBM won its training run on validation): "
-                         "the online fraud path serves sequence-model versions; score it with `fraud score`/"
-                         "`fraud batch`, or train with --no-baseline / promote a sequence-model version")
-    if "compression" in ref.params:
-        net = load_variant(ref, services.registry, build_module)
-        pre, cfg = P.preprocessing_from_params(ref.params)
-    else:
-        net, pre, cfg = P.model_from_params(ref.params, services.registry.load_state_dict(ref))
-    if cfg.seq_len - 1 > HISTORY_LEN:
-        raise ValueError(f"{ref.spec} uses seq_len {cfg.seq_len}; online serving keeps {HISTORY_LEN} "
-                         "earlier transactions per account")
-    return OnlineFraudModel.from_registry(net, pre, cfg.seq_len, ref.name, ref.version, ref.params)
+    baseline = load_baseline(ref)  # the GBM of a GBM or ensemble version (skops, allow-listed)
+    net, pre, seq_len = None, None, 1
+    if ref.kind != KIND_SKLEARN:
+        if "compression" in ref.params:
+            net = load_variant(ref, services.registry, build_module)
+            pre, cfg = P.preprocessing_from_params(ref.params)
+        else:
+            net, pre, cfg = P.model_from_params(ref.params, services.registry.load_state_dict(ref))
+        seq_len = cfg.seq_len
+        if seq_len - 1 > HISTORY_LEN:
+            raise ValueError(f"{ref.spec} uses seq_len {seq_len}; online serving keeps {HISTORY_LEN} "
+                             "earlier transactions per account")
+    return OnlineFraudModel.from_registry(net, pre, seq_len, ref.name, ref.version, ref.params, baseline=baseline)
 
 
 _Item = tuple[list[dict[str, Any]], dict[str, str] | None]

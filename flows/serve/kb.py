@@ -19,7 +19,7 @@ import io
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
@@ -28,11 +28,11 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text, iter_folder
+from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text
 from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
 from infra.embeddings import Embedder
 from infra.llm import LLMError
-from infra.pii import redact_path, redact_text
+from infra.pii import redact_text
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
@@ -126,24 +126,16 @@ def words(text: str) -> list[str]:
     return _WORDS.findall(text)
 
 
-def document_name(source: str, path: str, folder_source: str) -> str:
-    """A chunk's document as the documents list names it: relative to the collection's folder
-    when it is in it (an archive member: ``archive!/member``), else its stored path."""
-    prefix = folder_source.rstrip("/") + "/"
-    for candidate in (path, source):
-        if candidate.startswith(prefix):
-            return candidate[len(prefix):]
-    return path or source
-
-
-def passages_out(hits: Sequence[Retrieved], folder_source: str, cited: Sequence[int] = ()) -> list[PassageOut]:
-    """The hits as numbered passages, every text redacted again (rows of older rule sets too)."""
+def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
+                 cited: Sequence[int] = ()) -> list[PassageOut]:
+    """The hits as numbered passages, every text redacted again (rows of older rule sets too);
+    ``name_of(source, path)`` names a chunk's document as the documents list does."""
     out = []
     for n, h in enumerate(hits, 1):
         f = h.fields
         out.append(PassageOut(
             n=n, score=round(float(h.score), 6),
-            document=redact_text(document_name(str(f.get("source", "")), str(f.get("path", "")), folder_source)),
+            document=redact_text(name_of(str(f.get("source", "")), str(f.get("path", "")))),
             title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
             chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
             cited=n in cited,
@@ -193,13 +185,10 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
     services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
         max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD, timeout_s=settings.request_timeout_s)
-    folder_sources: dict[str, str] = {}
     router = APIRouter(tags=["knowledge base"])
 
-    def folder_source(col: KbCollection) -> str:
-        if col.name not in folder_sources:
-            folder_sources[col.name] = redact_path(str(col.folder.resolve()))
-        return folder_sources[col.name]
+    def names_in(col: KbCollection) -> Callable[[str, str], str]:
+        return lambda source, path: engine.document_name(col, source, path)
 
     def allowed(principal: Principal, name: str, *, read: bool = False, write: bool = False) -> KbCollection:
         """The collection ``name`` if the principal may read (``read``) or write (``write``) it
@@ -215,13 +204,15 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
 
     @router.get(f"{PREFIX}/collections")
     async def list_collections(request: Request, principal: KbPrincipal) -> dict[str, Any]:
-        """The collections this key may read or write, with their document counts."""
+        """The collections this key may read or write, with their document counts (the rows of
+        their documents list, by status)."""
         out = []
         for col in collections.values():
             read, write = principal.allows(col.read_scope), principal.allows(col.write_scope)
             if read or write:
-                documents = await run_in_threadpool(lambda c=col: sum(1 for _ in iter_folder(c.folder.resolve())))
-                out.append({"name": col.name, "read": read, "write": write, "documents": documents})
+                docs = await run_in_threadpool(engine.documents, col)
+                by_status = {s: sum(1 for d in docs if d.status == s) for s in ("indexed", "quarantined", "pending")}
+                out.append({"name": col.name, "read": read, "write": write, "documents": len(docs), **by_status})
         annotate_audit(request, collections=len(out))
         return {"collections": out}
 
@@ -234,7 +225,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
         return SearchResponse(collection=col.name, retriever=body.retriever,
-                              passages=passages_out(hits, folder_source(col)))
+                              passages=passages_out(hits, names_in(col)))
 
     @router.post(f"{PREFIX}/ask", response_model=AskResponse,
                  responses={200: {"content": {"text/event-stream": {}},
@@ -256,7 +247,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             raise HTTPException(502, error_text(exc)) from None
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
         return AskResponse(collection=col.name, answer=text, mode=kind,
-                           citations=passages_out(hits, folder_source(col), cited))
+                           citations=passages_out(hits, names_in(col), cited))
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -289,7 +280,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 else:
                     text, mode, hits, cited = data
                     annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode)
-                    citations = passages_out(hits, folder_source(col), cited)
+                    citations = passages_out(hits, names_in(col), cited)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text})
                     return

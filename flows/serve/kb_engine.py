@@ -43,7 +43,9 @@ from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
 from solutions.rag.ingest import DocumentRules, document_rules
 from solutions.rag.weights import query_weights
+from tasks.catalog import FOLDER, document_names, load_roots
 from tasks.chunk import embedder_window
+from tasks.documents import reason_text
 from tasks.index import SourceState, delete_sources, load_manifest
 from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
@@ -121,12 +123,15 @@ class DocumentStatus:
 
 
 def quarantine_reason(items: list[dict[str, Any]], source: str) -> str | None:
-    """``reason: detail`` of the item of the file itself (else its first member)."""
+    """Why the file was not indexed, in words (``password-protected``, ``not a document``…):
+    its own record's reason, else its first member's. Never the record's detail (parser and
+    exception text; it stays in the ingest's report)."""
     if not items:
         return None
-    own = [q for q in items if q.get("path") == source] or items
-    reason, detail = own[0].get("reason", ""), own[0].get("detail", "")
-    return redact_text(f"{reason}: {detail}" if detail else reason)[:500]
+    own = [q for q in items if q.get("path") == source]
+    if own:
+        return reason_text(str(own[0].get("reason", "")))
+    return f"{len(items)} member{'s' if len(items) != 1 else ''} not indexed: {reason_text(str(items[0].get('reason', '')))}"
 
 
 def status_of(source: str, file_hash: str, state: SourceState | None, cached: dict[str, Any]) -> tuple[str, int, str | None, int]:
@@ -234,6 +239,7 @@ class KbEngine:
         self._jobs: OrderedDict[str, IngestJob] = OrderedDict()
         self._jobs_lock = threading.Lock()
         self._hashes = FileHashes()
+        self._names: dict[str, dict[str, str]] = {}  # per collection: source -> name, from the last listing
         self._on_job = on_job
         self._closed = False
 
@@ -308,8 +314,9 @@ class KbEngine:
 
     # -- documents
     def documents(self, col: KbCollection) -> list[DocumentStatus]:
-        """Every file of the collection's folder with its status, then the documents its index
-        holds from elsewhere (ingested from other folders with ``python -m flows.rag ingest``)."""
+        """Every document of the collection: the files of its folder with their status, then what
+        the store holds from elsewhere (``python -m flows.rag ingest DIR``: indexed, or
+        quarantined with its reason), each named inside the collection (:mod:`tasks.catalog`)."""
         client = self.client()
         manifest = load_manifest(client, col.milvus) if client.has_collection(col.milvus) else {}
         qcache = load_quarantine_cache(col.milvus)
@@ -330,11 +337,38 @@ class KbEngine:
                                       chunks=chunks, reason=reason, quarantined_members=members, updated_at=mtime,
                                       pages_ocr=ocr.get(source), source=source, path=path))
             seen.add(source)
-        for source, state in sorted(manifest.items()):
-            if source not in seen:
-                out.append(DocumentStatus(name=source, status="indexed", chunks=sum(state.chunks.values()),
-                                          in_folder=False, pages_ocr=ocr.get(source), source=source))
+        others = sorted((set(manifest) | set(qcache)) - seen)
+        names = document_names(others, self.roots(col, key), taken={d.name for d in out})
+        for source in others:
+            state, cached = manifest.get(source), qcache.get(source, {})
+            items = list(cached.get("items", []))
+            if state is not None:
+                current = cached.get("hash") in state.hashes
+                members = sum(1 for q in items if q.get("path") != source) if current else 0
+                out.append(DocumentStatus(name=names[source], status="indexed", chunks=sum(state.chunks.values()),
+                                          quarantined_members=members, in_folder=False, pages_ocr=ocr.get(source),
+                                          source=source))
+            elif items:
+                out.append(DocumentStatus(name=names[source], status="quarantined",
+                                          reason=quarantine_reason(items, source),
+                                          quarantined_members=sum(1 for q in items if q.get("path") != source),
+                                          in_folder=False, source=source))
+        with self._init_lock:
+            self._names[col.name] = {d.source: d.name for d in out}
         return out
+
+    def roots(self, col: KbCollection, key: bytes | None = None) -> dict[str, str]:
+        """The roots ingested into ``col``, its watched folder among them."""
+        return load_roots(col.milvus) | {redact_path(str(col.folder.resolve()), key): FOLDER}
+
+    def document_name(self, col: KbCollection, source: str, path: str = "") -> str:
+        """A stored chunk's document as the documents list names it (an archive member:
+        ``archive!/member``): the name of the last listing, else its path relative to its root."""
+        with self._init_lock:
+            base = self._names.get(col.name, {}).get(source)
+        if base is None:
+            base = document_names([source], self.roots(col))[source] if source else ""
+        return base + path[len(source):] if source and path.startswith(source) else base or path
 
     def delete(self, col: KbCollection, name: str) -> tuple[DocumentStatus, int] | None:
         """Remove a document's chunks (dense and BM25 live in the same rows), its quarantine

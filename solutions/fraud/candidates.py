@@ -12,6 +12,7 @@ averaged).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,16 +102,30 @@ class CandidateChoice:
         return "\n".join(lines) + "\n"
 
 
-def choose_on_validation(sequence: ValTestScores, baseline: ValTestScores | None) -> CandidateChoice:
-    """The candidate with the highest validation PR-AUC (on a tie the simpler, listed first)."""
+def choose_on_validation(sequence: ValTestScores, baseline: ValTestScores | None,
+                         allowed: Sequence[str] | None = None) -> CandidateChoice:
+    """The candidate with the highest validation PR-AUC (on a tie the simpler, listed first).
+
+    Args:
+        sequence: the sequence model's scores.
+        baseline: the GBM's scores (None: not trained; the ensemble is then no candidate either).
+        allowed: the candidates that may be registered (None: all); the others are still reported.
+
+    Raises:
+        ValueError: none of ``allowed`` was trained.
+    """
     candidates = {SEQUENCE: sequence}
     if baseline is not None:
         candidates[BASELINE] = baseline
         candidates[ENSEMBLE] = ensemble_scores(sequence, baseline)
     val = {k: _pr_auc(v.y_val, v.s_val) for k, v in candidates.items()}
     test = {k: _pr_auc(v.y_test, v.s_test) for k, v in candidates.items()}
-    winner = SEQUENCE
-    for name, value in val.items():
+    eligible = [k for k in candidates if allowed is None or k in allowed]
+    if not eligible:
+        raise ValueError(f"none of the candidates {list(allowed or [])} was trained (trained: {list(candidates)})")
+    winner = eligible[0]
+    for name in eligible:
+        value = val[name]
         if np.isfinite(value) and (not np.isfinite(val[winner]) or value > val[winner]):
             winner = name
     return CandidateChoice(winner=winner, val_pr_auc=val, test_pr_auc=test, scores=candidates)
@@ -150,7 +165,10 @@ class StoredBaseline:
             raise DataValidationError(f"the model needs window features {missing}, which this file cannot give",
                                       source=source)
         rows = (features[P.PERIOD] == period).to_numpy()
-        x = features.loc[rows, self.feature_names]
+        return self.probabilities(features.loc[rows, self.feature_names])
+
+    def probabilities(self, x: pd.DataFrame) -> np.ndarray:
+        """Fraud probabilities of feature rows whose columns are :attr:`feature_names` (the online path)."""
         with threadpool_limits(self.n_threads or 1):
             return self.estimator.predict_proba(x)[:, 1]
 

@@ -94,6 +94,17 @@ class FraudTrainConfig(BaseModel):
     baseline: BaselineConfig = BaselineConfig()
     fpr_target: float = Field(default=0.01, gt=0, lt=1, description="FPR for recall@FPR.")
     model_name: str = Field(default="fraud-seq", description="Registry name of the model.")
+    candidates: tuple[Literal["sequence", "baseline", "ensemble"], ...] = Field(
+        default=("sequence", "baseline", "ensemble"), min_length=1,
+        description="Candidates that may be registered (the best on validation among them wins; "
+        "the others are still reported): sequence, baseline (the GBM), ensemble (their mean).",
+    )
+
+    @model_validator(mode="after")
+    def _candidates_trained(self) -> FraudTrainConfig:
+        if not self.baseline.enabled and not set(self.candidates) & {"sequence"}:
+            raise ValueError(f"candidates {list(self.candidates)} need the baseline, which is turned off")
+        return self
 
 
 # ------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ from infra.errors import DataValidationError
 from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
+from solutions.fraud.candidates import StoredBaseline
 from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor, scale_features
 
 __all__ = [
@@ -748,34 +749,61 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
 
 @dataclass(frozen=True)
 class OnlineFraudModel:
-    """A loaded fraud version, ready to score :class:`RowInputs`.
+    """A loaded fraud version of any registered kind, ready to score :class:`RowInputs`.
+
+    A sequence-model version has a network, a GBM version a baseline, an ensemble both (its
+    score is the mean of the two probabilities, as the batch path's
+    :func:`~solutions.fraud.scoring.score_transactions` averages them).
 
     Attributes:
-        net: the network (eval mode).
-        preprocessor: its preprocessing.
-        seq_len: steps per sequence.
+        net: the network (eval mode); None for a GBM version.
+        preprocessor: its preprocessing (None without a network).
+        seq_len: steps per sequence (1 without a network: no history is read).
         threshold: its decision threshold.
         delay_days: the label delay of its terminal windows.
         name: registry name. version: registry version.
+        baseline: the version's GBM (:class:`~solutions.fraud.candidates.StoredBaseline`), if any.
     """
 
-    net: torch.nn.Module
-    preprocessor: FraudPreprocessor
+    net: torch.nn.Module | None
+    preprocessor: FraudPreprocessor | None
     seq_len: int
     threshold: float
     delay_days: int
     name: str
     version: int
+    baseline: StoredBaseline | None = None
 
     @classmethod
-    def from_registry(cls, net: torch.nn.Module, preprocessor: FraudPreprocessor, seq_len: int,
-                      name: str, version: int, params: Mapping[str, Any]) -> OnlineFraudModel:
+    def from_registry(cls, net: torch.nn.Module | None, preprocessor: FraudPreprocessor | None, seq_len: int,
+                      name: str, version: int, params: Mapping[str, Any],
+                      baseline: StoredBaseline | None = None) -> OnlineFraudModel:
         """From a registered version's parts (threshold and delay read from its params)."""
+        if net is None and baseline is None:
+            raise ValueError(f"{name}:{version}: nothing to score with (no network and no baseline)")
+        if net is not None and preprocessor is None:
+            raise ValueError(f"{name}:{version}: a network needs its preprocessor")
         delay = float(params.get("split", {}).get("delay_days", 7))
-        net.eval()
-        return cls(net=net, preprocessor=preprocessor, seq_len=int(seq_len),
+        if net is not None:
+            net.eval()
+        return cls(net=net, preprocessor=preprocessor, seq_len=int(seq_len) if net is not None else 1,
                    threshold=float(params.get("threshold", 0.5)),
-                   delay_days=P.window_transformer(delay).delay_days, name=name, version=int(version))
+                   delay_days=P.window_transformer(delay).delay_days, name=name, version=int(version),
+                   baseline=baseline)
+
+    @property
+    def needs_terminal(self) -> bool:
+        """Whether its inputs include terminal windows (rows then need a ``terminal_id`` column)."""
+        names = list(self.preprocessor.window_feature_names) if self.preprocessor is not None else []
+        names += self.baseline.feature_names if self.baseline is not None else []
+        return any(name.startswith("term_") for name in names)
+
+    @property
+    def kind(self) -> str:
+        """``sequence``, ``baseline`` or ``ensemble`` (the candidate names of a training run)."""
+        if self.baseline is None:
+            return "sequence"
+        return "baseline" if self.net is None else "ensemble"
 
     def tensors(self, rows: Sequence[RowInputs]) -> dict[str, torch.Tensor]:
         """The model's batch for these rows, built like :class:`SequenceDataset` does.
@@ -784,6 +812,7 @@ class OnlineFraudModel:
         call (elementwise, so each value is what scaling the row alone gives).
         """
         pre = self.preprocessor
+        assert pre is not None, "a GBM version has no sequence tensors"
         n, L = len(rows), self.seq_len
         n_num = len(STEP_NUMERIC)
         step_num = np.zeros((n, L, n_num + 1), dtype="float32")
@@ -836,15 +865,60 @@ class OnlineFraudModel:
             object.__setattr__(self, "_lookups_cache", cached)  # a frozen dataclass: a private cache
         return cached
 
+    def baseline_frame(self, rows: Sequence[RowInputs]) -> pd.DataFrame:
+        """The GBM's input rows: its feature columns, valued as :class:`WindowFeatures` values them.
+
+        Window features come from the state; a one-hot column ``channel=v`` (``category=``,
+        ``occupation=``) is 1 when the row's value is ``v``; ``age`` and ``account_age_days``
+        are the raw values (NaN when unknown).
+
+        Raises:
+            DataValidationError: the GBM needs a window feature these rows cannot give.
+        """
+        assert self.baseline is not None
+        names = self.baseline.feature_names
+        getters: list[Any] = []
+        for name in names:
+            col, sep, value = name.partition("=")
+            if sep and col in (S.CHANNEL, S.CATEGORY, S.OCCUPATION):
+                getters.append((col, value))
+            elif name in (S.AGE, S.ACCOUNT_AGE_DAYS):
+                getters.append(name)
+            else:
+                getters.append(None)
+        out = np.empty((len(rows), len(names)), dtype="float64")
+        for i, row in enumerate(rows):
+            channel, category = row.step_cats[-1]
+            current = {S.CHANNEL: channel, S.CATEGORY: category, S.OCCUPATION: row.occupation}
+            for j, (name, get) in enumerate(zip(names, getters, strict=True)):
+                if get is None:
+                    try:
+                        out[i, j] = row.window[name]
+                    except KeyError:
+                        raise DataValidationError(
+                            f"the model needs window feature {name!r}, which these rows cannot give "
+                            "(is a column such as terminal_id missing?)", source="request",
+                        ) from None
+                elif type(get) is tuple:
+                    out[i, j] = float(current[get[0]] == get[1])
+                else:
+                    out[i, j] = row.static[0] if get == S.AGE else row.static[1]
+        return pd.DataFrame(out, columns=list(names))
+
     def predict(self, rows: Sequence[RowInputs]) -> np.ndarray:
-        """Fraud probabilities of ``rows`` (float64), one model call."""
+        """Fraud probabilities of ``rows`` (float64), one call per model part (the mean of an ensemble's)."""
         if not rows:
             return np.zeros(0)
-        batch = self.tensors(rows)
-        device = next(self.net.parameters()).device
-        with torch.inference_mode():
-            logits = self.net({k: v.to(device) for k, v in batch.items()})
-        return torch.sigmoid(logits.float()).cpu().numpy().astype("float64")
+        parts: list[np.ndarray] = []
+        if self.net is not None:
+            batch = self.tensors(rows)
+            device = next(self.net.parameters()).device
+            with torch.inference_mode():
+                logits = self.net({k: v.to(device) for k, v in batch.items()})
+            parts.append(torch.sigmoid(logits.float()).cpu().numpy().astype("float64"))
+        if self.baseline is not None:
+            parts.append(np.asarray(self.baseline.probabilities(self.baseline_frame(rows)), dtype="float64"))
+        return np.mean(parts, axis=0)
 
 
 def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
@@ -895,6 +969,12 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
             assert frame is not None
             if isinstance(frame, Exception):
                 results.append(frame)
+                spans.append((0, 0))
+                continue
+            if model.needs_terminal and not frame.has_terminal:
+                results.append(DataValidationError(
+                    "the model needs the terminal windows (term_nb_tx_*, term_risk_*), which rows without "
+                    f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
                 spans.append((0, 0))
                 continue
             batch.load(frame.accounts, [])

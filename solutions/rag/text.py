@@ -3,6 +3,7 @@ and query terms for extractive answers (jieba for Chinese)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 
@@ -58,6 +59,9 @@ def query_terms(text: str) -> list[str]:
     """Lower-cased content words of a question or sentence (jieba for CJK runs)."""
     import jieba
 
+    # jieba's logger is at DEBUG with its own stderr handler from its import on: its dictionary
+    # loading ("Building prefix dict ...", twice over with Prefect's console) is no news to a user
+    jieba.setLogLevel(logging.WARNING)
     terms: list[str] = []
     for token in jieba.lcut_for_search(text.lower()):
         token = token.strip()

@@ -67,3 +67,19 @@ def test_baseline_winning_on_validation_is_registered_and_scored(tmp_path: Path,
     batch = _last_json(capsys.readouterr().out)
     assert batch["model"] == ref.spec and batch["scored"] == 1 and batch["rows"] == 400
     assert pd.read_parquet(batch["outputs"][0])["score"].between(0, 1).all()
+
+
+def test_candidates_flag_limits_the_choice_and_still_reports_all(capsys: pytest.CaptureFixture) -> None:
+    """``--candidates ensemble``: the ensemble is registered although the GBM alone wins on
+    validation here; every candidate's validation PR-AUC is still reported."""
+    from infra.registry import KIND_TORCH_SKLEARN
+
+    assert main(["train", *TINY, "--model", "fraud-forced", "--candidates", "ensemble", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["winner"] == "ensemble" and set(result["candidates_val_auprc"]) == {"sequence", "baseline",
+                                                                                      "ensemble"}
+    ref = ModelRegistry().resolve("fraud-forced")
+    assert ref.kind == KIND_TORCH_SKLEARN and ref.params["candidate"] == "ensemble"
+    assert load_baseline(ref) is not None and ref.file(SKLEARN_FILE).is_file()
+    assert main(["train", *TINY, "--model", "fraud-forced", "--candidates", "gbm"]) == 2
+    assert capsys.readouterr().err.startswith("error: --candidates: ")

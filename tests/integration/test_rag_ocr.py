@@ -29,7 +29,7 @@ from solutions.rag.config import ChunkParams, IngestParams
 from solutions.rag.evaluation import cer
 from tasks.documents import discover, parse_sources
 from tasks.ingest import IngestStages, render_ingest
-from tasks.ocr import ocr_records
+from tasks.ocr import DocumentOcr, ocr_records
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _hash_embedder import HashEmbedder
@@ -54,6 +54,8 @@ MIXED_SCAN = ["Appendix B: the scanned delivery note.", "Valve V-204 was deliver
 PHOTO = ["Whiteboard photo: shift handover at 06:00.", "Compressor C-7 vibration alarm acknowledged."]
 ATTACHED = ["Attached scan: safety instruction 42.", "Wear hearing protection in the turbine hall."]
 CHINESE = ["设备维护报告：第七泵站", "轴承温度在三月十二日超过八十五度。", "请在下次检修前更换密封件。"]
+#: Box-drawing glyphs: rapidocr 3.10 reads them as 'H+H' (0.75) and 'htX+HHHrlh!1+-P4-' (0.61), noise.
+NOISE = ["┼╁╠╹┄┒╩╹┟┧╯┶┢╩┠┴╒╆┊┃╮╠╫╄╨┪┹╤┏┦", "┏┺╽┑┱┳╳┚╀┡│╠┇┣┿┾┎╽╟╻┋╜┥╅╶┣╜└┩╼"]
 
 
 def render(lines: list[str], font_path: Path = LATIN_FONT, size: int = 26, width: int = 1000) -> Image.Image:
@@ -202,8 +204,8 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     result = parse_sources(discover([tmp_path]))
     quarantined = {Path(q.path).name: (q.reason, q.detail) for q in result.quarantined}
     assert quarantined["broken.pdf"][0] == "corrupt"
-    assert quarantined["blank.png"][0] == "ocr_empty" and "OCR (rapidocr) found 0 characters on 1 page" in \
-        quarantined["blank.png"][1]
+    assert quarantined["blank.png"][0] == "ocr_empty" and "OCR (rapidocr) found 0 characters with confidence " \
+        ">= 0.85 on 1 page" in quarantined["blank.png"][1]
     (doc,) = result.documents
     assert doc.ocr.pages == (1,) and doc.ocr.skipped_pages == 2 and "Frame 1" in doc.text
     monkeypatch.setenv("INDUSFLOW_OCR_MAX_IMAGE_PIXELS", "10000")
@@ -213,6 +215,53 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tmp_path / "broken.pdf").unlink()
     (big,) = parse_sources(discover([tmp_path])).quarantined
     assert big.reason == "too_large" and "200x100 pixels is over the OCR limit of 10000" in big.detail
+
+
+class UnscoredRapidOcr:
+    """rapidocr's text without its confidences (as Tesseract and the Tika server give it)."""
+
+    name = "unscored"
+
+    def read(self, image: Image.Image) -> str:
+        return RapidOcr().read(image)
+
+
+def test_short_text_read_with_confidence_is_kept_and_noise_is_not(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stamp or a one-line notice under INDUSFLOW_TIKA_MIN_CHARS (20) is text when the engine
+    is sure of it; a page of low-confidence noise is still ocr_empty."""
+    (tmp_path / "stamp.png").write_bytes(png(render(["PAID"], size=60, width=600)))
+    (tmp_path / "notice.pdf").write_bytes(image_pdf(render(["NOTICE: CLOSED 3 MAY"])))
+    (tmp_path / "noise.png").write_bytes(png(render(NOISE, size=30)))
+    lines = RapidOcr().read_lines(render(NOISE, size=30))
+    assert lines and all(line.confidence is not None and line.confidence < 0.85 for line in lines), lines
+    assert [(line.text, line.confidence > 0.99) for line in RapidOcr().read_lines(render(["PAID"], size=60))] == \
+        [("PAID", True)]
+
+    result = parse_sources(discover([tmp_path]))
+    docs = {Path(d.path).name: d for d in result.documents}
+    assert sorted(docs) == ["notice.pdf", "stamp.png"], result.quarantined
+    assert docs["stamp.png"].text == "PAID" and docs["stamp.png"].ocr.min_confidence == 0.85
+    assert cer("NOTICE: CLOSED 3 MAY", docs["notice.pdf"].text) <= MAX_CER_EN, docs["notice.pdf"].text
+    assert docs["notice.pdf"].ocr.pages == (1,)
+    (noise,) = result.quarantined
+    assert Path(noise.path).name == "noise.png" and noise.reason == "ocr_empty"
+    assert f"{len(lines)} low-confidence lines dropped as noise" in noise.detail, noise.detail
+
+    # the threshold is a setting: at 0.5 the noise passes for text
+    monkeypatch.setenv("INDUSFLOW_OCR_MIN_CONFIDENCE", "0.5")
+    (tmp_path / "stamp.png").unlink()
+    (tmp_path / "notice.pdf").unlink()
+    (noisy,) = parse_sources(discover([tmp_path])).documents
+    assert noisy.text.count("\n") == len(lines) - 1 and "HH" in noisy.text, noisy.text
+    monkeypatch.delenv("INDUSFLOW_OCR_MIN_CONFIDENCE")
+
+    # an engine that gives no confidence is judged by length, as before
+    (tmp_path / "noise.png").unlink()
+    (tmp_path / "stamp.png").write_bytes(png(render(["PAID"], size=60, width=600)))
+    monkeypatch.setattr("tasks.documents.document_ocr", lambda **_: DocumentOcr(UnscoredRapidOcr(), OcrSettings()))
+    (stamp,) = parse_sources(discover([tmp_path])).quarantined
+    assert stamp.reason == "ocr_empty" and "found 4 characters on 1 page (minimum 20)" in stamp.detail
 
 
 @pytest.mark.skipif(not CJK_FONT.exists(), reason="no CJK font (Debian fonts-wqy-microhei)")

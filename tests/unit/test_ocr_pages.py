@@ -11,7 +11,7 @@ pytest.importorskip("pypdfium2")
 
 from PIL import Image, ImageDraw
 
-from infra.ocr import OcrError
+from infra.ocr import OcrError, OcrLine
 from infra.settings import OcrSettings
 from tasks.ocr import DocumentOcr, OcrFailure, OcrText, pdf_pages_to_ocr
 
@@ -83,3 +83,35 @@ def test_pages_are_rendered_below_the_pixel_limit() -> None:
         scanned_pdf(1), "application/pdf", {}, "", "/inbox/scan.pdf")
     (w, h), = engine.sizes
     assert w * h <= 30_000 * 1.02 and w < 300  # 300 dpi would be 1250x1667: scaled down instead
+
+
+class ScoredEngine:
+    """Reads each page as the same scored lines."""
+
+    name = "scored"
+
+    def __init__(self, lines: list[OcrLine]) -> None:
+        self.lines = lines
+
+    def read(self, image: Image.Image) -> str:
+        return "\n".join(line.text for line in self.lines)
+
+    def read_lines(self, image: Image.Image) -> list[OcrLine]:
+        return list(self.lines)
+
+
+def test_scored_lines_are_kept_by_confidence_not_length() -> None:
+    image = Image.new("RGB", (200, 100), "white")
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    lines = [OcrLine("PAID", 0.99), OcrLine("H+H", 0.74), OcrLine("+--+", 0.97), OcrLine("3 MAY", 0.85)]
+    got = DocumentOcr(ScoredEngine(lines), OcrSettings(min_confidence=0.85)).read(
+        buf.getvalue(), "image/png", {}, "", "/inbox/stamp.png")
+    assert isinstance(got, OcrText)
+    # under the threshold, or no letter or digit: noise, dropped and counted
+    assert got.pages == ("PAID\n3 MAY",) and got.info.dropped_lines == 2
+    assert got.info.min_confidence == 0.85 and got.info.chars == len("PAID\n3 MAY")
+    # an engine without confidences keeps every line and says so (its text is judged by length)
+    plain = DocumentOcr(CountingEngine(), OcrSettings()).read(buf.getvalue(), "image/png", {}, "", "/inbox/a.png")
+    assert isinstance(plain, OcrText) and plain.pages == ("read 1",) and plain.info.min_confidence is None
+    assert DocumentOcr(CountingEngine()).key != DocumentOcr(CountingEngine(), OcrSettings(min_confidence=0.5)).key

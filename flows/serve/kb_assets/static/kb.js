@@ -212,10 +212,13 @@
   function renderDocuments(documents) {
     const canDelete = state.current && state.current.write;
     const rows = documents.map((d) => el("tr", {},
-      el("td", { class: "name", text: d.name, title: d.updated_at ? `updated ${d.updated_at}` : "" }),
-      el("td", {}, statusBadge(d.status), d.quarantined_members
-        ? el("span", { class: "members", text: `${d.quarantined_members} member${d.quarantined_members > 1 ? "s" : ""} quarantined` })
-        : null),
+      el("td", { class: "name", text: d.name,
+        title: d.in_folder === false ? "ingested from outside the watched folder" : d.updated_at ? `updated ${d.updated_at}` : "" }),
+      el("td", {}, statusBadge(d.status),
+        d.status === "quarantined" && d.reason ? el("span", { class: "why", text: d.reason }) : null,
+        d.quarantined_members && d.status !== "quarantined"
+          ? el("span", { class: "members", text: `${d.quarantined_members} member${d.quarantined_members > 1 ? "s" : ""} quarantined` })
+          : null),
       el("td", { class: "num", text: d.status === "indexed" ? String(d.chunks ?? "") : "" }),
       el("td", { class: "actions" }, canDelete
         ? el("button", { type: "button", class: "link danger", text: "Delete", "aria-label": `Delete ${d.name}`,
@@ -225,8 +228,11 @@
     $("docs").tBodies[0].replaceChildren(...rows);
     const counts = {};
     for (const d of documents) counts[d.status] = (counts[d.status] || 0) + 1;
+    const order = ["indexed", "pending", "quarantined"];
+    const statuses = Object.keys(counts).sort((a, b) => (order.indexOf(a) + 1 || 9) - (order.indexOf(b) + 1 || 9));
     $("docs-summary").textContent = documents.length
-      ? Object.entries(counts).map(([s, n]) => `${n} ${s}`).join(" · ")
+      ? `${documents.length} document${documents.length === 1 ? "" : "s"}: `
+        + statuses.map((s) => `${counts[s]} ${s}`).join(" · ")
       : "No documents yet.";
     const quarantined = documents.filter((d) => d.status === "quarantined");
     $("quarantine-list").replaceChildren(...quarantined.map((d) =>
@@ -246,6 +252,10 @@
       const body = await resp.json();
       if (state.current !== c) return [];
       const documents = renderDocuments(body.documents || []);
+      // the picker counts what the list shows (documents ingested from the command line included)
+      c.documents = documents.length;
+      const option = [...$("collection").options].find((o) => o.value === c.name);
+      if (option) option.textContent = optionText(c);
       // documents still waiting for the ingest run: look again shortly
       clearTimeout(state.docsTimer);
       if (documents.some((d) => d.status === "pending") && !state.jobTimer) {

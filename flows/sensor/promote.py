@@ -1,0 +1,31 @@
+"""``sensor-promote`` and ``sensor-rollback``: move the sensor champion by hand."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from infra.registry import PromotionDecision
+from tasks.champion import promote_by_hand_task, rollback_champion_task
+
+
+@flow(name="sensor-promote", log_prints=True)
+def sensor_promote(model: str) -> PromotionDecision:
+    """Make a registered sensor version the champion, whatever the champion rule would say (a
+    CNN, a GBM or their ensemble). The serving API follows the alias: its next requests
+    are answered by this version. The move is recorded in the registry's alias history.
+
+    Args:
+        model: the version to promote, NAME:VERSION (or NAME@alias).
+    """
+    return promote_by_hand_task(model)
+
+
+@flow(name="sensor-rollback", log_prints=True)
+def sensor_rollback(model: str = "sensor-rul") -> PromotionDecision:
+    """Return the sensor champion to the version that was champion before the current one (from
+    the registry's alias history; repeated rollbacks go further back).
+
+    Args:
+        model: the model NAME whose champion moves back.
+    """
+    return rollback_champion_task(model)

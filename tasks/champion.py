@@ -1,0 +1,61 @@
+"""Moving a model's ``champion`` alias by hand: promote a named version, roll back to the one before.
+
+Both go through the registry's lock (:meth:`infra.registry.ModelRegistry.promote` with
+``force``: the champion it replaces is read inside the lock, compare-and-swap; and
+:meth:`~infra.registry.ModelRegistry.rollback`, which reads the alias history). A serving
+process follows the alias, so the next requests are answered by the version moved to.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from infra.errors import RegistryError
+from infra.registry import CHAMPION, ModelRegistry, PromotionDecision, parse_model_spec
+
+
+def version_spec(spec: str) -> tuple[str, str]:
+    """(name, version or alias) of a spec that names a version: ``NAME:VERSION`` or ``NAME@alias``.
+
+    Raises:
+        RegistryError: a bare ``NAME`` (it would name the champion itself).
+    """
+    name, version = parse_model_spec(spec)
+    if version == CHAMPION and not spec.endswith((f":{CHAMPION}", f"@{CHAMPION}")):
+        raise RegistryError(f"{spec!r} names no version: promote NAME:VERSION (e.g. {name}:3) or NAME@alias")
+    return name, version
+
+
+def bare_name(spec: str) -> str:
+    """The model name of ``NAME`` (a rollback moves that model's champion).
+
+    Raises:
+        RegistryError: the spec names a version or an alias.
+    """
+    name, version = parse_model_spec(spec)
+    if spec != name:
+        raise RegistryError(f"{spec!r}: rollback takes a model NAME (it returns its champion to the one before)")
+    return name
+
+
+def promote_by_hand(spec: str, registry: ModelRegistry | None = None) -> PromotionDecision:
+    """Make the version ``spec`` names the champion, whatever the champion rule would say."""
+    registry = registry or ModelRegistry()
+    name, version = version_spec(spec)
+    return registry.promote(registry.get(name, version), force=True)
+
+
+def rollback_champion(spec: str, registry: ModelRegistry | None = None) -> PromotionDecision:
+    """Return ``spec``'s champion to the version that was champion before the current one."""
+    return (registry or ModelRegistry()).rollback(bare_name(spec))
+
+
+promote_by_hand_task = task(promote_by_hand, name="promote-by-hand", cache_policy=NONE)
+rollback_champion_task = task(rollback_champion, name="rollback-champion", cache_policy=NONE)
+
+
+def champion_move_summary(decision: PromotionDecision) -> str:
+    """One line for people: which version is champion now, and which was before."""
+    before = f"v{decision.champion_version}" if decision.champion_version is not None else "none"
+    return f"{decision.name}: champion {before} -> v{decision.candidate_version}: {decision.reason}"
