@@ -87,7 +87,9 @@ CAPTURES: list[tuple[str, dict[str, Callable[[str], str]]]] = [
 ]
 
 
-def _job_settled(out: str) -> tuple[bool, str | None]:
+def _job_settled(rc: int, out: str) -> tuple[bool, str | None]:
+    if rc != 0:
+        return True, None
     try:
         state = json.loads(out).get("state")
     except ValueError:
@@ -97,9 +99,14 @@ def _job_settled(out: str) -> tuple[bool, str | None]:
     return False, None
 
 
-#: (regex on the README line, settled(stdout) -> (settled, problem), seconds at most).
-POLLS: list[tuple[str, Callable[[str], tuple[bool, str | None]], float]] = [
+def _answers_2xx(rc: int, out: str) -> tuple[bool, str | None]:
+    return rc == 0, None  # curl --fail-with-body: 22 on a 4xx/5xx (503 while the champions load)
+
+
+#: (regex on the README line, settled(rc, stdout) -> (settled, problem), seconds at most).
+POLLS: list[tuple[str, Callable[[int, str], tuple[bool, str | None]], float]] = [
     (r"/v1/kb/jobs/\$JOB_ID", _job_settled, 900.0),
+    (r"curl -s localhost:8000/readyz", _answers_2xx, 180.0),  # "ready once the champions are loaded"
 ]
 
 
@@ -189,6 +196,13 @@ class SectionResult:
         return "\n".join(parts)
 
 
+def _default_sigint() -> None:
+    """Children get Ctrl-C as in a terminal even when this runs where SIGINT is ignored (``cmd &``):
+    an ignored signal stays ignored across exec, and bash cannot un-ignore it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -209,6 +223,7 @@ class Workspace:
         self.cwd = root / "work"
         self.home = root / "home"
         self.blocks = rb.parse()
+        _default_sigint()
         self.done: dict[str, SectionResult] = {}
         if reuse:  # a workspace an earlier run left (developing one section): its home and ports
             self.fixtures = []
@@ -327,15 +342,16 @@ class Workspace:
                 outcome.stderr = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
                 outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s")
                 break
-            if not poll or outcome.rc != 0:
+            if not poll:
                 break
-            settled, problem = poll[1](outcome.stdout)
+            settled, problem = poll[1](outcome.rc, outcome.stdout)
             if settled or time.monotonic() > deadline:
                 if problem:
                     outcome.problems.append(problem)
                 if not settled:
                     outcome.problems.append(f"not settled after {poll[2]:.0f} s")
-                outcome.notes.append(f"re-run {tries} times until it settled (see POLLS)")
+                if tries > 1:
+                    outcome.notes.append(f"re-run {tries} times until it settled (see POLLS)")
                 break
             time.sleep(3)
         outcome.seconds = time.monotonic() - start
