@@ -1,0 +1,464 @@
+"""Runs README.md's commands as a user types them, section by section, in one fresh home.
+
+The commands run in a scratch folder that holds the repository (links), a ``.venv`` that is
+the installed environment, and the files the README names (:mod:`readme_fixtures`). ``HOME`` is
+a fresh folder, so the default ``~/.indusflow`` and ``~/.prefect`` start empty; no ``INDUSFLOW_*``
+or ``PREFECT_*`` variable of the calling shell is passed on, and the venv is not on ``PATH``
+(the README spells ``.venv/bin/...``). Each section starts with that environment (a new
+terminal); ``export`` lines and the values below carry on to the section's later lines.
+
+A command fails on a non-zero exit status (curl gets ``--fail-with-body`` from a ``.curlrc``, so
+an HTTP 4xx/5xx is one), a traceback, a WARNING/ERROR/CRITICAL log line, a ``warning:``/``error:``
+line or a Python warning in its output. Servers the README starts in a terminal of their own
+run in the background until the end of their section, then get Ctrl-C (SIGINT); their output
+is checked the same way.
+
+Where a line is not run exactly as written, the change is one of the fixed lists below, and
+the report says which, for every line:
+``SUBSTITUTIONS`` (ports: two servers on fixed ports would collide with anything else on the
+machine), ``CAPTURES`` (``$KEY`` and friends, filled from an earlier command's output as the
+user copies them), ``POLLS`` (a status the user re-checks until it settles).
+Run it alone: ``.venv/bin/python -m tests.readme.harness [SECTION ...]`` (from the repository root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    from tests.readme import readme_blocks as rb
+    from tests.readme import readme_fixtures
+except ImportError:  # run as a file
+    sys.path.insert(0, str(Path(__file__).parent))
+    import readme_blocks as rb  # type: ignore[no-redef]
+    import readme_fixtures  # type: ignore[no-redef]
+
+ROOT = rb.ROOT
+COMMAND_TIMEOUT_S = 1200
+TAIL_LINES = 25
+
+#: (text in the README, what runs instead, why). Applied to every line that holds the text.
+SUBSTITUTIONS: list[tuple[str, str, str]] = [
+    ("localhost:8000", "localhost:{serve_port}",
+     "the API listens on a free port (INDUSFLOW_SERVE_PORT={serve_port}), not 8000"),
+    ("127.0.0.1:4200", "127.0.0.1:{ui_port}",
+     "the Prefect server listens on a free port (PORT={ui_port} for make ui), not 4200"),
+]
+
+
+def _last_line(out: str) -> str:
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _key_id(out: str) -> str:
+    m = re.search(r"^API key (\S+) \(", out, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
+def _json_field(name: str) -> Callable[[str], str]:
+    def get(out: str) -> str:
+        try:
+            return str(json.loads(out)[name])
+        except (ValueError, KeyError, TypeError):
+            return ""
+    return get
+
+
+#: (regex on the README line, {variable: how to read it from the command's stdout}).
+CAPTURES: list[tuple[str, dict[str, Callable[[str], str]]]] = [
+    (r'keys add "card-auth"', {"KEY": _last_line, "KEY_ID": _key_id}),
+    (r'keys add "ops"', {"OPS_KEY": _last_line}),
+    (r'keys add "legal team"', {"KEY": _last_line}),
+    (r"-F files=@lease\.pdf", {"JOB_ID": _json_field("job_id")}),
+]
+
+
+def _job_settled(rc: int, out: str) -> tuple[bool, str | None]:
+    if rc != 0:
+        return True, None
+    try:
+        state = json.loads(out).get("state")
+    except ValueError:
+        return True, "the answer is not JSON"
+    if state in ("done", "failed"):
+        return True, "the ingest job failed" if state == "failed" else None
+    return False, None
+
+
+def _answers_2xx(rc: int, out: str) -> tuple[bool, str | None]:
+    return rc == 0, None  # curl --fail-with-body: 22 on a 4xx/5xx (503 while the champions load)
+
+
+#: (regex on the README line, settled(rc, stdout) -> (settled, problem), seconds at most).
+POLLS: list[tuple[str, Callable[[int, str], tuple[bool, str | None]], float]] = [
+    (r"/v1/kb/jobs/\$JOB_ID", _job_settled, 900.0),
+    (r"curl -s localhost:8000/readyz", _answers_2xx, 180.0),  # "ready once the champions are loaded"
+]
+
+
+@dataclass(frozen=True)
+class Background:
+    """A README command that runs until stopped (its own terminal, Ctrl-C)."""
+
+    pattern: str
+    ready: str  #: "http:URL" (answers 2xx) or "log:TEXT" (printed)
+
+
+BACKGROUND: list[Background] = [
+    Background(r"\.venv/bin/python -m flows\.serve\s*(#|$)", "http:http://127.0.0.1:{serve_port}/healthz"),
+    Background(r"^make ui\b", "http:http://127.0.0.1:{ui_port}/api/health"),
+    Background(r"-m infra\.deploy serve\b", "log:being served"),
+    Background(r"prefect worker start\b", "log:started!"),
+]
+READY_TIMEOUT_S = 300.0
+
+NOISE = [
+    (re.compile(r"Traceback \(most recent call last\)"), "a traceback"),
+    (re.compile(r"\|\s*(WARNING|ERROR|CRITICAL)\s*\|"), "a WARNING/ERROR log line"),
+    (re.compile(r"^\s*(WARNING|ERROR|CRITICAL)\b[:\s]", re.MULTILINE), "a WARNING/ERROR log line"),
+    (re.compile(r"^\s*(warning|error):", re.MULTILINE | re.IGNORECASE), "a warning/error line"),
+    (re.compile(r"\b[A-Z]\w*Warning: "), "a Python warning"),
+]
+
+
+def noise_lines(text: str) -> list[str]:
+    """Lines of output a README command must not print (first of each kind)."""
+    found = []
+    for line in text.splitlines():
+        for pattern, kind in NOISE:
+            if pattern.search(line):
+                found.append(f"{kind}: {line.strip()[:300]}")
+                break
+    return found
+
+
+@dataclass
+class Outcome:
+    cmd: rb.Command
+    status: str  #: ok, FAILED, skipped
+    ran: str = ""
+    notes: list[str] = field(default_factory=list)  #: substitutions, captures, polls
+    rc: int | None = None
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+    problems: list[str] = field(default_factory=list)
+    reason: str = ""  #: why skipped
+
+    def tail(self) -> str:
+        text = (self.stdout.rstrip() + "\n" + self.stderr.rstrip()).strip()
+        return "\n".join(text.splitlines()[-TAIL_LINES:])
+
+
+@dataclass
+class SectionResult:
+    name: str
+    outcomes: list[Outcome]
+    seconds: float
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "FAILED"]
+
+    def report(self) -> str:
+        ran = [o for o in self.outcomes if o.status != "skipped"]
+        out = [(f"README section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
+               f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s")]
+        for o in self.outcomes:
+            head = f"  [{o.status}] README line {o.cmd.lineno}: {o.cmd.first_line.strip()[:110]}"
+            if o.status == "skipped":
+                out.append(f"{head}\n      skipped: {o.reason}")
+                continue
+            out.append(f"{head}  ({o.seconds:.0f} s, rc {o.rc})")
+            out += [f"      {n}" for n in o.notes]
+            out += [f"      problem: {p}" for p in o.problems]
+        return "\n".join(out)
+
+    def failure_message(self) -> str:
+        parts = [f"README section {self.name}: {len(self.failed)} command(s) failed"]
+        for o in self.failed:
+            parts.append(f"\n--- README line {o.cmd.lineno}: {o.ran.strip()}\n" + "\n".join(
+                f"    {p}" for p in o.problems) + f"\n  output tail:\n{o.tail()}")
+        return "\n".join(parts)
+
+
+def _default_sigint() -> None:
+    """Children get Ctrl-C as in a terminal even when this runs where SIGINT is ignored (``cmd &``):
+    an ignored signal stays ignored across exec, and bash cannot un-ignore it."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _venv() -> Path:
+    if sys.prefix == sys.base_prefix:
+        raise RuntimeError("the README test runs in the project's virtual environment (.venv/bin/python -m pytest)")
+    return Path(sys.prefix)
+
+
+class Workspace:
+    """The folder the README's commands run in, its fresh home, and the servers it started."""
+
+    def __init__(self, root: Path, reuse: bool = False) -> None:
+        self.root = root
+        self.cwd = root / "work"
+        self.home = root / "home"
+        self.blocks = rb.parse()
+        _default_sigint()
+        self.done: dict[str, SectionResult] = {}
+        if reuse:  # a workspace an earlier run left (developing one section): its home and ports
+            self.fixtures = []
+            self.ports = json.loads((root / "ports.json").read_text())
+            return
+        self.cwd.mkdir(parents=True)
+        self.home.mkdir()
+        self.fixtures = readme_fixtures.write_all(self.cwd)
+        for entry in ROOT.iterdir():
+            if entry.name not in (".venv", ".git") and not (self.cwd / entry.name).exists():
+                (self.cwd / entry.name).symlink_to(entry)
+        venv = self.cwd / ".venv"  # the installed venv, entry by entry, with its own install stamp
+        venv.mkdir()
+        for entry in _venv().iterdir():
+            if entry.name != ".installed":
+                (venv / entry.name).symlink_to(entry)
+        (venv / ".installed").touch()  # make ui's `install` prerequisite is met: no pip run
+        self.ports = {"serve_port": free_port(), "ui_port": free_port()}
+        (root / "ports.json").write_text(json.dumps(self.ports))
+        (self.home / ".curlrc").write_text(
+            "fail-with-body\nshow-error\nwrite-out = \"%{stderr}[curl] HTTP %{http_code}\\n\"\n")
+
+    def base_env(self) -> dict[str, str]:
+        venv_bin = str(_venv() / "bin")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("INDUSFLOW_", "PREFECT_", "PYTEST_", "VIRTUAL_ENV", "CURL_HOME"))}
+        env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+        env["HOME"] = str(self.home)
+        env["CURL_HOME"] = str(self.home)  # its .curlrc: --fail-with-body, the HTTP status on stderr
+        env["PYTHONPATH"] = str(ROOT)  # this checkout's code, whichever checkout the venv installed
+        env["INDUSFLOW_SERVE_PORT"] = str(self.ports["serve_port"])
+        env["PORT"] = str(self.ports["ui_port"])
+        env.pop("PYTHONWARNINGS", None)
+        return env
+
+    def commands(self, section: str) -> list[rb.Command]:
+        return [c for b in self.blocks for c in b.commands if c.section == section]
+
+    def run_through(self, section: str) -> SectionResult:
+        """Runs every section up to and including ``section`` (once each, README order)."""
+        for name in rb.SECTIONS:
+            if name not in self.done:
+                self.done[name] = self.run_section(name)
+            if name == section:
+                return self.done[name]
+        raise KeyError(section)
+
+    def run_section(self, section: str) -> SectionResult:
+        start = time.monotonic()
+        env = self.base_env()
+        servers: list[tuple[Outcome, subprocess.Popen, Path]] = []
+        outcomes: list[Outcome] = []
+        runnable = {rb.command_key(c.text): c for b in self.blocks for c in b.commands
+                    if not c.skip and not rb.synopsis_marks(c.text)}
+        try:
+            for cmd in self.commands(section):
+                if cmd.skip:
+                    outcomes.append(Outcome(cmd, "skipped", reason=cmd.skip))
+                    continue
+                marks = rb.synopsis_marks(cmd.text)
+                if marks:
+                    example = runnable.get(rb.command_key(cmd.text))
+                    where = f"its concrete example runs at README line {example.lineno}" if example else "NO example"
+                    outcomes.append(Outcome(cmd, "skipped", reason=f"synopsis ({', '.join(marks)}); {where}"))
+                    continue
+                bg = next((b for b in BACKGROUND if re.search(b.pattern, cmd.text)), None)
+                if bg:
+                    outcome, proc, log = self._start(cmd, bg, env)
+                    outcomes.append(outcome)
+                    if proc is not None:
+                        servers.append((outcome, proc, log))
+                else:
+                    outcomes.append(self._run(cmd, env))
+                self._print_progress(section, outcomes[-1])
+        finally:
+            for outcome, proc, log in reversed(servers):
+                self._stop(outcome, proc, log)
+        return SectionResult(section, outcomes, time.monotonic() - start)
+
+    @staticmethod
+    def _print_progress(section: str, o: Outcome) -> None:
+        if os.environ.get("README_TEST_VERBOSE"):
+            print(f"[{section}] {o.status} line {o.cmd.lineno} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}"
+                  + "".join(f"\n    {p[:200]}" for p in o.problems[:3]), file=sys.__stderr__, flush=True)
+
+    def _prepare(self, cmd: rb.Command) -> tuple[str, list[str]]:
+        text, notes = cmd.text, []
+        for old, new, why in SUBSTITUTIONS:
+            if old in text:
+                new = new.format(**self.ports)
+                text = text.replace(old, new)
+                notes.append(f"substituted {old!r} -> {new!r}: {why.format(**self.ports)}")
+        for var in sorted(set(re.findall(r"\$\{?([A-Z_][A-Z0-9_]*)", text))):
+            notes.append(f"${var} from an earlier command's output (see CAPTURES)")
+        return text, notes
+
+    def _run(self, cmd: rb.Command, env: dict[str, str]) -> Outcome:
+        text, notes = self._prepare(cmd)
+        poll = next((p for p in POLLS if re.search(p[0], cmd.text)), None)
+        envfile = self.root / "env.out"
+        script = f"{text}\n__readme_rc=$?\nenv -0 > {envfile}\nexit $__readme_rc\n"
+        outcome = Outcome(cmd, "ok", ran=text, notes=notes)
+        start = time.monotonic()
+        deadline = start + (poll[2] if poll else 0)
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], check=False, cwd=self.cwd, env=env,
+                                      stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=COMMAND_TIMEOUT_S)
+                outcome.rc, outcome.stdout, outcome.stderr = proc.returncode, proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                outcome.rc = None
+                outcome.stdout = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                outcome.stderr = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+                outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s")
+                break
+            if not poll:
+                break
+            settled, problem = poll[1](outcome.rc, outcome.stdout)
+            if settled or time.monotonic() > deadline:
+                if problem:
+                    outcome.problems.append(problem)
+                if not settled:
+                    outcome.problems.append(f"not settled after {poll[2]:.0f} s")
+                if tries > 1:
+                    outcome.notes.append(f"re-run {tries} times until it settled (see POLLS)")
+                break
+            time.sleep(3)
+        outcome.seconds = time.monotonic() - start
+        if outcome.rc not in (0, None):
+            outcome.problems.insert(0, f"exit status {outcome.rc}")
+        outcome.problems += noise_lines(outcome.stdout + "\n" + outcome.stderr)
+        if outcome.rc == 0 and envfile.exists():
+            for item in envfile.read_text().split("\0"):
+                key, sep, value = item.partition("=")
+                if sep and key not in ("_", "SHLVL", "PWD", "OLDPWD") and not key.startswith("__readme"):
+                    env[key] = value
+        for pattern, fields in CAPTURES:
+            if re.search(pattern, cmd.text):
+                for var, read in fields.items():
+                    value = read(outcome.stdout)
+                    if value:
+                        env[var] = value
+                        outcome.notes.append(f"${var} filled from its output (see CAPTURES)")
+                    else:
+                        outcome.problems.append(f"could not read ${var} from its output")
+        if outcome.problems:
+            outcome.status = "FAILED"
+        return outcome
+
+    def _start(self, cmd: rb.Command, bg: Background, env: dict[str, str]) -> tuple[Outcome, subprocess.Popen | None, Path]:
+        text, notes = self._prepare(cmd)
+        notes.append("runs in the background (its own terminal) until the end of the section, then Ctrl-C")
+        log = self.root / f"server-{cmd.lineno}.log"
+        outcome = Outcome(cmd, "ok", ran=text, notes=notes)
+        start = time.monotonic()
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", text], cwd=self.cwd, env=dict(env),
+                                    stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        kind, _, target = bg.ready.format(**self.ports).partition(":")
+        while True:
+            if proc.poll() is not None:
+                outcome.rc = proc.returncode
+                outcome.problems.append(f"exited (status {proc.returncode}) before it was ready")
+                break
+            if kind == "http" and _answers(target) or kind == "log" and target in log.read_text(errors="replace"):
+                break
+            if time.monotonic() - start > READY_TIMEOUT_S:
+                outcome.problems.append(f"not ready after {READY_TIMEOUT_S:.0f} s ({bg.ready})")
+                break
+            time.sleep(1)
+        outcome.seconds = time.monotonic() - start
+        outcome.notes.append(f"ready after {outcome.seconds:.0f} s")
+        if outcome.problems:
+            outcome.status = "FAILED"
+            self._stop(outcome, proc, log)
+            return outcome, None, log
+        return outcome, proc, log
+
+    @staticmethod
+    def _stop(outcome: Outcome, proc: subprocess.Popen, log: Path) -> None:
+        if proc.poll() is not None and not outcome.problems:
+            outcome.problems.append(f"stopped by itself during the section (status {proc.returncode})")
+        for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+            if proc.poll() is not None:
+                break
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                if sig == signal.SIGINT:
+                    outcome.problems.append("Ctrl-C did not stop it within 60 s")
+        if outcome.rc is None:
+            outcome.rc = proc.returncode
+        outcome.stdout = log.read_text(errors="replace")
+        outcome.problems += noise_lines(outcome.stdout)
+        outcome.status = "FAILED" if outcome.problems else outcome.status
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def main(argv: list[str]) -> int:
+    """``[--workspace DIR] [SECTION ...]``: with --workspace, reuse DIR's home and run only SECTIONs."""
+    reuse = None
+    if argv[:1] == ["--workspace"]:
+        reuse, argv = Path(argv[1]), argv[2:]
+    sections = argv or list(rb.SECTIONS)
+    problems = rb.problems(rb.parse())
+    for p in problems:
+        print(f"README problem: {p}")
+    root = reuse or Path(tempfile.mkdtemp(prefix="readme-test-"))
+    os.environ.setdefault("README_TEST_VERBOSE", "1")
+    ws = Workspace(root, reuse=reuse is not None)
+    print(f"workspace {root}; fixtures: {', '.join(ws.fixtures)}")
+    failed = 0
+    for name in sections:
+        result = ws.run_section(name) if reuse else ws.run_through(name)
+        print(result.report(), flush=True)
+        if result.failed:
+            failed += 1
+            print(result.failure_message(), flush=True)
+    return 1 if failed or problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,224 @@
+"""README.md's command blocks, read the way a user reads them.
+
+A command block is a code block indented by 4 spaces. Its lines are joined into logical
+commands (a trailing ``\\`` or an open quote continues a line; a line of only a ``#`` comment is
+a comment). What the README says about a block, it says in an HTML comment right before it:
+
+    <!-- readme-test: skip (needs Docker) -->              the whole block is not run here
+    <!-- readme-test: skip "docker build" (needs Docker) -->  the block's lines holding that text
+    <!-- readme-test: not commands (the repository layout) -->  a code block that is no command
+
+Every skip names its reason, and the harness prints every skipped line with it. A command
+in synopsis notation (``[--opt]``, ``a|b``, an UPPER_CASE placeholder) is not runnable as
+written; it is allowed only when the README also shows a concrete, runnable line of the
+same command.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+MARKER = re.compile(r"<!--\s*readme-test:\s*(.*?)\s*-->")
+SKIP_LINES = re.compile(r'^skip\s+"([^"]+)"\s+\((.+)\)$')
+SKIP_BLOCK = re.compile(r"^skip\s+\((.+)\)$")
+NOT_COMMANDS = re.compile(r"^not commands\s+\((.+)\)$")
+HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
+
+#: The README's headings (prefix) and the test section that runs their blocks, in README order.
+SECTIONS: dict[str, str] = {
+    "fraud_flows": "Running flows",
+    "other_flows": "Other flows",
+    "governance": "Model governance",
+    "deployments": "Deployments",
+    "serving": "Serving",
+    "kb_api": "Knowledge base API",
+}
+
+#: What a command's first word may be (after VAR=value prefixes).
+PROGRAMS = (".venv/bin/", "make", "curl", "export", "docker", "kubectl", "prefect")
+
+_QUOTED = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"")
+_PLACEHOLDER_WORD = re.compile(r"(?<![$\w{=,-])[A-Z][A-Z0-9_]{2,}\b(?!=)")
+HTTP_METHODS = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"}
+
+
+@dataclass
+class Command:
+    """One logical command line of a block."""
+
+    text: str  #: as written (physical lines joined with newlines, indent removed)
+    lineno: int  #: README line of its first physical line
+    heading: str
+    section: str | None
+    skip: str | None = None  #: why it is not run (None: run)
+
+    @property
+    def first_line(self) -> str:
+        return self.text.splitlines()[0]
+
+
+@dataclass
+class Block:
+    lineno: int
+    heading: str
+    raw: list[tuple[int, str]]
+    markers: list[str] = field(default_factory=list)
+    commands: list[Command] = field(default_factory=list)
+    not_commands: str | None = None
+    unused_line_skips: list[str] = field(default_factory=list)
+
+
+def section_of(heading: str) -> str | None:
+    for name, prefix in SECTIONS.items():
+        if heading.startswith(prefix):
+            return name
+    return None
+
+
+def _complete(text: str) -> bool:
+    if text.rstrip().endswith("\\"):
+        return False
+    try:
+        shlex.split(text, comments=True)
+    except ValueError:  # an open quote: the command goes on on the next line
+        return False
+    return True
+
+
+def strip_quotes_and_comment(text: str) -> str:
+    """The command without its quoted strings and its trailing comment (for notation checks)."""
+    unquoted = _QUOTED.sub("''", text)
+    return unquoted.split("#", 1)[0] if "#" in unquoted else unquoted
+
+
+def synopsis_marks(text: str) -> list[str]:
+    """Placeholder notation in a command (empty: runnable as written)."""
+    bare = strip_quotes_and_comment(text)
+    marks = []
+    if "[" in bare or "]" in bare:
+        marks.append("[optional] groups")
+    if "|" in bare:
+        marks.append("a|b alternatives")
+    marks += [f"placeholder {w}" for w in _PLACEHOLDER_WORD.findall(bare) if w not in HTTP_METHODS]
+    return marks
+
+
+def command_key(text: str) -> str:
+    """The command a line runs, without its options: ``.venv/bin/python -m flows.rag ingest``."""
+    words = strip_quotes_and_comment(text).replace("\\\n", " ").split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    key = words[:1]
+    rest = words[1:]
+    if rest[:1] == ["-m"] and len(rest) > 1:
+        key += rest[:2]
+        rest = rest[2:]
+    for w in rest:
+        if not re.fullmatch(r"[a-z][a-z-]*", w):
+            break
+        key.append(w)
+    return " ".join(key)
+
+
+def _is_command(text: str) -> bool:
+    words = strip_quotes_and_comment(text).split()
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        words = words[1:]
+    return bool(words) and any(words[0].startswith(p) for p in PROGRAMS)
+
+
+def parse(path: Path = README) -> list[Block]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    heading = ""
+    markers: list[str] = []
+    prev_blank = True
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        m = HEADING.match(line)
+        if m:
+            heading = m.group(2).strip()
+        markers += MARKER.findall(line)
+        if prev_blank and line.startswith("    ") and line.strip():
+            raw = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                if lines[i].strip():
+                    raw.append((i + 1, lines[i][4:]))
+                elif i + 1 < len(lines) and not lines[i + 1].startswith("    "):
+                    break
+                i += 1
+            blocks.append(Block(raw[0][0], heading, raw, markers))
+            markers = []
+            prev_blank = False
+            continue
+        prev_blank = not line.strip()
+        i += 1
+    for block in blocks:
+        _read_block(block)
+    return blocks
+
+
+def _read_block(block: Block) -> None:
+    block_skip = None
+    line_skips: list[tuple[str, str]] = []
+    for marker in block.markers:
+        if m := NOT_COMMANDS.match(marker):
+            block.not_commands = m.group(1)
+        elif m := SKIP_BLOCK.match(marker):
+            block_skip = m.group(1)
+        elif m := SKIP_LINES.match(marker):
+            line_skips.append((m.group(1), m.group(2)))
+        else:
+            raise ValueError(f"README line {block.lineno}: unknown readme-test marker {marker!r}")
+    if block.not_commands:
+        return
+    section = section_of(block.heading)
+    pending: list[tuple[int, str]] = []
+    for lineno, text in block.raw:
+        if not pending and text.lstrip().startswith("#"):
+            continue  # a comment line (continues the previous line's comment)
+        pending.append((lineno, text))
+        joined = "\n".join(t for _, t in pending)
+        if _complete(joined):
+            block.commands.append(Command(joined, pending[0][0], block.heading, section))
+            pending = []
+    if pending:  # an open quote to the end of the block: not a command (problems() says so)
+        block.commands.append(Command("\n".join(t for _, t in pending), pending[0][0], block.heading, section))
+    for cmd in block.commands:
+        if block_skip:
+            cmd.skip = block_skip
+        for needle, reason in line_skips:
+            if needle in cmd.text:
+                cmd.skip = reason
+    block.unused_line_skips = [n for n, _ in line_skips if not any(n in c.text for c in block.commands)]
+
+
+def problems(blocks: list[Block]) -> list[str]:
+    """What makes the README untestable as written (the parse test lists them)."""
+    out = []
+    commands = [c for b in blocks for c in b.commands]
+    runnable_keys = {command_key(c.text) for c in commands if not c.skip and not synopsis_marks(c.text)}
+    for b in blocks:
+        for needle in b.unused_line_skips:
+            out.append(f"README line {b.lineno}: skip marker {needle!r} matches no line of the block")
+        for c in b.commands:
+            if not _is_command(c.text):
+                out.append(f"README line {c.lineno}: {c.first_line!r} is neither a command nor marked "
+                           "'not commands'")
+            if c.skip:
+                continue
+            if c.section is None:
+                out.append(f"README line {c.lineno}: block under heading {c.heading!r} belongs to no README "
+                           f"test section ({', '.join(SECTIONS.values())}) and is not marked skip")
+            marks = synopsis_marks(c.text)
+            if marks and command_key(c.text) not in runnable_keys:
+                out.append(f"README line {c.lineno}: synopsis {c.first_line!r} ({', '.join(marks)}) has no "
+                           f"concrete runnable example of {command_key(c.text)!r} in the README")
+    return out
