@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PORT ?= 4200
 
-.PHONY: install demo test lint ui bench clean-home
+.PHONY: install demo test test-readme lint ui bench clean-home
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,7 +33,11 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not readme_run"
+
+# Runs every README command block as written, section by section, in a fresh home (tests/readme).
+test-readme: install
+	$(PY) -m pytest -q -m readme_run
 
 lint: install
 	$(VENV)/bin/ruff check flows tasks solutions infra tests bench

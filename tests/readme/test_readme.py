@@ -42,6 +42,7 @@ def readme_workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
 
 
 @pytest.mark.slow
+@pytest.mark.readme_run
 @pytest.mark.parametrize("section", list(rb.SECTIONS))
 def test_readme_section(section: str, readme_workspace: Workspace, capsys: pytest.CaptureFixture[str]) -> None:
     result = readme_workspace.run_through(section)
