@@ -261,6 +261,61 @@ def given(kwargs: Mapping[str, Any], flow: str | Any, name: str) -> Any:
     return None if default is inspect.Parameter.empty else default
 
 
+def lazy_exports(module: str, exports: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """PEP 562 ``__getattr__`` and ``__dir__`` of a flows package whose ``exports`` (name ->
+    the module defining it) are imported on first use, so that importing a light module of the
+    package (its ``cli``) does not import every flow, torch and Lightning."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(exports[name]), name)
+        setattr(sys.modules[module], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(vars(sys.modules[module])) | set(exports))
+
+    return __getattr__, __dir__
+
+
+def champion_commands(promote: str, rollback: str) -> tuple[Command, Command]:
+    """A vertical's ``promote`` and ``rollback`` commands over its two flows (entrypoints), with
+    their pre-flight checks: the version to promote, or the model to roll back, is registered."""
+
+    def check_promote(kwargs: dict[str, Any]) -> None:
+        from infra.registry import ModelRegistry
+        from tasks.champion import version_spec
+
+        try:
+            name, version = version_spec(kwargs["model"])
+        except ValueError as exc:
+            raise ValueError(f"--model: {exc}") from None
+        ModelRegistry().get(name, version)  # RegistryError names the models / versions
+
+    def check_rollback(kwargs: dict[str, Any]) -> None:
+        from infra.registry import ModelRegistry
+        from tasks.champion import bare_name
+
+        try:
+            name = bare_name(given(kwargs, rollback, "model"))
+        except ValueError as exc:
+            raise ValueError(f"--model: {exc}") from None
+        ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
+
+    def summary(decision: Any) -> str:
+        from tasks.champion import champion_move_summary
+
+        return champion_move_summary(decision)
+
+    return (
+        Command("promote", promote, summary, help="make a registered version the champion by hand (NAME:VERSION)",
+                check=check_promote),
+        Command("rollback", rollback, summary, help="return the champion to the version that was champion before",
+                check=check_rollback),
+    )
+
+
 # ------------------------------------------------------------------------------------
 # parameters -> leaves
 

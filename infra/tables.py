@@ -9,9 +9,9 @@ from __future__ import annotations
 import codecs
 import datetime as dt
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict
 
 from infra.errors import DataValidationError
 from infra.store import atomic_path, stable_hash
+
+T = TypeVar("T")
 
 #: How much of a CSV the encoding detection looks at, and how many bytes of non-ASCII lines it weighs.
 DETECT_SAMPLE_BYTES = 4 << 20
@@ -77,51 +79,40 @@ def read_table(path: Path, encoding: str | None = None) -> pd.DataFrame:
     """
     if not path.exists():
         raise DataValidationError("file not found", source=str(path))
-    if path.stat().st_size == 0:
-        raise DataValidationError("file is empty (0 bytes)", source=str(path))
-    with open(path, "rb") as handle:
-        magic = handle.read(4)
-    try:
-        if magic == b"PAR1":
-            return pd.read_parquet(path)
-        if path.suffix.lower() in {".parquet", ".pq"}:
-            raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
-        if encoding:
-            try:
-                check_encoding(encoding)
-            except ValueError as exc:
-                raise DataValidationError(str(exc), source=str(path)) from None
-        return pd.read_csv(path, low_memory=False, encoding=encoding or detect_encoding(path))
-    except DataValidationError:
-        raise
-    except OSError as exc:
-        if exc.errno is not None:  # the machine, not the file: let the caller retry
-            raise
-        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
-    except pd.errors.EmptyDataError as exc:
-        raise DataValidationError("file has no header and no rows", source=str(path)) from exc
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
+    return _read_by_content(path, encoding, pd.read_parquet,
+                            lambda p, enc: pd.read_csv(p, low_memory=False, encoding=enc))
 
 
 def read_header(path: Path, encoding: str | None = None) -> list[str]:
     """The column names of a CSV or Parquet file, read without its rows (a Parquet schema,
-    a CSV's first line), by the same content rules as :func:`read_table`.
+    a CSV's first line), by the same content rules and errors as :func:`read_table`.
 
     Raises:
         DataValidationError: the file is missing, empty or cannot be read as a table.
     """
     if not path.is_file():
         raise DataValidationError("file not found", source=str(path))
+
+    def parquet_names(p: Path) -> list[str]:
+        import pyarrow.parquet as pq
+
+        return [str(name) for name in pq.read_schema(p).names]
+
+    return _read_by_content(path, encoding, parquet_names,
+                            lambda p, enc: [str(c) for c in pd.read_csv(p, nrows=0, encoding=enc).columns])
+
+
+def _read_by_content(path: Path, encoding: str | None, parquet: Callable[[Path], T],
+                     csv: Callable[[Path, str], T]) -> T:
+    """``parquet(path)`` when the content is Parquet, else ``csv(path, encoding)``; content
+    errors as :class:`DataValidationError`, machine errors unchanged (see :func:`read_table`)."""
     if path.stat().st_size == 0:
         raise DataValidationError("file is empty (0 bytes)", source=str(path))
     with open(path, "rb") as handle:
         magic = handle.read(4)
     try:
         if magic == b"PAR1":
-            import pyarrow.parquet as pq
-
-            return [str(name) for name in pq.read_schema(path).names]
+            return parquet(path)
         if path.suffix.lower() in {".parquet", ".pq"}:
             raise DataValidationError("file ends in .parquet but is not Parquet", source=str(path))
         if encoding:
@@ -129,12 +120,11 @@ def read_header(path: Path, encoding: str | None = None) -> list[str]:
                 check_encoding(encoding)
             except ValueError as exc:
                 raise DataValidationError(str(exc), source=str(path)) from None
-        header = pd.read_csv(path, nrows=0, encoding=encoding or detect_encoding(path))
-        return [str(c) for c in header.columns]
+        return csv(path, encoding or detect_encoding(path))
     except DataValidationError:
         raise
     except OSError as exc:
-        if exc.errno is not None:
+        if exc.errno is not None:  # the machine, not the file: let the caller retry
             raise
         raise DataValidationError(f"cannot be parsed: {content_error(exc)}", source=str(path)) from exc
     except pd.errors.EmptyDataError as exc:

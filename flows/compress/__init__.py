@@ -6,8 +6,9 @@ not import the flow, torch or Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flows.cli import lazy_exports
 
 #: exported name -> the module that defines it
 _EXPORTS = {
@@ -27,14 +28,4 @@ if TYPE_CHECKING:
     from flows.compress.params import CompressConfig
     from flows.compress.results import CompressResult
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

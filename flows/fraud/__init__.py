@@ -11,8 +11,9 @@ package (its ``cli``) does not import every flow, torch and Lightning.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flows.cli import lazy_exports
 
 #: exported name -> the module that defines it
 _EXPORTS = {
@@ -63,14 +64,4 @@ if TYPE_CHECKING:
     from flows.fraud.train import fraud_train
     from flows.fraud.tune import fraud_tune
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, given, make_main
+from flows.cli import Command, champion_commands, given, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
+    from flows.fraud.federate import FraudFederateResult
     from flows.fraud.results import (
         FraudAdaptResult,
         FraudBatchScoreResult,
@@ -22,8 +23,6 @@ if TYPE_CHECKING:
         FraudTrainResult,
         FraudTuneResult,
     )
-    from infra.registry import PromotionDecision
-    from flows.fraud.federate import FraudFederateResult
     from tasks.reproduce import ReproduceResult
 
 #: The flows, by entrypoint: imported only when a command runs (flows/cli.py reads their
@@ -35,8 +34,6 @@ BATCH = "flows.fraud.score:fraud_batch_score"
 MONITOR = "flows.fraud.monitor:fraud_monitor"
 TUNE = "flows.fraud.tune:fraud_tune"
 REPRODUCE = "flows.fraud.reproduce:fraud_reproduce"
-PROMOTE = "flows.fraud.promote:fraud_promote"
-ROLLBACK = "flows.fraud.promote:fraud_rollback"
 FEDERATE = "flows.fraud.federate:fraud_federate"
 
 #: Flag names shared by the commands that train (fields whose names would collide or mislead).
@@ -155,28 +152,6 @@ def check_reproduce(kwargs: dict[str, Any]) -> None:
     _check_model(kwargs, REPRODUCE, registered=True)
 
 
-def check_promote(kwargs: dict[str, Any]) -> None:
-    """``--model`` names a registered version (NAME:VERSION or NAME@alias)."""
-    from tasks.champion import version_spec
-
-    try:
-        name, version = version_spec(kwargs["model"])
-    except ValueError as exc:
-        raise ValueError(f"--model: {exc}") from None
-    ModelRegistry().get(name, version)  # RegistryError names the models / versions
-
-
-def check_rollback(kwargs: dict[str, Any]) -> None:
-    """``--model`` is a registered model NAME with a champion."""
-    from tasks.champion import bare_name
-
-    try:
-        name = bare_name(given(kwargs, ROLLBACK, "model"))
-    except ValueError as exc:
-        raise ValueError(f"--model: {exc}") from None
-    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
-
-
 def check_monitor(kwargs: dict[str, Any]) -> None:
     """Accounts file and mapping valid, model name well formed."""
     _check_files(kwargs, "accounts")
@@ -289,13 +264,6 @@ def tune_summary(r: FraudTuneResult) -> str:
     return "\n".join(lines)
 
 
-def champion_move_summary(decision: PromotionDecision) -> str:
-    """The human summary of a champion moved by hand."""
-    from tasks.champion import champion_move_summary as render
-
-    return render(decision)
-
-
 def batch_summary(r: FraudBatchScoreResult) -> str:
     """The human summary of an inbox run."""
     from tasks.ledger import inbox_summary
@@ -372,7 +340,7 @@ COMMANDS = (
         check=check_tune,
     ),
     Command(
-        "federate", FEDERATE, lambda r: federate_summary(r),
+        "federate", FEDERATE, federate_summary,
         help="federated training across K banks (Flower; --dp-epsilon for DP-SGD), registered via the champion rule",
         flags={"config.model_name": "model", "config.model.seed": "model-seed",
                "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
@@ -380,16 +348,7 @@ COMMANDS = (
         hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
         check=lambda kwargs: _check_files(kwargs, "data"),
     ),
-    Command(
-        "promote", PROMOTE, champion_move_summary,
-        help="make a registered version the champion by hand (NAME:VERSION)",
-        check=check_promote,
-    ),
-    Command(
-        "rollback", ROLLBACK, champion_move_summary,
-        help="return the champion to the version that was champion before",
-        check=check_rollback,
-    ),
+    *champion_commands("flows.fraud.promote:fraud_promote", "flows.fraud.promote:fraud_rollback"),
     Command(
         "reproduce", REPRODUCE, reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, make_main
+from flows.cli import Command, champion_commands, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
         SensorScoreResult,
         SensorTrainResult,
     )
-    from infra.registry import PromotionDecision
     from tasks.reproduce import ReproduceResult
 
 #: The flows, by entrypoint: imported only when a command runs (see flows/cli.py).
@@ -31,8 +30,6 @@ SCORE = "flows.sensor.score:sensor_score"
 BATCH = "flows.sensor.batch:sensor_batch_score"
 MONITOR = "flows.sensor.monitor:sensor_monitor"
 REPRODUCE = "flows.sensor.reproduce:sensor_reproduce"
-PROMOTE = "flows.sensor.promote:sensor_promote"
-ROLLBACK = "flows.sensor.promote:sensor_rollback"
 
 # flag names where a field name alone would collide or be unclear
 _FLEET = {"config.fleet.seed": "seed"}
@@ -179,32 +176,6 @@ def _monitor_summary(r: SensorMonitorResult) -> str:
     return "\n".join(lines)
 
 
-def _check_promote(kwargs: dict[str, Any]) -> None:
-    from tasks.champion import version_spec
-
-    try:
-        name, version = version_spec(kwargs["model"])
-    except ValueError as exc:
-        raise ValueError(f"--model: {exc}") from None
-    ModelRegistry().get(name, version)  # RegistryError names the models / versions
-
-
-def _check_rollback(kwargs: dict[str, Any]) -> None:
-    from tasks.champion import bare_name
-
-    try:
-        name = bare_name(kwargs.get("model", "sensor-rul"))
-    except ValueError as exc:
-        raise ValueError(f"--model: {exc}") from None
-    ModelRegistry().get(name)  # RegistryError: unknown model, or no champion yet
-
-
-def _champion_move_summary(r: PromotionDecision) -> str:
-    from tasks.champion import champion_move_summary
-
-    return champion_move_summary(r)
-
-
 def _reproduce_summary(r: ReproduceResult) -> str:
     from tasks.reproduce import reproduce_summary
 
@@ -251,16 +222,7 @@ COMMANDS = [
         hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
         check=_check_monitor,
     ),
-    Command(
-        "promote", PROMOTE, _champion_move_summary,
-        help="make a registered version the champion by hand (NAME:VERSION)",
-        check=_check_promote,
-    ),
-    Command(
-        "rollback", ROLLBACK, _champion_move_summary,
-        help="return the champion to the version that was champion before",
-        check=_check_rollback,
-    ),
+    *champion_commands("flows.sensor.promote:sensor_promote", "flows.sensor.promote:sensor_rollback"),
     Command(
         "reproduce", REPRODUCE, _reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",
