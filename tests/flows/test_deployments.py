@@ -82,6 +82,16 @@ def test_apply_registers_the_same_definitions_to_a_process_pool(monkeypatch) -> 
     assert "INDUSFLOW_HOME" in train.job_variables["env"]  # a process pool on this machine shares the home
 
 
+def test_apply_to_a_missing_pool_is_one_error_line_naming_it(capsys) -> None:
+    from infra.deploy import main as deploy_main
+
+    # without --create-pool, registering to a pool that does not exist would make the server answer 500
+    assert deploy_main(["apply", "--pool", "no-such-pool", "--only", "nightly-retrain"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "'no-such-pool' does not exist" in err[0], err
+    assert "--create-pool" in err[0]
+
+
 def test_container_pools_mount_the_shared_home_from_the_config() -> None:
     from infra.resources import IMAGE_HOME
 
@@ -179,8 +189,6 @@ def test_two_trainings_never_share_one_gpu_slot() -> None:
     assert second_training(30.0) == "ran" and seen["second"] == [0]  # free again once the first ended
 
 
-@pytest.mark.xfail(strict=True, reason="SIGINT now reaches Prefect's serve() (KeyboardInterrupt, 'shutting down'), "
-                   "but its shutdown took 6.2 s at load 12 (runner pauses schedules, interpreter exit): not yet fixed")
 def test_serve_stops_within_two_seconds_of_sigint(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) stops `python -m infra.deploy serve`, even when started with SIGINT
     ignored, as a shell's background job is."""
