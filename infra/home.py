@@ -94,6 +94,10 @@ class HomeLayout:
         """Scored data joined with its arrived labels, Parquet partitioned by day (``day=YYYY-MM-DD/``)."""
         return self._area("accumulated", check_name(vertical, "vertical name"))
 
+    def batch_history(self, vertical: str) -> Path:
+        """Transactions the batch job scored, the history of later files (``batch-history/<vertical>/``)."""
+        return self._area("batch-history", check_name(vertical, "vertical name"))
+
     # -- knowledge base
     def milvus(self) -> Path:
         """Milvus Lite database files (the embedded vector store)."""

@@ -19,11 +19,13 @@ from prefect.cache_policies import NONE
 
 from flows.fraud.results import PreparedFeatures, StageReports
 from infra.errors import DataValidationError
+from infra.home import home_layout
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
 from infra.store import check_name, safe_stem, stable_hash
 from infra.tables import assign_periods, read_table, time_split, validate_table, write_table
 from solutions.fraud import candidates as CA
+from solutions.fraud import history as H
 from solutions.fraud import monitoring as M
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
@@ -401,6 +403,13 @@ def read_transactions(path: Path, columns: Mapping[str, str], accounts: str | No
     return table
 
 
+def batch_history_sources(ref: ModelRef) -> list[Path]:
+    """Where a batch file's history comes from: the version's own training table (when this
+    machine holds it) and the files the batch job scored before (:mod:`solutions.fraud.history`)."""
+    own = sorted(home_layout().datasets().glob(f"*-{ref.data_hash}.parquet")) if ref.data_hash else []
+    return [*own[:1], home_layout().batch_history("fraud")]
+
+
 def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str], accounts: str | None,
                      out_dir: str, csv: bool, encoding: str | None = None) -> ScoredFile:
     """Score one inbox file with the exact version the flow resolved (plain: runs on any
@@ -412,8 +421,14 @@ def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str
     scorer = load_once(model, scoring_model_at)
     with reading_content(file.path):
         table = read_transactions(Path(file.path), columns, accounts, encoding)
-    scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, scorer.ref, table,
-                                   source=file.path, baseline=scorer.baseline)
+    delay = float(scorer.ref.params.get("split", {}).get("delay_days", 7))
+    history = H.history_before(table, batch_history_sources(scorer.ref), delay)
+    joined, since = H.with_history(table, history)
+    if since is not None:
+        log.info("%s: %d row(s) scored after %d row(s) of history", safe_stem(file.path), len(table), len(history))
+    scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, scorer.ref, joined,
+                                   source=file.path, since=since, baseline=scorer.baseline)
+    H.record_scored(home_layout().batch_history("fraud"), file.sha256[:16], table)
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name
     write_table(scored.table, target, csv)

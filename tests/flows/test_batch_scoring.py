@@ -305,3 +305,50 @@ def test_batch_progress_reaches_100_with_i_of_n_lines(tmp_path: Path, champion: 
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.progress"]
     assert lines[0].startswith("score fraud-batch-score: 0/2 files (0%)")
     assert lines[-1].startswith("score fraud-batch-score: 2/2 files (100%)")
+
+
+def test_a_file_is_scored_after_its_history_as_the_champion_was_validated(tmp_path: Path, champion: str,
+                                                                          capsys) -> None:
+    """A batch file's accounts and terminals look back on the champion's training table and on
+    the files scored before: its scores equal `score --since` on the whole history, not the
+    scores of the file alone (whose windows and sequences would start at its first row)."""
+    # the other tests' files reuse the training data's account ids with other people's transactions
+    shutil.rmtree(home_layout().batch_history("fraud"))
+    ref = ModelRegistry().resolve(MODEL)
+    (own,) = home_layout().datasets().glob(f"*-{ref.data_hash}.parquet")
+    full = pd.read_parquet(own)
+    day = full["timestamp"].max().normalize()
+    last = full[full["timestamp"] >= day].drop(columns=["label", "scenario"], errors="ignore")
+    before, after = last.iloc[: len(last) // 2], last.iloc[len(last) // 2:]
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    before.to_csv(inbox / "morning.csv", index=False)
+
+    def batch() -> pd.DataFrame:
+        assert main(["batch", "--inbox", str(inbox), "--model", MODEL, "--settle-seconds", "0", "--json"]) == 0
+        (output,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["outputs"]
+        return pd.read_parquet(output).set_index("transaction_id")["score"]
+
+    def score(data: pd.DataFrame, name: str, since: pd.Timestamp | None = None) -> pd.Series:
+        path = tmp_path / f"{name}.parquet"
+        data.to_parquet(path, index=False)
+        argv = ["score", "--data", str(path), "--model", MODEL, "--output", str(tmp_path / f"{name}-scores.parquet")]
+        assert main([*argv, *(["--since", since.isoformat()] if since is not None else []), "--json"]) == 0
+        capsys.readouterr()
+        return pd.read_parquet(tmp_path / f"{name}-scores.parquet").set_index("transaction_id")["score"]
+
+    morning = batch()
+    with_history = score(full[full["timestamp"] < after["timestamp"].min()], "history", since=day)
+    alone = score(before, "alone")
+    assert len(morning) == len(before)
+    assert (morning - with_history.loc[morning.index]).abs().max() < 1e-5
+    assert (morning - alone.loc[morning.index]).abs().mean() > 1e-3  # alone, the windows start at its first row
+
+    # the afternoon's file sees the morning's (scored by the batch job, not in the training table)
+    # as its history; the training table's labels of the morning are not used
+    after.to_csv(inbox / "afternoon.csv", index=False)
+    afternoon = batch()
+    unlabelled = pd.concat([full[full["timestamp"] < day], before.assign(label=pd.NA)], ignore_index=True)
+    expected = score(pd.concat([unlabelled, after], ignore_index=True), "after-morning",
+                     since=pd.Timestamp(after["timestamp"].min()))
+    assert (afternoon - expected.loc[afternoon.index]).abs().max() < 1e-5
