@@ -11,7 +11,8 @@ A command fails on a non-zero exit status (curl gets ``--fail-with-body`` from a
 an HTTP 4xx/5xx is one), a traceback, a WARNING/ERROR/CRITICAL log line, a ``warning:``/``error:``
 line or a Python warning in its output. Servers the README starts in a terminal of their own
 run in the background until the end of their section, then get Ctrl-C (SIGINT); their output
-is checked the same way.
+is checked the same way (only ``AT_CTRL_C``, Prefect's queue drain after Ctrl-C, is reported as
+a note instead).
 
 Where a line is not run exactly as written, the change is one of the fixed lists below, and
 the report says which, for every line:
@@ -132,6 +133,16 @@ NOISE = [
     (re.compile(r"^\s*(WARNING|ERROR|CRITICAL)\b[:\s]", re.MULTILINE), "a WARNING/ERROR log line"),
     (re.compile(r"^\s*(warning|error):", re.MULTILINE | re.IGNORECASE), "a warning/error line"),
     (re.compile(r"\b[A-Z]\w*Warning: "), "a Python warning"),
+]
+
+
+#: (pattern, why): upstream messages a background server may print *after* it got Ctrl-C, reported
+#: in its notes instead of failing it. Only Prefect's own service drain is listed: at Ctrl-C its
+#: event/log workers flush their queues and warn while items remain (prefect
+#: ``_internal/concurrency/services.py``), which nothing the user types can change.
+AT_CTRL_C: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"\|\s*WARNING\s*\|.*Still processing items: \d+ items remaining"),
+     "Prefect's event/log workers flushing their queues at Ctrl-C"),
 ]
 
 
@@ -410,6 +421,7 @@ class Workspace:
     def _stop(outcome: Outcome, proc: subprocess.Popen, log: Path) -> None:
         if proc.poll() is not None and not outcome.problems:
             outcome.problems.append(f"stopped by itself during the section (status {proc.returncode})")
+        before_ctrl_c = len(log.read_text(errors="replace"))
         for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):
             if proc.poll() is not None:
                 break
@@ -425,7 +437,13 @@ class Workspace:
         if outcome.rc is None:
             outcome.rc = proc.returncode
         outcome.stdout = log.read_text(errors="replace")
-        outcome.problems += noise_lines(outcome.stdout)
+        outcome.problems += noise_lines(outcome.stdout[:before_ctrl_c])
+        for line in outcome.stdout[before_ctrl_c:].splitlines():
+            why = next((why for pattern, why in AT_CTRL_C if pattern.search(line)), None)
+            if why:
+                outcome.notes.append(f"after Ctrl-C, not counted ({why}): {line.strip()[:200]}")
+            else:
+                outcome.problems += noise_lines(line)
         outcome.status = "FAILED" if outcome.problems else outcome.status
 
 

@@ -6,7 +6,10 @@ README itself says about it:
 - ``tx.csv``: a Fraud Detection Handbook-format CSV (TRANSACTION_ID, TX_DATETIME, CUSTOMER_ID,
   TERMINAL_ID, TX_AMOUNT, TX_TIME_SECONDS, TX_TIME_DAYS, TX_FRAUD, TX_FRAUD_SCENARIO), the
   names ``train --columns`` maps;
-- ``new.parquet``, ``incoming/tx/``: transactions in the canonical columns (no label);
+- ``new.parquet``: transactions in the canonical columns (no label); ``incoming/tx/``: the
+  last day of the data ``fraud adapt`` fine-tunes on by default (a day of its test period),
+  unlabelled: a day of the regime the champion was adapted to, whose history (the days
+  before it) the batch job reads from the champion's training table;
 - ``manuals/``, ``qa.jsonl``: a few documents and questions with answers found in them;
 - ``readings.csv`` / ``events.csv``: long-format sensor readings and failure events;
   ``incoming/sensor/``, ``failures/``: later readings of other assets and their failures;
@@ -102,6 +105,18 @@ def canonical_transactions(seed: int, n_days: int) -> pd.DataFrame:
     return df.drop(columns=[c for c in ("label", "scenario") if c in df.columns]).reset_index(drop=True)
 
 
+def next_day_of_the_adapted_data() -> pd.DataFrame:
+    """The last day of ``fraud adapt``'s default data (its synthetic settings), without labels."""
+    from flows.fraud.adapt import ADAPT_CONFIG
+    from solutions.fraud.synthetic import generate_transactions
+
+    cfg = ADAPT_CONFIG.data
+    df = generate_transactions(n_accounts=cfg.n_accounts, n_terminals=cfg.n_terminals, n_days=cfg.n_days,
+                               fraud_rate=cfg.fraud_rate, seed=cfg.seed, new_pattern=cfg.new_pattern)
+    df = df[df["timestamp"] >= df["timestamp"].max().normalize()]
+    return df.drop(columns=[c for c in ("label", "scenario") if c in df.columns]).reset_index(drop=True)
+
+
 def sensor_files(cwd: Path) -> None:
     from solutions.sensor.config import SyntheticFleetConfig
     from solutions.sensor.synthetic import generate_fleet
@@ -184,7 +199,7 @@ def write_all(cwd: Path) -> list[str]:
     canonical_transactions(seed=2, n_days=1).to_parquet(cwd / "new.parquet", index=False)
     inbox = cwd / "incoming" / "tx"
     inbox.mkdir(parents=True)
-    canonical_transactions(seed=3, n_days=1).to_csv(inbox / "day-1.csv", index=False)
+    next_day_of_the_adapted_data().to_csv(inbox / "day-1.csv", index=False)
     manuals = cwd / "manuals"
     manuals.mkdir()
     for name, text in MANUALS.items():
