@@ -370,6 +370,11 @@ class ServeSettings(BaseSettings):
     batch_max_wait_ms: float = Field(
         default=2.0, ge=0, description="Longest a request waits for others to join its batch."
     )
+    max_clock_skew_s: float = Field(
+        default=300.0, ge=0,
+        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (UTC); "
+        "later ones get 422 (a future-dated row would make every later real one of its account 'older').",
+    )
     fraud_model: str | None = Field(
         default="fraud-seq",
         description="Registered fraud model served at /v1/fraud/score (its champion). Empty: not served.",
