@@ -27,6 +27,27 @@ def test_scrub_removes_headers_pairs_userinfo_and_known_values() -> None:
     assert scrub(f"an unknown sk-live-{'a' * 20} key shape") == "an unknown *** key shape"
 
 
+def test_scrub_catches_escaped_url_encoded_and_base64_forms_of_known_secrets() -> None:
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    key = "Q2xm/9vT+rB7kW3pL4nZ8/uX=="
+    echoes = [json.dumps({"k": key}).replace("/", "\\/"), json.dumps({"k": key}), quote(key, safe=""),
+              quote(key, safe="").replace("%2F", "%2f"), quote_plus(key)]
+    for echo in echoes:
+        clean = scrub(f"error: {echo} end", [key])
+        assert "***" in clean and clean.startswith("error: ") and clean.endswith(" end"), (echo, clean)
+        assert not any(key[i:i + 4] in clean for i in range(len(key) - 3)), (echo, clean)
+    # base64, alone or inside a longer encoded value: at most the few characters next to the key
+    # (which mix its bits with its neighbours') stay
+    for prefix in ("", "u:", "Bearer "):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            echo = encode(f"{prefix}{key}!".encode()).decode()
+            clean = scrub(f"error: {echo} end", [key])
+            left = clean.split()[1]
+            assert "***" in left and len(left.replace("***", "")) <= len(prefix) * 4 // 3 + 6, (echo, clean)
+
+
 def test_url_credentials() -> None:
     assert url_credentials("http://user:pw@milvus:19530") == "password"
     assert url_credentials("postgresql+asyncpg://u:pw@db/x") == "password"
