@@ -20,7 +20,7 @@ import base64
 import math
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 MASK = "***"
 _MIN_SECRET = 4  # shorter "secrets" would mask ordinary words
@@ -124,11 +124,26 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
+#: Words that make a query-string parameter a credential (``?key=``, ``?auth=``, ``?access_token=``,
+#: ``?X-Amz-Signature=``): any word of its name, split at ``_``, ``-``, ``.`` and case changes.
+_QUERY_SECRET_WORDS = frozenset({"key", "apikey", "auth", "authorization", "token", "secret", "password", "passwd",
+                                 "pwd", "pass", "credential", "credentials", "signature", "sig", "session", "jwt"})
+
+
+def _query_secret(query: str) -> bool:
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        words = re.split(r"[_.\-]+|(?<=[a-z])(?=[A-Z])", name)
+        if any(w.lower() in _QUERY_SECRET_WORDS for w in words if w):
+            return True
+    return bool(_PAIR.search(query))
+
+
 def url_credentials(value: str) -> str | None:
     """What secret a value carries in a URL (``"password"``, ``"query"``), or None.
 
     Any ``scheme://user:password@host`` (also inside a longer value such as a list of URLs) and
-    a query string with a key-, token-, secret- or password-named parameter count.
+    a query string with a credential-named parameter (``key``, ``auth``, ``token``, ``sig``, ...:
+    :data:`_QUERY_SECRET_WORDS`, or a ``...api_key``/``...secret``-style name) count.
     """
     for m in re.finditer(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s,;]+", value):
         url = m.group(0)
@@ -140,6 +155,6 @@ def url_credentials(value: str) -> str | None:
             return "password"
         if parts.username and "@" in parts.netloc and len(parts.username) >= 16:
             return "token"  # a bare token as the user name (https://<token>@host)
-        if _PAIR.search(parts.query or ""):
+        if _query_secret(parts.query or ""):
             return "query"
     return None

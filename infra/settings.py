@@ -514,6 +514,18 @@ def environment_variables() -> list[tuple[str, str, str]]:
     return rows
 
 
+def secret_variables() -> frozenset[str]:
+    """The environment variables of the settings held as secrets (``SecretStr`` fields): they never
+    reach a log, a job variable or a message."""
+    out = set()
+    for cls in ALL_SETTINGS:
+        prefix = cls.model_config.get("env_prefix", "")
+        for name, info in cls.model_fields.items():
+            if "SecretStr" in str(info.annotation):
+                out.add(f"{prefix}{name}".upper())
+    return frozenset(out)
+
+
 def markdown_table() -> str:
     """The README's configuration table."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]

@@ -125,3 +125,20 @@ def test_an_embeddings_error_that_echoes_the_key_does_not_carry_it(echo_url) -> 
     with pytest.raises(EmbeddingError) as info:
         embedder.encode(["hello"])
     assert "HTTP 401" in str(info.value) and KEY not in str(info.value) and KEY[:12] not in str(info.value)
+
+
+def test_the_audit_salt_and_query_credentials_never_reach_job_variables(monkeypatch) -> None:
+    from infra.deploy import DeployError, forwarded_env
+
+    monkeypatch.setenv("INDUSFLOW_SERVE_AUDIT_SALT", "pepper-Salt-77")
+    monkeypatch.setenv("INDUSFLOW_EMBED_URL", "http://127.0.0.1:8000/v1")
+    env = forwarded_env("process")
+    assert "INDUSFLOW_SERVE_AUDIT_SALT" not in env and "pepper-Salt-77" not in json.dumps(env)
+    assert env["INDUSFLOW_EMBED_URL"] == "http://127.0.0.1:8000/v1"  # what is not secret is forwarded
+    monkeypatch.setenv("INDUSFLOW_LLM_URL", "https://llm.internal/v1?key=K3y-Val")
+    monkeypatch.setenv("INDUSFLOW_TIKA_URL", "http://tika:9998/?lang=en&auth=Au7h-Val")
+    with pytest.raises(DeployError) as info:
+        forwarded_env("process")
+    message = str(info.value)
+    assert "INDUSFLOW_LLM_URL (query in its URL)" in message and "INDUSFLOW_TIKA_URL (query in its URL)" in message
+    assert "K3y-Val" not in message and "Au7h-Val" not in message
