@@ -203,7 +203,7 @@ def build(services: Services) -> Vertical | None:
             group = [rows for rows, _ in items[start:end]]
             try:
                 results = score_group(model, group, items[start][1])
-            except Exception:  # noqa: BLE001 - nothing was committed: each request again, alone
+            except Exception:  # nothing was committed: each request again, alone
                 if len(group) == 1:
                     raise
                 results = []
@@ -235,7 +235,9 @@ def build(services: Services) -> Vertical | None:
         body = await read_score_request(request)
         check_rows(request, len(body.transactions))
         label_col = (body.columns or {}).get(S.LABEL, S.LABEL)
-        if not principal.allows(LABEL_SCOPE) and any(row.get(label_col) is not None for row in body.transactions):
+        if not principal.allows(LABEL_SCOPE) and any(
+                row.get(label_col) is not None and row.get(label_col) == row.get(label_col)  # NaN: no label
+                for row in body.transactions):
             raise HTTPException(status_code=403, detail={
                 "error": f"rows carry a label; recording labels needs the scope {LABEL_SCOPE!r}",
                 "column": S.LABEL})

@@ -56,6 +56,7 @@ from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor
 
 __all__ = [
     "ACCOUNT",
+    "MAX_ID_CHARS",
     "TERMINAL",
     "OnlineFraudModel",
     "OnlineFraudState",
@@ -65,7 +66,6 @@ __all__ = [
     "RowInputs",
     "Rows",
     "SqliteStateStore",
-    "MAX_ID_CHARS",
     "apply_labels",
     "check_values",
     "fast_rows",

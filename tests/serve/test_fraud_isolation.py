@@ -62,7 +62,7 @@ async def _post_all(url: str, key: str, bodies: list[bytes]) -> list[httpx.Respo
 def test_a_bad_request_in_a_batch_gets_its_own_4xx_and_the_valid_ones_their_scores_alone(
         tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
     src, _ = tiny
-    valid = list(range(0, 24))
+    valid = list(range(24))
     bad = list(range(24, 40))
     # each valid request scored alone, one after the other, on a fresh state
     alone_home = _home(src, tmp_path / "alone")
