@@ -60,8 +60,10 @@ class FraudScoreRequest(BaseModel):
     transactions: list[dict[str, Any]] = Field(
         min_length=1,
         description="One object per transaction: transaction_id, account_id, timestamp, amount (required), "
-        "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional: "
-        "a known label feeds the delayed terminal risk of later transactions).",
+        "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional, and only "
+        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids "
+        "and categories: strings or numbers of at most 128 characters; timestamps at most "
+        "INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC).",
     )
     columns: dict[str, str] | None = Field(
         default=None, description="Column mapping canonical -> source name, as `fraud score --columns`.",
