@@ -372,8 +372,9 @@ class ServeSettings(BaseSettings):
     )
     max_clock_skew_s: float = Field(
         default=300.0, ge=0,
-        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (UTC); "
-        "later ones get 422 (a future-dated row would make every later real one of its account 'older').",
+        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (naive "
+        "timestamps: UTC or the server's local time, whichever is later); later ones get 422 (a future-dated "
+        "row would make every later real one of its account 'older').",
     )
     fraud_model: str | None = Field(
         default="fraud-seq",

@@ -186,12 +186,18 @@ def build(services: Services) -> Vertical | None:
 
     max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
 
+    def latest_time_ns() -> int:
+        """The latest timestamp accepted now: the clock plus the skew, read as UTC or as the server's
+        local wall time, whichever is later (clients may send naive local timestamps)."""
+        now = time.time_ns()
+        return max(now, now + time.localtime().tm_gmtoff * 10**9) + max_skew_ns
+
     def score_group(model: OnlineFraudModel, requests: list[list[dict[str, Any]]],
                     columns: dict[str, str] | None) -> list[Any]:
         from solutions.fraud.online import score_requests
 
         with slot.breaker.guard():
-            return score_requests(model, state(), requests, columns, max_time_ns=time.time_ns() + max_skew_ns)
+            return score_requests(model, state(), requests, columns, max_time_ns=latest_time_ns())
 
     def score_batch(items: list[_Item]) -> list[_Result]:
         ref, model = slot.current()  # one version for the whole batch

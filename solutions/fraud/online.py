@@ -992,7 +992,7 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
         state: the online state.
         requests: per request, its rows (source column names).
         columns: the column mapping canonical -> source.
-        max_time_ns: latest timestamp accepted (ns since the epoch, UTC; the server clock plus
+        max_time_ns: latest timestamp accepted (ns since the epoch of naive timestamps; the server clock plus
             the allowed skew). A transaction dated in the future would otherwise become its
             account's latest and make every later real transaction of it "older". None: no bound.
 
@@ -1016,8 +1016,8 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
             ahead = [i for i, t in enumerate(frame.t_ns) if t > max_time_ns]
             if ahead:
                 frames.append(DataValidationError(
-                    f"timestamp(s) ahead of the server clock ({pd.Timestamp(max_time_ns)} UTC at the latest, "
-                    "the clock plus the allowed skew; naive timestamps are read as UTC)",
+                    f"timestamp(s) in the future: after {pd.Timestamp(max_time_ns)}, the server clock plus the "
+                    "allowed skew",
                     source="request", column=S.TIMESTAMP, rows=ahead[:5]))
                 continue
         if model.needs_terminal and not frame.has_terminal:
