@@ -81,7 +81,7 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
     unknown = wanted - {d.name for d in config.deployments}
     if unknown:
         raise DeployError(f"no deployment named {sorted(unknown)} in the config (have {[d.name for d in config.deployments]})")
-    env = _forwarded_env(pool_type) if pool else {}  # refuses credentials before anything is loaded
+    env = forwarded_env(pool_type) if pool else {}  # refuses credentials before anything is loaded
     out = []
     for spec in config.deployments:
         if wanted and spec.name not in wanted:
@@ -111,12 +111,14 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
     return out
 
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH", "SALT")
 
 
-def _forwarded_env(pool_type: PoolType) -> dict[str, str]:
+def forwarded_env(pool_type: PoolType) -> dict[str, str]:
     """Environment of the pool's flow runs: logging set-up, and for a process pool on this
-    machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys or tokens).
+    machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys, tokens or
+    salts: neither a variable named like one nor any setting that ``infra.settings`` holds as a
+    secret, such as ``INDUSFLOW_SERVE_AUDIT_SALT``, which would un-pseudonymise the audit log).
 
     Job variables are stored by the Prefect API and shown in its UI to everyone who can read the
     deployment, so a setting whose value carries a credential in a URL (``user:password@``, a
@@ -129,9 +131,14 @@ def _forwarded_env(pool_type: PoolType) -> dict[str, str]:
     keep = dict(RUN_ENV)
     if pool_type != "process":
         return keep
+    from infra.settings import secret_variables
+
     refused = []
+    # a secret URL setting (Redis, the tuning store) is forwarded unless it carries a credential,
+    # like any URL (dropping it would run the flows against another store); other secrets never are
+    secret = {name for name in secret_variables() if not name.endswith("_URL")}
     for key, value in sorted(os.environ.items()):
-        if not key.startswith("INDUSFLOW_") or any(s in key for s in SECRET_NAME_PARTS):
+        if not key.startswith("INDUSFLOW_") or key in secret or any(s in key for s in SECRET_NAME_PARTS):
             continue
         what = url_credentials(value)
         if what:
@@ -266,6 +273,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         image = get_deploy_settings().image
         if not image:
             raise DeployError(f"a {args.pool_type} pool needs --image (or INDUSFLOW_DEPLOY_IMAGE): build it from the Dockerfile")
+    forwarded_env(args.pool_type)  # refuses credentials before the Prefect API is asked anything
     if args.create_pool:
         _ensure_pool(args.pool, args.pool_type)
     else:

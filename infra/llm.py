@@ -20,7 +20,22 @@ log = logging.getLogger(__name__)
 
 
 class LLMError(IndusflowError):
-    """The chat endpoint failed or answered something that is not a chat completion."""
+    """The chat endpoint failed or answered something that is not a chat completion.
+
+    Attributes:
+        status: the endpoint's HTTP status when it answered one other than 200, else None.
+    """
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def public_text(self) -> str:
+        """What an API caller may see: the endpoint's status code, never its body (which may echo
+        the request, the key included, in any encoding)."""
+        if self.status is not None:
+            return f"the language model endpoint answered HTTP {self.status}"
+        return "the language model endpoint failed"
 
 
 @dataclass(frozen=True)
@@ -56,7 +71,7 @@ class ChatClient:
 
     def _error(self, status: int, body: str) -> LLMError:
         return LLMError(f"chat endpoint {shown_url(self._endpoint())} answered "
-                        f"{http_error_text(status, body, self._known())}")
+                        f"{http_error_text(status, body, self._known())}", status=status)
 
     def _unreachable(self, exc: Exception) -> LLMError:
         return LLMError(f"chat endpoint {shown_url(self._endpoint())} unreachable: {type(exc).__name__}: "

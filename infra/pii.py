@@ -25,11 +25,14 @@ vertical adds per-kind switches and the labelled evaluation (:mod:`solutions.rag
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import hmac
 import inspect
 import os
 import re
+import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -95,6 +98,23 @@ CONTEXT_CHARS = 24
 def fold(text: str) -> str:
     """``text`` with full-width digits and separators as ASCII (same length, same offsets)."""
     return text.translate(_FOLD)
+
+
+@functools.cache
+def _format_chars() -> re.Pattern[str]:
+    """Every Unicode format character (category Cf: zero-width space U+200B, soft hyphen U+00AD,
+    joiners, direction marks, BOM, tags): invisible, so they can split a value without showing."""
+    chars = "".join(chr(c) for c in range(0xA0, sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    return re.compile(f"[{re.escape(chars)}]")
+
+
+def _visible(text: str) -> tuple[str, list[int] | None]:
+    """``text`` without its format characters, and for each kept character its offset in ``text``
+    (None when there were none to strip)."""
+    if text.isascii() or not _format_chars().search(text):
+        return text, None
+    keep = [i for i, ch in enumerate(text) if not _format_chars().match(ch)]
+    return "".join(text[i] for i in keep), keep
 
 
 def cn_id_valid(candidate: str) -> bool:
@@ -204,8 +224,18 @@ def find(text: str, kinds: Iterable[Kind] = KINDS) -> list[tuple[int, int, Kind]
     """Spans ``(start, end, kind)`` of the personal data in ``text``, left to right, not overlapping.
 
     Kinds are matched in ``KINDS`` order on what earlier kinds left over (an ID is never also
-    counted as a card or a phone number).
+    counted as a card or a phone number). Format characters (zero-width spaces, soft hyphens,
+    other category Cf) are stripped before matching, so a value split by them is still found;
+    its span in ``text`` includes them.
     """
+    visible, offsets = _visible(text)
+    spans = _find_visible(visible, kinds)
+    if offsets is None:
+        return spans
+    return [(offsets[a], offsets[b - 1] + 1, kind) for a, b, kind in spans]
+
+
+def _find_visible(text: str, kinds: Iterable[Kind]) -> list[tuple[int, int, Kind]]:
     folded = fold(text)
     taken: list[tuple[int, int, Kind]] = []
     table = rules()
@@ -329,6 +359,8 @@ class StreamRedactor:
         ch = fold(text[i])
         if ch.isascii() and (ch.isalnum() or ch in "@._%+-()"):
             return True
+        if not ch.isascii() and _format_chars().match(ch):
+            return True  # may sit inside a value (find() strips it)
         return ch in " .-" and i > 0 and fold(text[i - 1]).isdigit()
 
     def feed(self, piece: str) -> str:
@@ -360,7 +392,7 @@ def fingerprint(kinds: Iterable[Kind] = KINDS) -> str:
         pattern, check = table[kind]
         parts.append(f"{kind}\x1f{pattern.pattern}\x1f{pattern.flags}\x1f{PLACEHOLDER[kind]}\x1f"
                      + inspect.getsource(check))
-    for fn in (cn_id_valid, luhn_valid, card_network, _context, find, fold):
+    for fn in (cn_id_valid, luhn_valid, card_network, _context, find, _find_visible, _visible, _format_chars, fold):
         parts.append(inspect.getsource(fn))
     parts += [_CARD_WORDS.pattern, _OTHER_WORDS.pattern, str(CONTEXT_CHARS), repr(sorted(_FOLD.items()))]
     return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:16]

@@ -4,7 +4,10 @@ log, an artifact or a job variable.
 - :func:`scrub` removes them from any text (an HTTP error body that echoes the request, an
   exception message of a client library): ``Authorization``/``Bearer``/``Basic`` values,
   ``user:password@`` in URLs, ``key=``/``token=``/``password=``-style pairs (query strings,
-  JSON, headers), ``sk-...``-style API keys, and the values the caller knows are secret.
+  JSON, headers), ``sk-...``-style API keys, and the values the caller knows are secret, also
+  when an echo shows them escaped: JSON-escaped (``\\/``, ``\\uXXXX``), URL-encoded (either
+  hex case, ``+`` for a space) or base64 (standard or URL-safe, padded or not, also inside a
+  longer encoded value such as a ``Basic`` credential).
 - :func:`http_error_text` is what every HTTP client of the project puts into its exceptions:
   the status and a short, scrubbed excerpt of the body.
 - :func:`url_credentials` tells whether a value carries credentials in a URL (``apply`` refuses
@@ -13,9 +16,11 @@ log, an artifact or a job variable.
 
 from __future__ import annotations
 
+import base64
+import math
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 MASK = "***"
 _MIN_SECRET = 4  # shorter "secrets" would mask ordinary words
@@ -32,12 +37,60 @@ _KEY_SHAPES = re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{12,}|\bAKIA[0-9A-Z]{16}\
                          r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")
 
 
+_MIN_BASE64 = 8  # shorter base64 fragments would mask ordinary words
+
+
+def _base64_forms(secret: str) -> set[str]:
+    """The base64 text that ``secret``'s bytes give wherever they sit in an encoded value: for each
+    of the 3 alignments, the characters that depend on the secret's bytes only."""
+    raw = secret.encode("utf-8")
+    forms: set[str] = set()
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + raw).decode("ascii")
+        part = encoded[math.ceil(8 * offset / 6): (8 * (offset + len(raw))) // 6]
+        if len(part) >= _MIN_BASE64:
+            forms |= {part, part.translate(str.maketrans("+/", "-_"))}
+    return forms
+
+
+def _hex_class(byte: int) -> str:
+    return "".join(f"[{d.upper()}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02x}")
+
+
+def _escaped_pattern(secret: str) -> re.Pattern[str]:
+    """``secret`` with any of its characters JSON-escaped (``\\/``, ``\\uXXXX``) or URL-encoded
+    (``%XX`` in either case, ``+`` for a space), in any mix."""
+    parts = []
+    for ch in secret:
+        options = [re.escape(ch), "".join(f"%{_hex_class(b)}" for b in ch.encode("utf-8"))]
+        if len(ch.encode("utf-16-be")) == 2:
+            options.append(r"\\u" + "".join(_hex_class(b) for b in ch.encode("utf-16-be")))
+        if ch in '/"\\':
+            options.append(re.escape("\\" + ch))
+        if ch == " ":
+            options.append(r"\+")
+        parts.append("(?:" + "|".join(options) + ")")
+    return re.compile("".join(parts))
+
+
+def secret_forms(secret: str) -> set[str]:
+    """``secret`` and its base64 forms (the JSON-escaped and URL-encoded ones are matched by
+    :func:`_escaped_pattern`)."""
+    forms = {secret}
+    if len(secret) >= _MIN_BASE64:
+        forms |= _base64_forms(secret)
+    return {f for f in forms if len(f) >= _MIN_SECRET}
+
+
 def scrub(text: str, known: Iterable[str | None] = ()) -> str:
     """``text`` with every credential replaced by ``***`` (see the module docstring)."""
     if not text:
         return text
-    for secret in sorted({s for s in known if s and len(s) >= _MIN_SECRET}, key=len, reverse=True):
-        text = text.replace(secret, MASK)
+    secrets = sorted({s for s in known if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
+    for secret in secrets:
+        text = _escaped_pattern(secret).sub(MASK, text.replace(secret, MASK))
+    for form in sorted(set().union(*(secret_forms(s) for s in secrets)), key=len, reverse=True):
+        text = text.replace(form, MASK)
     text = _AUTH.sub(lambda m: f"{m.group(1)}{m.group(2)}{(m.group(3) + ' ') if m.group(3) else ''}{MASK}", text)
     text = _SCHEME.sub(lambda m: f"{m.group(1)} {MASK}", text)
     text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
@@ -71,11 +124,26 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
+#: Words that make a query-string parameter a credential (``?key=``, ``?auth=``, ``?access_token=``,
+#: ``?X-Amz-Signature=``): any word of its name, split at ``_``, ``-``, ``.`` and case changes.
+_QUERY_SECRET_WORDS = frozenset({"key", "apikey", "auth", "authorization", "token", "secret", "password", "passwd",
+                                 "pwd", "pass", "credential", "credentials", "signature", "sig", "session", "jwt"})
+
+
+def _query_secret(query: str) -> bool:
+    for name, _ in parse_qsl(query, keep_blank_values=True):
+        words = re.split(r"[_.\-]+|(?<=[a-z])(?=[A-Z])", name)
+        if any(w.lower() in _QUERY_SECRET_WORDS for w in words if w):
+            return True
+    return bool(_PAIR.search(query))
+
+
 def url_credentials(value: str) -> str | None:
     """What secret a value carries in a URL (``"password"``, ``"query"``), or None.
 
     Any ``scheme://user:password@host`` (also inside a longer value such as a list of URLs) and
-    a query string with a key-, token-, secret- or password-named parameter count.
+    a query string with a credential-named parameter (``key``, ``auth``, ``token``, ``sig``, ...:
+    :data:`_QUERY_SECRET_WORDS`, or a ``...api_key``/``...secret``-style name) count.
     """
     for m in re.finditer(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s,;]+", value):
         url = m.group(0)
@@ -87,6 +155,6 @@ def url_credentials(value: str) -> str | None:
             return "password"
         if parts.username and "@" in parts.netloc and len(parts.username) >= 16:
             return "token"  # a bare token as the user name (https://<token>@host)
-        if _PAIR.search(parts.query or ""):
+        if _query_secret(parts.query or ""):
             return "query"
     return None

@@ -370,6 +370,12 @@ class ServeSettings(BaseSettings):
     batch_max_wait_ms: float = Field(
         default=2.0, ge=0, description="Longest a request waits for others to join its batch."
     )
+    max_clock_skew_s: float = Field(
+        default=300.0, ge=0,
+        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (naive "
+        "timestamps: UTC or the server's local time, whichever is later); later ones get 422 (a future-dated "
+        "row would make every later real one of its account 'older').",
+    )
     fraud_model: str | None = Field(
         default="fraud-seq",
         description="Registered fraud model served at /v1/fraud/score (its champion). Empty: not served.",
@@ -507,6 +513,18 @@ def environment_variables() -> list[tuple[str, str, str]]:
             shown = "unset" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
             rows.append((f"{prefix}{name}".upper(), shown, " ".join((info.description or "").split())))
     return rows
+
+
+def secret_variables() -> frozenset[str]:
+    """The environment variables of the settings held as secrets (``SecretStr`` fields): they never
+    reach a log, a job variable or a message."""
+    out = set()
+    for cls in ALL_SETTINGS:
+        prefix = cls.model_config.get("env_prefix", "")
+        for name, info in cls.model_fields.items():
+            if "SecretStr" in str(info.annotation):
+                out.add(f"{prefix}{name}".upper())
+    return frozenset(out)
 
 
 def markdown_table() -> str:

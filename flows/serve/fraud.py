@@ -16,6 +16,7 @@ together by a :class:`~infra.serving.batching.DynamicBatcher`, in arrival order.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import orjson
@@ -59,8 +60,10 @@ class FraudScoreRequest(BaseModel):
     transactions: list[dict[str, Any]] = Field(
         min_length=1,
         description="One object per transaction: transaction_id, account_id, timestamp, amount (required), "
-        "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional: "
-        "a known label feeds the delayed terminal risk of later transactions).",
+        "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional, and only "
+        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids "
+        "and categories: strings or numbers of at most 128 characters; timestamps at most "
+        "INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC).",
     )
     columns: dict[str, str] | None = Field(
         default=None, description="Column mapping canonical -> source name, as `fraud score --columns`.",
@@ -181,9 +184,22 @@ def build(services: Services) -> Vertical | None:
                 open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
         return holder["state"]
 
-    def score_batch(items: list[_Item]) -> list[_Result]:
+    max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
+
+    def latest_time_ns() -> int:
+        """The latest timestamp accepted now: the clock plus the skew, read as UTC or as the server's
+        local wall time, whichever is later (clients may send naive local timestamps)."""
+        now = time.time_ns()
+        return max(now, now + time.localtime().tm_gmtoff * 10**9) + max_skew_ns
+
+    def score_group(model: OnlineFraudModel, requests: list[list[dict[str, Any]]],
+                    columns: dict[str, str] | None) -> list[Any]:
         from solutions.fraud.online import score_requests
 
+        with slot.breaker.guard():
+            return score_requests(model, state(), requests, columns, max_time_ns=latest_time_ns())
+
+    def score_batch(items: list[_Item]) -> list[_Result]:
         ref, model = slot.current()  # one version for the whole batch
         out: list[_Result] = []
         # requests with different column mappings are validated separately, in order
@@ -192,8 +208,18 @@ def build(services: Services) -> Vertical | None:
             end = start + 1
             while end < len(items) and items[end][1] == items[start][1]:
                 end += 1
-            with slot.breaker.guard():
-                results = score_requests(model, state(), [rows for rows, _ in items[start:end]], items[start][1])
+            group = [rows for rows, _ in items[start:end]]
+            try:
+                results = score_group(model, group, items[start][1])
+            except Exception:  # nothing was committed: each request again, alone
+                if len(group) == 1:
+                    raise
+                results = []
+                for rows in group:  # a request that fails alone gets its own error, the others their scores
+                    try:
+                        results += score_group(model, [rows], items[start][1])
+                    except Exception as exc:  # noqa: BLE001 - handed to that request only
+                        results.append(exc)
             out += [(ref, r) for r in results]
             start = end
         services.metrics.observe_batch(name, sum(len(rows) for rows, _ in items))
@@ -206,9 +232,23 @@ def build(services: Services) -> Vertical | None:
 
     @router.post("/v1/fraud/score", response_model=FraudScoreResponse, openapi_extra=SCORE_REQUEST_BODY)
     async def score(request: Request, principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> Response:
-        """Score transactions with the fraud champion and add them to the online state."""
+        """Score transactions with the fraud champion and add them to the online state.
+
+        A row may carry its ``label`` (it then feeds the delayed terminal risk of later
+        transactions at its terminal) only when the key also holds ``fraud:label``: otherwise the
+        request is refused with 403 naming ``label``. Refused rather than ignored: a label moves
+        other clients' scores exactly as ``/v1/fraud/labels`` does, so it needs that route's scope,
+        and a client whose label was silently dropped would believe it had been recorded.
+        """
         body = await read_score_request(request)
         check_rows(request, len(body.transactions))
+        label_col = (body.columns or {}).get(S.LABEL, S.LABEL)
+        if not principal.allows(LABEL_SCOPE) and any(
+                row.get(label_col) is not None and row.get(label_col) == row.get(label_col)  # NaN: no label
+                for row in body.transactions):
+            raise HTTPException(status_code=403, detail={
+                "error": f"rows carry a label; recording labels needs the scope {LABEL_SCOPE!r}",
+                "column": S.LABEL})
         from solutions.fraud.online import OrderError  # loaded with the model by now
 
         [(ref, result)] = await batcher.submit([(body.transactions, body.columns)])
@@ -217,8 +257,10 @@ def build(services: Services) -> Vertical | None:
         if isinstance(result, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
                                                          "rows": result.rows})
-        if isinstance(result, Exception):
+        if isinstance(result, ValueError):
             raise HTTPException(status_code=422, detail={"error": str(result)})
+        if isinstance(result, Exception):
+            raise result  # the model or the store failed on this request alone: the app's 5xx handlers
         threshold = float(ref.params.get("threshold", 0.5))
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
         acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)

@@ -243,8 +243,9 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         try:
             text, kind, hits, cited = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
                                                               mode=body.retriever)
-        except LLMError as exc:
-            raise HTTPException(502, error_text(exc)) from None
+        except LLMError as exc:  # the upstream status only: its body may echo the key in any encoding
+            log.error("kb ask failed: %s", exc)
+            raise HTTPException(502, exc.public_text()) from None
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
         return AskResponse(collection=col.name, answer=text, mode=kind,
                            citations=passages_out(hits, names_in(col), cited))
@@ -275,7 +276,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 elif kind == "error":
                     log.error("kb ask stream failed: %s", type(data).__name__)
                     annotate_audit(request, failed=type(data).__name__)
-                    yield sse("error", {"message": error_text(data)})
+                    message = data.public_text() if isinstance(data, LLMError) else error_text(data)
+                    yield sse("error", {"message": message})
                     return
                 else:
                     text, mode, hits, cited = data

@@ -56,6 +56,7 @@ from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor
 
 __all__ = [
     "ACCOUNT",
+    "MAX_ID_CHARS",
     "TERMINAL",
     "OnlineFraudModel",
     "OnlineFraudState",
@@ -66,6 +67,7 @@ __all__ = [
     "Rows",
     "SqliteStateStore",
     "apply_labels",
+    "check_values",
     "fast_rows",
     "label_schema",
     "open_state_store",
@@ -82,6 +84,14 @@ _NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids togeth
 
 class OrderError(ValueError):
     """A transaction is older than the latest one already applied for its account."""
+
+
+#: Longest id (transaction_id, account_id, terminal_id) or category value (channel, category,
+#: occupation) a request may carry. Ids are stored in the account's and the terminal's state
+#: documents: without a cap one client could grow a terminal's document (and so everyone's
+#: latency at that terminal) without bound.
+MAX_ID_CHARS = 128
+_CHECKED_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID, S.CHANNEL, S.CATEGORY, S.OCCUPATION)
 
 
 # ------------------------------------------------------------------------------------
@@ -230,6 +240,48 @@ def open_state_store(folder: Path, redis_url: str | None = None) -> OnlineStateS
 
 # ------------------------------------------------------------------------------------
 # request rows
+
+
+def _not_utf8(value: str) -> bool:
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no store can hold it
+        return True
+    return False
+
+
+def check_values(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> None:
+    """Refuse id and category values that no store can hold or that would grow the state without bound.
+
+    Each of transaction_id, account_id, terminal_id, channel, category and occupation (read
+    through the column mapping) must be a scalar (not a list or an object), at most
+    :data:`MAX_ID_CHARS` characters, and valid Unicode text (no lone surrogate).
+
+    Raises:
+        DataValidationError: naming the column and the rows (0-based) at fault.
+    """
+    mapping = dict(columns or {})
+    for canonical in _CHECKED_COLUMNS:
+        src = mapping.get(canonical, canonical)
+        bad: list[int] = []
+        problem = ""
+        for i, rec in enumerate(records):
+            value = rec.get(src)
+            if value is None or type(value) in (int, float, bool):
+                continue
+            if type(value) is not str:
+                bad.append(i)
+                problem = problem or f"must be a string or a number, not a {type(value).__name__}"
+            elif len(value) > MAX_ID_CHARS:
+                bad.append(i)
+                problem = problem or f"longer than {MAX_ID_CHARS} characters"
+            elif _not_utf8(value):
+                bad.append(i)
+                problem = problem or "not valid Unicode text (a lone surrogate)"
+        if bad:
+            raise DataValidationError(f"{canonical} {problem}", source="request", column=canonical, rows=bad[:5])
 
 
 def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> pd.DataFrame:
@@ -563,11 +615,10 @@ class _Batch:
             recent = self.pending.accounts[acct]["recent"]
             if tx is not None and any(len(r) > 5 and r[5] == tx and r[0] == t for r in reversed(recent)):
                 raise OrderError(f"row {i}: transaction {tx!r} was already scored; it is not applied twice")
-            if recent and t < recent[-1][0]:
-                last = pd.Timestamp(recent[-1][0])
+            if recent and t < recent[-1][0]:  # the message names no other transaction's time
                 raise OrderError(
                     f"row {i}: the transaction at {pd.Timestamp(t)} is older than the latest one "
-                    f"already scored for its account ({last}); online scoring is order-based"
+                    "already scored for its account; online scoring is order-based"
                 )
 
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int) -> list[RowInputs]:
@@ -723,6 +774,7 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
     Raises:
         DataValidationError: a column is missing or a value cannot be read (names it).
     """
+    check_values(records, columns)
     frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
     table = validate_table(frame, label_schema(), source="request")
     t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
@@ -923,20 +975,26 @@ class OnlineFraudModel:
 
 def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                    requests: Sequence[Sequence[Mapping[str, Any]]],
-                   columns: Mapping[str, str] | None = None) -> list[np.ndarray | Exception]:
-    """Score several requests' rows in order with one validation pass and one model call.
+                   columns: Mapping[str, str] | None = None, *,
+                   max_time_ns: int | None = None) -> list[np.ndarray | Exception]:
+    """Score several requests' rows in order with one model call.
 
-    The rows of all requests are validated together (one pass over each column, as the
-    batch path validates a file); when that fails, each request is validated alone so that
-    only the faulty ones get the error. Each request is then applied atomically: one whose
-    rows break the time order of an account gets an :class:`OrderError` and leaves the
-    state as it was. If the model call fails, nothing is committed.
+    Each request is validated on its own (what it is refused for, or scored as, never depends
+    on the other requests of the batch): its ids and categories (:func:`check_values`), its
+    rows (the fast path or the batch path's validation), its timestamps against
+    ``max_time_ns``, and whether it gives the terminal windows the model needs. Each request
+    is then applied atomically: one whose rows break the time order of an account gets an
+    :class:`OrderError` and leaves the state as it was. If the model call fails, nothing is
+    committed.
 
     Args:
         model: the version that scores.
         state: the online state.
         requests: per request, its rows (source column names).
         columns: the column mapping canonical -> source.
+        max_time_ns: latest timestamp accepted (ns since the epoch of naive timestamps; the server clock plus
+            the allowed skew). A transaction dated in the future would otherwise become its
+            account's latest and make every later real transaction of it "older". None: no bound.
 
     Returns:
         Per request: its scores (float64, row order) or the error that refused it.
@@ -944,37 +1002,37 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
     if model.seq_len - 1 > state.history_len:
         raise ValueError(f"the model's seq_len {model.seq_len} needs more history than the state keeps "
                          f"({state.history_len} rows per account)")
-    frames: list[Rows | Exception | None] = [fast_rows(rows, columns) for rows in requests]
-    slow = [i for i, frame in enumerate(frames) if frame is None]
-    if len(slow) > 1:  # the requests the fast path left: one validation pass over them all, if it passes
+    frames: list[Rows | Exception] = []
+    for rows in requests:
         try:
-            table = Rows.from_frame(validate_rows([row for i in slow for row in requests[i]], columns))
-            start = 0
-            for i in slow:
-                frames[i] = table.part(start, start + len(requests[i]))
-                start += len(requests[i])
-        except (DataValidationError, ValueError):
-            pass
-    for i in slow:
-        if frames[i] is None:
-            try:
-                frames[i] = Rows.from_frame(validate_rows(requests[i], columns))
-            except (DataValidationError, ValueError) as exc:
-                frames[i] = exc
+            check_values(rows, columns)
+            frame = fast_rows(rows, columns)
+            if frame is None:
+                frame = Rows.from_frame(validate_rows(rows, columns))
+        except (DataValidationError, ValueError) as exc:
+            frames.append(exc)
+            continue
+        if max_time_ns is not None:
+            ahead = [i for i, t in enumerate(frame.t_ns) if t > max_time_ns]
+            if ahead:
+                frames.append(DataValidationError(
+                    f"timestamp(s) in the future: after {pd.Timestamp(max_time_ns)}, the server clock plus the "
+                    "allowed skew",
+                    source="request", column=S.TIMESTAMP, rows=ahead[:5]))
+                continue
+        if model.needs_terminal and not frame.has_terminal:
+            frames.append(DataValidationError(
+                "the model needs the terminal windows (term_nb_tx_*, term_risk_*), which rows without "
+                f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
+            continue
+        frames.append(frame)
     results: list[np.ndarray | Exception] = []
     spans: list[tuple[int, int]] = []
     inputs: list[RowInputs] = []
     with state.update() as batch:
         for frame in frames:
-            assert frame is not None
             if isinstance(frame, Exception):
                 results.append(frame)
-                spans.append((0, 0))
-                continue
-            if model.needs_terminal and not frame.has_terminal:
-                results.append(DataValidationError(
-                    "the model needs the terminal windows (term_nb_tx_*, term_risk_*), which rows without "
-                    f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
                 spans.append((0, 0))
                 continue
             batch.load(frame.accounts, [])

@@ -71,7 +71,7 @@ def test_each_kind_of_champion_matches_batch_scores(kinds: tuple[HomeLayout, dic
     src, all_data = kinds
     data = all_data[kind]
     layout = _home(src, tmp_path, data.ref.version)
-    key = api_key(layout)
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)  # the history carries labels
     history, period = _split(data)
     online: dict[str, float] = {}
     with FraudServer(layout) as server, httpx.Client() as client:
@@ -93,7 +93,7 @@ def test_champion_moving_between_kinds_while_serving(kinds: tuple[HomeLayout, di
     src, data = kinds
     layout = _home(src, tmp_path, data["sequence"].ref.version)
     registry = ModelRegistry(layout.registry())
-    key = api_key(layout)
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
     history, period = _split(data["sequence"])
     thirds = np.array_split(np.arange(len(period)), 3)
     with FraudServer(layout) as server, httpx.Client() as client:

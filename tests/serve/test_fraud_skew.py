@@ -60,7 +60,7 @@ def test_replay_matches_batch_scores_across_a_server_process_restart(tiny: tuple
     src, data = tiny
     layout = HomeLayout(tmp_path / "home")
     shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
-    key = api_key(layout)
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)  # the history carries labels
     history, period = _split(data)
     half = len(period) // 2
     online: dict[str, float] = {}

@@ -7,6 +7,7 @@ One server, one Milvus Lite file and the packaged MiniLM for the whole module (t
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -479,6 +481,15 @@ def fake_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             received.append(body)
+            if body["model"] == "echo-key":  # a 401 echoing the key JSON-escaped, URL-encoded and in base64
+                auth = self.headers.get("authorization", "")
+                echo = (json.dumps({"error": f"bad key {auth}"}).replace("/", "\\/") + " " + quote(auth, safe="")
+                        + " " + base64.b64encode(auth.encode()).decode() + " upstream-body-marker").encode()
+                self.send_response(401)
+                self.send_header("content-length", str(len(echo)))
+                self.end_headers()
+                self.wfile.write(echo)
+                return
             if body["model"] == "broken":
                 self.send_response(500)
                 self.send_header("content-length", "4")
@@ -552,3 +563,23 @@ def test_llm_failures_are_reported_without_the_key(loaded: Kb, fake_llm: list[di
     assert [e for e, _ in events] == ["error"] and "500" in events[0][1]["message"]
     assert r.status_code == 502 and "500" in r.json()["detail"]
     assert "sk-very-secret" not in json.dumps(events) + r.text
+
+
+def test_an_llm_error_echoing_the_key_escaped_gives_callers_the_status_only(loaded: Kb, fake_llm: list[dict],
+                                                                          monkeypatch) -> None:
+    kb = loaded
+    key = "Q2xm/9vT+rB7kW3pL4nZ8/uX=="  # "/" and "+": escaped differently by JSON, URLs and base64
+    monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "echo-key")
+    monkeypatch.setenv("INDUSFLOW_LLM_API_KEY", key)
+    question = {"collection": "legal", "question": "What notice period does the lease set?"}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**question, "stream": True}) as resp:
+            events = read_sse(resp)
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=question)
+    assert [e for e, _ in events] == ["error"] and "401" in events[0][1]["message"]
+    assert r.status_code == 502 and "401" in r.json()["detail"]
+    shown = json.dumps(events) + r.text
+    assert "upstream-body-marker" not in shown  # the upstream body never reaches a caller
+    for form in (key, key.replace("/", "\\/"), quote(key, safe=""), base64.b64encode(f"Bearer {key}".encode()).decode()[10:-4],
+                 "Q2xm", "pL4nZ8"):
+        assert form not in shown, form

@@ -102,3 +102,19 @@ def test_validation_errors_carry_no_personal_data() -> None:
 
     err = DataValidationError("row holds 440304198507153218", source="/in/客户_13712345678.csv", column="a@b.com")
     assert str(err) == "/in/客户_[MOBILE].csv, column '[EMAIL]': row holds [CN_ID]"
+
+
+def test_values_split_by_invisible_format_characters_are_still_redacted() -> None:
+    """Zero-width spaces, soft hyphens and other category-Cf characters cannot hide a value from the
+    redactor, in one text or streamed in pieces."""
+    from solutions.rag.redact import StreamRedactor
+
+    zwsp, shy, wj, bom = "\u200b", "\u00ad", "\u2060", "\ufeff"
+    text = (f"call 139{zwsp}1234{shy}5678, mail zhang{wj}.san@exa{zwsp}mple.com, "
+            f"ID 440304{bom}19850715321{shy}8, card 6217{zwsp}0012{zwsp}3456{zwsp}7890{zwsp}122.")
+    red, counts = redact(text)
+    assert red == "call [MOBILE], mail [EMAIL], ID [CN_ID], card [BANK_CARD].", red
+    assert dict(counts) == {"mobile": 1, "email": 1, "cn_id": 1, "bank_card": 1}
+    stream = StreamRedactor(hold=8)
+    shown = "".join(stream.feed(ch) for ch in text) + stream.flush()
+    assert shown == red

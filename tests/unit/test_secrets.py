@@ -27,6 +27,27 @@ def test_scrub_removes_headers_pairs_userinfo_and_known_values() -> None:
     assert scrub(f"an unknown sk-live-{'a' * 20} key shape") == "an unknown *** key shape"
 
 
+def test_scrub_catches_escaped_url_encoded_and_base64_forms_of_known_secrets() -> None:
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    key = "Q2xm/9vT+rB7kW3pL4nZ8/uX=="
+    echoes = [json.dumps({"k": key}).replace("/", "\\/"), json.dumps({"k": key}), quote(key, safe=""),
+              quote(key, safe="").replace("%2F", "%2f"), quote_plus(key)]
+    for echo in echoes:
+        clean = scrub(f"error: {echo} end", [key])
+        assert "***" in clean and clean.startswith("error: ") and clean.endswith(" end"), (echo, clean)
+        assert not any(key[i:i + 4] in clean for i in range(len(key) - 3)), (echo, clean)
+    # base64, alone or inside a longer encoded value: at most the few characters next to the key
+    # (which mix its bits with its neighbours') stay
+    for prefix in ("", "u:", "Bearer "):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            echo = encode(f"{prefix}{key}!".encode()).decode()
+            clean = scrub(f"error: {echo} end", [key])
+            left = clean.split()[1]
+            assert "***" in left and len(left.replace("***", "")) <= len(prefix) * 4 // 3 + 6, (echo, clean)
+
+
 def test_url_credentials() -> None:
     assert url_credentials("http://user:pw@milvus:19530") == "password"
     assert url_credentials("postgresql+asyncpg://u:pw@db/x") == "password"
@@ -104,3 +125,20 @@ def test_an_embeddings_error_that_echoes_the_key_does_not_carry_it(echo_url) -> 
     with pytest.raises(EmbeddingError) as info:
         embedder.encode(["hello"])
     assert "HTTP 401" in str(info.value) and KEY not in str(info.value) and KEY[:12] not in str(info.value)
+
+
+def test_the_audit_salt_and_query_credentials_never_reach_job_variables(monkeypatch) -> None:
+    from infra.deploy import DeployError, forwarded_env
+
+    monkeypatch.setenv("INDUSFLOW_SERVE_AUDIT_SALT", "pepper-Salt-77")
+    monkeypatch.setenv("INDUSFLOW_EMBED_URL", "http://127.0.0.1:8000/v1")
+    env = forwarded_env("process")
+    assert "INDUSFLOW_SERVE_AUDIT_SALT" not in env and "pepper-Salt-77" not in json.dumps(env)
+    assert env["INDUSFLOW_EMBED_URL"] == "http://127.0.0.1:8000/v1"  # what is not secret is forwarded
+    monkeypatch.setenv("INDUSFLOW_LLM_URL", "https://llm.internal/v1?key=K3y-Val")
+    monkeypatch.setenv("INDUSFLOW_TIKA_URL", "http://tika:9998/?lang=en&auth=Au7h-Val")
+    with pytest.raises(DeployError) as info:
+        forwarded_env("process")
+    message = str(info.value)
+    assert "INDUSFLOW_LLM_URL (query in its URL)" in message and "INDUSFLOW_TIKA_URL (query in its URL)" in message
+    assert "K3y-Val" not in message and "Au7h-Val" not in message

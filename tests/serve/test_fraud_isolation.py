@@ -1,0 +1,151 @@
+"""No client can break or poison another's scoring: a bad request in a dynamic batch gets its
+own 4xx naming the field while the valid ones get the score they get alone; timestamps ahead of
+the server clock, over-long or non-scalar ids and labels without ``fraud:label`` are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from flows.serve import fraud as serve_fraud
+from infra.home import HomeLayout
+from solutions.fraud.online import MAX_ID_CHARS
+from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, train_tiny_fraud
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[HomeLayout, TinyFraud]:
+    layout = HomeLayout(tmp_path_factory.mktemp("fraud-isolation-home"))
+    return layout, train_tiny_fraud(layout)
+
+
+def _home(src: HomeLayout, path: Path) -> HomeLayout:
+    layout = HomeLayout(path)
+    shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
+    return layout
+
+
+def _row(i: int, **extra: Any) -> dict[str, Any]:
+    return {"transaction_id": f"t{i}", "account_id": f"A{i}", "timestamp": f"2025-01-01T10:{i:02d}:00",
+            "amount": 5.0 + i, "terminal_id": f"T{i}", **extra}
+
+
+def _valid(i: int) -> bytes:
+    """A valid request; every other one takes the general validation path (amount as a string)."""
+    row = _row(i, amount=str(5.0 + i)) if i % 2 else _row(i)
+    return httpx.Request("POST", "/", json={"transactions": [row]}).content
+
+
+def _bad(i: int) -> tuple[bytes, str]:
+    """A request refused on its own, and the field its 422 names."""
+    if i % 2:  # no terminal_id, which the model's terminal windows need (general path: amount a string)
+        row = {k: v for k, v in _row(i, amount=str(5.0 + i)).items() if k != "terminal_id"}
+        return httpx.Request("POST", "/", json={"transactions": [row]}).content, "terminal_id"
+    body = httpx.Request("POST", "/", json={"transactions": [_row(i, account_id="SURROGATE")]}).content
+    return body.replace(b'"SURROGATE"', b'"\\ud800"'), "account_id"  # a lone surrogate: valid JSON
+
+
+async def _post_all(url: str, key: str, bodies: list[bytes]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await asyncio.gather(*(
+            client.post(f"{url}/v1/fraud/score", content=b, headers={"X-API-Key": key,
+                                                                      "content-type": "application/json"})
+            for b in bodies))
+
+
+def test_a_bad_request_in_a_batch_gets_its_own_4xx_and_the_valid_ones_their_scores_alone(
+        tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
+    src, _ = tiny
+    valid = list(range(24))
+    bad = list(range(24, 40))
+    # each valid request scored alone, one after the other, on a fresh state
+    alone_home = _home(src, tmp_path / "alone")
+    with FraudServer(alone_home, batch_max_size=1) as server, httpx.Client(timeout=60) as client:
+        key = api_key(alone_home)
+        alone = {}
+        for i in valid:
+            r = client.post(f"{server.url}/v1/fraud/score", content=_valid(i),
+                            headers={"X-API-Key": key, "content-type": "application/json"})
+            assert r.status_code == 200, r.text
+            alone[f"t{i}"] = r.json()["results"][0]["score"]
+    # the same valid requests, mixed with bad ones, concurrently: batched together
+    home = _home(src, tmp_path / "mixed")
+    bodies = [_valid(i) for i in valid] + [_bad(i)[0] for i in bad]
+    order = sorted(range(len(bodies)), key=lambda j: (j * 7) % len(bodies))  # interleave valid and bad
+    with FraudServer(home, batch_max_wait_ms=50) as server:
+        key = api_key(home)
+        responses = asyncio.run(_post_all(server.url, key, [bodies[j] for j in order]))
+        calls = server.app.state.serving.metrics.render().decode()
+    by_index = dict(zip(order, responses, strict=True))
+    for n, i in enumerate(valid):
+        r = by_index[n]
+        assert r.status_code == 200, r.text
+        assert abs(r.json()["results"][0]["score"] - alone[f"t{i}"]) <= 1e-6
+    for n, i in enumerate(bad, start=len(valid)):
+        r = by_index[n]
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"]["column"] == _bad(i)[1], r.text
+    match = re.search(r'^indusflow_batch_size_count\{model="fraud-seq"\} ([0-9.e+]+)$', calls, re.MULTILINE)
+    assert match and int(float(match.group(1))) < len(bodies)  # the requests did share model calls
+
+
+def test_a_future_timestamp_is_refused_and_the_409_names_no_other_time(tiny: tuple[HomeLayout, TinyFraud],
+                                                                      tmp_path: Path) -> None:
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        key = api_key(home)
+
+        def post(row: dict[str, Any]) -> httpx.Response:
+            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
+                               headers={"X-API-Key": key})
+
+        future = post(_row(1, timestamp="2200-01-01T00:00:00"))
+        assert future.status_code == 422, future.text
+        assert future.json()["detail"]["column"] == "timestamp"
+        assert post(_row(2, account_id="A1", timestamp="2025-03-01T12:34:56")).status_code == 200
+        older = post(_row(3, account_id="A1", timestamp="2025-03-01T08:00:00"))
+        assert older.status_code == 409 and "older" in older.text
+        assert "12:34" not in older.text  # the account's latest transaction time stays private
+
+
+def test_over_long_and_non_scalar_ids_are_refused(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        key = api_key(home)
+
+        def post(row: dict[str, Any]) -> httpx.Response:
+            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
+                               headers={"X-API-Key": key})
+
+        for field, value in [("transaction_id", "x" * 1_000_000), ("terminal_id", "T" * (MAX_ID_CHARS + 1)),
+                             ("account_id", ["A1", "A2"]), ("terminal_id", {"id": "T1"})]:
+            r = post(_row(1, **{field: value}))
+            assert r.status_code == 422, (field, r.text[:300])
+            assert r.json()["detail"]["column"] == field
+        assert post(_row(1, transaction_id="x" * MAX_ID_CHARS)).status_code == 200
+
+
+def test_a_label_in_a_score_request_needs_the_label_scope(tiny: tuple[HomeLayout, TinyFraud],
+                                                          tmp_path: Path) -> None:
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        def post(key: str, row: dict[str, Any]) -> httpx.Response:
+            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
+                               headers={"X-API-Key": key})
+
+        score_only = api_key(home, serve_fraud.SCOPE)
+        refused = post(score_only, _row(1, label=1))
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["detail"]["column"] == "label"
+        assert post(score_only, _row(1)).status_code == 200  # nothing was applied by the refused one
+        both = api_key(home, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+        assert post(both, _row(2, label=1)).status_code == 200
