@@ -220,7 +220,7 @@ def plot_curves(rows: list[dict[str, float | None]], monitor: str) -> bytes:
     """A PNG: training and validation loss per epoch (left) and the monitored metric (right)."""
     from tasks.evaluate import new_figure
 
-    epochs = [int(r["epoch"] or 0) + 1 for r in rows]
+    epochs = [int(r["epoch"] or 0) for r in rows]  # Lightning's epoch, from 0, as in the table and curves.csv
     metric = monitor if monitor != "val/loss" else None
     fig = new_figure((8.0, 3.2) if metric else (4.5, 3.2))
     axes = fig.subplots(1, 2 if metric else 1, squeeze=False)[0]
