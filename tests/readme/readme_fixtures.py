@@ -105,7 +105,7 @@ def canonical_transactions(seed: int, n_days: int) -> pd.DataFrame:
     return df.drop(columns=[c for c in ("label", "scenario") if c in df.columns]).reset_index(drop=True)
 
 
-def next_day_of_the_adapted_data() -> pd.DataFrame:
+def last_day_of_the_adapted_data() -> pd.DataFrame:
     """The last day of ``fraud adapt``'s default data (its synthetic settings), without labels."""
     from flows.fraud.adapt import ADAPT_CONFIG
     from solutions.fraud.synthetic import generate_transactions
@@ -199,7 +199,7 @@ def write_all(cwd: Path) -> list[str]:
     canonical_transactions(seed=2, n_days=1).to_parquet(cwd / "new.parquet", index=False)
     inbox = cwd / "incoming" / "tx"
     inbox.mkdir(parents=True)
-    next_day_of_the_adapted_data().to_csv(inbox / "day-1.csv", index=False)
+    last_day_of_the_adapted_data().to_csv(inbox / "day-1.csv", index=False)
     manuals = cwd / "manuals"
     manuals.mkdir()
     for name, text in MANUALS.items():
