@@ -58,6 +58,8 @@ class AuditLog:
         self.backups = backups
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():  # a home from before the files were private
+            os.chmod(path, 0o600)
 
     def hash_id(self, value: Any) -> str:
         """A stable pseudonym of an identifier (16 hex chars of HMAC-SHA256 with the salt)."""
@@ -73,7 +75,9 @@ class AuditLog:
                 size = 0
             if size and size + len(line) > self.max_bytes:
                 self._rotate()
-            with open(self.path, "a", encoding="utf-8") as handle:
+            # owner-only: the lines name keys, routes and pseudonyms (rotation keeps the mode)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with open(fd, "a", encoding="utf-8") as handle:
                 handle.write(line)
 
     def _rotate(self) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import math
+import os
 import re
 import sqlite3
 import threading
@@ -127,6 +128,10 @@ class SqliteStateStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # owner-only: the state holds account and terminal ids and their recent transactions;
+        # SQLite gives its -wal and -shm files the database file's mode
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(path, 0o600)  # also a file from before the state was private
         self.path = path
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)

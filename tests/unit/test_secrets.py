@@ -142,3 +142,31 @@ def test_the_audit_salt_and_query_credentials_never_reach_job_variables(monkeypa
     message = str(info.value)
     assert "INDUSFLOW_LLM_URL (query in its URL)" in message and "INDUSFLOW_TIKA_URL (query in its URL)" in message
     assert "K3y-Val" not in message and "Au7h-Val" not in message
+
+
+def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
+    import os
+    import stat
+
+    from infra.serving.audit import AuditLog
+    from solutions.fraud.online import SqliteStateStore
+
+    def mode(path) -> int:
+        return stat.S_IMODE(os.stat(path).st_mode)
+
+    old = os.umask(0o022)  # a usual shell's: files 0644 unless created private
+    try:
+        log = AuditLog(tmp_path / "serving" / "audit.jsonl", salt=b"s" * 16)
+        log.write({"route": "/v1/fraud/score"})
+        store = SqliteStateStore(tmp_path / "state" / "online.sqlite")
+        store._conn.execute("INSERT INTO state VALUES ('a', 'k', x'00')")  # the WAL file appears on write
+        legacy = tmp_path / "legacy.jsonl"
+        legacy.write_text("{}\n")
+        os.chmod(legacy, 0o644)
+        AuditLog(legacy, salt=b"s" * 16)
+    finally:
+        os.umask(old)
+    assert mode(tmp_path / "serving" / "audit.jsonl") == 0o600
+    assert mode(tmp_path / "state" / "online.sqlite") == 0o600
+    assert mode(tmp_path / "state" / "online.sqlite-wal") == 0o600
+    assert mode(legacy) == 0o600  # a home from before is made private when the server opens it
