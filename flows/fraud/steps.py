@@ -421,8 +421,7 @@ def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str
     scorer = load_once(model, scoring_model_at)
     with reading_content(file.path):
         table = read_transactions(Path(file.path), columns, accounts, encoding)
-    delay = float(scorer.ref.params.get("split", {}).get("delay_days", 7))
-    history = H.history_before(table, batch_history_sources(scorer.ref), delay)
+    history = H.history_before(table, batch_history_sources(scorer.ref), SC.label_delay_days(scorer.ref))
     joined, since = H.with_history(table, history)
     if since is not None:
         log.info("%s: %d row(s) scored after %d row(s) of history", safe_stem(file.path), len(table), len(history))

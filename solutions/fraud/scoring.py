@@ -222,6 +222,11 @@ class ScoredTransactions:
         return int(self.table["flagged"].sum())
 
 
+def label_delay_days(model_ref: ModelRef) -> float:
+    """The label delay (days) a version's terminal windows were built with."""
+    return float(model_ref.params.get("split", {}).get("delay_days", 7))
+
+
 def score_transactions(net: FraudSequenceModel | None, pre: FraudPreprocessor | None, cfg: SequenceModelConfig | None,
                        model_ref: ModelRef, data: pd.DataFrame, *, source: str,
                        since: str | None = None, baseline: Any = None) -> ScoredTransactions:
@@ -245,7 +250,7 @@ def score_transactions(net: FraudSequenceModel | None, pre: FraudPreprocessor | 
         DataValidationError: the model needs window features this data cannot give.
     """
     threshold = float(model_ref.params.get("threshold", 0.5))
-    delay = float(model_ref.params.get("split", {}).get("delay_days", 7))
+    delay = label_delay_days(model_ref)
     periods = np.full(len(data), "score", dtype=object)
     if since:
         periods[(data[S.TIMESTAMP] < pd.Timestamp(since)).to_numpy()] = "history"

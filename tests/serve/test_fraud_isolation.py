@@ -36,6 +36,11 @@ def _row(i: int, **extra: Any) -> dict[str, Any]:
             "amount": 5.0 + i, "terminal_id": f"T{i}", **extra}
 
 
+def _score_one(client: httpx.Client, server: FraudServer, key: str, row: dict[str, Any]) -> httpx.Response:
+    """One transaction sent to /v1/fraud/score with ``key``."""
+    return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]}, headers={"X-API-Key": key})
+
+
 def _valid(i: int) -> bytes:
     """A valid request; every other one takes the general validation path (amount as a string)."""
     row = _row(i, amount=str(5.0 + i)) if i % 2 else _row(i)
@@ -103,8 +108,7 @@ def test_a_future_timestamp_is_refused_and_the_409_names_no_other_time(tiny: tup
         key = api_key(home)
 
         def post(row: dict[str, Any]) -> httpx.Response:
-            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
-                               headers={"X-API-Key": key})
+            return _score_one(client, server, key, row)
 
         future = post(_row(1, timestamp="2200-01-01T00:00:00"))
         assert future.status_code == 422, future.text
@@ -122,8 +126,7 @@ def test_over_long_and_non_scalar_ids_are_refused(tiny: tuple[HomeLayout, TinyFr
         key = api_key(home)
 
         def post(row: dict[str, Any]) -> httpx.Response:
-            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
-                               headers={"X-API-Key": key})
+            return _score_one(client, server, key, row)
 
         for field, value in [("transaction_id", "x" * 1_000_000), ("terminal_id", "T" * (MAX_ID_CHARS + 1)),
                              ("account_id", ["A1", "A2"]), ("terminal_id", {"id": "T1"})]:
@@ -139,8 +142,7 @@ def test_a_label_in_a_score_request_needs_the_label_scope(tiny: tuple[HomeLayout
     home = _home(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         def post(key: str, row: dict[str, Any]) -> httpx.Response:
-            return client.post(f"{server.url}/v1/fraud/score", json={"transactions": [row]},
-                               headers={"X-API-Key": key})
+            return _score_one(client, server, key, row)
 
         score_only = api_key(home, serve_fraud.SCOPE)
         refused = post(score_only, _row(1, label=1))

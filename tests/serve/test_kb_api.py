@@ -551,15 +551,21 @@ def test_llm_tokens_are_streamed_as_they_come_redacted_with_citations(loaded: Kb
     assert 'indusflow_kb_queries_total{collection="legal",kind="ask",retriever="hybrid"}' in metrics
 
 
+def _ask_streamed_and_plain(kb: Kb, question: str) -> tuple[list, httpx.Response]:
+    """The legal-only key asks ``question`` of the legal collection twice: streamed (its SSE
+    events) and as one JSON answer (the response)."""
+    body = {"collection": "legal", "question": question}
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**body, "stream": True}) as resp:
+            events = read_sse(resp)
+        return events, c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=body)
+
+
 def test_llm_failures_are_reported_without_the_key(loaded: Kb, fake_llm: list[dict], monkeypatch) -> None:
     kb = loaded
     monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "broken")
     monkeypatch.setenv("INDUSFLOW_LLM_API_KEY", "sk-very-secret-llm-key")
-    question = {"collection": "legal", "question": "What notice period does the lease set?"}
-    with httpx.Client(timeout=60) as c:
-        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**question, "stream": True}) as resp:
-            events = read_sse(resp)
-        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=question)
+    events, r = _ask_streamed_and_plain(kb, "What notice period does the lease set?")
     assert [e for e, _ in events] == ["error"] and "500" in events[0][1]["message"]
     assert r.status_code == 502 and "500" in r.json()["detail"]
     assert "sk-very-secret" not in json.dumps(events) + r.text
@@ -571,11 +577,7 @@ def test_an_llm_error_echoing_the_key_escaped_gives_callers_the_status_only(load
     key = "Q2xm/9vT+rB7kW3pL4nZ8/uX=="  # "/" and "+": escaped differently by JSON, URLs and base64
     monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "echo-key")
     monkeypatch.setenv("INDUSFLOW_LLM_API_KEY", key)
-    question = {"collection": "legal", "question": "What notice period does the lease set?"}
-    with httpx.Client(timeout=60) as c:
-        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={**question, "stream": True}) as resp:
-            events = read_sse(resp)
-        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json=question)
+    events, r = _ask_streamed_and_plain(kb, "What notice period does the lease set?")
     assert [e for e, _ in events] == ["error"] and "401" in events[0][1]["message"]
     assert r.status_code == 502 and "401" in r.json()["detail"]
     shown = json.dumps(events) + r.text
