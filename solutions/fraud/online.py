@@ -23,9 +23,11 @@ came after it).
 
 Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
 home (embedded, one process or several on one machine; a restart loses nothing) and
-Redis (several replicas share it). Both hold one JSON document per account and per
-terminal (orjson: floats round-trip exactly); an update is read, computed and written
-inside the store's exclusive section.
+Redis (several replicas share it). Both keep one stored row per transaction: an account's
+recent rows and a small summary of it, a terminal's rows inside its windows (orjson: floats
+round-trip exactly). An update is computed and written inside the store's exclusive section,
+on the state kept in memory from the updates before (read from the store only for keys not
+seen yet, or again when another writer committed meanwhile); it writes only what changed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import re
 import sqlite3
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +62,7 @@ __all__ = [
     "ACCOUNT",
     "MAX_ID_CHARS",
     "TERMINAL",
+    "Journal",
     "OnlineFraudModel",
     "OnlineFraudState",
     "OnlineStateStore",
@@ -99,28 +103,82 @@ _CHECKED_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID, S.CHANNEL, S.
 # stores
 
 
-class OnlineStateStore(Protocol):
-    """Key -> JSON document store for accounts and terminals, with an exclusive section.
+@dataclass
+class Journal:
+    """What one update changed, for the store to persist in one transaction (batched writes).
 
-    ``read`` and ``write`` are called only inside ``exclusive()``; the section commits on a
+    Accounts: their summary (``n``, ``sum``, ``terms``, ``seq``: the sequence number the next row
+    gets) and their new rows, each under its sequence number; rows below ``account_cut[a]`` are
+    gone. Terminals: one stored row per transaction (terminal, time, label, id) under a row id;
+    new rows, label corrections and the row ids dropped from the windows.
+    """
+
+    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    account_rows: list[tuple[str, int, list[Any]]] = field(default_factory=list)
+    account_cut: dict[str, int] = field(default_factory=dict)
+    terminal_rows: list[tuple[str, list[Any]]] = field(default_factory=list)
+    labels: list[tuple[str, list[Any]]] = field(default_factory=list)
+    dropped: list[tuple[str, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.accounts or self.account_rows or self.terminal_rows or self.labels or self.dropped)
+
+
+class OnlineStateStore(Protocol):
+    """Accounts and terminals, stored one row per transaction, with an exclusive section.
+
+    ``read`` and ``commit`` are called only inside ``exclusive()``; the section commits on a
     normal exit and discards the writes when it exits with an exception.
     """
 
     def exclusive(self) -> Any:
-        """A context manager: no other writer (thread, process, replica) runs inside it."""
+        """A context manager: no other writer (thread, process, replica) runs inside it. It yields
+        True when no other writer committed since this store's own last commit (so what the
+        caller kept in memory from before is still the stored state), else False."""
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """The stored documents of ``keys`` (absent keys are left out)."""
+        """The state of ``keys`` (absent keys are left out): an account as
+        ``{"n", "sum", "terms", "seq", "recent": [row, ...]}``, a terminal as ``{"rows": [row, ...]}``
+        (rows in time order)."""
 
-    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        """Store (replace) these documents."""
+    def commit(self, journal: Journal) -> None:
+        """Persist an update's changes."""
+
+    def reset(self, kind: str, key: str) -> bool:
+        """Forget one account's or terminal's state; False when there was none."""
 
     def close(self) -> None:
         """Release connections."""
 
 
+_SQLITE_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS account (key TEXT PRIMARY KEY, doc BLOB NOT NULL)",
+    ("CREATE TABLE IF NOT EXISTS account_row (key TEXT NOT NULL, seq INTEGER NOT NULL, row BLOB NOT NULL, "
+     "PRIMARY KEY (key, seq)) WITHOUT ROWID"),
+    ("CREATE TABLE IF NOT EXISTS terminal_row (key TEXT NOT NULL, rid INTEGER NOT NULL, t INTEGER NOT NULL, "
+     "label REAL, tx TEXT, PRIMARY KEY (key, rid)) WITHOUT ROWID"),
+    "CREATE TABLE IF NOT EXISTS generation (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO generation (id, n) VALUES (0, 0)",
+)
+
+
+def _account_doc(doc: dict[str, Any], rows: list[list[Any]]) -> dict[str, Any]:
+    return {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": doc["seq"], "recent": rows}
+
+
+def _terminal_doc(rows: list[list[Any]]) -> dict[str, Any]:
+    rows.sort(key=lambda r: (r[0], r[3]))  # time order; equal times in arrival order
+    return {"rows": rows}
+
+
 class SqliteStateStore:
     """The embedded store: one SQLite file (WAL, one transaction per update).
+
+    Tables: ``account`` (one small summary per account), ``account_row`` (one row per recent
+    transaction of an account), ``terminal_row`` (one row per transaction inside the terminal
+    windows) and a generation counter that every commit increments (how a process tells
+    whether another one wrote since its own last commit). A file in the first layout (one JSON
+    document per account and terminal) is converted on open; nothing is lost.
 
     Args:
         path: the database file (its folder is created).
@@ -134,24 +192,56 @@ class SqliteStateStore:
         os.chmod(path, 0o600)  # also a file from before the state was private
         self.path = path
         self._lock = threading.Lock()
+        self._generation: int | None = None
+        self._committed = False
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS state (kind TEXT NOT NULL, key TEXT NOT NULL, doc BLOB NOT NULL, "
-            "PRIMARY KEY (kind, key))"
-        )
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                yield
+                for statement in _SQLITE_SCHEMA:
+                    self._conn.execute(statement)
+                self._migrate_documents()
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    def _migrate_documents(self) -> None:
+        """Convert the first layout's ``state`` table (a JSON document per account and terminal)."""
+        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state'").fetchone():
+            return
+        journal = Journal()
+        for kind, key, blob in self._conn.execute("SELECT kind, key, doc FROM state"):
+            doc = orjson.loads(blob)
+            if kind == ACCOUNT:
+                recent = doc.get("recent", [])
+                journal.accounts[key] = {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": len(recent)}
+                journal.account_rows += [(key, i, r) for i, r in enumerate(recent)]
+            elif kind == TERMINAL:
+                journal.terminal_rows += [(key, [r[0], r[1], r[2], i]) for i, r in enumerate(doc.get("rows", []))]
+        self._write(journal)
+        self._conn.execute("DROP TABLE state")
+
+    @contextmanager
+    def exclusive(self) -> Iterator[bool]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                (generation,) = self._conn.execute("SELECT n FROM generation WHERE id = 0").fetchone()
+                self._committed = False
+                yield generation == self._generation
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                self._generation = None  # what the caller kept in memory may be ahead of the file
+                raise
+            try:
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._generation = None
+                raise
+            self._generation = generation + 1 if self._committed else generation
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
@@ -159,27 +249,72 @@ class SqliteStateStore:
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
-            rows = self._conn.execute(
-                f"SELECT key, doc FROM state WHERE kind = ? AND key IN ({marks})", [kind, *chunk]
-            )
-            out.update({key: orjson.loads(doc) for key, doc in rows})
+            if kind == ACCOUNT:
+                docs = {k: orjson.loads(d) for k, d in self._conn.execute(
+                    f"SELECT key, doc FROM account WHERE key IN ({marks})", chunk)}
+                rows: dict[str, list[list[Any]]] = {k: [] for k in docs}
+                for k, row in self._conn.execute(
+                        f"SELECT key, row FROM account_row WHERE key IN ({marks}) ORDER BY key, seq", chunk):
+                    rows[k].append(orjson.loads(row))
+                out.update({k: _account_doc(d, rows[k]) for k, d in docs.items()})
+            else:
+                trows: dict[str, list[list[Any]]] = {}
+                for k, t, label, tx, rid in self._conn.execute(
+                        f"SELECT key, t, label, tx, rid FROM terminal_row WHERE key IN ({marks})", chunk):
+                    trows.setdefault(k, []).append([t, label, tx, rid])
+                out.update({k: _terminal_doc(r) for k, r in trows.items()})
         return out
 
-    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        self._conn.executemany(
-            "INSERT OR REPLACE INTO state (kind, key, doc) VALUES (?, ?, ?)",
-            [(kind, key, orjson.dumps(doc)) for key, doc in docs.items()],
-        )
+    def _write(self, journal: Journal) -> None:
+        c = self._conn
+        if journal.account_rows:
+            c.executemany("INSERT OR REPLACE INTO account_row (key, seq, row) VALUES (?, ?, ?)",
+                          [(k, s, orjson.dumps(r)) for k, s, r in journal.account_rows])
+        if journal.account_cut:
+            c.executemany("DELETE FROM account_row WHERE key = ? AND seq < ?", list(journal.account_cut.items()))
+        if journal.accounts:
+            c.executemany("INSERT OR REPLACE INTO account (key, doc) VALUES (?, ?)",
+                          [(k, orjson.dumps(d)) for k, d in journal.accounts.items()])
+        if journal.terminal_rows:
+            c.executemany("INSERT OR REPLACE INTO terminal_row (key, rid, t, label, tx) VALUES (?, ?, ?, ?, ?)",
+                          [(k, r[3], r[0], r[1], r[2]) for k, r in journal.terminal_rows])
+        if journal.labels:
+            c.executemany("UPDATE terminal_row SET label = ? WHERE key = ? AND rid = ?",
+                          [(r[1], k, r[3]) for k, r in journal.labels])
+        if journal.dropped:
+            c.executemany("DELETE FROM terminal_row WHERE key = ? AND rid = ?", journal.dropped)
+
+    def commit(self, journal: Journal) -> None:
+        if not journal:
+            return
+        self._write(journal)
+        self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")
+        self._committed = True
+
+    def reset(self, kind: str, key: str) -> bool:
+        with self.exclusive():
+            if kind == ACCOUNT:
+                found = self._conn.execute("DELETE FROM account WHERE key = ?", (key,)).rowcount
+                found += self._conn.execute("DELETE FROM account_row WHERE key = ?", (key,)).rowcount
+            else:
+                found = self._conn.execute("DELETE FROM terminal_row WHERE key = ?", (key,)).rowcount
+            self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")
+            self._generation = None
+        return bool(found)
 
     def close(self) -> None:
         self._conn.close()
 
 
 class RedisStateStore:
-    """The shared store: one Redis string per account and per terminal (``<prefix>:<kind>:<key>``).
+    """The shared store (several replicas): per account a summary string (``<prefix>:a:<id>``) and a
+    list of its recent rows (``<prefix>:ar:<id>``); per terminal a hash of its rows by row id
+    (``<prefix>:t:<id>``); a generation counter (``<prefix>:generation``).
 
-    Updates from several replicas are serialised by one Redis lock; writes go in one
-    MULTI/EXEC transaction after the whole batch was computed.
+    Updates from several replicas are serialised by one Redis lock; an update's writes go in one
+    MULTI/EXEC transaction after the whole batch was computed. Keys of the first layout (one JSON
+    document per account and terminal, ``<prefix>:account:<id>``) are read when the new ones are
+    absent and replaced on the next write.
 
     Args:
         url: ``redis://host:port/db``.
@@ -193,44 +328,115 @@ class RedisStateStore:
         self._redis = redis.Redis.from_url(url)
         self.prefix = prefix
         self._lock_timeout_s = lock_timeout_s
-        self._pending: dict[str, dict[str, dict[str, Any]]] = {}
         self._thread_lock = threading.Lock()
+        self._generation: int | None = None
+        self._pipe: Any = None
+        self._legacy: set[str] = set()
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
 
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive(self) -> Iterator[bool]:
         with self._thread_lock:
             lock = self._redis.lock(
                 f"{self.prefix}:lock", timeout=self._lock_timeout_s, blocking_timeout=self._lock_timeout_s
             )
             if not lock.acquire():
                 raise TimeoutError("could not take the online-state lock in Redis")
-            self._pending = {}
+            self._pipe = self._redis.pipeline(transaction=True)
+            self._legacy = set()
             try:
-                yield
-                if self._pending:
-                    pipe = self._redis.pipeline(transaction=True)
-                    for kind, docs in self._pending.items():
-                        if not docs:
-                            continue
-                        pipe.mset({self._key(kind, k): orjson.dumps(d) for k, d in docs.items()})
-                    pipe.execute()
+                generation = self._redis.get(f"{self.prefix}:generation")
+                yield (int(generation) if generation is not None else 0) == self._generation
+                self._pipe.incr(f"{self.prefix}:generation")
+                self._generation = int(self._pipe.execute()[-1])
+            except BaseException:
+                self._generation = None
+                raise
             finally:
-                self._pending = {}
+                self._pipe = None
                 lock.release()
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
-        values = self._redis.mget([self._key(kind, k) for k in unique])
-        return {k: orjson.loads(v) for k, v in zip(unique, values, strict=True) if v is not None}
+        pipe = self._redis.pipeline(transaction=False)
+        for k in unique:
+            if kind == ACCOUNT:
+                pipe.get(self._key("a", k))
+                pipe.lrange(self._key("ar", k), 0, -1)
+            else:
+                pipe.hvals(self._key("t", k))
+        values = pipe.execute()
+        out: dict[str, dict[str, Any]] = {}
+        missing: list[str] = []
+        for i, k in enumerate(unique):
+            if kind == ACCOUNT:
+                doc, rows = values[2 * i], values[2 * i + 1]
+                if doc is None:
+                    missing.append(k)
+                    continue
+                out[k] = _account_doc(orjson.loads(doc), [orjson.loads(r) for r in rows])
+            elif values[i]:
+                out[k] = _terminal_doc([orjson.loads(r) for r in values[i]])
+            else:
+                missing.append(k)
+        if missing:  # the first layout: one document per key
+            old = self._redis.mget([self._key(kind, k) for k in missing])
+            for k, blob in zip(missing, old, strict=True):
+                if blob is None:
+                    continue
+                doc = orjson.loads(blob)
+                self._legacy.add(self._key(kind, k))
+                if kind == ACCOUNT:
+                    out[k] = _account_doc({**doc, "seq": len(doc["recent"])}, doc["recent"])
+                    if self._pipe is not None:  # written again in the new layout on commit
+                        self._pipe.set(self._key("a", k), orjson.dumps(
+                            {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": len(doc["recent"])}))
+                        if doc["recent"]:
+                            self._pipe.rpush(self._key("ar", k), *[orjson.dumps(r) for r in doc["recent"]])
+                else:
+                    rows = [[r[0], r[1], r[2], i] for i, r in enumerate(doc["rows"])]
+                    out[k] = _terminal_doc(rows)
+                    if self._pipe is not None and rows:
+                        self._pipe.hset(self._key("t", k), mapping={str(r[3]): orjson.dumps(r) for r in rows})
+        return out
 
-    def write(self, kind: str, docs: Mapping[str, dict[str, Any]]) -> None:
-        if docs:
-            self._pending.setdefault(kind, {}).update(docs)
+    def commit(self, journal: Journal) -> None:
+        pipe = self._pipe
+        if self._legacy:
+            pipe.delete(*self._legacy)
+        for k, doc in journal.accounts.items():
+            pipe.set(self._key("a", k), orjson.dumps(doc))
+        appended: dict[str, list[bytes]] = {}
+        for k, _, row in journal.account_rows:
+            appended.setdefault(k, []).append(orjson.dumps(row))
+        for k, rows in appended.items():
+            pipe.rpush(self._key("ar", k), *rows)
+        for k, doc in journal.accounts.items():  # the list keeps the rows from the cut on
+            cut = journal.account_cut.get(k)
+            if cut is not None:
+                pipe.ltrim(self._key("ar", k), -(doc["seq"] - cut), -1) if doc["seq"] > cut else \
+                    pipe.delete(self._key("ar", k))
+        by_terminal: dict[str, dict[str, bytes]] = {}
+        for k, row in [*journal.terminal_rows, *journal.labels]:
+            by_terminal.setdefault(k, {})[str(row[3])] = orjson.dumps(row)
+        for k, fields in by_terminal.items():
+            pipe.hset(self._key("t", k), mapping=fields)
+        dropped: dict[str, list[str]] = {}
+        for k, rid in journal.dropped:
+            dropped.setdefault(k, []).append(str(rid))
+        for k, rids in dropped.items():
+            pipe.hdel(self._key("t", k), *rids)
+
+    def reset(self, kind: str, key: str) -> bool:
+        with self.exclusive():
+            names = ([self._key("a", key), self._key("ar", key)] if kind == ACCOUNT else [self._key("t", key)])
+            found = self._redis.delete(*names, self._key(kind, key))
+            self._generation = None
+        return bool(found)
 
     def close(self) -> None:
         self._redis.close()
@@ -533,53 +739,108 @@ def fast_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] |
 
 @dataclass
 class _Pending:
-    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    terminals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The state in memory: documents by key, least recently used first."""
+
+    accounts: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
+    terminals: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)
 
 
 class OnlineFraudState:
     """Computes the batch path's inputs of new transactions from a store and updates it.
+
+    The accounts and terminals an update touched stay in memory (at most ``cache_accounts``
+    and ``cache_terminals`` of them, least recently used dropped first), with each terminal's
+    running label counts, so the next update reads from the store only what it has not seen;
+    the store tells at the start of each update whether another writer (process, replica)
+    committed meanwhile, and then everything kept is forgotten and read again. An update
+    writes only what changed (:class:`Journal`): new rows, the rows that left the windows and
+    the accounts' small summaries.
 
     Args:
         store: where the state lives.
         windows_days: window lengths (the batch path's :class:`WindowFeatures` defaults).
         history_len: earlier rows kept per account for sequences (a model's ``seq_len - 1``
             must not exceed it).
-        max_recent: at most this many rows per account (bounds a document; an account
+        max_recent: at most this many rows per account (bounds an account's rows; an account
             with more rows inside the longest window gets approximate window features).
+        cache_accounts: most accounts kept in memory between updates.
+        cache_terminals: most terminals kept in memory between updates.
     """
 
     def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = (1, 7, 30),
-                 history_len: int = 255, max_recent: int = 4096) -> None:
+                 history_len: int = 255, max_recent: int = 4096, cache_accounts: int = 50_000,
+                 cache_terminals: int = 10_000) -> None:
         self.store = store
         self.windows_days = tuple(int(w) for w in windows_days)
         self.history_len = int(history_len)
         self.max_recent = max(int(max_recent), self.history_len)
+        self.cache_accounts = int(cache_accounts)
+        self.cache_terminals = int(cache_terminals)
+        self._cache = _Pending()
+        # per cached terminal, kept in step with its rows: the row times, and running counts of
+        # known labels and of positive labels (count[j] - count[i] = labels among rows i..j-1)
+        self._term_index: dict[str, tuple[list[int], list[int], list[int]]] = {}
 
     @classmethod
     def for_model(cls, store: OnlineStateStore, **kwargs: Any) -> OnlineFraudState:
         """A state whose windows are those of the batch path's window transformer."""
         return cls(store, windows_days=P.window_transformer(7).windows_days, **kwargs)
 
+    def _forget(self) -> None:
+        self._cache = _Pending()
+        self._term_index = {}
+
     @contextmanager
     def update(self) -> Iterator[_Batch]:
-        """An exclusive update: compute rows with the yielded batch; committed on exit."""
-        with self.store.exclusive():
-            batch = _Batch(self)
-            yield batch
-            self.store.write(ACCOUNT, batch.pending.accounts)
-            self.store.write(TERMINAL, batch.pending.terminals)
+        """An exclusive update: compute rows with the yielded batch; committed on exit (on an
+        exception nothing is written and what was kept in memory is dropped)."""
+        try:
+            with self.store.exclusive() as unchanged:
+                if not unchanged:
+                    self._forget()
+                batch = _Batch(self)
+                yield batch
+                self.store.commit(batch.journal())
+        except BaseException:
+            self._forget()
+            raise
+        cache = self._cache
+        while len(cache.accounts) > self.cache_accounts:
+            cache.accounts.popitem(last=False)
+        while len(cache.terminals) > self.cache_terminals:
+            self._term_index.pop(cache.terminals.popitem(last=False)[0], None)
+
+    def reset(self, kind: str, key: str) -> bool:
+        """Forget one account's (or terminal's) online state, in the store and in memory: its next
+        transaction scores as its first. False when there was none."""
+        try:
+            return self.store.reset(kind, key)
+        finally:
+            self._forget()
+
+
+def _new_account() -> dict[str, Any]:
+    return {"n": 0, "sum": 0.0, "terms": [], "seq": 0, "recent": []}
 
 
 class _Batch:
-    """The rows of one update, applied in order over a copy-on-write view of the state."""
+    """The rows of one update, applied in order to the state in memory; what they change is
+    recorded for the store."""
 
     def __init__(self, state: OnlineFraudState) -> None:
         self.state = state
-        self.pending = _Pending()
-        # per loaded terminal, kept in step with its rows: the row times, and running counts of
-        # known labels and of positive labels (count[j] - count[i] = labels among rows i..j-1)
-        self._term_index: dict[str, tuple[list[int], list[int], list[int]]] = {}
+        self.pending = state._cache
+        self._term_index = state._term_index
+        self._touched: set[str] = set()
+        self._journal = Journal()
+
+    def journal(self) -> Journal:
+        """The changes to persist (the touched accounts' summaries taken now)."""
+        accounts = self.pending.accounts
+        for a in self._touched:
+            doc = accounts[a]
+            self._journal.accounts[a] = {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": doc["seq"]}
+        return self._journal
 
     def _index(self, terminal: str) -> tuple[list[int], list[int], list[int]]:
         index = self._term_index.get(terminal)
@@ -593,15 +854,22 @@ class _Batch:
         return index
 
     def load(self, accounts: Sequence[str], terminals: Sequence[str]) -> None:
-        """Read the documents the next rows need (once per batch)."""
-        need_a = [a for a in accounts if a not in self.pending.accounts]
-        need_t = [t for t in terminals if t not in self.pending.terminals]
-        got_a = self.state.store.read(ACCOUNT, need_a)
-        got_t = self.state.store.read(TERMINAL, need_t)
+        """Bring the documents the next rows need into memory (each read from the store once)."""
+        cached_a, cached_t = self.pending.accounts, self.pending.terminals
+        need_a = [a for a in dict.fromkeys(accounts) if a not in cached_a]
+        need_t = [t for t in dict.fromkeys(terminals) if t not in cached_t]
+        got_a = self.state.store.read(ACCOUNT, need_a) if need_a else {}
+        got_t = self.state.store.read(TERMINAL, need_t) if need_t else {}
         for a in need_a:
-            self.pending.accounts[a] = got_a.get(a) or {"n": 0, "sum": 0.0, "terms": [], "recent": []}
+            cached_a[a] = got_a.get(a) or _new_account()
         for t in need_t:
-            self.pending.terminals[t] = got_t.get(t) or {"rows": []}
+            doc = got_t.get(t) or {"rows": []}
+            doc["next"] = max((r[3] for r in doc["rows"]), default=-1) + 1
+            cached_t[t] = doc
+        for a in accounts:
+            cached_a.move_to_end(a)
+        for t in terminals:
+            cached_t.move_to_end(t)
 
     def check(self, rows: Rows | pd.DataFrame) -> None:
         """Raise :class:`OrderError` when a row is older than its account's latest row, or is a
@@ -644,6 +912,7 @@ class _Batch:
         channels, categories = r.channels, r.categories
         ages, acc_ages, occupations = r.ages, r.acc_ages, r.occupations
         self.load(accounts, [t if t is not None else _NULL_TERMINAL for t in terminals] if has_terminal else [])
+        journal, touched = self._journal, self._touched
 
         out: list[RowInputs] = []
         for i, acct_id in enumerate(accounts):
@@ -710,7 +979,11 @@ class _Batch:
                 occupation=occupations[i],
             ))
             # -- add the row to the state
-            recent.append([t, amount, channels[i], categories[i], step, tx_ids[i]])
+            row = [t, amount, channels[i], categories[i], step, tx_ids[i]]
+            recent.append(row)
+            journal.account_rows.append((acct_id, acct["seq"], row))
+            acct["seq"] += 1
+            touched.add(acct_id)
             keep_from = t - wmax * _NS_PER_DAY
             cut = 0
             while cut < len(recent) - self.state.history_len and recent[cut][0] <= keep_from:
@@ -718,17 +991,22 @@ class _Batch:
             cut = max(cut, len(recent) - self.state.max_recent)
             if cut:
                 del recent[:cut]
+                journal.account_cut[acct_id] = acct["seq"] - len(recent)
             if not math.isnan(amount_c):
                 acct["n"] += 1
                 acct["sum"] += amount_c
             if new_terminal:
                 acct["terms"].append(term)
             if term_key is not None:
-                trows = self.pending.terminals[term_key]["rows"]
+                tdoc = self.pending.terminals[term_key]
+                trows = tdoc["rows"]
                 times, n_known, n_pos = self._index(term_key)
                 label = None if math.isnan(labels[i]) else float(labels[i])
                 pos = bisect.bisect_right(times, t)
-                trows.insert(pos, [t, label, tx_ids[i]])
+                trow = [t, label, tx_ids[i], tdoc["next"]]
+                tdoc["next"] += 1
+                trows.insert(pos, trow)
+                journal.terminal_rows.append((term_key, trow))
                 times.insert(pos, t)
                 k, p = int(label is not None), int(label is not None and label > 0)
                 if pos == len(times) - 1:  # the usual case: the newest row of its terminal
@@ -740,6 +1018,7 @@ class _Batch:
                 horizon = times[-1] - delay_ns - (wmax + 1) * _NS_PER_DAY
                 drop = bisect.bisect_left(times, horizon)
                 if drop:
+                    journal.dropped += [(term_key, r[3]) for r in trows[:drop]]
                     del trows[:drop]
                     del times[:drop]
                     del n_known[:drop]
@@ -797,6 +1076,9 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
                 missing.append(str(tx))
             for r in hits:
                 r[1] = float(label)
+                batch._journal.labels.append((term, r))
+            if hits:
+                batch._term_index.pop(term, None)  # its running label counts are rebuilt when next needed
     return missing
 
 

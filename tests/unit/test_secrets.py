@@ -159,7 +159,7 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
         log = AuditLog(tmp_path / "serving" / "audit.jsonl", salt=b"s" * 16)
         log.write({"route": "/v1/fraud/score"})
         store = SqliteStateStore(tmp_path / "state" / "online.sqlite")
-        store._conn.execute("INSERT INTO state VALUES ('a', 'k', x'00')")  # the WAL file appears on write
+        store._conn.execute("INSERT INTO account VALUES ('k', x'00')")  # the WAL file appears on write
         legacy = tmp_path / "legacy.jsonl"
         legacy.write_text("{}\n")
         os.chmod(legacy, 0o644)

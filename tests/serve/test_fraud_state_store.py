@@ -1,0 +1,167 @@
+"""The online state's stores (one stored row per transaction, the state kept in memory between
+updates): two writers on one store (two processes on one SQLite file, two replicas on one
+Redis) compute exactly what one writer computes, labels and resets included; a failed update
+leaves memory and store as they were; a store in the first layout (a JSON document per
+account and terminal) is read on and nothing is lost; an update writes what changed only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+
+from solutions.fraud import schema as S
+from solutions.fraud.online import (
+    ACCOUNT,
+    TERMINAL,
+    OnlineFraudState,
+    RedisStateStore,
+    SqliteStateStore,
+    apply_labels,
+    validate_rows,
+)
+
+
+def _frame(n: int = 360, seed: int = 4) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    minutes = np.sort(rng.integers(0, 60 * 24 * 60, n))  # 60 days: rows leave the 38-day terminal horizon
+    return pd.DataFrame({
+        S.TRANSACTION_ID: [f"t{i}" for i in range(n)],
+        S.ACCOUNT_ID: rng.choice(["a", "b", "c", "d", "e"], n),
+        S.TIMESTAMP: (pd.Timestamp("2025-01-01") + pd.to_timedelta(minutes, unit="min")).astype(str),
+        S.AMOUNT: rng.gamma(2.0, 30.0, n).round(2),
+        S.TERMINAL_ID: rng.choice(["x", "y", "z"], n),
+        S.CHANNEL: rng.choice(["pos", "web"], n),
+    })
+
+
+def _inputs(rows: list[Any]) -> np.ndarray:
+    names = sorted(rows[0].window)
+    return np.array([[r.window[k] for k in names] + list(r.steps[-1]) for r in rows])
+
+
+def _replay(writers: list[OnlineFraudState], raw: pd.DataFrame, chunk: int = 23) -> np.ndarray:
+    """Apply ``raw`` in chunks, the writers taking turns; after every third chunk, its rows' labels
+    arrive (through the next writer) and count for the later delayed terminal windows."""
+    out: list[Any] = []
+    for k, start in enumerate(range(0, len(raw), chunk)):
+        part = raw.iloc[start : start + chunk]
+        with writers[k % len(writers)].update() as batch:
+            out += batch.apply(validate_rows(part.to_dict("records")), delay_days=7)
+        if k % 3 == 2:
+            labels = [{S.TRANSACTION_ID: r[S.TRANSACTION_ID], S.TERMINAL_ID: r[S.TERMINAL_ID],
+                       S.TIMESTAMP: r[S.TIMESTAMP], S.LABEL: int(i % 4 == 0)}
+                      for i, r in enumerate(part.to_dict("records"))]
+            assert apply_labels(writers[(k + 1) % len(writers)], labels) == []
+    return _inputs(out)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A function opening a new connection to one shared store, per store kind."""
+    if request.param == "sqlite":
+        return lambda: SqliteStateStore(tmp_path / "shared.sqlite")
+    url = request.getfixturevalue("redis_url")
+    return lambda: RedisStateStore(url)
+
+
+def test_two_writers_on_one_store_compute_what_one_writer_computes(open_store: Any, tmp_path: Path) -> None:
+    raw = _frame()
+    alone = _replay([OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)], raw)
+    one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
+    shared = _replay([one, two], raw)
+    np.testing.assert_array_equal(shared, alone)
+    # what each writer kept in memory is the stored state: a third connection reads the same
+    third = open_store()
+    with third.exclusive():
+        stored = third.read(ACCOUNT, ["a", "b"]), third.read(TERMINAL, ["x", "y", "z"])
+    with one.update() as batch:
+        batch.load(["a", "b"], ["x", "y", "z"])
+        kept = ({k: batch.pending.accounts[k] for k in ("a", "b")},
+                {k: {"rows": batch.pending.terminals[k]["rows"]} for k in ("x", "y", "z")})
+    assert kept == stored
+    assert max(len(d["rows"]) for d in stored[1].values()) < len(raw) / 3  # rows left the terminal windows
+
+
+def test_a_reset_account_scores_as_new_in_every_writer(open_store: Any) -> None:
+    raw = _frame(120)
+    one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
+    _replay([one, two], raw)
+    assert one.reset(ACCOUNT, "a") is True
+    assert two.reset(ACCOUNT, "no-such-account") is False
+    row = {S.TRANSACTION_ID: "new", S.ACCOUNT_ID: "a", S.TIMESTAMP: "2025-01-01 00:00", S.AMOUNT: 10.0,
+           S.TERMINAL_ID: "x"}  # older than a's rows before the reset: accepted now
+    for writer in (two, one):
+        with pytest.raises(RuntimeError, match="discarded"), writer.update() as batch:
+            [inputs] = batch.apply(validate_rows([row]), delay_days=7)
+            assert inputs.window["cust_nb_tx_30d"] == 1.0 and inputs.steps[-1][-1] == 1.0  # a first transaction
+            raise RuntimeError("discarded")  # nothing of this update is kept, in memory or stored
+
+
+def test_a_failed_update_changes_neither_memory_nor_store(tmp_path: Path) -> None:
+    raw = _frame(200)
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    reference = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "r.sqlite"), history_len=8)
+    first, second = raw.iloc[:100], raw.iloc[100:]
+    _replay([state], first)
+    _replay([reference], first)
+    with pytest.raises(RuntimeError, match="model failed"), state.update() as batch:
+        batch.apply(validate_rows(second.to_dict("records")), delay_days=7)
+        raise RuntimeError("the model failed")
+    np.testing.assert_array_equal(_replay([state], second), _replay([reference], second))
+
+
+def _first_layout(docs: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    """Documents as the first layout stored them (no row ids, no sequence numbers)."""
+    if kind == ACCOUNT:
+        return {k: {"n": d["n"], "sum": d["sum"], "terms": d["terms"], "recent": d["recent"]} for k, d in docs.items()}
+    return {k: {"rows": [r[:3] for r in d["rows"]]} for k, d in docs.items()}
+
+
+def test_a_store_in_the_first_layout_is_read_on(open_store: Any, tmp_path: Path) -> None:
+    raw = _frame()
+    first, second = raw.iloc[:200], raw.iloc[200:]
+    reference = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "r.sqlite"), history_len=8)
+    _replay([reference], first)
+    with reference.store.exclusive():
+        old = {ACCOUNT: _first_layout(reference.store.read(ACCOUNT, list("abcde")), ACCOUNT),
+               TERMINAL: _first_layout(reference.store.read(TERMINAL, list("xyz")), TERMINAL)}
+    store = open_store()
+    if isinstance(store, SqliteStateStore):
+        store.close()
+        import sqlite3
+
+        path = tmp_path / "shared.sqlite"
+        path.unlink()
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE state (kind TEXT NOT NULL, key TEXT NOT NULL, doc BLOB NOT NULL, "
+                         "PRIMARY KEY (kind, key))")
+            conn.executemany("INSERT INTO state VALUES (?, ?, ?)",
+                             [(kind, k, orjson.dumps(d)) for kind, docs in old.items() for k, d in docs.items()])
+        store = open_store()
+    else:
+        store._redis.mset({store._key(kind, k): orjson.dumps(d) for kind, docs in old.items() for k, d in docs.items()})
+    migrated = OnlineFraudState.for_model(store, history_len=8)
+    np.testing.assert_array_equal(_replay([migrated], second), _replay([reference], second))
+    again = OnlineFraudState.for_model(open_store(), history_len=8)  # the new layout alone holds it now
+    with again.update() as batch:
+        batch.load(list("abcde"), list("xyz"))
+        assert sum(d["n"] for d in batch.pending.accounts.values()) == len(raw)
+
+
+def test_an_update_writes_what_changed_only(tmp_path: Path) -> None:
+    raw = _frame()
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    _replay([state], raw.iloc[:300])
+    conn = state.store._conn
+    before = conn.total_changes
+    with state.update() as batch:
+        batch.apply(validate_rows(raw.iloc[300:301].to_dict("records")), delay_days=7)
+    changed = conn.total_changes - before
+    # one account row, one terminal row, the account's summary, the generation, and the rows
+    # that left the windows (a handful at most): not every row of the account and terminal
+    assert 4 <= changed <= 12, changed
