@@ -2,9 +2,11 @@
 
 A route awaits ``batcher.submit(items)``; the batcher collects what the other requests submit
 meanwhile (up to ``max_batch_size`` items and, when a ``weight`` is given, ``max_batch_rows``
-rows, waiting at most ``max_wait_ms`` after the first),
-calls ``fn(all_items)`` once in its worker thread (the event loop keeps accepting requests)
-and hands each request back its own results, in order. Batches run one after the other in
+rows) and calls ``fn(all_items)`` once in its worker thread. It is adaptive: a submission that
+finds nothing else waiting runs at once (a lone client pays no wait); when others were waiting
+(concurrent clients), the batch takes them and waits at most ``max_wait_ms`` after the first
+for more. The event loop keeps accepting requests meanwhile; each request gets back its own
+results, in order. Batches run one after the other in
 that single thread, in arrival order, so a stateful ``fn`` (the fraud online state) sees the
 items exactly in the order they were submitted. While one batch runs, the next one fills up:
 under load the batches grow by themselves, with no extra waiting.
@@ -42,7 +44,8 @@ class DynamicBatcher(Generic[I, R]):
         fn: ``fn(items) -> results``, one result per item, same order; runs in a worker thread.
         max_batch_size: most items per call (a larger single submission still runs, alone).
             1 disables batching.
-        max_wait_ms: longest the first submission of a batch waits for others to join.
+        max_wait_ms: longest a batch that already holds several submissions waits for more to join
+            (a submission that finds nothing else waiting runs at once).
         on_batch: called with each batch's item count (the metrics hook).
         name: the worker thread's name.
         weight: rows of one item (e.g. the transactions of a request); with ``max_batch_rows``,
@@ -109,6 +112,8 @@ class DynamicBatcher(Generic[I, R]):
                 while size < self.max_batch_size and (max_rows is None or rows < max_rows):
                     if getter is None and not queue.empty():
                         nxt = queue.get_nowait()
+                    elif len(batch) == 1:
+                        break  # nobody else was waiting: a lone client's request runs at once
                     else:
                         timeout = deadline - loop.time()
                         if timeout <= 0:

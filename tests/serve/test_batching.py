@@ -121,3 +121,37 @@ def test_max_batch_rows_bounds_the_rows_of_a_call() -> None:
     assert calls[0] == 1500 and max(calls[1:]) == 900 and sum(calls) == 1500 + 3000
     with pytest.raises(ValueError, match="max_batch_rows"):
         DynamicBatcher(fn, max_batch_size=4, max_wait_ms=1, max_batch_rows=10)  # no weight
+
+
+def test_a_lone_submission_runs_at_once_and_concurrent_ones_still_coalesce() -> None:
+    """Adaptive: nothing else waiting, no wait (a lone client would otherwise pay max_wait_ms on
+    every request); submissions that find others waiting still share a call."""
+    calls: list[int] = []
+
+    def fn(items: list[int]) -> list[int]:
+        calls.append(len(items))
+        time.sleep(0.002)
+        return items
+
+    batcher = DynamicBatcher(fn, max_batch_size=64, max_wait_ms=400)
+
+    async def lone() -> list[float]:
+        took = []
+        for i in range(5):
+            t0 = time.perf_counter()
+            assert await batcher.submit([i]) == [i]
+            took.append(time.perf_counter() - t0)
+        return took
+
+    async def burst() -> list[list[int]]:
+        return await asyncio.gather(*(batcher.submit([i]) for i in range(30)))
+
+    try:
+        took = _run(lone())
+        assert max(took) < 0.2  # far below the 0.4 s wait
+        assert calls == [1] * 5
+        calls.clear()
+        assert _run(burst()) == [[i] for i in range(30)]
+    finally:
+        batcher.close()
+    assert max(calls) > 1 and sum(calls) == 30
