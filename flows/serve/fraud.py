@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infra.errors import DataValidationError
 from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.audit import record_audit
-from infra.serving.auth import Principal, require_scope
+from infra.serving.auth import ADMIN, Principal, require_scope
 from infra.serving.batching import DynamicBatcher
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
@@ -108,6 +108,22 @@ class FraudLabelResponse(BaseModel):
 
     recorded: int
     unknown: list[str] = Field(description="Transaction ids never scored, or older than the terminal windows keep.")
+
+
+class FraudStateReset(BaseModel):
+    """Which online state to forget: one account's, or one terminal's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    account_id: str | None = Field(default=None, min_length=1, max_length=128, examples=["A17"])
+    terminal_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class FraudStateResetResponse(BaseModel):
+    """What was reset."""
+
+    kind: str = Field(description="account or terminal")
+    found: bool = Field(description="False when the state held nothing for it.")
 
 
 async def read_score_request(request: Request) -> FraudScoreRequest:
@@ -296,6 +312,26 @@ def build(services: Services) -> Vertical | None:
         record_audit(request, model=name, model_version=ref.version if ref else 0, rows=len(body.labels),
                      decisions={"recorded": len(body.labels) - len(unknown), "unknown": len(unknown)})
         return FraudLabelResponse(recorded=len(body.labels) - len(unknown), unknown=unknown)
+
+    @router.post("/v1/fraud/state/reset", response_model=FraudStateResetResponse)
+    async def reset_state(body: FraudStateReset, request: Request,
+                          principal: Annotated[Principal, Depends(require_scope(ADMIN))]) -> FraudStateResetResponse:
+        """Forget one account's (or terminal's) online state: its next transaction scores as its first.
+
+        For an account locked by a mis-dated transaction (its later real ones got 409), or state
+        to correct after a data incident. Needs the scope ``admin``; audited (the id hashed).
+        Every replica reads the state again before its next update.
+        """
+        from solutions.fraud.online import ACCOUNT, TERMINAL
+
+        if (body.account_id is None) == (body.terminal_id is None):
+            raise HTTPException(status_code=422, detail={"error": "give exactly one of account_id and terminal_id"})
+        kind, key = (ACCOUNT, body.account_id) if body.account_id is not None else (TERMINAL, body.terminal_id)
+        found = await run_in_threadpool(state().reset, kind, key)
+        ref = slot.current()[0] if slot.ready else None
+        record_audit(request, model=name, model_version=ref.version if ref else 0, rows=0,
+                     decisions={f"{kind}_reset": int(found)}, subjects=[key])
+        return FraudStateResetResponse(kind=kind, found=found)
 
     def stop() -> None:
         batcher.close()

@@ -298,8 +298,7 @@ class SqliteStateStore:
                 found += self._conn.execute("DELETE FROM account_row WHERE key = ?", (key,)).rowcount
             else:
                 found = self._conn.execute("DELETE FROM terminal_row WHERE key = ?", (key,)).rowcount
-            self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")
-            self._generation = None
+            self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")  # every writer reads again
         return bool(found)
 
     def close(self) -> None:
@@ -330,6 +329,7 @@ class RedisStateStore:
         self._lock_timeout_s = lock_timeout_s
         self._thread_lock = threading.Lock()
         self._generation: int | None = None
+        self._committed = False
         self._pipe: Any = None
         self._legacy: set[str] = set()
 
@@ -346,11 +346,14 @@ class RedisStateStore:
                 raise TimeoutError("could not take the online-state lock in Redis")
             self._pipe = self._redis.pipeline(transaction=True)
             self._legacy = set()
+            self._committed = False
             try:
                 generation = self._redis.get(f"{self.prefix}:generation")
                 yield (int(generation) if generation is not None else 0) == self._generation
                 self._pipe.incr(f"{self.prefix}:generation")
-                self._generation = int(self._pipe.execute()[-1])
+                written = int(self._pipe.execute()[-1])
+                # only an update that committed knows the stored state as it is now (a reset does not)
+                self._generation = written if self._committed else None
             except BaseException:
                 self._generation = None
                 raise
@@ -405,6 +408,7 @@ class RedisStateStore:
         return out
 
     def commit(self, journal: Journal) -> None:
+        self._committed = True
         pipe = self._pipe
         if self._legacy:
             pipe.delete(*self._legacy)
@@ -435,7 +439,6 @@ class RedisStateStore:
         with self.exclusive():
             names = ([self._key("a", key), self._key("ar", key)] if kind == ACCOUNT else [self._key("t", key)])
             found = self._redis.delete(*names, self._key(kind, key))
-            self._generation = None
         return bool(found)
 
     def close(self) -> None:

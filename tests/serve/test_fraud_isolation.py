@@ -5,6 +5,7 @@ the server clock, over-long or non-scalar ids and labels without ``fraud:label``
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 from pathlib import Path
@@ -117,6 +118,35 @@ def test_a_future_timestamp_is_refused_and_the_409_names_no_other_time(tiny: tup
         older = post(_row(3, account_id="A1", timestamp="2025-03-01T08:00:00"))
         assert older.status_code == 409 and "older" in older.text
         assert "12:34" not in older.text  # the account's latest transaction time stays private
+
+
+def test_an_admin_resets_a_locked_account_audited(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
+    """An account whose latest transaction was mis-dated (inside the skew, or before the bound existed)
+    refuses its real later ones with 409 until an admin resets its online state."""
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        key, admin = api_key(home), api_key(home, "admin")
+        assert _score_one(client, server, key, _row(1, account_id="LOCKED", timestamp="2025-03-09T23:00:00")
+                          ).status_code == 200
+        real = _row(2, account_id="LOCKED", timestamp="2025-03-01T09:00:00")
+        assert _score_one(client, server, key, real).status_code == 409
+
+        def reset(k: str, **body: Any) -> httpx.Response:
+            return client.post(f"{server.url}/v1/fraud/state/reset", json=body, headers={"X-API-Key": k})
+
+        assert reset(key, account_id="LOCKED").status_code == 403  # fraud:score alone may not
+        assert reset(admin, account_id="LOCKED", terminal_id="T1").status_code == 422
+        done = reset(admin, account_id="LOCKED")
+        assert done.status_code == 200 and done.json() == {"kind": "account", "found": True}
+        assert reset(admin, account_id="NEVER-SEEN").json()["found"] is False
+        again = _score_one(client, server, key, real)
+        assert again.status_code == 200, again.text
+    audit = (home.serving() / "audit.jsonl").read_text()
+    lines = [json.loads(line) for line in audit.splitlines()]
+    resets = [a for a in lines if a.get("endpoint") == "/v1/fraud/state/reset" and a.get("status") == 200]
+    assert [a["decisions"] for a in resets] == [{"account_reset": 1}, {"account_reset": 0}]
+    assert len(resets[0]["subjects"]) == 1 and "LOCKED" not in audit  # the account id is hashed
 
 
 def test_over_long_and_non_scalar_ids_are_refused(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
