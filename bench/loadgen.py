@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,21 @@ def summary(latencies: list[float], statuses: Counter[int], elapsed: float, rows
     }
 
 
+@dataclass(frozen=True)
+class Tagged:
+    """A request body with a tag: a phase counts the answers' statuses per tag (e.g. valid/bad)."""
+
+    body: Any
+    tag: str
+
+
 async def _post(client: aiohttp.ClientSession, url: str, body: Any) -> int:
-    """POST ``body`` as JSON, read the whole answer; its status, or 599 when the client gave up."""
+    """POST ``body`` (JSON, or bytes sent as they are), read the whole answer; its status, or 599
+    when the client gave up."""
     try:
-        async with client.post(url, json=body) as response:
+        post = (client.post(url, data=body, headers={"Content-Type": "application/json"})
+                if isinstance(body, bytes) else client.post(url, json=body))
+        async with post as response:
             await response.read()
             return response.status
     except (aiohttp.ClientError, TimeoutError):
@@ -63,6 +75,7 @@ async def closed_loop(url: str, make_body: Callable[[int], Any], *, concurrency:
         raise ValueError(f"the benches only load the loopback address; got {url}")
     latencies: list[float] = []
     statuses: Counter[int] = Counter()
+    by_tag: dict[str, Counter[int]] = {}
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as client:
@@ -77,16 +90,24 @@ async def closed_loop(url: str, make_body: Callable[[int], Any], *, concurrency:
                 if now >= stop_at:
                     return
                 counter += 1
-                body = make_body(counter)
+                body, tag = make_body(counter), None
+                if isinstance(body, Tagged):
+                    body, tag = body.body, body.tag
                 t0 = time.perf_counter()
                 code = await _post(client, url, body)
                 t1 = time.perf_counter()
                 if start_measure <= t1 <= stop_at:  # answers completed inside the window
-                    latencies.append(t1 - t0)
-                    statuses[code] += 1
+                    if tag is not None:
+                        by_tag.setdefault(tag, Counter())[code] += 1
+                    if tag is None or tag == "valid":
+                        latencies.append(t1 - t0)
+                        statuses[code] += 1
 
         await asyncio.gather(*(one_client() for _ in range(concurrency)))
-    return summary(latencies, statuses, seconds, rows_per_request)
+    out = summary(latencies, statuses, seconds, rows_per_request)
+    if by_tag:  # the figures above count the valid requests; here every tag's statuses
+        out["status_by_tag"] = {tag: {str(k): v for k, v in sorted(c.items())} for tag, c in sorted(by_tag.items())}
+    return out
 
 
 async def fixed_rate(url: str, make_body: Callable[[int], Any], *, rate: float, seconds: float,
