@@ -58,6 +58,7 @@ class CircuitBreaker:
         self.on_change = on_change
         self.clock = clock
         self._calls: collections.deque[tuple[float, bool]] = collections.deque()
+        self._failed = 0  # failed calls in _calls
         self._opened_at: float | None = None
         self._reason = ""
         self._trial = False
@@ -89,13 +90,15 @@ class CircuitBreaker:
                 if ok:
                     self._opened_at, self._reason, changed = None, "", False
                     self._calls.clear()
+                    self._failed = 0
                 else:
                     self._opened_at, self._reason = now, f"trial call after the cool-down failed: {reason}"
             else:
                 self._calls.append((now, ok))
+                self._failed += not ok
                 while self._calls and now - self._calls[0][0] > self.window_s:
-                    self._calls.popleft()
-                failed = sum(1 for _, good in self._calls if not good)
+                    self._failed -= not self._calls.popleft()[1]
+                failed = self._failed  # kept in step: summing the window cost O(calls) per call
                 if len(self._calls) >= self.min_calls and failed / len(self._calls) >= self.error_share:
                     self._opened_at = now
                     self._reason = (f"{failed} of the last {len(self._calls)} model calls failed "
