@@ -542,11 +542,11 @@ def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[Mo
     ledger = FileLedger(job)
     scan = scan_inbox(location, ledger, settle_s=settle_s)
 
-    def nothing(seen: int, note: str) -> InboxRun:
+    def nothing(seen: int, note: str, elsewhere: int = 0) -> InboxRun:
         log.info("inbox %s: no new file (%d seen before, %d still changing%s)", location, seen, scan.settling, note)
         return InboxRun(model=model, inbox=location, new_files=0, seen_before=seen, scored=0, quarantined=0,
                         failed=0, rows=0, flagged=0, outputs=[], quarantine={}, seconds=time.perf_counter() - started,
-                        refused=scan.refused)
+                        claimed_elsewhere=elsewhere, refused=scan.refused)
 
     if not scan.pending:
         return nothing(scan.seen_before, "")
@@ -556,7 +556,7 @@ def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[Mo
     scan = scan.model_copy(update={"pending": files, "seen_before": scan.seen_before + settled,
                                    "claimed_elsewhere": elsewhere})
     if not files:
-        return nothing(scan.seen_before, f", {elsewhere} claimed by another run")
+        return nothing(scan.seen_before, f", {elsewhere} claimed by another run", elsewhere)
     log.info("inbox %s: %d new file(s), %d seen before; scoring with %s", location, len(files), scan.seen_before, spec)
     outcomes = score_inbox(files, make_scorer(ref), ledger)
     counts = outcome_counts(outcomes)

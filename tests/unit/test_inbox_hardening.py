@@ -204,3 +204,23 @@ def test_non_utf8_csv_is_detected_and_read_like_utf8(tmp_path: Path, encoding: s
     pd.testing.assert_frame_equal(read_table(tmp_path / "x.csv", encoding), read_table(tmp_path / "u.csv"))
     with pytest.raises(DataValidationError, match="unknown text encoding"):
         read_table(tmp_path / "x.csv", "no-such-codec")
+
+
+def test_a_run_that_finds_every_file_claimed_says_so_in_its_result(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log said "4 claimed by another run" while the run's JSON said claimed_elsewhere: 0."""
+    import infra.registry
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(infra.registry.ModelRegistry, "resolve", lambda self, spec: ModelRef(
+        name="m", version=1, path=str(tmp_path), params={}, metrics={}, primary_metric="test/auprc",
+        created_at="2026-01-01T00:00:00"))
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    for i in range(4):
+        (inbox / f"f{i}.csv").write_text(f"a\n{i}\n")
+    ledger = FileLedger("busy")
+    other = f"{os.uname().nodename}:{os.getpid()}:other-run"  # a live process: its claims are respected
+    assert len(ledger.claim(scan_inbox(inbox, ledger, settle_s=0).pending, other)[0]) == 4
+    run = LG.process_inbox("busy", str(inbox), "m", lambda ref: None, settle_s=0)
+    assert run.new_files == 0 and run.claimed_elsewhere == 4
