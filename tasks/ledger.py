@@ -377,9 +377,16 @@ def reading_content(source: str) -> Iterator[None]:
 
 
 def check_still_regular(file: InboxFile) -> None:
-    """Refuse a file that was swapped for a symbolic link after the scan."""
+    """Refuse a file that was swapped for a symbolic link after the scan; raise
+    :class:`InfrastructureError` (the file is released, not quarantined) when this machine does not
+    see the file's folder at all: a worker without the inbox volume must not judge the files."""
     if os.path.islink(file.path):
         raise DataValidationError("became a symbolic link after the scan; not read", source=file.path)
+    folder = os.path.dirname(file.path) or "."
+    if not os.path.isdir(folder):
+        raise InfrastructureError(
+            f"this worker cannot see the inbox folder of {file.name!r}: is the inbox volume mounted on every "
+            "worker of the pool? The file is released for the next run")
 
 
 def score_one(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> FileOutcome:

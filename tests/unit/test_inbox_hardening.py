@@ -224,3 +224,24 @@ def test_a_run_that_finds_every_file_claimed_says_so_in_its_result(tmp_path: Pat
     assert len(ledger.claim(scan_inbox(inbox, ledger, settle_s=0).pending, other)[0]) == 4
     run = LG.process_inbox("busy", str(inbox), "m", lambda ref: None, settle_s=0)
     assert run.new_files == 0 and run.claimed_elsewhere == 4
+
+
+def test_a_worker_that_does_not_see_the_inbox_releases_the_file(tmp_path: Path) -> None:
+    """A worker with the registry but without the inbox volume used to quarantine every good file
+    ("file not found"); now the file fails as the machine's error and is released. A file deleted
+    from a folder the worker does see is still the file's own problem (quarantined)."""
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    (inbox / "good.csv").write_text("a\n1\n")
+    seen = _file(inbox / "good.csv")
+
+    def score(f: InboxFile) -> ScoredFile:
+        with reading_content(f.path):
+            read_table(Path(f.path))
+        raise AssertionError("not reached")
+
+    unseen = seen.model_copy(update={"path": str(tmp_path / "not-mounted" / "good.csv")})
+    with pytest.raises(InfrastructureError, match="cannot see the inbox folder"):
+        score_one(score, unseen)
+    (inbox / "good.csv").unlink()
+    assert score_one(score, seen).status == "quarantined"
