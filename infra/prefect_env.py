@@ -13,7 +13,8 @@ worker may hold unsent events (drained at interpreter exit, with an ``EventsWork
 Still processing items`` warning) and the ephemeral server's task-run recorder may still be
 writing task-run states when the server is terminated (``Error flushing 1 events`` with a
 traceback, and task runs left ``Running`` in the UI). :func:`settle_prefect` waits for both
-while the API is still up, so a normal run ends quietly and completely.
+while the API is still up, so a normal run ends quietly and completely. The ephemeral server
+itself exits with the command even when the command is killed (:mod:`infra.ephemeral_api`).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def prefect_cli_settings() -> Iterator[None]:
     route_project_logs()
     started = datetime.now(UTC)
     with temporary_settings(updates=updates):
+        from prefect.settings import PREFECT_API_URL
+
+        if PREFECT_API_URL.value() is None:  # Prefect will start an ephemeral API for this run
+            from infra.ephemeral_api import tether_ephemeral_api
+
+            tether_ephemeral_api()  # it exits with this process, even one killed with SIGKILL
         try:
             yield
         except Exception:
