@@ -36,6 +36,7 @@ import bisect
 import datetime as dt
 import logging
 import math
+import operator
 import os
 import re
 import sqlite3
@@ -1217,7 +1218,8 @@ class OnlineFraudModel:
         ctx[:, :2] = scale_features(static, pre.static_mean_, pre.static_std_)
         if names:
             try:
-                win = np.array([[row.window[name] for name in names] for row in rows], dtype="float64")
+                pick = operator.itemgetter(*names)  # one C call per row (a list comprehension cost ~2 ms per 256)
+                win = np.array([pick(row.window) for row in rows], dtype="float64").reshape(n, len(names))
             except KeyError as exc:
                 raise DataValidationError(
                     f"the model needs window feature {exc.args[0]!r}, which these rows cannot give "
