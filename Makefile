@@ -46,7 +46,7 @@ lint: install
 ui: install
 	@echo "Prefect UI: http://127.0.0.1:$(PORT)  (then, in the shell that runs flows: export PREFECT_API_URL=http://127.0.0.1:$(PORT)/api)"
 	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_API_URL=http://127.0.0.1:$(PORT)/api \
-		$(VENV)/bin/prefect server start --host 127.0.0.1 --port $(PORT)
+		$(PY) -m infra.prefect_server --host 127.0.0.1 --port $(PORT)
 
 bench: install
 	$(PY) bench/fraud_bench.py
