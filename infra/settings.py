@@ -334,6 +334,15 @@ class ServeSettings(BaseSettings):
         "fast sensors holds many readings per grid step, so this is larger than max_rows.",
     )
     request_timeout_s: float = Field(default=10.0, gt=0, description="Per-request time limit (504 after).")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0,
+        description="Longest a client may take to send a request's line and headers, from its connection or "
+        "its first byte (408 and the connection closed after; slow or stalled clients hold no socket).",
+    )
+    max_header_bytes: int = Field(
+        default=65_536, ge=1024,
+        description="Largest request line plus headers (431 and the connection closed above).",
+    )
     audit_salt: SecretStr | None = Field(
         default=None,
         description="Secret salt for the account ids hashed into the audit log. Default: a random salt "

@@ -202,6 +202,7 @@ def run_server(argv: Sequence[str]) -> int:
     import uvicorn
 
     from infra.serving.middleware import parse_networks
+    from infra.serving.protocol import GuardedHttpProtocol
     from infra.settings import get_serve_settings
     from solutions.rag.collections import configured_collections
 
@@ -219,7 +220,8 @@ def run_server(argv: Sequence[str]) -> int:
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
     threading.Thread(target=announce, args=(f"http://{shown}:{port}",), name="announce", daemon=True).start()
     uvicorn.run("flows.serve.app:create_app", factory=True, host=host, port=port, workers=args.workers,
-                log_level=args.log_level, access_log=args.access_log, proxy_headers=False)
+                log_level=args.log_level, access_log=args.access_log, proxy_headers=False,
+                http=GuardedHttpProtocol)  # header deadline and size cap (infra.serving.protocol)
     return 0
 
 

@@ -28,6 +28,7 @@ from infra.home import HomeLayout
 from infra.registry import ModelRef, ModelRegistry
 from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
+from infra.serving.protocol import GuardedHttpProtocol
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical, key_store
 from infra.settings import ServeSettings
@@ -144,8 +145,11 @@ def live_server(home: HomeLayout) -> Iterator[Callable[..., Live]]:
         settings = ServeSettings(**values)
         app = create_app(settings, build_verticals=[toy_builder(control)], layout=home, registry=registry)
         port = free_port()
+        # the protocol `python -m flows.serve` runs, with this server's header limits
+        protocol = type("TestGuardedHttpProtocol", (GuardedHttpProtocol,), {
+            "header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes})
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
-                                               access_log=False, lifespan="on"))
+                                               access_log=False, lifespan="on", http=protocol))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         servers.append((server, thread))

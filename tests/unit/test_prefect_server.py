@@ -31,8 +31,8 @@ def _heartbeat_with_a_write_in_between(db_file: Path, monkeypatch: pytest.Monkey
     seen: dict = {}
 
     async def go() -> None:
-        import prefect.server.models as models
         from prefect.client.schemas.worker_channel import WorkerHeartbeatFrame
+        from prefect.server import models
         from prefect.server.database import provide_database_interface
         from prefect.server.schemas.actions import WorkPoolCreate
         from prefect.server.utilities import worker_channel

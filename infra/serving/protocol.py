@@ -1,0 +1,131 @@
+"""The API's HTTP/1.1 protocol: uvicorn's httptools protocol with a header deadline and size cap.
+
+uvicorn bounds a request once its headers are in (our 504 timeout, the body cap), and an idle
+keep-alive connection (5 s), but not the headers themselves: a client that opens a connection and
+never finishes its headers holds the socket for ever (a review left 2,000 of 2,000 open after
+27 s), and an unfinished header is buffered however large it grows (20 MB). This protocol adds:
+
+- a deadline for the request line and headers (``INDUSFLOW_SERVE_HEADER_TIMEOUT_S``), counted
+  from the connection (or, on a kept-alive connection, from the next request's first byte) and
+  not extended by a trickle of bytes: past it the client gets ``408`` and the connection closes;
+- a cap on their size (``INDUSFLOW_SERVE_MAX_HEADER_BYTES``): above it ``431`` and close, so at
+  most the cap plus one read (256 KiB) is ever buffered.
+
+Both answers are written directly: there is no request yet for the app (or its audit log) to
+see. ``flows.serve`` passes this class as uvicorn's ``http``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: After a 408 or 431, how long the connection may stay half-closed while the client stops sending.
+LINGER_S = 2.0
+
+_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+
+
+def _refusal(status: int, message: str) -> bytes:
+    body = message.encode("ascii")
+    return b"".join([
+        b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status]),
+        b"content-type: text/plain; charset=utf-8\r\n",
+        b"content-length: %d\r\n" % len(body),
+        b"connection: close\r\n\r\n", body])
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a deadline and a size cap on each request's headers.
+
+    The limits are class attributes; ``None`` (the default) reads them from the serve settings
+    once, in the server process (so uvicorn's worker processes each read the environment).
+    """
+
+    header_timeout_s: float | None = None
+    max_header_bytes: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cls = type(self)
+        if cls.header_timeout_s is None or cls.max_header_bytes is None:
+            from infra.settings import get_serve_settings
+
+            settings = get_serve_settings()
+            if cls.header_timeout_s is None:
+                cls.header_timeout_s = settings.header_timeout_s
+            if cls.max_header_bytes is None:
+                cls.max_header_bytes = settings.max_header_bytes
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._discarding = False
+
+    # -- the deadline ----------------------------------------------------------------------
+    def _arm_header_deadline(self) -> None:
+        if self._header_deadline is None:
+            self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_overdue)
+
+    def _disarm_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_overdue(self) -> None:
+        self._header_deadline = None
+        if self._awaiting_headers:
+            self._refuse(408, f"request headers not received within {self.header_timeout_s:g} s")
+
+    def _refuse(self, status: int, message: str) -> None:
+        self._awaiting_headers = False
+        self._disarm_header_deadline()
+        if self.transport.is_closing():
+            return
+        self.transport.write(_refusal(status, message))
+        # a lingering close: the answer and a FIN go out, what the client still sends is read and
+        # dropped, and the socket closes when the client closes or after LINGER_S. Closing at once
+        # with unread bytes makes the kernel reset the connection, and the client never reads the
+        # answer.
+        self._discarding = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
+
+    # -- uvicorn's protocol hooks ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._discarding or self.transport.is_closing():
+            return
+        if self._awaiting_headers:
+            self._arm_header_deadline()
+            self._header_bytes += len(data)
+        super().data_received(data)
+        # fed first: one read may carry the end of the headers and the start of the body
+        if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
+            self._refuse(431, f"request line and headers exceed {self.max_header_bytes} bytes")
+
+    def eof_received(self) -> bool | None:
+        if self._discarding:
+            self.transport.close()
+        return super().eof_received()
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._disarm_header_deadline()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        # the next bytes on this connection begin the next request; uvicorn's keep-alive timeout
+        # covers the idle time until they come, the deadline starts with them
+        self._awaiting_headers = True
+        self._header_bytes = 0
+        super().on_response_complete()
