@@ -326,6 +326,17 @@ class ServeSettings(BaseSettings):
         description="Rate limit of a key without its own ('N/second|minute|hour'), per key, shared "
         "across replicas through Redis when configured.",
     )
+    unauthenticated_rate_limit: str = Field(
+        default="60/minute",
+        description="Rate limit of requests without a valid credential, per client address (429 with "
+        "Retry-After above, instead of 401/403): a credential guesser or a flood of bad tokens is slowed "
+        "like any key.",
+    )
+    jwt_max_lifetime_s: float = Field(
+        default=86_400.0, gt=0,
+        description="Longest a bearer token may live (its exp minus its iat, or minus now without iat); "
+        "a longer-lived token gets 401, so a leaked token cannot stay valid for years.",
+    )
     max_body_bytes: int = Field(default=1_048_576, ge=1, description="Largest request body accepted (413 above).")
     max_rows: int = Field(default=1024, ge=1, description="Most rows one request may carry (413 above).")
     max_readings: int = Field(

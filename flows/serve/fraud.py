@@ -143,6 +143,10 @@ async def read_score_request(request: Request) -> FraudScoreRequest:
             raise RequestValidationError([{"type": "json_invalid", "loc": ("body", getattr(exc, "pos", 0)),
                                            "msg": "JSON decode error", "input": {},
                                            "ctx": {"error": getattr(exc, "msg", str(exc))}}]) from None
+        except RecursionError:  # orjson stops at depth 1024; Python's parser runs out of stack
+            raise RequestValidationError([{"type": "json_invalid", "loc": ("body", 0),
+                                           "msg": "JSON decode error", "input": {},
+                                           "ctx": {"error": "nested more than 1024 levels deep"}}]) from None
     try:
         return FraudScoreRequest.model_validate(data)
     except ValidationError as exc:

@@ -1,6 +1,7 @@
 """The audit log: one append-only JSON line per request, rotated by size, with no raw PII.
 
-A line holds the time, a request id, the key id (never the key), the route, the status, the
+A line holds the time, a request id, the key id (never the key), the client address (for the
+security review of refused requests; the file is owner-only), the route, the status, the
 latency, and what the route reported with :func:`record_audit`: the model and the version that
 scored, the row count, decision counts and the account ids *hashed* with a secret salt
 (HMAC-SHA256; the salt comes from the settings, or is created once under the home), so an

@@ -23,6 +23,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -208,10 +209,13 @@ class Authenticator:
         hs256_secret: secret of HS256 tokens, if accepted.
         rs256_public_key: PEM public key of RS256 tokens, if accepted.
         audience: the required ``aud`` claim, if any.
+        max_lifetime_s: the longest a token may live (``exp`` minus ``iat``, or minus now).
     """
 
     def __init__(self, keys: KeyStore, *, hs256_secret: str | None = None,
-                 rs256_public_key: str | None = None, audience: str | None = None) -> None:
+                 rs256_public_key: str | None = None, audience: str | None = None,
+                 max_lifetime_s: float = 86_400.0) -> None:
+        self.max_lifetime_s = max_lifetime_s
         self.keys = keys
         self._jwt_keys: list[tuple[str, str]] = []
         if hs256_secret:
@@ -256,10 +260,33 @@ class Authenticator:
                 continue
         if claims is None:
             raise AuthError(401, "invalid bearer token (signature, expiry, audience or claims)")
-        raw = claims.get("scopes", claims.get("scope", ""))
-        scopes = raw.split() if isinstance(raw, str) else [str(s) for s in raw]
-        subject = hashlib.sha256(str(claims["sub"]).encode()).hexdigest()[:12]
-        return Principal(f"jwt:{subject}", frozenset(scopes), None)
+        return Principal(f"jwt:{_subject(claims)}", frozenset(self._scopes(claims)), None)
+
+    def _scopes(self, claims: dict[str, Any]) -> list[str]:
+        """The token's scopes, once its lifetime and claim types are checked (401 otherwise:
+        a signed token with ``"scope": 5`` is a bad token, not a server error)."""
+        born = claims.get("iat", time.time())
+        if not isinstance(born, int | float) or isinstance(born, bool):
+            raise AuthError(401, "invalid bearer token: 'iat' must be a number")
+        if claims["exp"] - born > self.max_lifetime_s:
+            raise AuthError(401, f"bearer token lives longer than this server accepts "
+                                 f"({self.max_lifetime_s:g} s from issue to expiry)")
+        if "scopes" in claims:
+            raw = claims["scopes"]
+            if not (isinstance(raw, list) and all(isinstance(s, str) for s in raw)):
+                raise AuthError(401, "invalid bearer token: 'scopes' must be a list of strings")
+            return raw
+        raw = claims.get("scope", "")
+        if not isinstance(raw, str):
+            raise AuthError(401, "invalid bearer token: 'scope' must be a space-separated string")
+        return raw.split()
+
+
+def _subject(claims: dict[str, Any]) -> str:
+    """A pseudonym of the token's ``sub`` (which must be a string, RFC 7519 StringOrURI)."""
+    if not isinstance(claims["sub"], str) or not claims["sub"]:
+        raise AuthError(401, "invalid bearer token: 'sub' must be a non-empty string")
+    return hashlib.sha256(claims["sub"].encode()).hexdigest()[:12]
 
 
 #: The two ways to present a credential, declared in the OpenAPI document (``securitySchemes``, and
@@ -313,21 +340,36 @@ async def authorize(request: Request, allowed: Callable[[Principal], bool], scop
             request.headers.get("x-api-key"), request.headers.get("authorization")
         )
     except AuthError as exc:
+        # requests without a valid credential count against their client address's own limit
+        await _count(services, f"unauthenticated:{client_address(request.scope)}",
+                     services.settings.unauthenticated_rate_limit, "unauthenticated")
         raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": 'Bearer, ApiKey'}) from None
     request.state.principal = principal
+    await _count(services, principal.key_id, principal.rate_limit, scope)  # a refused scope counts too
     if not allowed(principal):
         raise HTTPException(403, refusal)
+    return principal
+
+
+def client_address(scope: dict[str, Any]) -> str:
+    """The peer address of a request (``unknown`` without one, e.g. in-process test clients)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+async def _count(services: Any, key: str, rate: str | None, label: str) -> None:
+    """Count one request of ``key`` against ``rate``: 429 (``Retry-After``) over it, 503 when the
+    counter store is down (refused, never unlimited)."""
     try:
-        decision = await services.limiter.hit(principal.key_id, principal.rate_limit)
+        decision = await services.limiter.hit(key, rate)
     except Exception as exc:  # noqa: BLE001 - the counter store (Redis) is down: refuse, do not go unlimited
         log.error("rate limiter unavailable: %s", type(exc).__name__)
         raise HTTPException(503, "the rate limiter is unavailable; retry later",
                             headers={"Retry-After": "5"}) from None
     if not decision.allowed:
-        services.metrics.rate_limited.labels(scope=scope).inc()
+        services.metrics.rate_limited.labels(scope=label).inc()
         raise HTTPException(
             429, f"rate limit of {decision.limit} requests exceeded; retry in {decision.retry_after_s} s",
             headers={"Retry-After": str(decision.retry_after_s), "X-RateLimit-Limit": str(decision.limit),
                      "X-RateLimit-Remaining": "0"},
         )
-    return principal

@@ -2,11 +2,12 @@
 
 In order: the IP allow-list (403), the body-size limit (413, from ``Content-Length`` and while
 the body streams in), the per-request timeout (504), then — whatever the outcome — the request
-metrics and one audit line (probes ``/healthz``, ``/readyz``, ``/metrics`` are counted but not
-audited). Plus the exception handlers that turn an open breaker or a model not yet loaded into
-a 503 with a reason and ``Retry-After``, and a request the code finds invalid past FastAPI's own
-validation (a :class:`~infra.errors.DataValidationError`, a malformed multipart body) into a
-4xx that says what is wrong, never a 500.
+metrics and one audit line with the client address (probes ``/healthz`` and ``/readyz`` are
+counted but not audited; ``/metrics`` and every refusal, 401/403/429 included, are). Plus the
+exception handlers that turn an open breaker or a model not yet loaded into a 503 with a reason
+and ``Retry-After``, and a request the code finds invalid past FastAPI's own validation (a
+:class:`~infra.errors.DataValidationError`, a malformed multipart body) into a 4xx that says what
+is wrong, never a 500.
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from infra.errors import DataValidationError
+from infra.serving.auth import client_address
 from infra.serving.breaker import BreakerOpen
 from infra.serving.runtime import Services
 from infra.serving.slot import ModelNotReady
 
 log = logging.getLogger(__name__)
 
-PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+#: Liveness and readiness probes: counted in the metrics, not audited (an orchestrator calls them
+#: every few seconds, without a credential, and they reveal nothing). ``/metrics`` is audited.
+PROBES = frozenset({"/healthz", "/readyz"})
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -152,6 +156,7 @@ class ServingMiddleware:
             "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
             "request_id": uuid.uuid4().hex,
             "key_id": getattr(principal, "key_id", None),
+            "client": client_address(scope),
             "method": scope["method"],
             "endpoint": endpoint,
             "status": code,

@@ -109,7 +109,7 @@ class Services:
             registry=registry if registry is not None else ModelRegistry(layout.registry()),
             metrics=ServingMetrics(),
             auth=Authenticator(key_store(layout), hs256_secret=secret, rs256_public_key=public,
-                               audience=settings.jwt_audience),
+                               audience=settings.jwt_audience, max_lifetime_s=settings.jwt_max_lifetime_s),
             limiter=RateLimiter(settings.default_rate_limit, redis_url),
             audit=AuditLog((settings.audit_dir.expanduser() if settings.audit_dir else layout.serving()) / AUDIT_FILE,
                            salt, settings.audit_max_bytes, settings.audit_backups),

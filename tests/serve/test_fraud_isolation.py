@@ -181,3 +181,23 @@ def test_a_label_in_a_score_request_needs_the_label_scope(tiny: tuple[HomeLayout
         assert post(score_only, _row(1)).status_code == 200  # nothing was applied by the refused one
         both = api_key(home, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
         assert post(both, _row(2, label=1)).status_code == 200
+
+
+def test_deeply_nested_bodies_get_a_4xx(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
+    """orjson stops at 1024 levels and Python's parser, which the score route falls back to, ran
+    out of stack: the RecursionError answered 500."""
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    depth = 100_000
+    nested = {
+        "arrays": b'{"transactions": ' + b"[" * depth + b"]" * depth + b"}",
+        "objects": b'{"transactions": [' + b'{"a": ' * depth + b"1" + b"}" * depth + b"]}",
+    }
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        key = api_key(home, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+        headers = {"X-API-Key": key, "content-type": "application/json"}
+        for route in ("/v1/fraud/score", "/v1/fraud/labels"):
+            for what, body in nested.items():
+                r = client.post(f"{server.url}{route}", content=body, headers=headers)
+                assert 400 <= r.status_code < 500, (route, what, r.status_code, r.text[:300])
+        assert _score_one(client, server, key, _row(1)).status_code == 200  # and the server is fine
