@@ -28,8 +28,11 @@ def check_name(name: str, what: str = "name") -> str:
 
 
 def safe_stem(path: str | Path) -> str:
-    """A file-name stem of ``path`` made of safe characters (for outputs under the home)."""
-    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).stem).strip("._-")[:80]
+    """A file-name stem of ``path`` made of safe characters (for outputs under the home), after
+    the redaction boundary: a mobile number in an input's name never reaches an output's."""
+    from infra.pii import redact_name
+
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", redact_name(Path(path).stem)).strip("._-")[:80]
     return check_name(stem or "input", "file stem")
 
 

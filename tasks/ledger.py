@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError, IndusflowError, InfrastructureError, RegistryError
 from infra.home import home_layout
+from infra.pii import redact_path, redact_text
 from infra.registry import ModelRef
 from infra.store import check_name, safe_join, sha256_file, write_json_atomic
 from infra.tables import bounded, content_error
@@ -76,6 +77,30 @@ class InboxFile(BaseModel):
     @property
     def name(self) -> str:
         return Path(self.path).name
+
+    @property
+    def shown(self) -> str:
+        """The path as it is stored, logged and shown (ledger, quarantine, reports, task-run
+        names): redacted name by name, like a document's path (a mobile number in a file name
+        becomes a tagged placeholder). ``path`` itself is only read."""
+        return redact_path(self.path)
+
+    @property
+    def shown_name(self) -> str:
+        return Path(self.shown).name
+
+
+def locate(recorded: str) -> Path | None:
+    """The file a ledger entry's (redacted) path stands for: the path itself when it exists, else
+    the file of the same folder whose redacted path it is; None when it is gone."""
+    path = Path(recorded)
+    if path.exists():
+        return path
+    if path.parent.is_dir():
+        for candidate in path.parent.iterdir():
+            if redact_path(str(candidate)) == recorded:
+                return candidate
+    return None
 
 
 class ScoredFile(BaseModel):
@@ -236,7 +261,7 @@ class FileLedger:
                     elsewhere += 1
                 else:
                     claimed.append(f)
-            self._append([LedgerEntry(sha256=f.sha256, path=f.path, size=f.size, mtime_ns=f.mtime_ns,
+            self._append([LedgerEntry(sha256=f.sha256, path=f.shown, size=f.size, mtime_ns=f.mtime_ns,
                                       status="claimed", owner=owner) for f in claimed])
         return claimed, settled, elsewhere
 
@@ -300,14 +325,14 @@ def list_inbox(location: str | Path, suffixes: tuple[str, ...] = TABLE_SUFFIXES,
             continue
         if p.is_symlink():
             if refused is not None:
-                refused[str(p)] = "a symbolic link: the inbox never follows links (copy the file in instead)"
+                refused[redact_path(str(p))] = "a symbolic link: the inbox never follows links (copy the file in instead)"
             continue
         if not p.is_file():
             continue
         real = p.resolve()
         if not real.is_relative_to(root):
             if refused is not None:
-                refused[str(p)] = "reached through a symbolic link that leaves the inbox"
+                refused[redact_path(str(p))] = "reached through a symbolic link that leaves the inbox"
             continue
         keep.append(real)
     return sorted(keep)
@@ -329,7 +354,7 @@ def scan_inbox(location: str | Path, ledger: FileLedger, *, settle_s: float = 0.
         if settle_s and now - stat.st_mtime < settle_s:
             settling += 1  # probably still being copied in; the next run takes it
             continue
-        digest = stamps.get((str(path), stat.st_size, stat.st_mtime_ns)) or sha256_file(path)
+        digest = stamps.get((redact_path(str(path)), stat.st_size, stat.st_mtime_ns)) or sha256_file(path)
         if digest in known and known[digest].status in SETTLED:
             seen += 1
             continue
@@ -381,11 +406,11 @@ def check_still_regular(file: InboxFile) -> None:
     :class:`InfrastructureError` (the file is released, not quarantined) when this machine does not
     see the file's folder at all: a worker without the inbox volume must not judge the files."""
     if os.path.islink(file.path):
-        raise DataValidationError("became a symbolic link after the scan; not read", source=file.path)
+        raise DataValidationError("became a symbolic link after the scan; not read", source=file.shown)
     folder = os.path.dirname(file.path) or "."
     if not os.path.isdir(folder):
         raise InfrastructureError(
-            f"this worker cannot see the inbox folder of {file.name!r}: is the inbox volume mounted on every "
+            f"this worker cannot see the inbox folder of {file.shown_name!r}: is the inbox volume mounted on every "
             "worker of the pool? The file is released for the next run")
 
 
@@ -398,13 +423,13 @@ def score_one(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> File
     except Exception as exc:
         if not _is_bad_input(exc):
             raise
-        return FileOutcome(file=file, status="quarantined", reason=bounded(f"{type(exc).__name__}: {exc}",
-                                                                           MAX_REASON_CHARS),
+        return FileOutcome(file=file, status="quarantined",
+                           reason=bounded(redact_text(f"{type(exc).__name__}: {exc}"), MAX_REASON_CHARS),
                            seconds=time.perf_counter() - started)
     return FileOutcome(file=file, status="scored", scored=result, seconds=time.perf_counter() - started)
 
 
-@task(name="score-file", cache_policy=NONE, task_run_name="score-{file.name}")
+@task(name="score-file", cache_policy=NONE, task_run_name="score-{file.shown_name}")
 def score_file_task(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> FileOutcome:
     return score_one(score, file)
 
@@ -413,26 +438,27 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     """Copy a bad file and its reason to ``<home>/quarantine/<ledger>/``; record it."""
     folder = home_layout().quarantine(ledger.name)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{file.sha256[:12]}-{file.name}"
+    stem = f"{file.sha256[:12]}-{file.shown_name}"
     target = safe_join(folder, stem)
+    reason = redact_text(reason)
     if os.path.islink(file.path):  # never copy what a link points to
-        log.warning("not copying %s to quarantine: it is a symbolic link", file.path)
+        log.warning("not copying %s to quarantine: it is a symbolic link", file.shown)
     else:
         try:
             shutil.copy2(file.path, target, follow_symlinks=False)
         except OSError as exc:  # the original stays where it is; the reason is what matters
-            log.warning("could not copy %s to quarantine: %s", file.path, exc)
-    write_json_atomic(folder / f"{stem}.reason.json", {"path": file.path, "sha256": file.sha256, "reason": reason})
-    entry = LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+            log.warning("could not copy %s to quarantine: %s", file.shown, redact_text(str(exc)))
+    write_json_atomic(folder / f"{stem}.reason.json", {"path": file.shown, "sha256": file.sha256, "reason": reason})
+    entry = LedgerEntry(sha256=file.sha256, path=file.shown, size=file.size, mtime_ns=file.mtime_ns,
                         status="quarantined", reason=reason)
     ledger.record(entry)
-    log.warning("quarantined %s: %s", file.path, reason)
+    log.warning("quarantined %s: %s", file.shown, reason)
     return entry
 
 
 def release(file: InboxFile, reason: str, ledger: FileLedger) -> None:
     """Give up a claim without settling the file: the next run retries it."""
-    ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+    ledger.record(LedgerEntry(sha256=file.sha256, path=file.shown, size=file.size, mtime_ns=file.mtime_ns,
                               status="released", reason=reason))
 
 
@@ -467,12 +493,12 @@ def _settle_outcome(score: Callable[[InboxFile], ScoredFile], file: InboxFile, f
     try:
         outcome = score_file_task(score, file) if future is None else future.result()
     except Exception as exc:  # noqa: BLE001 - not a data problem: leave it for the next run
-        reason = bounded(f"{type(exc).__name__}: {exc}", MAX_REASON_CHARS)
-        log.error("scoring %s failed (%s); it stays in the inbox for the next run", file.path, reason)
+        reason = bounded(redact_text(f"{type(exc).__name__}: {exc}"), MAX_REASON_CHARS)
+        log.error("scoring %s failed (%s); it stays in the inbox for the next run", file.shown, reason)
         release(file, reason, ledger)
         return FileOutcome(file=file, status="failed", reason=reason)
     if outcome.status == "scored" and outcome.scored is not None:
-        ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+        ledger.record(LedgerEntry(sha256=file.sha256, path=file.shown, size=file.size, mtime_ns=file.mtime_ns,
                                   status="scored", output=outcome.scored.output, rows=outcome.scored.rows,
                                   model=outcome.scored.model))
     else:
@@ -501,7 +527,7 @@ def render_inbox_report(title: str, scan: InboxScan, outcomes: list[FileOutcome]
             detail = o.scored.output if o.scored else (o.reason or "")
             detail = detail.replace("|", "\\|").replace("\n", " ")[:300]
             rows = o.scored.rows if o.scored else ""
-            lines.append(f"| `{o.file.name}` | {o.status} | {rows} | {detail} |")
+            lines.append(f"| `{o.file.shown_name}` | {o.status} | {rows} | {detail} |")
     return "\n".join(lines) + "\n"
 
 
@@ -578,7 +604,7 @@ def process_inbox(job: str, location: str, model: str, make_scorer: Callable[[Mo
         rows=sum(o.scored.rows for o in outcomes if o.scored),
         flagged=sum(o.scored.flagged or 0 for o in outcomes if o.scored),
         outputs=[o.scored.output for o in outcomes if o.scored],
-        quarantine={o.file.path: o.reason or "" for o in outcomes if o.status == "quarantined"},
+        quarantine={o.file.shown: o.reason or "" for o in outcomes if o.status == "quarantined"},
         seconds=time.perf_counter() - started, claimed_elsewhere=elsewhere, refused=scan.refused,
     )
 

@@ -106,10 +106,10 @@ def ingest_labels_step(location: str, settle_s: float) -> LabelsIngest:
         try:
             labels = load_table(Path(file.path), M.labels_schema()).read()
         except DataValidationError as exc:
-            bad[file.path] = quarantine(file, str(exc), ledger).reason or str(exc)
+            bad[file.shown] = quarantine(file, str(exc), ledger).reason or str(exc)
             continue
         MON.append_rows(folder, "labels", labels.assign(source=file.sha256[:16]))
-        ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+        ledger.record(LedgerEntry(sha256=file.sha256, path=file.shown, size=file.size, mtime_ns=file.mtime_ns,
                                   status="scored", rows=len(labels)))
         files, rows = files + 1, rows + len(labels)
         ids += labels[S.TRANSACTION_ID].astype(str).tolist()

@@ -419,14 +419,14 @@ def score_inbox_file(file: InboxFile, *, model: ModelRef, columns: dict[str, str
     the model, permissions and disk errors are the machine's (the file is retried).
     """
     scorer = load_once(model, scoring_model_at)
-    with reading_content(file.path):
+    with reading_content(file.shown):
         table = read_transactions(Path(file.path), columns, accounts, encoding)
     history = H.history_before(table, batch_history_sources(scorer.ref), SC.label_delay_days(scorer.ref))
     joined, since = H.with_history(table, history)
     if since is not None:
         log.info("%s: %d row(s) scored after %d row(s) of history", safe_stem(file.path), len(table), len(history))
     scored = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, scorer.ref, joined,
-                                   source=file.path, since=since, baseline=scorer.baseline)
+                                   source=file.shown, since=since, baseline=scorer.baseline)
     H.record_scored(home_layout().batch_history("fraud"), file.sha256[:16], table)
     name = f"{safe_stem(file.path)}-{file.sha256[:12]}-{scorer.ref.name}-v{scorer.ref.version}.parquet"
     target = Path(out_dir) / name

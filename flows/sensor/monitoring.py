@@ -32,7 +32,7 @@ from tasks import accumulate as A
 from tasks import monitoring as MON
 from tasks.data import DatasetRef, load_table
 from tasks.dispatch import Dispatched
-from tasks.ledger import FileLedger, InboxRun, LedgerEntry, quarantine, scan_inbox, scored_entries
+from tasks.ledger import FileLedger, InboxRun, LedgerEntry, locate, quarantine, scan_inbox, scored_entries
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) 
     plot over the runs is the monitor's)."""
     inputs = []
     for entry in scored_entries(BATCH_JOB, run.outputs) if run.outputs else []:
-        plan = D.readings_plan(Path(entry.path), None, dict(columns), config.align, data_sha256=entry.sha256)
+        plan = D.readings_plan(locate(entry.path) or Path(entry.path), None, dict(columns), config.align, data_sha256=entry.sha256)
         grid_ref, _ = grid_table(plan)  # stored when the file was scored: read back, not rebuilt
         inputs.append((M.monitored_features(grid_ref.read()),
                        pd.read_parquet(entry.output, columns=["predicted_rul"])["predicted_rul"].to_numpy()))
@@ -87,12 +87,12 @@ def ingest_failures_step(location: str, settle_s: float) -> FailuresIngest:
         try:
             failures = load_table(Path(file.path), M.failures_schema()).read()
         except DataValidationError as exc:
-            bad[file.path] = quarantine(file, str(exc), ledger).reason or str(exc)
+            bad[file.shown] = quarantine(file, str(exc), ledger).reason or str(exc)
             continue
         events = M.first_failures(failures)
         MON.append_rows(folder, "failures", events.assign(source=file.sha256[:16]))
         A.upsert_rows(failures_root(), _earliest_known(events), time_column=M.FAILED_AT, key=S.ASSET)
-        ledger.record(LedgerEntry(sha256=file.sha256, path=file.path, size=file.size, mtime_ns=file.mtime_ns,
+        ledger.record(LedgerEntry(sha256=file.sha256, path=file.shown, size=file.size, mtime_ns=file.mtime_ns,
                                   status="scored", rows=len(failures)))
         files, rows = files + 1, rows + len(failures)
     return FailuresIngest(files=files, rows=rows, quarantined=bad)
@@ -128,11 +128,12 @@ def accumulate_step(columns: Mapping[str, str], step_seconds: float, encoding: s
     for entry in scored_entries(BATCH_JOB):
         if entry.sha256 in done:
             continue
-        if not Path(entry.path).exists() or not Path(entry.output).exists():
+        source = locate(entry.path)  # the ledger holds the redacted path
+        if source is None or not Path(entry.output).exists():
             log.warning("scored file %s (or its scores) is gone; it cannot accumulate", entry.path)
             continue
         try:
-            readings = M.read_canonical(entry.path, dict(columns), encoding)
+            readings = M.read_canonical(str(source), dict(columns), encoding)
             scored = M.scored_times(pd.read_parquet(entry.output), readings, step_seconds, source=entry.path)
         except DataValidationError as exc:  # set aside with its reason, never retried in a loop
             log.warning("scored file %s cannot be monitored: %s", entry.path, exc)

@@ -360,14 +360,14 @@ def score_readings_file(file: InboxFile, *, model: ModelRef, columns: Mapping[st
     ref = model
     loaded = load_once(ref, sensor_scoring_at)
     path = Path(file.path)
-    with reading_content(file.path):
+    with reading_content(file.shown):
         grid, bad = D.readings_plan(path, None, columns, config.align, data_sha256=file.sha256,
                                     encoding=encoding).build()
         if grid.empty:
-            raise DataValidationError("no readings left after cleaning", source=str(path))
+            raise DataValidationError("no readings left after cleaning", source=file.shown)
     scores, report = SC.scores_table(ref, grid, SC.alert_threshold(ref, threshold), bad, **loaded)
     if scores.empty:
-        raise DataValidationError("no asset has a complete window of readings", source=str(path))
+        raise DataValidationError("no asset has a complete window of readings", source=file.shown)
     target = SC.batch_scores_path(Path(out_dir), path, file.sha256, ref)
     write_table(scores, target, csv)
     write_json_atomic(SC.bad_readings_beside(target), (report or bad).model_dump())

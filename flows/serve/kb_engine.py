@@ -54,6 +54,7 @@ from tasks.retrieve import Mode, Retrieved, retrieve
 log = logging.getLogger(__name__)
 
 MAX_NAME_BYTES = 200
+MAX_RAW_NAME_BYTES = 1024  # a longer name sent by a client is refused, not redacted
 JOB_ID = re.compile(r"[0-9a-f]{16}")
 
 
@@ -71,21 +72,29 @@ class UploadRefused(IndusflowError):
 
 def safe_document_name(raw: str | None) -> str:
     """The name an uploaded file is stored under: the last path component of what the client
-    sent, without control characters or leading dots, at most 200 UTF-8 bytes (extension kept),
-    then redacted (:func:`infra.pii.redact_path`: a phone number in a name becomes a tagged
-    placeholder). ValueError when nothing usable is left."""
+    sent, without control characters or leading dots, redacted (:func:`infra.pii.redact_path`: a
+    phone number in a name becomes a tagged placeholder), then cut to at most 200 UTF-8 bytes
+    (extension kept). Cut after redaction: a placeholder is longer than what it replaces, and a
+    name cut first could grow past the file system's 255 bytes (and half a number would escape
+    the redactor). ValueError (naming no part of the name) when nothing usable is left, or when
+    the name is over 1,024 bytes before redaction."""
     name = unicodedata.normalize("NFC", raw or "").replace("\\", "/").rsplit("/", 1)[-1]
     name = "".join(ch for ch in name if ch.isprintable()).strip().lstrip(".").strip()
+    if not name or name in {".", ".."}:
+        raise ValueError("the file name has no usable characters")
+    if len(name.encode()) > MAX_RAW_NAME_BYTES:
+        raise ValueError(f"the file name is {len(name.encode())} bytes long; at most {MAX_RAW_NAME_BYTES} are accepted")
+    name = redact_path(name).lstrip(".").strip()
     if len(name.encode()) > MAX_NAME_BYTES:
         stem, dot, ext = name.rpartition(".")
         ext = dot + ext if dot and len(ext.encode()) <= 16 else ""
         base = stem if ext else name
         while len((base + ext).encode()) > MAX_NAME_BYTES:
             base = base[:-1]
-        name = base + ext
-    if not name or name in {".", ".."}:
-        raise ValueError(f"file name {raw!r} has no usable characters")
-    return redact_path(name)
+        name = base.rstrip() + ext
+    if not name:
+        raise ValueError("the file name has no usable characters")
+    return name
 
 
 def iter_folder(folder: Path) -> Iterator[Path]:

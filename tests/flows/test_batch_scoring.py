@@ -352,3 +352,34 @@ def test_a_file_is_scored_after_its_history_as_the_champion_was_validated(tmp_pa
     expected = score(pd.concat([unlabelled, after], ignore_index=True), "after-morning",
                      since=pd.Timestamp(after["timestamp"].min()))
     assert (afternoon - expected.loc[afternoon.index]).abs().max() < 1e-5
+
+
+def test_personal_data_in_a_file_name_stays_out_of_outputs_ledger_and_task_runs(
+        tmp_path: Path, champion: str, caplog) -> None:
+    """A file named after a customer's mobile number: the number reached the output file names,
+    the ledger, the quarantine and the Prefect task-run names (issue 26). It passes the redaction
+    boundary now, like a document's path; the file itself is still read, and found again."""
+    from prefect.client.orchestration import get_client
+
+    inbox = tmp_path / "inbox-pii"
+    inbox.mkdir()
+    numbers = ("13912345678", "13800138000")
+    good = _transactions(seed=41, days=3)
+    good.to_csv(inbox / f"客户_{numbers[0]}_day.csv", index=False)
+    good.drop(columns=["amount"]).to_csv(inbox / f"客户_{numbers[1]}_bad.csv", index=False)
+    caplog.set_level("INFO")
+
+    result = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0, csv=True)
+    assert result.scored == 1 and result.quarantined == 1 and result.rows == len(good)
+    home = home_layout().root
+    names = " ".join(str(p.relative_to(home)) for p in home.rglob("*"))
+    shown = [result.model_dump_json(), names, _tree_text(home), caplog.text]
+    with get_client(sync_client=True) as client:
+        shown.append(" ".join(r.name for r in client.read_task_runs()))
+    for number in numbers:
+        for where, text in zip(("result", "home file names", "home files", "log", "task runs"), shown, strict=True):
+            assert number not in text, f"{number} in the {where}"
+    assert Path(result.outputs[0]).exists() and pd.read_parquet(result.outputs[0])["score"].between(0, 1).all()
+    # the next run recognises both files from the (redacted) ledger
+    again = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
+    assert again.new_files == 0 and again.seen_before == 2

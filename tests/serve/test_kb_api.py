@@ -361,6 +361,13 @@ def test_names_and_stream_pieces() -> None:
     for bad in ("", "...", "dir/", "\x00\x01"):
         with pytest.raises(ValueError, match="no usable characters"):
             safe_document_name(bad)
+    # redaction makes a name longer: 196 bytes of mobile numbers became 292 (over the file
+    # system's 255, a 500 on upload) when the name was cut before it was redacted
+    grown = safe_document_name("13912345678_" * 16 + ".pdf")
+    assert len(grown.encode()) <= 200 and grown.endswith(".pdf") and "1391234" not in grown, grown
+    with pytest.raises(ValueError, match="at most 1024") as refused:
+        safe_document_name("13912345678" * 200 + ".pdf")
+    assert "13912345678" not in str(refused.value)  # the refusal quotes no part of the name
     assert words("The fee is 5 euros. 病人每天测量") == ["The ", "fee ", "is ", "5 ", "euros. ", "病", "人", "每", "天", "测", "量"]
 
 
