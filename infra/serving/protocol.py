@@ -8,8 +8,9 @@ never finishes its headers holds the socket for ever (a review left 2,000 of 2,0
 - a deadline for the request line and headers (``INDUSFLOW_SERVE_HEADER_TIMEOUT_S``), counted
   from the connection (or, on a kept-alive connection, from the next request's first byte) and
   not extended by a trickle of bytes: past it the client gets ``408`` and the connection closes;
-- a cap on their size (``INDUSFLOW_SERVE_MAX_HEADER_BYTES``): above it ``431`` and close, so at
-  most the cap plus one read (256 KiB) is ever buffered.
+- a cap on their size (``INDUSFLOW_SERVE_MAX_HEADER_BYTES``), counted on the bytes as they
+  arrive, before the parser sees them: above it ``431`` and close, and nothing over the cap is
+  ever buffered.
 
 Both answers are written directly: there is no request yet for the app (or its audit log) to
 see. ``flows.serve`` passes this class as uvicorn's ``http``.
@@ -59,7 +60,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if cls.max_header_bytes is None:
                 cls.max_header_bytes = settings.max_header_bytes
         self._awaiting_headers = True
-        self._header_bytes = 0
+        self._header_bytes, self._header_tail = 0, b""
         self._header_deadline: asyncio.TimerHandle | None = None
         self._discarding = False
 
@@ -107,11 +108,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         if self._awaiting_headers:
             self._arm_header_deadline()
-            self._header_bytes += len(data)
+            # measured before the parser sees the bytes: the headers end at the first empty line
+            # (one read may carry their end and the start of the body, which does not count)
+            seen = self._header_tail + data
+            end = seen.find(b"\r\n\r\n")
+            size = self._header_bytes + (end + 4 - len(self._header_tail) if end >= 0 else len(data))
+            if size > self.max_header_bytes:
+                self._refuse(431, f"request line and headers exceed {self.max_header_bytes} bytes")
+                return
+            if end < 0:
+                self._header_bytes, self._header_tail = size, seen[-3:]
         super().data_received(data)
-        # fed first: one read may carry the end of the headers and the start of the body
-        if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
-            self._refuse(431, f"request line and headers exceed {self.max_header_bytes} bytes")
 
     def eof_received(self) -> bool | None:
         if self._discarding:
@@ -127,5 +134,5 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # the next bytes on this connection begin the next request; uvicorn's keep-alive timeout
         # covers the idle time until they come, the deadline starts with them
         self._awaiting_headers = True
-        self._header_bytes = 0
+        self._header_bytes, self._header_tail = 0, b""
         super().on_response_complete()

@@ -108,6 +108,12 @@ def test_oversized_headers_get_431_and_nothing_is_buffered(live_server) -> None:
     got, _ = _read_until_closed(sock, limit_s=5)
     sock.close()
     assert got.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), got[:200]
+    # complete headers over the cap, arriving in one read, are refused the same way
+    sock = _connect(live.url)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"p" * 20_000 + b"\r\n\r\n")
+    got, _ = _read_until_closed(sock, limit_s=5)
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 431"), got[:200]
     # a request with ordinary headers and a large body (body bytes are not header bytes) still works
     body = b'{"rows": [' + b",".join(b'{"x": 1.0}' for _ in range(20_000)) + b"]}"
     response = httpx.post(f"{live.url}/healthz", content=body, timeout=10)
