@@ -134,8 +134,32 @@ def run_client(spec: ClientSpec) -> int:
             m = FD.ranking_metrics(y, s)
             return 0.0, max(1, len(y)), {"bank": data.bank, "val_ap": m["ap"], "val_roc_auc": m["roc_auc"]}
 
+    wait_for_server(spec.address, SERVER_WAIT_S)
     start_client(server_address=spec.address, client=Bank().to_client(), insecure=True)
     return 0
+
+
+#: How long a bank waits for the server to accept connections before it gives up (seconds).
+SERVER_WAIT_S = 180.0
+
+
+def wait_for_server(address: str, timeout_s: float) -> None:
+    """Return once ``host:port`` accepts a TCP connection. A bank started before the server
+    listened was refused once by Flower's client and died, and the server then waited for it
+    for good (a CI run hung); RuntimeError after ``timeout_s``."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the federation server at {address} accepted no connection "
+                                   f"within {timeout_s:g} s") from None
+            time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------

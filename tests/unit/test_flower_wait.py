@@ -1,0 +1,46 @@
+"""A bank waits for the federation server to listen instead of dying on its first refusal
+(a CI run hung: both banks started before the server listened, were refused and exited, and the
+server waited for them)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from solutions.fraud.flower_apps import wait_for_server
+
+
+def test_a_bank_waits_until_the_server_listens() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there yet
+
+    def listen_later() -> None:
+        time.sleep(0.8)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    thread = threading.Thread(target=listen_later)
+    started = time.monotonic()
+    thread.start()
+    try:
+        wait_for_server(f"127.0.0.1:{port}", timeout_s=10)
+        assert time.monotonic() - started >= 0.7
+    finally:
+        thread.join()
+        server.close()
+
+
+def test_a_bank_gives_up_with_a_clear_error() -> None:
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(RuntimeError, match="accepted no connection within 0.5 s"):
+        wait_for_server(f"127.0.0.1:{port}", timeout_s=0.5)
