@@ -26,6 +26,7 @@ from infra.registry import ModelRegistry
 from infra.serving.auth import Principal, require_scope
 from infra.serving.middleware import EXCEPTION_HANDLERS, ServingMiddleware
 from infra.serving.runtime import Services, Vertical
+from infra.serving.slot import import_model_libraries
 from infra.settings import ServeSettings, get_serve_settings
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ def create_app(settings: ServeSettings | None = None, *,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if services.slots:
+            import_model_libraries()
         for slot in services.slots:
             slot.start()
         for vertical in mounted:

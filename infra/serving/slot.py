@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: One model loads at a time in the process. Loaders import torch, scikit-learn and scipy on
+#: first use; two slot threads importing them at once can meet in the import system's deadlock
+#: avoidance, which hands one of them a partially initialised module ("partially initialized
+#: module 'torch' has no attribute 'Tensor'", "cannot import name 'BaseEstimator'"), seen in CI
+#: when the fraud and sensor slots started together.
+_LOAD_LOCK = threading.Lock()
+
 
 def settle_heap() -> None:
     """Collect, then freeze what is alive (the libraries, the loaded models) out of the cyclic GC.
@@ -37,6 +44,22 @@ def settle_heap() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def import_model_libraries(names: tuple[str, ...] = ("torch", "scipy.stats", "sklearn.base", "pandas")) -> None:
+    """Import the libraries the loaders use, once, in the calling (main) thread.
+
+    Done before the slot threads start, so no request thread (a KB search importing the
+    embedding model) and no loader imports them concurrently for the first time; a library
+    that is not installed is skipped (its vertical reports the error when it loads).
+    """
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            log.debug("model library %s is not installed", name)
 
 
 class ModelNotReady(Exception):
@@ -114,7 +137,8 @@ class ModelSlot(Generic[T]):
                 return False
             try:
                 ref = self.registry.get(self.name, target)
-                model = self.loader(ref)
+                with _LOAD_LOCK:
+                    model = self.loader(ref)
             except Exception as exc:
                 first = target not in self._failed
                 self._failed[target] = f"{type(exc).__name__}: {exc}"

@@ -90,3 +90,36 @@ def test_slot_keeps_the_old_version_when_a_new_one_fails(tmp_path) -> None:
     sample = metrics.registry.get_sample_value
     assert sample("indusflow_model_errors_total", {"model": "m", "stage": "load"}) == 1  # counted once
     assert sample("indusflow_model_version", {"model": "m"}) == 1
+
+
+def test_two_slots_never_load_at_the_same_time(tmp_path) -> None:
+    """Loaders import torch/sklearn on first use; two at once can get partially initialised modules."""
+    import threading
+    import time
+
+    registry = ModelRegistry(tmp_path)
+    for name in ("a", "b", "c"):
+        v = registry.register(name, {"w": torch.ones(1)}, params={}, metrics={"x": 1}, primary_metric="x")
+        registry.set_alias(name, "champion", v.version)
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    def loader(ref):
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.2)
+        with guard:
+            inside[0] -= 1
+        return ref.version
+
+    slots = [ModelSlot(name, loader, registry=registry, poll_s=0.05) for name in ("a", "b", "c")]
+    for slot in slots:
+        slot.start()
+    deadline = time.monotonic() + 10
+    while not all(s.ready for s in slots) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for slot in slots:
+        slot.stop()
+    assert all(s.ready for s in slots)
+    assert most[0] == 1
