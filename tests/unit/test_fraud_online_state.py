@@ -87,3 +87,30 @@ def test_state_documents_stay_bounded(tmp_path) -> None:
     assert len(account["recent"]) == 50 and account["n"] == 900  # capped; the all-time mean still counts all
     span_days = (terminal["rows"][-1][0] - terminal["rows"][0][0]) / 86_400e9
     assert span_days <= 7 + 30 + 1  # only what the delayed terminal windows can still need
+
+
+def test_the_rows_in_memory_leave_the_garbage_collectors_walk(tmp_path) -> None:
+    """Rows kept as lists made every full GC walk all cached transactions (320-360 ms pauses in
+    serving); as tuples of numbers and strings the collector stops tracking them, a labelled row too."""
+    import gc
+
+    from solutions.fraud.online import apply_labels
+
+    raw = _frame(200)
+    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    with state.update() as batch:
+        batch.apply(validate_rows(raw.to_dict("records")), delay_days=7)
+    first = raw.iloc[-1]  # the newest: still inside its terminal's windows
+    apply_labels(state, [{S.TRANSACTION_ID: first[S.TRANSACTION_ID], S.TERMINAL_ID: first[S.TERMINAL_ID],
+                          S.TIMESTAMP: first[S.TIMESTAMP], S.LABEL: 1}])
+    state._forget()
+    with state.update() as batch:  # and the rows read back from the store
+        batch.load(sorted(set(raw[S.ACCOUNT_ID])), sorted(set(raw[S.TERMINAL_ID])))
+    gc.collect()
+    gc.collect()  # a row whose step tuple came later in the collector's list is untracked on the next pass
+    for memory in (state._cache.accounts, state._cache.terminals):
+        docs = list(memory.values())
+        rows = [r for d in docs for r in d.get("recent", d.get("rows", []))]
+        assert rows and not any(gc.is_tracked(r) for r in rows)
+    labelled = [r for r in state._cache.terminals[first[S.TERMINAL_ID]]["rows"] if r[2] == first[S.TRANSACTION_ID]]
+    assert labelled[0][1] == 1.0
