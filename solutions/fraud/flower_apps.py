@@ -139,6 +139,10 @@ def run_client(spec: ClientSpec) -> int:
     return 0
 
 
+#: How long the server may outlive the last bank process before the federation is stopped (seconds):
+#: a server whose banks all died (not refused, not faulted by a test) waits for them without end.
+BANKS_GONE_GRACE_S = 60.0
+
 #: How long a bank waits for the server to accept connections before it gives up (seconds).
 SERVER_WAIT_S = 180.0
 
@@ -166,8 +170,8 @@ def wait_for_server(address: str, timeout_s: float) -> None:
 # server
 
 
-def _strategy(spec: ServerSpec):  # noqa: C901 - one Flower strategy, its phases inline
-    from flwr.common import FitIns, EvaluateIns, ndarrays_to_parameters, parameters_to_ndarrays
+def _strategy(spec: ServerSpec):
+    from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvg
 
     run_dir = Path(spec.run_dir)
@@ -305,12 +309,20 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     (run_dir / "server.json").write_text(server.model_dump_json())
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     seen = [0]
+    banks_gone: list[float] = []  # when the last bank process was first seen exited
 
     def poll() -> None:
         rounds = read_rounds(run_dir)
         if on_round is not None and len(rounds) > seen[0]:
             seen[0] = len(rounds)
             on_round(rounds)
+        banks = [c for c in group.children if c.name.startswith("bank-")]
+        if banks and main.proc.poll() is None and all(c.proc.poll() is not None for c in banks):
+            banks_gone[:1] = banks_gone[:1] or [time.monotonic()]
+            if time.monotonic() - banks_gone[0] > BANKS_GONE_GRACE_S:  # the server would wait for them for good
+                tails = "; ".join(f"{c.name} exit {c.proc.returncode}: {c.tail(300).strip()[-200:]}" for c in banks)
+                raise RuntimeError(f"every bank process exited and the federation server is still waiting "
+                                   f"(logs in {run_dir / 'logs'}): {tails}")
 
     with ProcessGroup(run_dir / "logs") as group:
         main = group.start("server", "solutions.fraud.flower_apps", ["server", str(run_dir / "server.json")], env)

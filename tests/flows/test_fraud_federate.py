@@ -48,7 +48,22 @@ def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> 
         compare=False, model_name="fraud-fed-crash")
     result = fraud_federate(config=config, faults={1: ClientFault(crash_round=2)})
     assert result.partial_rounds == [2]
-    second = [r for r in result.rounds if r.get("round") == 2][0]
+    second = next(r for r in result.rounds if r.get("round") == 2)
     assert second["ok"] == 1 and second["failures"] == 1 and list(second["banks"]) == ["0"]
     assert result.epsilon is not None and 0 < result.epsilon["federation"] <= 8.05
     assert result.metrics["federated (union)"]["ap"] is not None
+
+
+def test_the_federation_stops_when_every_bank_has_died(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flower's server waits for clients for up to a day: with every bank gone it must not hang."""
+    from solutions.fraud import flower_apps
+
+    monkeypatch.setattr(flower_apps, "BANKS_GONE_GRACE_S", 3.0)
+    config = FD.FederateConfig(
+        federation=FD.FederationConfig(clients=2, rounds=3, min_clients=1),
+        data=SyntheticDataConfig(n_accounts=240, n_terminals=100, n_days=30, fraud_rate=0.03, seed=1),
+        split={"train_days": 12, "val_days": 3, "delay_days": 3, "test_days": 5}, delay_days=3,
+        model=FD.SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
+        compare=False, model_name="fraud-fed-gone")
+    with pytest.raises(RuntimeError, match="every bank process exited"):
+        fraud_federate(config=config, faults={0: ClientFault(crash_round=2), 1: ClientFault(crash_round=2)})
