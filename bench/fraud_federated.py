@@ -1,7 +1,10 @@
 """Federated vs pooled vs bank-alone (and AP against ε) on synthetic or handbook data; one JSON line.
 
     nice -n 10 python bench/fraud_federated.py [--data /work/shared/data/fraud/handbook_...parquet
-        --columns account_id=CUSTOMER_ID,...] [--clients 3 5] [--eps 1 4 8] [--rounds 3]
+        --columns account_id=CUSTOMER_ID,... --train-days 7 --delay-days 7 --test-days 7]
+        [--clients 3 5] [--eps 1 4 8] [--rounds 3] [--local-epochs 1]
+
+Each run's figures also go to stderr as it finishes. The split flags override the flow's defaults.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -22,21 +26,40 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[3])
     ap.add_argument("--eps", type=float, nargs="*", default=[])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--server-lr", type=float, default=None, help="default: the flow's")
+    ap.add_argument("--server-momentum", type=float, default=None, help="default: the flow's")
+    ap.add_argument("--no-compare", action="store_true", help="federated runs only (no pooled/alone/GBM)")
+    ap.add_argument("--train-days", type=float)
+    ap.add_argument("--val-days", type=float)
+    ap.add_argument("--delay-days", type=float)
+    ap.add_argument("--test-days", type=float)
     args = ap.parse_args()
     os.environ.setdefault("INDUSFLOW_HOME", tempfile.mkdtemp())
     from flows.fraud.federate import fraud_federate
     from solutions.fraud import federated as FD
 
     columns = dict(kv.split("=", 1) for kv in args.columns.split(",") if kv)
-    out: dict = {"data": args.data or "synthetic", "rounds": args.rounds, "runs": []}
+    split = {k: getattr(args, k) for k in ("train_days", "val_days", "delay_days", "test_days")
+             if getattr(args, k) is not None}
+    extra = {"split": FD.FederateConfig().split.model_copy(update=split)} if split else {}
+    if args.delay_days is not None:
+        extra["delay_days"] = args.delay_days
+    out: dict = {"data": args.data or "synthetic", "rounds": args.rounds, "local_epochs": args.local_epochs,
+                 "split": split, "runs": []}
     started = time.perf_counter()
     for k in args.clients:
         for eps in [None, *args.eps] if k == args.clients[0] else [None]:
-            cfg = FD.FederateConfig(federation=FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps),
-                                    compare=eps is None)
+            server = {k2: v for k2, v in (("server_learning_rate", args.server_lr),
+                                          ("server_momentum", args.server_momentum)) if v is not None}
+            fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
+                                      **server)
+            cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare, **extra)
             r = fraud_federate(data=args.data, columns=columns, config=cfg)
-            out["runs"].append({"clients": k, "dp_epsilon": eps, "spent_epsilon": r.epsilon,
+            out["runs"].append({"clients": k, "dp_epsilon": eps, "server_learning_rate": fed.server_learning_rate,
+                                "server_momentum": fed.server_momentum, "spent_epsilon": r.epsilon,
                                 "partial_rounds": r.partial_rounds, "metrics": r.metrics, "seconds": round(r.seconds, 1)})
+            print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)
     out["seconds"] = round(time.perf_counter() - started, 1)
     out["load_average"] = os.getloadavg()
     print(json.dumps(out))

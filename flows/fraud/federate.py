@@ -170,7 +170,11 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
                 "target_epsilon": fed.dp_epsilon, "accountant": "opacus RDP"} if eps else {"dp": False})
     partial = [r["round"] for r in outcome.rounds if r.get("phase") == "train" and r.get("partial")]
     federation = {"clients": fed.clients, "rounds": fed.rounds, "local_epochs": fed.local_epochs,
-                  "strategy": "FedAvg (weighted by train rows), moments round first", "partition_by":
+                  "strategy": ("FedAvg (weighted by train rows), moments round first"
+                               if fed.server_learning_rate == 1.0 and fed.server_momentum == 0.0 else
+                               f"FedAvgM (weighted by train rows; server learning rate {fed.server_learning_rate:g}, "
+                               f"momentum {fed.server_momentum:g}), moments round first"),
+                  "partition_by":
                   fed.partition_by or "hash(account_id)", "rows_per_client": evaluated["rows"],
                   "partial_rounds": partial, "refused": outcome.refused, "privacy": privacy}
     union = evaluated["metrics"]["federated (union)"]

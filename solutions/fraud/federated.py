@@ -47,6 +47,10 @@ class FederationConfig(BaseModel):
         "hash of account_id, so an account belongs to one bank.")
     rounds: int = Field(default=3, ge=1, description="Federated training rounds.")
     local_epochs: int = Field(default=1, ge=1, description="Epochs each bank trains per round.")
+    server_learning_rate: float = Field(
+        default=1.0, gt=0, description="Server step on the banks' mean update (Flower FedAvgM; 1 with no "
+        "momentum is plain FedAvg).")
+    server_momentum: float = Field(default=0.0, ge=0, lt=1, description="Server momentum of FedAvgM (0: none).")
     min_clients: int | None = Field(default=None, ge=1, description="Fewest banks a round needs (default: "
                                     "clients - 1, at least 1): a crashed or slow bank leaves a partial round.")
     round_timeout_s: float = Field(default=600, gt=0, description="A bank slower than this in a round is "

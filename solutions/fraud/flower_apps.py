@@ -72,6 +72,8 @@ class ServerSpec(BaseModel):
     model: SequenceModelConfig
     dp: bool
     run_dir: str
+    server_learning_rate: float = 1.0
+    server_momentum: float = 0.0
 
 
 # ------------------------------------------------------------------------------------
@@ -170,20 +172,22 @@ def wait_for_server(address: str, timeout_s: float) -> None:
 # server
 
 
-def _strategy(spec: ServerSpec):
+def strategy_for(spec: ServerSpec):
     from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
-    from flwr.server.strategy import FedAvg
+    from flwr.server.strategy import FedAvgM
 
     run_dir = Path(spec.run_dir)
     log = run_dir / ROUNDS_FILE
 
-    class FederatedFraud(FedAvg):
-        """FedAvg with a moments round first; every round written to ``rounds.jsonl``."""
+    class FederatedFraud(FedAvgM):
+        """FedAvg (with FedAvgM's server step and momentum when set) after a moments round; every
+        round written to ``rounds.jsonl``."""
 
         def __init__(self) -> None:
             super().__init__(fraction_fit=1.0, fraction_evaluate=1.0, min_fit_clients=spec.min_clients,
                              min_evaluate_clients=spec.min_clients, min_available_clients=spec.min_clients,
-                             accept_failures=True)
+                             accept_failures=True, server_learning_rate=spec.server_learning_rate,
+                             server_momentum=spec.server_momentum, fit_metrics_aggregation_fn=lambda _: {})
             self.config: dict[str, Any] = {}
             self.banks: dict[int, dict[str, Any]] = {}
             self.current: dict[str, Any] = {}
@@ -218,10 +222,12 @@ def _strategy(spec: ServerSpec):
                 model = FD.initial_model(pre, spec.model, weight)
                 self.config = {"preprocessor": json.dumps(pre.to_dict()), "pos_weight": weight}
                 (run_dir / "preprocessor.json").write_text(self.config["preprocessor"])
+                self.initial_parameters = ndarrays_to_parameters(FD.get_weights(model))  # FedAvgM's start
                 self._write({"round": 0, "phase": "moments", "banks": sorted(self.banks), "failures": len(failures),
                              "partial": len(results) < spec.clients})
                 return ndarrays_to_parameters(FD.get_weights(model)), {}
-            aggregated, _ = super().aggregate_fit(server_round, results, failures)
+            # FedAvgM counts training rounds from 1 (its momentum starts there); ours start after the moments round
+            aggregated, _ = super().aggregate_fit(server_round - 1, results, failures)
             per_bank = {int(r.metrics["bank"]): {k: v for k, v in r.metrics.items() if k != "bank"}
                         for _, r in results}
             self.current.update(phase="train", ok=len(results), failures=len(failures),
@@ -262,7 +268,7 @@ def run_server(spec: ServerSpec) -> int:
     """Serve ``rounds`` training rounds (after the moments round); write the summary."""
     from flwr.server import ServerConfig, start_server
 
-    strategy = _strategy(spec)
+    strategy = strategy_for(spec)
     start_server(server_address=spec.address, strategy=strategy,
                  config=ServerConfig(num_rounds=spec.rounds + 1, round_timeout=spec.round_timeout_s))
     Path(spec.run_dir, SUMMARY_FILE).write_text(json.dumps({"banks": strategy.banks}))
@@ -305,7 +311,8 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     server = ServerSpec(address=address, clients=len(parts), min_clients=min(fed.needed(), len(parts)),
                         rounds=fed.rounds, round_timeout_s=fed.round_timeout_s,
                         connect_timeout_s=fed.connect_timeout_s, model=cfg.model, dp=dp is not None,
-                        run_dir=str(run_dir))
+                        run_dir=str(run_dir), server_learning_rate=fed.server_learning_rate,
+                        server_momentum=fed.server_momentum)
     (run_dir / "server.json").write_text(server.model_dump_json())
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     seen = [0]

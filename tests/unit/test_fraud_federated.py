@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,44 @@ def test_weights_round_trip(banks: list[FD.BankData]) -> None:
     b = FD.initial_model(pre, CFG.model_copy(update={"seed": 5}), 1.0)
     FD.set_weights(b, FD.get_weights(a))
     assert all(np.array_equal(x, y) for x, y in zip(FD.get_weights(a), FD.get_weights(b), strict=True))
+
+
+@pytest.mark.parametrize(("lr", "momentum"), [(1.0, 0.0), (2.0, 0.0), (1.0, 0.5)])
+def test_the_server_step_is_fedavg_or_fedavgm(banks: list[FD.BankData], tmp_path: Path, lr: float,
+                                              momentum: float) -> None:
+    """Round 1 agrees on the preprocessor; each training round moves the global weights by
+    ``lr`` x the row-weighted mean update (plus momentum): plain FedAvg at lr 1, momentum 0."""
+    from types import SimpleNamespace
+
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+
+    from solutions.fraud.flower_apps import ServerSpec, strategy_for
+
+    spec = ServerSpec(address="127.0.0.1:1", clients=2, min_clients=2, rounds=2, round_timeout_s=60,
+                      connect_timeout_s=1, model=CFG, dp=False, run_dir=str(tmp_path),
+                      server_learning_rate=lr, server_momentum=momentum)
+    strategy = strategy_for(spec)
+    ok = Status(code=Code.OK, message="")
+
+    def res(arrays: list[np.ndarray], n: int, metrics: dict) -> tuple[object, FitRes]:
+        return SimpleNamespace(cid="c"), FitRes(ok, ndarrays_to_parameters(arrays), n, metrics)
+
+    moments = [res([], 0, {"moments": json.dumps(FD.local_moments(b, CFG)), "sha256": b.sha256,
+                            "rows": json.dumps(b.rows()), "bank": b.bank}) for b in banks]
+    start, _ = strategy.aggregate_fit(1, moments, [])
+    w0 = parameters_to_ndarrays(start)
+    velocity = [np.zeros_like(w) for w in w0]
+    current = w0
+    for rnd, (n_a, n_b) in enumerate([(100, 300), (200, 200)], start=2):
+        rng = np.random.default_rng(rnd)
+        da = [rng.normal(size=w.shape).astype(w.dtype) for w in current]
+        db = [rng.normal(size=w.shape).astype(w.dtype) for w in current]
+        results = [res([w + d for w, d in zip(current, da, strict=True)], n_a, {"bank": 0, "loss": 1.0}),
+                   res([w + d for w, d in zip(current, db, strict=True)], n_b, {"bank": 1, "loss": 1.0})]
+        out, _ = strategy.aggregate_fit(rnd, results, [])
+        mean = [(n_a * a + n_b * b) / (n_a + n_b) for a, b in zip(da, db, strict=True)]
+        velocity = [momentum * v + m for v, m in zip(velocity, mean, strict=True)] if momentum else mean
+        expected = [w + lr * v for w, v in zip(current, velocity, strict=True)]
+        got = parameters_to_ndarrays(out)
+        assert all(np.allclose(g, e, atol=1e-5) for g, e in zip(got, expected, strict=True))
+        current = got
