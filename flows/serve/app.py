@@ -9,6 +9,7 @@ the middleware of :mod:`infra.serving.middleware` and the dependencies of
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -104,6 +105,8 @@ def create_app(settings: ServeSettings | None = None, *,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gc_before = gc.get_threshold()
+        gc.set_threshold(*settings.gc_threshold_values())  # see ServeSettings.gc_thresholds
         if services.slots:
             import_model_libraries()
         for slot in services.slots:
@@ -119,6 +122,7 @@ def create_app(settings: ServeSettings | None = None, *,
                     vertical.on_stop()
             for slot in services.slots:
                 slot.stop()
+            gc.set_threshold(*gc_before)
 
     app = FastAPI(
         title="indusflow serving API",
