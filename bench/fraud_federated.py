@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--server-lr", type=float, default=None, help="default: the flow's")
     ap.add_argument("--server-momentum", type=float, default=None, help="default: the flow's")
+    ap.add_argument("--keep-local-optimizer", action=argparse.BooleanOptionalAction, default=None,
+                    help="default: the flow's")
     ap.add_argument("--no-compare", action="store_true", help="federated runs only (no pooled/alone/GBM)")
     ap.add_argument("--train-days", type=float)
     ap.add_argument("--val-days", type=float)
@@ -51,13 +53,15 @@ def main() -> None:
     for k in args.clients:
         for eps in [None, *args.eps] if k == args.clients[0] else [None]:
             server = {k2: v for k2, v in (("server_learning_rate", args.server_lr),
-                                          ("server_momentum", args.server_momentum)) if v is not None}
+                                          ("server_momentum", args.server_momentum),
+                                          ("keep_local_optimizer", args.keep_local_optimizer)) if v is not None}
             fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
                                       **server)
             cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare, **extra)
             r = fraud_federate(data=args.data, columns=columns, config=cfg)
             out["runs"].append({"clients": k, "dp_epsilon": eps, "server_learning_rate": fed.server_learning_rate,
-                                "server_momentum": fed.server_momentum, "spent_epsilon": r.epsilon,
+                                "server_momentum": fed.server_momentum,
+                                "keep_local_optimizer": fed.keep_local_optimizer, "spent_epsilon": r.epsilon,
                                 "partial_rounds": r.partial_rounds, "metrics": r.metrics, "seconds": round(r.seconds, 1)})
             print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)
     out["seconds"] = round(time.perf_counter() - started, 1)

@@ -9,6 +9,7 @@ its privacy accounting.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -51,6 +52,9 @@ class FederationConfig(BaseModel):
         default=1.0, gt=0, description="Server step on the banks' mean update (Flower FedAvgM; 1 with no "
         "momentum is plain FedAvg).")
     server_momentum: float = Field(default=0.0, ge=0, lt=1, description="Server momentum of FedAvgM (0: none).")
+    keep_local_optimizer: bool = Field(
+        default=True, description="Each bank keeps its AdamW moments from round to round (the weights still "
+        "come from the server; with DP the moments come from privatised gradients, so no ε is spent).")
     min_clients: int | None = Field(default=None, ge=1, description="Fewest banks a round needs (default: "
                                     "clients - 1, at least 1): a crashed or slow bank leaves a partial round.")
     round_timeout_s: float = Field(default=600, gt=0, description="A bank slower than this in a round is "
@@ -384,23 +388,30 @@ class LocalFit:
     loss: float
     steps: int
     epsilon: float | None = None
+    optimizer_state: dict[str, Any] | None = None
 
 
 def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelConfig, epochs: int,
-                seed: int, privacy: PrivacyState | None = None) -> LocalFit:
-    """Train ``model`` in place on the bank's train period for ``epochs`` (AdamW; with
-    ``privacy``, Opacus DP-SGD: GRU -> DPGRU, per-sample clipping and noise, Poisson batches
-    over every train row; the negative subsampling is off since it depends on the labels)."""
+                seed: int, privacy: PrivacyState | None = None,
+                optimizer_state: dict[str, Any] | None = None) -> LocalFit:
+    """Train ``model`` in place on the bank's train period for ``epochs`` (AdamW, resumed from
+    ``optimizer_state`` when given; with ``privacy``, Opacus DP-SGD: GRU -> DPGRU, per-sample
+    clipping and noise, Poisson batches over every train row; the negative subsampling is off
+    since it depends on the labels). The returned fit holds the AdamW state."""
     model.train()
     dm = bank.setup.datamodule
     if privacy is None:
         loader = dm.train_dataloader()
         net, optimizer = model, torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if optimizer_state is not None:
+            optimizer.load_state_dict(copy.deepcopy(optimizer_state))  # AdamW would step the caller's tensors
     else:
         from opacus.validators import ModuleValidator
 
         dp_model = ModuleValidator.fix(model)
         optimizer = torch.optim.AdamW(dp_model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if optimizer_state is not None:  # moments of earlier privatised gradients: post-processing, no ε spent
+            optimizer.load_state_dict(copy.deepcopy(optimizer_state))
         dataset = SequenceDataset(dm.arrays, dm.splits["train"], dm.seq_len)
         plain = DataLoader(_NonEmpty(dataset), batch_size=cfg.batch_size, collate_fn=_collate)
         net, optimizer, loader = privacy.engine.make_private(
@@ -426,7 +437,8 @@ def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelCo
         model.load_state_dict({k: trained[k] for k in plain_keys})
     model.eval()
     return LocalFit(examples=bank.n_train(), loss=total / max(1, count), steps=steps,
-                    epsilon=privacy.epsilon() if privacy is not None else None)
+                    epsilon=privacy.epsilon() if privacy is not None else None,
+                    optimizer_state=(optimizer.original_optimizer if privacy is not None else optimizer).state_dict())
 
 
 class _NonEmpty(torch.utils.data.Dataset):

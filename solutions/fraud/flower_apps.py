@@ -56,6 +56,7 @@ class ClientSpec(BaseModel):
     dp: FD.DPSettings | None = None
     fault: ClientFault = ClientFault()
     run_dir: str
+    keep_local_optimizer: bool = False
 
 
 class ServerSpec(BaseModel):
@@ -122,7 +123,9 @@ def run_client(spec: ClientSpec) -> int:
             model, bank = ensure(config)
             FD.set_weights(model, parameters)
             fit = FD.train_local(model, bank, spec.model, spec.local_epochs, seed=spec.model.seed + 1000 * rnd
-                                 + data.bank, privacy=state.get("privacy"))
+                                 + data.bank, privacy=state.get("privacy"), optimizer_state=state.get("optimizer"))
+            if spec.keep_local_optimizer:
+                state["optimizer"] = fit.optimizer_state
             metrics: dict[str, Any] = {"bank": data.bank, "loss": fit.loss, "steps": fit.steps}
             if fit.epsilon is not None:
                 metrics.update(epsilon=fit.epsilon, noise_multiplier=state["privacy"].noise_multiplier,
@@ -336,7 +339,8 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
         for part in parts:
             spec = ClientSpec(address=address, partition=part, bounds=bounds, delay_days=cfg.delay_days,
                               model=cfg.model, rounds=fed.rounds, local_epochs=fed.local_epochs, dp=dp,
-                              fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir))
+                              fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir),
+                              keep_local_optimizer=fed.keep_local_optimizer)
             path = run_dir / f"client-{part.bank}.json"
             path.write_text(spec.model_dump_json())
             group.start(f"bank-{part.bank}", "solutions.fraud.flower_apps", ["client", str(path)], env)

@@ -149,3 +149,32 @@ def test_the_server_step_is_fedavg_or_fedavgm(banks: list[FD.BankData], tmp_path
         got = parameters_to_ndarrays(out)
         assert all(np.allclose(g, e, atol=1e-5) for g, e in zip(got, expected, strict=True))
         current = got
+
+
+def test_a_bank_can_resume_its_adamw_moments_between_rounds(banks: list[FD.BankData]) -> None:
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    bank = FD.bank_setup(banks[0], pre, CFG)
+    model = FD.initial_model(pre, CFG, FD.federated_pos_weight(pos, neg, CFG.negative_rate))
+    first = FD.train_local(model, bank, CFG, 1, seed=1)
+    second = FD.train_local(model, bank, CFG, 1, seed=2, optimizer_state=first.optimizer_state)
+    fresh = FD.train_local(model, bank, CFG, 1, seed=2)
+
+    def steps(fit: FD.LocalFit) -> float:
+        assert fit.optimizer_state is not None
+        return float(next(iter(fit.optimizer_state["state"].values()))["step"])
+
+    assert steps(first) == first.steps and steps(fresh) == fresh.steps
+    assert steps(second) == first.steps + second.steps  # the moments went on, not restarted
+
+
+def test_dp_training_resumes_its_adamw_moments_without_spending_more(banks: list[FD.BankData]) -> None:
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    bank = FD.bank_setup(banks[0], pre, CFG)
+    settings = FD.DPSettings(epsilon=4.0, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1)
+    privacy = FD.privacy_for(settings, bank.n_train(), CFG.batch_size)
+    model = FD.initial_model(pre, CFG, FD.federated_pos_weight(pos, neg, 1.0))
+    first = FD.train_local(model, bank, CFG, 1, seed=1, privacy=privacy)
+    second = FD.train_local(model, bank, CFG, 1, seed=2, privacy=privacy, optimizer_state=first.optimizer_state)
+    step = float(next(iter(second.optimizer_state["state"].values()))["step"])
+    assert step == first.steps + second.steps
+    assert second.epsilon is not None and second.epsilon <= 4.0 + 1e-6  # the accountant's budget holds
