@@ -176,6 +176,8 @@ def wait_for_server(address: str, timeout_s: float) -> None:
 
 
 def strategy_for(spec: ServerSpec):
+    """The server's Flower strategy: a moments round (the shared preprocessor), then FedAvg
+    rounds with FedAvgM's server step, each written to ``rounds.jsonl``."""
     from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server.strategy import FedAvgM
 

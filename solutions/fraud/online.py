@@ -169,7 +169,7 @@ _SQLITE_SCHEMA = (
 # Rows in memory are tuples, never lists: the cyclic GC stops tracking a tuple of numbers and
 # strings after its first pass, but walks every list on each full collection. With the rows of
 # ~100k cached transactions as lists, full collections paused a serving process for 320-360 ms
-# (14-25 per bench run), which was its p99; a label that arrives replaces its row's tuple.
+# (14-25 per bench run; see also ServeSettings.gc_thresholds); a label that arrives replaces its row's tuple.
 AccountRow = tuple[Any, ...]  #: (t_ns, amount, channel, category, step features, transaction id)
 TerminalRow = tuple[int, float | None, str | None, int]  #: (t_ns, label, transaction id, row id)
 
