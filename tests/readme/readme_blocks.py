@@ -35,6 +35,7 @@ SECTIONS: dict[str, str] = {
     "fraud_flows": "Running flows",
     "other_flows": "Other flows",
     "governance": "Model governance",
+    "federated": "Federated training",
     "deployments": "Deployments",
     "serving": "Serving",
     "kb_api": "Knowledge base API",
