@@ -321,17 +321,18 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     (run_dir / "server.json").write_text(server.model_dump_json())
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     seen = [0]
-    banks_gone: list[float] = []  # when the last bank process was first seen exited
+    banks_gone_since: float | None = None  # when every bank process was first seen exited
 
     def poll() -> None:
+        nonlocal banks_gone_since
         rounds = read_rounds(run_dir)
         if on_round is not None and len(rounds) > seen[0]:
             seen[0] = len(rounds)
             on_round(rounds)
         banks = [c for c in group.children if c.name.startswith("bank-")]
         if banks and main.proc.poll() is None and all(c.proc.poll() is not None for c in banks):
-            banks_gone[:1] = banks_gone[:1] or [time.monotonic()]
-            if time.monotonic() - banks_gone[0] > BANKS_GONE_GRACE_S:  # the server would wait for them for good
+            banks_gone_since = banks_gone_since or time.monotonic()
+            if time.monotonic() - banks_gone_since > BANKS_GONE_GRACE_S:  # the server would wait for them for good
                 tails = "; ".join(f"{c.name} exit {c.proc.returncode}: {c.tail(300).strip()[-200:]}" for c in banks)
                 raise RuntimeError(f"every bank process exited and the federation server is still waiting "
                                    f"(logs in {run_dir / 'logs'}): {tails}")
