@@ -58,11 +58,32 @@ def ignore_milvus_lite_pkg_resources_warning() -> None:
                             module="milvus_lite")
 
 
+def import_milvus_lite() -> None:
+    """Import milvus-lite (once per process) with its ``pkg_resources`` warning ignored.
+
+    Done when this module is imported, which the flow modules do in the main thread before any
+    worker thread starts: ``warnings.catch_warnings`` in another thread (torch and scikit-learn
+    use it while loading a model) restores the process-wide filter list when it exits, so a
+    filter added beside it can vanish just before a request thread's first ``MilvusClient``
+    imports milvus-lite, and the warning then reaches the log (a README ``flows.serve`` run in
+    CI). Once imported, the module never warns again. Absent (no Lite wheel for the platform;
+    a server URI works without it), nothing happens.
+    """
+    ignore_milvus_lite_pkg_resources_warning()
+    try:
+        import milvus_lite  # noqa: F401
+    except ImportError:
+        log.debug("milvus-lite is not installed; only a Milvus server URI works")
+
+
+import_milvus_lite()
+
+
 def open_client(settings: MilvusSettings | None = None, uri: str | None = None) -> Any:
     """A ``MilvusClient`` on the configured server, or the given/default Milvus Lite file."""
     from pymilvus import MilvusClient
 
-    ignore_milvus_lite_pkg_resources_warning()
+    import_milvus_lite()
 
     settings = settings or get_milvus_settings()
     target = uri or settings.uri or str(lite_path())
