@@ -5,7 +5,8 @@ Layout::
     registry/<name>/<version>/weights.safetensors   tensors only (no pickle)
     registry/<name>/<version>/meta.json             params, metrics, lineage
     registry/<name>/aliases.json                    {"champion": 3, ...}
-    registry/<name>/alias_history.jsonl             one line per alias move (who was before)
+    registry/<name>/alias_history.jsonl             the trail: one line per alias move, hash-chained
+    registry/<name>/alias_history.head.json         the trail's length and last line's hash
 
 A version folder appears in one atomic rename, so a failed registration leaves nothing
 half-written. The ``champion`` alias moves only through :meth:`ModelRegistry.promote`,
@@ -13,12 +14,24 @@ which applies the champion rule (beat the current champion on the primary metric
 ``force``, moves it by hand; :meth:`ModelRegistry.rollback` returns it to the champion before.
 Every move is appended to the alias history; a home written before the history existed
 keeps working (its first rollback has no earlier champion to return to).
+
+The history is a tamper-evident trail: each entry records who moved the alias (``by``: the
+``INDUSFLOW_GOVERNANCE_ACTOR`` of the process, else the OS user), when, why, from which version
+to which, and its evidence (SHA-256 of the version's ``meta.json`` and ``card.json``, and of the champion
+comparison the decision read), and carries ``prev``: the SHA-256 of the line before it. The head
+file holds the number of lines and the last line's hash. :meth:`ModelRegistry.verify_trail`
+recomputes the chain: an edited line breaks the next line's ``prev`` (or, for the last, the
+head), a removed line the same, and ``aliases.json`` must equal what the trail's last moves say.
+(An attacker who rewrites every later line and the head is not detected by the chain alone: the
+head hash is also printed in each promotion's artifact and card, outside the registry folder.)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import getpass
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +54,8 @@ log = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "meta.json"
 ALIAS_HISTORY_FILE = "alias_history.jsonl"
+TRAIL_HEAD_FILE = "alias_history.head.json"
+CARD_FILE = "card.json"
 CHAMPION = "champion"
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
 KIND_TORCH = "torch"
@@ -103,6 +118,50 @@ class PromotionDecision(BaseModel):
     alpha: float | None = Field(default=None, description="Significance level the rule required (None: off).")
     rescored_in_lock: bool = Field(
         default=False, description="The champion changed after the caller compared: re-compared inside the lock.")
+    trail_sha256: str | None = Field(
+        default=None, description="The registry trail's head after the decision (SHA-256 of its last line): "
+        "kept outside the registry, it pins the trail (ModelRegistry.verify_trail).")
+
+
+def current_actor() -> str:
+    """Who the trail names for a move made by this process: ``INDUSFLOW_GOVERNANCE_ACTOR`` (a
+    deployment or a service sets it to the run's user), else the OS user."""
+    from infra.settings import get_governance_settings
+
+    actor = (get_governance_settings().actor or "").strip()
+    if actor:
+        return actor
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container's numeric user)
+        return f"uid:{os.getuid()}"
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class TrailProblem(BaseModel):
+    """One thing :meth:`ModelRegistry.verify_trail` found wrong."""
+
+    model_config = ConfigDict(frozen=True)
+
+    line: int | None = Field(description="1-based line of alias_history.jsonl (None: the file as a whole).")
+    problem: str
+
+
+class TrailReport(BaseModel):
+    """The verification of one model's registry trail."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    entries: int
+    chained: int = Field(description="Entries with a hash link to the line before (or the first line).")
+    unchained: int = Field(description="Lines written before the trail was hash-chained (not verifiable).")
+    head_sha256: str | None
+    ok: bool
+    problems: list[TrailProblem]
 
 
 class ChampionComparison(BaseModel):
@@ -173,18 +232,100 @@ class ModelRegistry:
             return {}
         return {k: int(v) for k, v in json.loads(path.read_text()).items()}
 
+    def _evidence(self, name: str, version: int, comparison: Mapping[str, Any] | None) -> dict[str, str]:
+        """SHA-256 of the version's meta and card and of the comparison a decision read."""
+        folder = self._model_dir(name) / str(int(version))
+        out = {}
+        for key, file_name in (("meta_sha256", META_FILE), ("card_sha256", CARD_FILE)):
+            path = folder / file_name
+            if path.is_file():
+                out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+        if comparison is not None:
+            out["comparison_sha256"] = _sha256_text(json.dumps(comparison, sort_keys=True, default=str))
+        return out
+
+    def _trail_lines(self, name: str) -> list[str]:
+        path = self._model_dir(name) / ALIAS_HISTORY_FILE
+        return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
     def _write_alias(self, name: str, aliases: dict[str, int], alias: str, version: int, action: str,
-                     reason: str) -> None:
-        """Point ``alias`` at ``version`` and append the move to the history (inside the lock)."""
+                     reason: str, comparison: Mapping[str, Any] | None = None) -> None:
+        """Point ``alias`` at ``version`` and append the move to the trail (inside the lock)."""
         previous = aliases.get(alias)
-        aliases[alias] = int(version)
-        write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
-        entry = {"alias": alias, "version": int(version), "previous": previous, "action": action,
-                 "reason": reason, "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+        lines = self._trail_lines(name)
+        entry = {"seq": len(lines) + 1, "alias": alias, "version": int(version), "previous": previous,
+                 "action": action, "reason": reason, "at": dt.datetime.now(dt.UTC).isoformat(),
+                 "by": current_actor(), "evidence": self._evidence(name, version, comparison),
+                 "prev": _sha256_text(lines[-1]) if lines else None}
+        line = json.dumps(entry, sort_keys=True)
         with open(self._model_dir(name) / ALIAS_HISTORY_FILE, "a") as handle:
-            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+            handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        write_json_atomic(self._model_dir(name) / TRAIL_HEAD_FILE,
+                          {"entries": len(lines) + 1, "last_sha256": _sha256_text(line)})
+        aliases[alias] = int(version)
+        write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+
+    def trail_head(self, name: str) -> str | None:
+        """The hash of the trail's last line (what a promotion's artifact and card show)."""
+        lines = self._trail_lines(name)
+        return _sha256_text(lines[-1]) if lines else None
+
+    def verify_trail(self, name: str) -> TrailReport:
+        """Recompute ``name``'s trail: every ``prev`` link, the head file, and ``aliases.json``
+        against the trail's last move of each alias (see the module docstring)."""
+        self._model_dir(name)  # checks the name
+        with self._lock(name):
+            lines = self._trail_lines(name)
+            head_path = self._model_dir(name) / TRAIL_HEAD_FILE
+            head = json.loads(head_path.read_text()) if head_path.exists() else None
+            aliases = self._aliases(name)
+        problems: list[TrailProblem] = []
+        chained = unchained = 0
+        last: dict[str, int] = {}
+        for i, line in enumerate(lines):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                problems.append(TrailProblem(line=i + 1, problem="not a JSON object"))
+                continue
+            if "prev" not in entry:
+                if chained:
+                    problems.append(TrailProblem(line=i + 1, problem="an entry without a hash link after the "
+                                                 "chain began (inserted or edited)"))
+                unchained += 1
+            else:
+                chained += 1
+                want = _sha256_text(lines[i - 1]) if i else None
+                if entry["prev"] != want:
+                    problems.append(TrailProblem(line=i + 1, problem=(
+                        "the line before it was edited or removed (its hash link does not match)" if i
+                        else "the first line links to an earlier one: the start of the trail was removed")))
+                if entry.get("seq") is not None and entry["seq"] != i + 1:
+                    problems.append(TrailProblem(line=i + 1, problem=f"sequence number {entry['seq']}, "
+                                                 f"expected {i + 1}: lines were removed or reordered"))
+            if isinstance(entry, dict) and "alias" in entry and "version" in entry:
+                last[str(entry["alias"])] = int(entry["version"])
+        if chained:
+            if head is None:
+                problems.append(TrailProblem(line=None, problem=f"{TRAIL_HEAD_FILE} is missing"))
+            elif head.get("entries") != len(lines) or head.get("last_sha256") != _sha256_text(lines[-1]):
+                problems.append(TrailProblem(line=None, problem=(
+                    f"{TRAIL_HEAD_FILE} says {head.get('entries')} entries ending in "
+                    f"{str(head.get('last_sha256'))[:12]}…; the trail has {len(lines)}: the last lines were "
+                    "edited, removed or appended outside the registry")))
+        elif head is not None:
+            problems.append(TrailProblem(line=None, problem=f"{TRAIL_HEAD_FILE} exists but the trail has no "
+                                         "chained entry: the trail was replaced"))
+        for alias, version in sorted(aliases.items()):
+            if alias in last and last[alias] != version:
+                problems.append(TrailProblem(line=None, problem=(
+                    f"aliases.json points {alias} at v{version}, the trail's last move at v{last[alias]}: "
+                    "the alias was moved outside the registry")))
+        return TrailReport(name=name, entries=len(lines), chained=chained, unchained=unchained,
+                           head_sha256=_sha256_text(lines[-1]) if lines else None, ok=not problems,
+                           problems=problems)
 
     def _alias_stack(self, name: str, alias: str, current: int | None) -> list[int]:
         """The alias's versions, oldest first, as promotions pushed and rollbacks popped them;
@@ -323,7 +464,7 @@ class ModelRegistry:
                     "higher_is_better": higher_is_better,
                     "data_hash": data_hash,
                     "git_commit": current_git_commit(),
-                    "created_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                    "created_at": dt.datetime.now(dt.UTC).isoformat(),
                     "parent": parent,
                     "tags": dict(tags or {}),
                 }
@@ -448,7 +589,12 @@ class ModelRegistry:
                 )
             if promoted and aliases.get(CHAMPION) != candidate.version:
                 self._write_alias(candidate.name, aliases, CHAMPION, candidate.version,
-                                  "force" if force else "promote", reason)
+                                  "force" if force else "promote", reason,
+                                  comparison={"metric": metric, "candidate_value": value,
+                                              "champion_version": current.version if current else None,
+                                              "champion_value": champion_value, "p_value": p_value,
+                                              "min_delta": min_delta, "alpha": alpha})
+            trail = self.trail_head(candidate.name)
         decision = PromotionDecision(
             name=candidate.name,
             metric=metric,
@@ -461,6 +607,7 @@ class ModelRegistry:
             p_value=p_value,
             alpha=alpha,
             rescored_in_lock=rescored,
+            trail_sha256=trail,
         )
         log.info("promotion of %s: %s", candidate.spec, reason)
         if strict and not promoted:
@@ -487,8 +634,9 @@ class ModelRegistry:
             target = self.get(name, stack[-2])
             reason = f"rolled back from v{current.version} to v{target.version} (the {alias} before it)"
             self._write_alias(name, aliases, alias, target.version, "rollback", reason)
+            trail = self.trail_head(name)
         log.info("%s@%s: %s", name, alias, reason)
         return PromotionDecision(
             name=name, metric=target.primary_metric, candidate_version=target.version,
             candidate_value=target.primary_value(), champion_version=current.version,
-            champion_value=current.primary_value(), promoted=True, reason=reason)
+            champion_value=current.primary_value(), promoted=True, reason=reason, trail_sha256=trail)

@@ -94,6 +94,11 @@ class GovernanceSettings(BaseSettings):
         default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
     )
     bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
+    actor: str | None = Field(
+        default=None, max_length=200,
+        description="Who the registry trail names for the alias moves this process makes (a deployment or "
+        "service sets it to the run's user). Unset: the OS user.",
+    )
 
 
 class PrefectSetupSettings(BaseSettings):

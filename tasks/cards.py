@@ -198,6 +198,8 @@ def render_card(card: ModelCard) -> str:
     if card.promotion:
         verdict = "promoted" if card.promotion.get("promoted") else "not promoted"
         lines += ["", "## Champion rule", "", f"{verdict}: {card.promotion.get('reason', '')}"]
+        if card.promotion.get("trail_sha256"):
+            lines += ["", f"Registry trail head after the decision: `{card.promotion['trail_sha256']}`"]
     lines += ["", "## Known limitations", ""] + [f"- {text}" for text in card.limitations]
     lines += ["", "## Variants derived from it", ""]
     if card.variants:

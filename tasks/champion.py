@@ -1,4 +1,5 @@
-"""Moving a model's ``champion`` alias by hand: promote a named version, roll back to the one before.
+"""Moving a model's ``champion`` alias by hand: promote a named version, roll back to the one
+before; and verifying the registry trail those moves leave.
 
 Both go through the registry's lock (:meth:`infra.registry.ModelRegistry.promote` with
 ``force``: the champion it replaces is read inside the lock, compare-and-swap; and
@@ -8,11 +9,16 @@ process follows the alias, so the next requests are answered by the version move
 
 from __future__ import annotations
 
+import logging
+
 from prefect import task
 from prefect.cache_policies import NONE
+from pydantic import BaseModel, ConfigDict
 
 from infra.errors import RegistryError
-from infra.registry import CHAMPION, ModelRegistry, PromotionDecision, parse_model_spec
+from infra.registry import CHAMPION, ModelRegistry, PromotionDecision, TrailReport, parse_model_spec
+
+log = logging.getLogger(__name__)
 
 
 def version_spec(spec: str) -> tuple[str, str]:
@@ -51,8 +57,29 @@ def rollback_champion(spec: str, registry: ModelRegistry | None = None) -> Promo
     return (registry or ModelRegistry()).rollback(bare_name(spec))
 
 
+class TrailVerification(BaseModel):
+    """``registry-verify``: the trail report of each model checked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ok: bool
+    reports: list[TrailReport]
+
+
+def verify_trails(model: str | None = None, registry: ModelRegistry | None = None) -> TrailVerification:
+    """Verify the registry trail of ``model`` (default: every registered model)."""
+    registry = registry or ModelRegistry()
+    reports = [registry.verify_trail(name) for name in ([model] if model else registry.models())]
+    for report in reports:
+        if not report.ok:
+            log.warning("registry trail of %s: %d problem(s), first: %s", report.name, len(report.problems),
+                        report.problems[0].problem)
+    return TrailVerification(ok=all(r.ok for r in reports), reports=reports)
+
+
 promote_by_hand_task = task(promote_by_hand, name="promote-by-hand", cache_policy=NONE)
 rollback_champion_task = task(rollback_champion, name="rollback-champion", cache_policy=NONE)
+verify_trails_task = task(verify_trails, name="verify-registry-trail", cache_policy=NONE)
 
 
 def champion_move_summary(decision: PromotionDecision) -> str:

@@ -114,6 +114,8 @@ def render_promotion(decision: PromotionDecision) -> str:
            if decision.p_value is not None else "")
         + ("\nThe champion moved during this run: compared again inside the registry lock.\n"
            if decision.rescored_in_lock else "")
+        + (f"\nRegistry trail head after this decision: `{decision.trail_sha256}` "
+           "(`python -m flows.registry verify` checks the trail against it).\n" if decision.trail_sha256 else "")
     )
 
 

@@ -1,0 +1,1 @@
+"""Registry commands: ``python -m flows.registry verify`` checks the tamper-evident trail."""

@@ -1,0 +1,44 @@
+"""``python -m flows.registry verify [--model NAME]``: the registry's commands."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.cli import Command, make_main
+
+VERIFY = "flows.registry.verify:registry_verify"
+
+
+def check_verify(kwargs: dict[str, Any]) -> None:
+    """``--model`` names a registered model."""
+    from infra.registry import ModelRegistry
+
+    model = kwargs.get("model")
+    if model:
+        known = ModelRegistry().models()
+        if model not in known:
+            raise ValueError(f"--model: no registered model {model!r}; registered: {', '.join(known) or 'none'}")
+
+
+def verify_summary(result: Any) -> str:
+    lines = []
+    for r in result.reports:
+        state = "ok" if r.ok else "FAILED"
+        extra = f", {r.unchained} written before the chain" if r.unchained else ""
+        head = f", head {r.head_sha256[:16]}…" if r.head_sha256 else ""
+        lines.append(f"{r.name}: {state} ({r.entries} entries{extra}{head})")
+        lines += [f"  line {p.line}: {p.problem}" if p.line else f"  {p.problem}" for p in r.problems]
+    return "\n".join(lines) or "no registered model"
+
+
+COMMANDS = (
+    Command("verify", VERIFY, verify_summary, help="check the hash-chained registry trail; exit 1 if it was altered",
+            check=check_verify, exit_code=lambda result: 0 if result.ok else 1),
+)
+
+main = make_main(
+    "python -m flows.registry",
+    "The model registry: verify its tamper-evident trail of alias moves. Each command accepts --json and then "
+    "prints the flow's typed result as one JSON object on the last line of stdout.",
+    COMMANDS,
+)

@@ -1,0 +1,114 @@
+"""The registry trail is tamper-evident: every alias move names who, why and its evidence, and is
+hash-chained to the one before; verify finds an edited, removed or appended line and an alias
+moved outside the registry."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.registry import ALIAS_HISTORY_FILE, TRAIL_HEAD_FILE, ModelRegistry
+
+
+def _home(tmp_path: Path) -> ModelRegistry:
+    registry = ModelRegistry(tmp_path)
+    refs = [registry.register("m", {"w": torch.full((1,), v)}, params={}, metrics={"auc": v}, primary_metric="auc")
+            for v in (0.1, 0.2, 0.3)]
+    (Path(refs[1].path) / "card.json").write_text('{"card": 2}')
+    for ref in refs:
+        registry.promote(ref)
+    registry.rollback("m")  # -> v2
+    registry.set_alias("m", "staging", 3)
+    return registry
+
+
+def _lines(tmp_path: Path) -> list[str]:
+    return (tmp_path / "m" / ALIAS_HISTORY_FILE).read_text().splitlines()
+
+
+def _write(tmp_path: Path, lines: list[str]) -> None:
+    (tmp_path / "m" / ALIAS_HISTORY_FILE).write_text("".join(line + "\n" for line in lines))
+
+
+def test_every_move_names_who_why_and_its_evidence_chained_by_hash(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "validator-anna")
+    registry = _home(tmp_path)
+    entries = [json.loads(line) for line in _lines(tmp_path)]
+    assert [(e["action"], e["previous"], e["version"]) for e in entries] == [
+        ("promote", None, 1), ("promote", 1, 2), ("promote", 2, 3), ("rollback", 3, 2), ("set", None, 3)]
+    assert all(e["by"] == "validator-anna" and e["seq"] == i for i, e in enumerate(entries, 1))
+    meta = hashlib.sha256((tmp_path / "m" / "2" / "meta.json").read_bytes()).hexdigest()
+    assert entries[1]["evidence"]["meta_sha256"] == meta
+    assert entries[1]["evidence"]["card_sha256"] == hashlib.sha256(b'{"card": 2}').hexdigest()
+    assert "comparison_sha256" in entries[1]["evidence"] and "card_sha256" not in entries[0]["evidence"]
+    lines = _lines(tmp_path)
+    assert entries[0]["prev"] is None
+    assert all(entries[i]["prev"] == hashlib.sha256(lines[i - 1].encode()).hexdigest() for i in range(1, 5))
+    report = registry.verify_trail("m")
+    assert report.ok and report.entries == report.chained == 5 and report.unchained == 0 and not report.problems
+    assert report.head_sha256 == registry.trail_head("m") == hashlib.sha256(lines[-1].encode()).hexdigest()
+
+
+def test_without_an_actor_the_os_user_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import getpass
+
+    monkeypatch.delenv("INDUSFLOW_GOVERNANCE_ACTOR", raising=False)
+    _home(tmp_path)
+    assert json.loads(_lines(tmp_path)[0])["by"] == getpass.getuser()
+
+
+def test_an_edited_line_is_found(tmp_path: Path) -> None:
+    registry = _home(tmp_path)
+    lines = _lines(tmp_path)
+    lines[1] = lines[1].replace("beats champion", "beats comfortably")  # a reworded reason
+    _write(tmp_path, lines)
+    report = registry.verify_trail("m")
+    assert not report.ok and [p.line for p in report.problems] == [3]
+    assert "edited or removed" in report.problems[0].problem
+
+
+def test_a_removed_line_is_found(tmp_path: Path) -> None:
+    registry = _home(tmp_path)
+    lines = _lines(tmp_path)
+    _write(tmp_path, lines[:2] + lines[3:])
+    report = registry.verify_trail("m")
+    assert not report.ok and {p.line for p in report.problems} >= {3}
+    assert any("sequence number" in p.problem for p in report.problems)
+
+
+def test_the_last_line_removed_or_one_appended_by_hand_is_found_by_the_head(tmp_path: Path) -> None:
+    registry = _home(tmp_path)
+    lines = _lines(tmp_path)
+    _write(tmp_path, lines[:-1])
+    report = registry.verify_trail("m")
+    assert not report.ok and any(TRAIL_HEAD_FILE in p.problem and p.line is None for p in report.problems)
+    forged = json.dumps({**json.loads(lines[-1]), "seq": 6, "prev": hashlib.sha256(lines[-1].encode()).hexdigest()},
+                        sort_keys=True)
+    _write(tmp_path, [*lines, forged])
+    assert any(TRAIL_HEAD_FILE in p.problem for p in registry.verify_trail("m").problems)
+
+
+def test_an_alias_moved_outside_the_registry_is_found(tmp_path: Path) -> None:
+    registry = _home(tmp_path)
+    (tmp_path / "m" / "aliases.json").write_text(json.dumps({"champion": 1, "staging": 3}))
+    report = registry.verify_trail("m")
+    assert not report.ok and "points champion at v1, the trail's last move at v2" in report.problems[0].problem
+
+
+def test_lines_written_before_the_chain_count_as_unchained(tmp_path: Path) -> None:
+    registry = ModelRegistry(tmp_path)
+    refs = [registry.register("m", {"w": torch.full((1,), v)}, params={}, metrics={"auc": v}, primary_metric="auc")
+            for v in (0.1, 0.2)]
+    old = {"alias": "champion", "version": 1, "previous": None, "action": "promote", "reason": "no champion yet",
+           "at": "2026-01-01T00:00:00+00:00"}  # what an older release appended
+    (tmp_path / "m" / ALIAS_HISTORY_FILE).write_text(json.dumps(old, sort_keys=True) + "\n")
+    (tmp_path / "m" / "aliases.json").write_text(json.dumps({"champion": 1}))
+    registry.promote(refs[1])
+    report = registry.verify_trail("m")
+    assert report.ok and (report.entries, report.chained, report.unchained) == (2, 1, 1)
+    assert registry.rollback("m").candidate_version == 1  # the history still reads as before
