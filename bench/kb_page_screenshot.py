@@ -4,7 +4,8 @@ Starts the real server command (``python -m flows.serve``, knowledge base only, 
 ``legal`` and ``medical``) on a throwaway home, then drives Debian's headless Chromium through
 Playwright as a person would: sign in with a key, upload a small maintenance manual, wait until
 it is indexed, ask a question whose answer is in it, let the answer stream in (extractive: no
-LLM is configured) and open its first citation. Writes ``bench/results/kb_page.png`` and prints
+LLM is configured) and open its first citation; then ask what the manual cannot answer. Writes
+``bench/results/kb_page.png`` and ``kb_page_unanswered.png``, and prints
 the times the page showed: upload to indexed, question to first answer text and to the end of
 the stream, with the load average beside them (the machine may be busy).
 
@@ -37,6 +38,7 @@ DOCUMENT = """<!doctype html>
 </body></html>
 """
 QUESTION = "How often must the impeller of the P-200 pump be inspected?"
+UNANSWERABLE = "What is the recommended dose of amoxicillin for children?"
 
 
 def start_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -91,12 +93,21 @@ def drive(url: str, key: str, document: Path, out: Path) -> dict[str, float | in
             page.locator("#passage").wait_for()
             page.wait_for_timeout(400)  # the smooth scroll to the passage
             page.screenshot(path=str(out), full_page=True)
+            answered = page.text_content("#answer") or ""
+            citation = page.text_content("#passage-title") or ""
+            # a question the manual cannot answer: the page says so and lists the passages as related
+            page.fill("#question", UNANSWERABLE)
+            page.click("#ask-btn")
+            page.locator("#answer[data-state=unanswered]").wait_for()
+            page.wait_for_timeout(200)
+            page.screenshot(path=str(out.with_name(out.stem + "_unanswered" + out.suffix)), full_page=True)
             return {"indexed_s": round(indexed_s, 2),
                     "first_text_s": round((changes[0][0] - asked) / 1000, 3) if changes else -1.0,
                     "answer_s": round((done - asked) / 1000, 3),
                     "answer_updates": len({n for _, n in changes}),
-                    "answer": page.text_content("#answer") or "",
-                    "citation": page.text_content("#passage-title") or ""}
+                    "answer": answered, "citation": citation,
+                    "unanswered": page.text_content("#answer") or "",
+                    "unanswered_status": page.text_content("#ask-status") or ""}
         finally:
             browser.close()
 

@@ -97,6 +97,15 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
                                f"{scrub(str(exc), [token])}"[:500]) from None
 
 
+def row_count(client: Any, name: str) -> int | None:
+    """How many rows ``name`` holds (Milvus's collection statistics; None if it cannot say)."""
+    try:
+        return int(client.get_collection_stats(name)["row_count"])
+    except Exception as exc:  # noqa: BLE001 - a count is advisory: the caller does without
+        log.debug("no row count for %s: %s", name, type(exc).__name__)
+        return None
+
+
 def ensure_collection(client: Any, name: str, dim: int, *, analyzer: str = "jieba") -> bool:
     """Create the chunk collection if missing; check its vector size if present.
 

@@ -36,12 +36,14 @@ OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_t
 
 @dataclass(frozen=True)
 class Retrieved:
-    """One retrieved chunk with its fused score and per-retriever ranks."""
+    """One retrieved chunk with its fused score and per-retriever ranks and raw scores (dense:
+    cosine similarity; bm25: Milvus's BM25 score), which the answer step's support check reads."""
 
     id: str
     score: float
     fields: dict[str, Any]
     ranks: dict[str, int] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
 
 
 def to_timestamp(value: str | None, end_of_day: bool = False) -> int | None:
@@ -103,7 +105,8 @@ def dense_search(
     res = client.search(collection, data=[v.astype(np.float32).tolist() for v in vectors], anns_field="vector",
                         limit=top_k, filter=expr, output_fields=OUTPUT_FIELDS,
                         search_params={"metric_type": "COSINE"})
-    return [[Retrieved(h["id"], h["distance"], h["entity"], {"dense": r}) for r, h in enumerate(hits, 1)]
+    return [[Retrieved(h["id"], h["distance"], h["entity"], {"dense": r}, {"dense": h["distance"]})
+             for r, h in enumerate(hits, 1)]
             for hits in _hits(res)]
 
 
@@ -111,8 +114,17 @@ def bm25_search(client: Any, collection: str, queries: Sequence[str], top_k: int
     """Best chunks by BM25 over the analysed text, one list per query."""
     res = client.search(collection, data=list(queries), anns_field="sparse", limit=top_k, filter=expr,
                         output_fields=OUTPUT_FIELDS, search_params={"metric_type": "BM25"})
-    return [[Retrieved(h["id"], h["distance"], h["entity"], {"bm25": r}) for r, h in enumerate(hits, 1)]
+    return [[Retrieved(h["id"], h["distance"], h["entity"], {"bm25": r}, {"bm25": h["distance"]})
+             for r, h in enumerate(hits, 1)]
             for hits in _hits(res)]
+
+
+def best_bm25(client: Any, collection: str, query: str, expr: str = "") -> float:
+    """The best BM25 score of ``query`` in the collection (0.0: no chunk matches a term of it)."""
+    if not query.strip():
+        return 0.0
+    hits = bm25_search(client, collection, [query], 1, expr)[0]
+    return hits[0].score if hits else 0.0
 
 
 def _weighted_sum(lists: dict[str, list[Retrieved]], top_k: int,
@@ -121,6 +133,7 @@ def _weighted_sum(lists: dict[str, list[Retrieved]], top_k: int,
     hits)`` gives it (weighted values per hit, in list order, and what a chunk that retriever did
     not return gets); ties go to the chunk with the better best rank."""
     ranks: dict[str, dict[str, int]] = {}
+    raw: dict[str, dict[str, float]] = {}
     fields: dict[str, dict] = {}
     per: dict[str, tuple[dict[str, float], float]] = {}
     for name, hits in lists.items():
@@ -130,10 +143,11 @@ def _weighted_sum(lists: dict[str, list[Retrieved]], top_k: int,
         per[name] = (dict(zip((h.id for h in hits), values, strict=True)), missing)
         for rank, hit in enumerate(hits, 1):
             ranks.setdefault(hit.id, {})[name] = rank
+            raw.setdefault(hit.id, {})[name] = hit.score
             fields.setdefault(hit.id, hit.fields)
     scores = {hid: sum(got.get(hid, missing) for got, missing in per.values()) for hid in fields}
     order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
-    return [Retrieved(i, scores[i], fields[i], ranks[i]) for i in order[:top_k]]
+    return [Retrieved(i, scores[i], fields[i], ranks[i], raw[i]) for i in order[:top_k]]
 
 
 def rrf_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, k: int = 60) -> list[Retrieved]:

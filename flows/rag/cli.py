@@ -44,6 +44,11 @@ def _ask_summary(r: AskResult) -> str:
     for c in r.citations:
         where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
         lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")
+    if not r.answered:
+        if r.support is not None and r.support.reason:
+            lines.append(f"(not answered: {r.support.reason})")
+        if r.hits:
+            lines.append("Related passages, not an answer:")
     if not r.citations:
         lines += [f"[{h.number}] {h.path} (chunk {h.chunk_index})" for h in r.hits]
     return "\n".join(lines)

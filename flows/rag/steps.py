@@ -18,19 +18,20 @@ from prefect.cache_policies import NONE
 
 from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder_from_settings, encode_queries
 from infra.llm import ChatClient
-from infra.milvus import VectorStoreError, default_collection, open_client
+from infra.milvus import VectorStoreError, default_collection, open_client, row_count
 from infra.pii import redact_path, redact_text
 from infra.settings import TikaSettings, get_llm_settings
-from solutions.rag.answer import ask_result, generate_answer, passages_from
-from solutions.rag.collections import milvus_collection, watched_folder_of
+from solutions.rag.answer import answer_or_abstain, ask_result
+from solutions.rag.collections import DEFAULT, milvus_collection, watched_folder_of
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_configs, retriever_scores
 from solutions.rag.ingest import document_rules
 from solutions.rag.results import AskResult, EvalResult
+from solutions.rag.support import content_query
 from solutions.rag.weights import corpus_weights, query_weights
 from tasks.chunk import embedder_window
 from tasks.ingest import IngestResult, IngestStages, ingest_texts, run_ingest, text_documents
-from tasks.retrieve import build_filter, retrieve, retrieve_batched
+from tasks.retrieve import best_bm25, build_filter, retrieve, retrieve_batched
 
 EVAL_DEPTH = 30  # chunks retrieved per question when evaluating (deduplicated to 10 documents)
 EVAL_BATCH = 64  # questions per retrieval call when evaluating
@@ -103,9 +104,14 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
     hits = retrieve(client, collection, [question], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
                     weights=weights, fusion=params.weights.fusion, rrf_k=params.weights.rrf_k)[0]
     stream_to = (out or sys.stdout) if params.stream else None
-    answer = generate_answer(question, passages_from(hits), chat_client(params.llm), stream_to=stream_to)
-    return ask_result(question, params.mode, weights, answer, hits, streamed=params.stream,
-                      seconds=round(time.perf_counter() - started, 3))
+    text, kind, support = answer_or_abstain(question, hits, chat_client(params.llm),
+                                            collection=params.collection or DEFAULT,
+                                            embedder=embedder.name if params.mode != "bm25" else None,
+                                            n_chunks=row_count(client, collection), mode=params.mode,
+                                            content_bm25=best_bm25(client, collection, content_query(question), expr)
+                                            if params.mode != "dense" else None, stream_to=stream_to)
+    return ask_result(question, params.mode, weights, (text, kind), hits, streamed=params.stream,
+                      seconds=round(time.perf_counter() - started, 3), support=support)
 
 
 answer_question_task = task(name="answer-question", cache_policy=NONE)(answer_question)

@@ -111,7 +111,11 @@ class SearchResponse(BaseModel):
 class AskResponse(BaseModel):
     collection: str
     answer: str
-    mode: str = Field(description="'llm' or 'extractive'.")
+    mode: str = Field(description="'llm', 'extractive', or 'none' when the KB did not answer.")
+    answered: bool = Field(description="The retrieved passages support the answer. False: 'answer' says the "
+                           "documents do not answer, and the passages are related, not an answer.")
+    support: float = Field(description="Calibrated probability that the documents answer the question.")
+    reason: str = Field(default="", description="Why the KB did not answer (empty when it did).")
     citations: list[PassageOut] = Field(description="Every retrieved passage, numbered; 'cited' marks those the answer cites.")
 
 
@@ -230,6 +234,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
     @router.post(f"{PREFIX}/ask", response_model=AskResponse,
                  responses={200: {"content": {"text/event-stream": {}},
                                   "description": "JSON, or with stream=true server-sent events: token*, citations, done "
+                                  "(with 'answered') "
                                   "(or error)."}})
     async def ask(body: AskRequest, request: Request,
                   principal: KbPrincipal) -> Any:
@@ -241,13 +246,14 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             return StreamingResponse(stream_answer(body, col, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         try:
-            text, kind, hits, cited = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
+            text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
                                                               mode=body.retriever)
         except LLMError as exc:  # the upstream status only: its body may echo the key in any encoding
             log.error("kb ask failed: %s", exc)
             raise HTTPException(502, exc.public_text()) from None
-        annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind)
-        return AskResponse(collection=col.name, answer=text, mode=kind,
+        annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
+        return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
+                           support=support.probability, reason=support.reason,
                            citations=passages_out(hits, names_in(col), cited))
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
@@ -280,11 +286,13 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                     yield sse("error", {"message": message})
                     return
                 else:
-                    text, mode, hits, cited = data
-                    annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode)
+                    text, mode, hits, cited, support = data
+                    annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode,
+                                   answered=support.answered)
                     citations = passages_out(hits, names_in(col), cited)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
-                    yield sse("done", {"mode": mode, "answer": text})
+                    yield sse("done", {"mode": mode, "answer": text, "answered": support.answered,
+                                       "support": support.probability, "reason": support.reason})
                     return
         finally:
             if not worker.done():

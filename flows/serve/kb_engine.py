@@ -34,14 +34,15 @@ from infra.embeddings import Embedder, embedder_from_settings, encode_queries
 from infra.errors import IndusflowError
 from infra.home import HomeLayout
 from infra.llm import ChatClient
-from infra.milvus import open_client
+from infra.milvus import open_client, row_count
 from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
 from infra.store import write_json_atomic
-from solutions.rag.answer import cited_numbers, generate_answer, passages_from
+from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
 from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
 from solutions.rag.ingest import DocumentRules, document_rules
+from solutions.rag.support import Support, content_query
 from solutions.rag.weights import query_weights
 from tasks.catalog import FOLDER, document_names, load_roots
 from tasks.chunk import embedder_window
@@ -49,7 +50,7 @@ from tasks.documents import reason_text
 from tasks.index import SourceState, delete_sources, load_manifest
 from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
-from tasks.retrieve import Mode, Retrieved, retrieve
+from tasks.retrieve import Mode, Retrieved, best_bm25, retrieve
 
 log = logging.getLogger(__name__)
 
@@ -306,20 +307,26 @@ class KbEngine:
 
     def answer(self, col: KbCollection, question: str, *, top_k: int, mode: Mode,
                stream_to: TextIO | None = None, on_extractive: Callable[[str], None] | None = None,
-               ) -> tuple[str, str, list[Retrieved], list[int]]:
-        """``(answer, mode, hits, cited numbers)`` for ``question`` over ``col``.
+               ) -> tuple[str, str, list[Retrieved], list[int], Support]:
+        """``(answer, mode, hits, cited numbers, support)`` for ``question`` over ``col``: an
+        answer only when the passages support one (else the abstention sentence, mode ``none``).
 
         With ``stream_to`` an LLM answer is written there piece by piece (redacted on the fly) as
-        it comes; an extractive one is handed whole to ``on_extractive``.
+        it comes; an extractive one (or the abstention) is handed whole to ``on_extractive``.
         """
         question = redact_text(question)
         hits = self.search(col, question, top_k=top_k, mode=mode)
-        passages = passages_from(hits)
         chat = self.chat()
-        text, kind = generate_answer(question, passages, chat, stream_to=stream_to if chat else None)
-        if kind == "extractive" and on_extractive is not None:
+        client = self.client()
+        lexical = bool(hits) and mode != "dense"  # the support check's BM25 probe (solutions.rag.support)
+        text, kind, support = answer_or_abstain(
+            question, hits, chat, collection=col.name, embedder=self.embedder().name if mode != "bm25" else None,
+            n_chunks=row_count(client, col.milvus) if hits else None, mode=mode,
+            content_bm25=best_bm25(client, col.milvus, content_query(question)) if lexical else None,
+            stream_to=stream_to if chat else None)
+        if kind != "llm" and on_extractive is not None:
             on_extractive(text)
-        return text, kind, hits, cited_numbers(text, len(passages))
+        return text, kind, hits, cited_numbers(text, len(hits)) if kind != ABSTAINED else [], support
 
     # -- documents
     def documents(self, col: KbCollection) -> list[DocumentStatus]:

@@ -18,6 +18,7 @@ from infra.llm import ChatClient, ChatMessage
 from infra.pii import redact_text
 from solutions.rag.redact import RedactionConfig, StreamRedactor, redact
 from solutions.rag.results import AskHit, AskResult, Citation
+from solutions.rag.support import Support, abstention_text, assess, llm_abstained
 from solutions.rag.text import query_terms, sentence_spans
 
 SYSTEM_PROMPT = (
@@ -173,8 +174,39 @@ def generate_answer(question: str, passages: Sequence[Passage], chat: ChatClient
     return redact(text, RedactionConfig())[0], kind
 
 
+class SupportedChunk(RetrievedChunk, Protocol):
+    """A retrieved chunk with its raw per-retriever scores (what the support check reads)."""
+
+    @property
+    def scores(self) -> dict[str, float]: ...
+
+
+#: ``mode`` of an answer the KB did not generate: the passages do not support one.
+ABSTAINED = "none"
+
+
+def answer_or_abstain(question: str, hits: Sequence[SupportedChunk], chat: ChatClient | None, *, collection: str,
+                      embedder: str | None, n_chunks: int | None, mode: str = "hybrid",
+                      content_bm25: float | None = None, stream_to: TextIO | None = None,
+                      ) -> tuple[str, str, Support]:
+    """The answer, its kind and the support decision: an answer only when the retrieved passages
+    support one (:func:`solutions.rag.support.assess`), otherwise the abstention sentence and
+    kind ``"none"`` (no LLM call); ``n_chunks`` (the collection's size), ``mode`` (the retriever)
+    and ``content_bm25`` are those of :func:`solutions.rag.support.support_signals`. An LLM answer that cites no passage, or says the passages do
+    not hold the answer, is kept but marked not answered."""
+    support = assess(question, hits, embedder, n_chunks, mode, content_bm25)
+    if not support.answered:
+        return abstention_text(collection), ABSTAINED, support
+    text, kind = generate_answer(question, passages_from(hits), chat, stream_to=stream_to)
+    if kind == "llm" and llm_abstained(text, cited_numbers(text, len(hits))):
+        support = support.model_copy(update={
+            "answered": False, "reason": "the LLM's answer cites no passage or says the passages do not answer"})
+    return text, kind, support
+
+
 def ask_result(question: str, mode: str, weights: dict[str, float], answer: tuple[str, str],
-               hits: Sequence[RetrievedChunk], *, seconds: float, streamed: bool = False) -> AskResult:
+               hits: Sequence[RetrievedChunk], *, seconds: float, streamed: bool = False,
+               support: Support | None = None) -> AskResult:
     """The typed result of one question: the answer, its citations and the hits, every text in it
     redacted (the question, paths, titles and snippets as well as the answer)."""
     text, kind = answer
@@ -194,5 +226,6 @@ def ask_result(question: str, mode: str, weights: dict[str, float], answer: tupl
         for p, h in zip(passages, hits, strict=True)
     ]
     return AskResult(question=redact_text(question), mode=mode, weights=weights, answer=text, answer_kind=kind,
-                     citations=citations, hits=views, seconds=seconds, streamed=streamed and kind == "llm")
+                     citations=citations, hits=views, seconds=seconds, streamed=streamed and kind == "llm",
+                     answered=support.answered if support is not None else True, support=support)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.embeddings import CoverageReport
+from solutions.rag.support import Support
 
 
 class Citation(BaseModel):
@@ -52,6 +53,9 @@ class AskResult(BaseModel):
     hits: list[AskHit]
     seconds: float
     streamed: bool = Field(default=False, description="The answer was printed to stdout as it was generated.")
+    answered: bool = Field(default=True, description="The retrieved passages support the answer; false: the KB "
+                           "says the documents do not answer, and the hits are related passages, not an answer.")
+    support: Support | None = Field(default=None, description="The support decision behind 'answered'.")
 
 
 class RetrieverScores(BaseModel):

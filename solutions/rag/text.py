@@ -6,6 +6,11 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
+import warnings
+
+# jieba 0.42 imports ``pkg_resources``, which setuptools 80 answers with a UserWarning the first
+# time anything imports it; a filter set now (module import, main thread) ignores only that one
+warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning, module="jieba")
 
 # A sentence ends after CJK terminal punctuation (closing quotes/brackets kept with it), after
 # Latin terminal punctuation followed by whitespace, at a blank line, or at a line break that

@@ -72,7 +72,16 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     ask = _last_json(out)
     assert Path(ask["hits"][0]["path"]).name == "a.txt" and ask["answer_kind"] == "extractive"
     assert "[1]" in ask["answer"] and ask["citations"][0]["number"] == 1
+    assert ask["answered"] is True and ask["support"]["answered"] is True
     assert "13812345678" not in out
+
+    assert main(["ask", "What is the recommended dose of amoxicillin for children?", "--collection", "kb_cli",
+                 "--json"]) == 0
+    out = capsys.readouterr().out
+    ask = _last_json(out)
+    assert ask["answered"] is False and ask["answer_kind"] == "none" and ask["citations"] == []
+    assert ask["answer"] == "The documents in kb_cli do not answer this."
+    assert "Related passages, not an answer:" in out and "(not answered: the retrieved passages" in out
 
     # --stream goes through the rag-ask flow: the tokens are printed as they come, once
     monkeypatch.setenv("INDUSFLOW_LLM_URL", chat_url)
@@ -159,8 +168,10 @@ def test_ingest_without_sources_reads_the_watched_folder(tmp_path: Path, capsys:
     result = _last_json(capsys.readouterr().out)
     assert result["collection"] == "legal" and result["files"] == 1 and result["chunked_documents"] == 1
     assert main(["ask", "How often is the compressor valve replaced?", "--collection", "legal", "--json"]) == 0
-    hits = _last_json(capsys.readouterr().out)["hits"]
+    asked = _last_json(capsys.readouterr().out)
+    hits = asked["hits"]
     assert hits and {Path(h["path"]).name for h in hits} == {"lease.txt"}
+    assert asked["answered"] is False  # the lease says nothing of valves: related, not an answer
 
 
 def test_parse_batches_fan_out_on_a_local_dask_cluster(tmp_path: Path, monkeypatch) -> None:

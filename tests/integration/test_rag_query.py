@@ -46,6 +46,7 @@ def test_chinese_round_trip(kb: str, milvus, embedder, mode: str) -> None:
     assert "panda.txt" in top5 and top5[0] == "panda.txt"
     assert result.answer_kind == "extractive" and "竹子" in result.answer
     assert result.citations and Path(result.citations[0].path).name == "panda.txt"
+    assert result.answered and result.support is not None and result.support.answered
     if mode == "hybrid":
         assert result.weights["dense"] < 0.5  # the English-only embedder barely covers Chinese
 
@@ -61,6 +62,16 @@ def test_english_dense_and_filters(kb: str, milvus, embedder) -> None:
     res = answer_question("Rust", AskParams(collection=kb, mode="hybrid", path_prefix="/nowhere", llm=False),
                           client=milvus, embedder=embedder)
     assert res.hits == []
+
+
+@pytest.mark.parametrize("question", ["What is the recommended dose of amoxicillin for children?",
+                                      "儿童服用阿莫西林的推荐剂量是多少？"])
+def test_what_the_documents_do_not_hold_is_not_answered(kb: str, milvus, embedder, question: str) -> None:
+    res = answer_question(question, AskParams(collection=kb, llm=False), client=milvus, embedder=embedder)
+    assert not res.answered and res.answer_kind == "none" and res.citations == []
+    assert res.answer == f"The documents in {kb} do not answer this." and res.hits  # the closest, as related
+    assert res.support is not None and res.support.probability < res.support.threshold
+    assert "do not support" in res.support.reason
 
 
 class _ChatHandler(BaseHTTPRequestHandler):

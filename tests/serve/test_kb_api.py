@@ -163,6 +163,7 @@ def test_upload_is_indexed_and_answered_with_citations(loaded: Kb) -> None:
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["mode"] == "extractive" and "ninety-seven days" in body["answer"]
+        assert body["answered"] is True and body["reason"] == "" and 0.0 < body["support"] <= 1.0
         cited = [p for p in body["citations"] if p["cited"]]
         assert cited and cited[0]["document"] == "lease.txt" and f"[{cited[0]['n']}]" in body["answer"]
         assert "ninety-seven" in cited[0]["text"]
@@ -176,6 +177,21 @@ def test_upload_is_indexed_and_answered_with_citations(loaded: Kb) -> None:
         streamed = "".join(d["text"] for e, d in events if e == "token")
         assert streamed == events[-1][1]["answer"] and "ninety-seven days" in streamed
         assert any(p["document"] == "lease.txt" and p["cited"] for p in events[-2][1]["citations"])
+        assert events[-1][1]["answered"] is True
+
+        # what the documents cannot answer is said so, with the closest passages as related only
+        unknown = "What is the recommended dose of amoxicillin for children?"
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only), json={"collection": "legal", "question": unknown})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["answered"] is False and body["mode"] == "none" and "do not support" in body["reason"]
+        assert body["answer"] == "The documents in legal do not answer this."
+        assert body["citations"] and not any(p["cited"] for p in body["citations"]) and body["support"] < 0.5
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                      json={"collection": "legal", "question": unknown, "stream": True}) as resp:
+            events = read_sse(resp)
+        assert events[-1][0] == "done" and events[-1][1]["answered"] is False and events[-1][1]["mode"] == "none"
+        assert "".join(d["text"] for e, d in events if e == "token") == "The documents in legal do not answer this."
 
         r = c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.legal_only),
                    json={"collection": "legal", "query": "Zephyr arbitration Geneva", "retriever": "bm25", "top_k": 3})

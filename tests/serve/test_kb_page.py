@@ -283,6 +283,20 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     assert '<img src=x onerror="window.pwned=1">' in text
     assert passage.locator("img").count() == 0 and page.evaluate("window.pwned") is None
     page.screenshot(path=str(tmp_path / "kb_page.png"), full_page=True)
+    assert page.text_content("#answer-h") == "Answer" and page.get_attribute("#answer-box", "data-answered") is None
+
+    # a question the manual cannot answer: said so, styled apart, the passages only related
+    page.fill("#question", "What is the recommended dose of amoxicillin for children?")
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=unanswered]").wait_for()
+    assert page.text_content("#answer") == "The documents in legal do not answer this."
+    assert page.get_attribute("#answer-box", "data-answered") == "false"
+    assert page.text_content("#answer-h") == "Not answered"
+    assert page.text_content("#citations-h") == "Related passages, not an answer"
+    assert page.locator("#citations .source").count() >= 1 and page.locator("#answer button.cite").count() == 0
+    assert "do not support an answer" in page.text_content("#ask-status")
+    assert page.evaluate("getComputedStyle(document.getElementById('answer')).borderLeftStyle") == "solid"
+    page.screenshot(path=str(tmp_path / "kb_page_unanswered.png"), full_page=True)
 
     page.once("dialog", lambda dialog: dialog.accept())  # "Delete scan-broken.pdf from legal?"
     page.get_by_role("button", name="Delete scan-broken.pdf").click()

@@ -372,9 +372,19 @@
     $("others-list").replaceChildren();
     $("others").hidden = true;
     $("mode").textContent = "";
+    showAnswered(true);
     $("answer-box").hidden = true;
     $("passage").hidden = true;
     $("ask-status").textContent = "";
+  }
+
+  // An answer the documents do not support is shown as such: its own heading and colour, and the
+  // retrieved passages listed as related, not as sources of an answer.
+  function showAnswered(answered) {
+    const box = $("answer-box");
+    if (answered) delete box.dataset.answered; else box.dataset.answered = "false";
+    $("answer-h").textContent = answered ? "Answer" : "Not answered";
+    $("citations-h").textContent = answered ? "Sources" : "Related passages, not an answer";
   }
 
   function renderAnswer() {
@@ -494,9 +504,12 @@
     } else if (name === "citations") {
       renderCitations(data.citations || []);
     } else if (name === "done") {
-      $("mode").textContent = data.mode === "llm" ? "written by the language model" : data.mode === "extractive"
-        ? "sentences quoted from the sources" : String(data.mode || "");
-      return "done";
+      const answered = data.answered !== false;
+      showAnswered(answered);
+      $("mode").textContent = !answered ? "the documents do not answer this"
+        : data.mode === "llm" ? "written by the language model" : data.mode === "extractive"
+          ? "sentences quoted from the sources" : String(data.mode || "");
+      return answered ? "done" : "unanswered";
     } else if (name === "error") {
       showAlert(`The answer failed: ${data.message || raw}`);
       return "error";
@@ -532,7 +545,7 @@
         const body = await resp.json();  // a server that answered in one piece
         state.answer = body.answer || "";
         renderCitations(body.citations || []);
-        ending = handleEvent("done", JSON.stringify({ mode: body.mode }));
+        ending = handleEvent("done", JSON.stringify({ mode: body.mode, answered: body.answered }));
       } else {
         $("ask-status").textContent = "Answering…";
         const parser = sseParser((name, raw) => {
@@ -550,7 +563,8 @@
       }
       const seconds = ((performance.now() - started) / 1000).toFixed(1);
       $("ask-status").textContent = ending === "done" ? `Answered in ${seconds} s.`
-        : ending === "error" ? "" : "The answer stopped before its end.";
+        : ending === "unanswered" ? `Not answered: the documents of ${c.name} do not support an answer (${seconds} s).`
+          : ending === "error" ? "" : "The answer stopped before its end.";
       if (!state.answer && ending === "done") $("answer").textContent = "No answer was found in this collection.";
     } catch (exc) {
       if (exc.name === "AbortError") {
