@@ -191,9 +191,10 @@ def answer_or_abstain(question: str, hits: Sequence[SupportedChunk], chat: ChatC
                       ) -> tuple[str, str, Support]:
     """The answer, its kind and the support decision: an answer only when the retrieved passages
     support one (:func:`solutions.rag.support.assess`), otherwise the abstention sentence and
-    kind ``"none"`` (no LLM call); ``n_chunks`` (the collection's size), ``mode`` (the retriever)
-    and ``content_bm25`` are those of :func:`solutions.rag.support.support_signals`. An LLM answer that cites no passage, or says the passages do
-    not hold the answer, is kept but marked not answered."""
+    kind ``"none"`` (no LLM call); ``n_chunks`` (the collection's size), ``mode`` (the
+    retriever) and ``content_bm25`` are those of :func:`solutions.rag.support.support_signals`.
+    An LLM answer that cites no passage, or says the passages do not hold the answer, is kept
+    but marked not answered."""
     support = assess(question, hits, embedder, n_chunks, mode, content_bm25)
     if not support.answered:
         return abstention_text(collection), ABSTAINED, support

@@ -48,7 +48,7 @@ class AskResult(BaseModel):
     mode: str
     weights: dict[str, float]
     answer: str
-    answer_kind: str = Field(description="'llm' or 'extractive'.")
+    answer_kind: str = Field(description="'llm', 'extractive', or 'none' when the KB did not answer.")
     citations: list[Citation]
     hits: list[AskHit]
     seconds: float
