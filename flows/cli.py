@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -68,6 +69,9 @@ class Command:
         prepare: maps the validated keyword arguments to the flow's (e.g. derived values).
         exit_code: the exit code of a finished run from its result (default: 0), e.g. 1 when a
             reproduction is outside its tolerance.
+        api_url: the Prefect API the run must use, from the validated keyword arguments (e.g. the
+            temporary API of the run an approval resumes); None: the usual (PREFECT_API_URL, else
+            an ephemeral API). A set PREFECT_API_URL always wins.
     """
 
     name: str | None
@@ -81,6 +85,7 @@ class Command:
     check: Callable[[dict[str, Any]], None] | None = None
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     exit_code: Callable[[Any], int] | None = None
+    api_url: Callable[[dict[str, Any]], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -313,6 +318,45 @@ def champion_commands(promote: str, rollback: str) -> tuple[Command, Command]:
                 check=check_promote),
         Command("rollback", rollback, summary, help="return the champion to the version that was champion before",
                 check=check_rollback),
+    )
+
+
+APPROVE = "flows.registry.approve:registry_approve"
+APPROVALS = "flows.registry.approve:registry_approvals"
+
+
+def approval_commands() -> tuple[Command, Command]:
+    """The ``approve RUN --reason ...`` and ``approvals`` commands (four eyes on champion moves),
+    the same in each vertical and in ``flows.registry``."""
+
+    def run_api(kwargs: dict[str, Any]) -> str | None:
+        from tasks.approval import find_request
+
+        return find_request(kwargs["run"]).api_url  # ApprovalError names the waiting runs
+
+    def waiting_api(kwargs: dict[str, Any]) -> str | None:
+        from tasks.approval import approval_requests
+
+        waiting = approval_requests("waiting")
+        return waiting[-1].api_url if waiting else None  # not a second ephemeral API beside the waiting run's
+
+    def approve_summary(request: Any) -> str:
+        outcome = {"waiting": "sent; the run has not recorded it yet (it resumes at its next check)"}.get(
+            request.status, f"{request.status} by {request.decided_by}")
+        return f"{request.model} v{request.candidate_version} (run {request.run_id}): {outcome}"
+
+    def approvals_summary(result: Any) -> str:
+        return "\n".join(
+            f"{r.run_id}  {r.model} v{r.candidate_version}  {r.status}  asked by {r.requested_by} at "
+            f"{r.requested_at[:19]}" + (f", until {r.expires_at[:19]}" if r.status == "waiting" else
+                                        f", {r.decided_by or 'nobody'}: {r.decision_reason}")
+            for r in result.requests) or "no approval requests"
+
+    return (
+        Command("approve", APPROVE, approve_summary, positional="run", api_url=run_api,
+                help="approve (or --reject) the champion move a paused run waits for; four eyes"),
+        Command("approvals", APPROVALS, approvals_summary, api_url=waiting_api,
+                help="list the champion moves waiting for approval"),
     )
 
 
@@ -600,11 +644,20 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _prefect_api(url: str | None) -> contextlib.AbstractContextManager[Any]:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if url is None or PREFECT_API_URL.value() is not None:
+        return contextlib.nullcontext()
+    return temporary_settings(updates={PREFECT_API_URL: url})
+
+
 def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str],
-             exit_code: Callable[[Any], int] | None = None) -> int:
-    """Run a flow under the project's Prefect defaults; print a summary and the JSON result."""
+             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None) -> int:
+    """Run a flow under the project's Prefect defaults (against ``api_url`` when given and no
+    PREFECT_API_URL is set); print a summary and the JSON result."""
     try:
-        with prefect_cli_settings():
+        with _prefect_api(api_url), prefect_cli_settings():
             result = fn()
     except IndusflowError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
@@ -657,11 +710,12 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         chosen = built[getattr(args, "command", None)]
         try:
             kwargs = flow_kwargs(chosen, args)
+            api_url = chosen.command.api_url(kwargs) if chosen.command.api_url is not None else None
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
         return run_flow(lambda: load_flow(chosen.command.flow)(**kwargs), as_json=args.json, summary=chosen.command.summary,
-                        exit_code=chosen.command.exit_code)
+                        exit_code=chosen.command.exit_code, api_url=api_url)
 
     return main
 

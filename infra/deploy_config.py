@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -135,6 +135,9 @@ class DeployConfig(BaseModel):
     )
     monitoring: dict[str, MonitoringSpec] = Field(
         default_factory=dict, description="Drift and performance thresholds per flow name.")
+    approval: dict[str, Literal["required", "none"]] = Field(
+        default_factory=dict, description="Registry model name -> whether its champion moves only after "
+        "a second person approves (tasks.approval).")
     deployments: list[DeploymentSpec] = Field(default_factory=list)
 
     @field_validator("timezone")

@@ -65,3 +65,17 @@ class InfrastructureError(IndusflowError):
 
     Not the input's fault: batch jobs leave the file for the next run instead of quarantining it.
     """
+
+
+class ApprovalError(IndusflowError):
+    """An approval of a champion move that cannot be given: no such waiting run, the same person
+    who started the run (four eyes), or a run whose Prefect API is gone.
+
+    ``code`` says which: ``unknown`` (no such run), ``invalid`` (the input), ``four_eyes``,
+    ``decided`` (already decided, or not paused any more), ``gone`` (its API does not answer),
+    ``no_flow`` (approval asked outside a flow run).
+    """
+
+    def __init__(self, message: str, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code

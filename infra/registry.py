@@ -57,6 +57,8 @@ ALIAS_HISTORY_FILE = "alias_history.jsonl"
 TRAIL_HEAD_FILE = "alias_history.head.json"
 CARD_FILE = "card.json"
 CHAMPION = "champion"
+#: Trail entries that move no alias: the approval of a champion move (tasks.approval).
+TRAIL_EVENTS = ("approval-requested", "approved", "rejected", "approval-refused", "approval-expired")
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
 KIND_TORCH = "torch"
 KIND_SKLEARN = "sklearn-skops"  # a scikit-learn model in a skops file (infra.sklearn_store), no tensors
@@ -100,6 +102,20 @@ class ModelRef(BaseModel):
         return self.metrics.get(self.primary_metric)
 
 
+class Approval(BaseModel):
+    """A second person's decision on a champion move (four eyes), as the trail records it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str = Field(description="The Prefect flow run that waited for the decision.")
+    requested_by: str = Field(description="Who started the run (the Prefect user, else the process's actor).")
+    decided_by: str | None = Field(default=None, description="Who approved or rejected (None: nobody, it expired).")
+    approved: bool
+    reason: str
+    requested_at: str
+    decided_at: str
+
+
 class PromotionDecision(BaseModel):
     """Why the champion alias moved, or did not."""
 
@@ -121,6 +137,11 @@ class PromotionDecision(BaseModel):
     trail_sha256: str | None = Field(
         default=None, description="The registry trail's head after the decision (SHA-256 of its last line): "
         "kept outside the registry, it pins the trail (ModelRegistry.verify_trail).")
+    approval: Approval | None = Field(
+        default=None, description="The approval this move needed and got, or the rejection that stopped it.")
+    awaiting_approval: bool = Field(
+        default=False, description="The champion rule would promote, but the model needs approval first "
+        "(a decision made with decide_only; nothing moved).")
 
 
 def current_actor() -> str:
@@ -248,24 +269,53 @@ class ModelRegistry:
         path = self._model_dir(name) / ALIAS_HISTORY_FILE
         return [line for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
-    def _write_alias(self, name: str, aliases: dict[str, int], alias: str, version: int, action: str,
-                     reason: str, comparison: Mapping[str, Any] | None = None) -> None:
-        """Point ``alias`` at ``version`` and append the move to the trail (inside the lock)."""
-        previous = aliases.get(alias)
+    def _append_trail(self, name: str, entry: dict[str, Any]) -> str:
+        """Append ``entry`` to the trail, numbered and chained to the line before (inside the lock);
+        returns the new head (the line's hash)."""
         lines = self._trail_lines(name)
-        entry = {"seq": len(lines) + 1, "alias": alias, "version": int(version), "previous": previous,
-                 "action": action, "reason": reason, "at": dt.datetime.now(dt.UTC).isoformat(),
-                 "by": current_actor(), "evidence": self._evidence(name, version, comparison),
+        entry = {**entry, "seq": len(lines) + 1, "at": dt.datetime.now(dt.UTC).isoformat(),
                  "prev": _sha256_text(lines[-1]) if lines else None}
+        entry.setdefault("by", current_actor())
         line = json.dumps(entry, sort_keys=True)
         with open(self._model_dir(name) / ALIAS_HISTORY_FILE, "a") as handle:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        write_json_atomic(self._model_dir(name) / TRAIL_HEAD_FILE,
-                          {"entries": len(lines) + 1, "last_sha256": _sha256_text(line)})
+        head = _sha256_text(line)
+        write_json_atomic(self._model_dir(name) / TRAIL_HEAD_FILE, {"entries": len(lines) + 1, "last_sha256": head})
+        return head
+
+    def _write_alias(self, name: str, aliases: dict[str, int], alias: str, version: int, action: str,
+                     reason: str, comparison: Mapping[str, Any] | None = None,
+                     approval: Approval | None = None) -> str:
+        """Point ``alias`` at ``version`` and append the move to the trail (inside the lock);
+        returns the trail's new head."""
+        entry: dict[str, Any] = {"alias": alias, "version": int(version), "previous": aliases.get(alias),
+                                 "action": action, "reason": reason,
+                                 "evidence": self._evidence(name, version, comparison)}
+        if approval is not None:
+            entry["approval"] = approval.model_dump()
+        head = self._append_trail(name, entry)
         aliases[alias] = int(version)
         write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+        return head
+
+    def record_event(self, name: str, action: str, *, candidate: int, champion: int | None, reason: str,
+                     by: str, run_id: str | None = None) -> str:
+        """Append an event that moves no alias (``approval-requested``, ``approved``, ``rejected``,
+        ``approval-refused``, ``approval-expired``) to ``name``'s trail; returns the new head.
+
+        The entry names the candidate and the champion it would replace (``candidate`` /
+        ``champion``, not ``alias`` / ``version``, so alias checks and rollbacks skip it) and
+        carries the candidate's evidence hashes.
+        """
+        if action not in TRAIL_EVENTS:
+            raise ValueError(f"unknown trail event {action!r}; known: {', '.join(TRAIL_EVENTS)}")
+        with self._lock(name):
+            self.get(name, candidate)
+            return self._append_trail(name, {"action": action, "candidate": int(candidate),
+                                             "champion": champion, "reason": reason, "by": by, "run": run_id,
+                                             "evidence": self._evidence(name, candidate, None)})
 
     def trail_head(self, name: str) -> str | None:
         """The hash of the trail's last line (what a promotion's artifact and card show)."""
@@ -508,6 +558,8 @@ class ModelRegistry:
         recompare: Callable[[ModelRef], ChampionComparison | None] | None = None,
         alpha: float | None = None,
         force: bool = False,
+        decide_only: bool = False,
+        approval: Approval | None = None,
     ) -> PromotionDecision:
         """Move ``champion`` to ``candidate`` only if it beats the current champion.
 
@@ -530,6 +582,11 @@ class ModelRegistry:
                 (None: off). A missing p-value fails the gate.
             force: move the alias whatever the metrics say (a promotion by hand); the
                 champion it replaces is still read inside the lock and recorded in the history.
+            decide_only: apply the rule and move nothing; a win comes back with
+                ``promoted=False, awaiting_approval=True`` (the model needs approval first).
+            approval: the approval this move got (recorded in the trail entry and the decision);
+                the rule is applied again here, inside the lock, so a champion that moved while
+                the approval was pending is compared anew.
         """
         metric = candidate.primary_metric
         value = candidate.primary_value()
@@ -587,13 +644,20 @@ class ModelRegistry:
                     f"{metric} {value:.4f} does not beat champion v{current.version} "
                     f"{champion_value:.4f} (needs a margin > {min_delta})"
                 )
-            if promoted and aliases.get(CHAMPION) != candidate.version:
+            moves = promoted and aliases.get(CHAMPION) != candidate.version
+            awaiting = decide_only and moves
+            if awaiting:
+                promoted = False
+            elif moves:
+                if approval is not None:
+                    reason += f"; approved by {approval.decided_by}: {approval.reason}"
                 self._write_alias(candidate.name, aliases, CHAMPION, candidate.version,
                                   "force" if force else "promote", reason,
                                   comparison={"metric": metric, "candidate_value": value,
                                               "champion_version": current.version if current else None,
                                               "champion_value": champion_value, "p_value": p_value,
-                                              "min_delta": min_delta, "alpha": alpha})
+                                              "min_delta": min_delta, "alpha": alpha},
+                                  approval=approval)
             trail = self.trail_head(candidate.name)
         decision = PromotionDecision(
             name=candidate.name,
@@ -608,9 +672,11 @@ class ModelRegistry:
             alpha=alpha,
             rescored_in_lock=rescored,
             trail_sha256=trail,
+            approval=approval,
+            awaiting_approval=awaiting,
         )
-        log.info("promotion of %s: %s", candidate.spec, reason)
-        if strict and not promoted:
+        log.info("promotion of %s: %s%s", candidate.spec, reason, " (awaits approval)" if awaiting else "")
+        if strict and not promoted and not awaiting:
             raise QualityGateError(f"{candidate.spec} not promoted: {reason}")
         return decision
 

@@ -99,6 +99,19 @@ class GovernanceSettings(BaseSettings):
         description="Who the registry trail names for the alias moves this process makes (a deployment or "
         "service sets it to the run's user). Unset: the OS user.",
     )
+    approval_required: list[str] = Field(
+        default_factory=list,
+        description="Registry models whose champion moves only after a second person approves (four eyes), "
+        "as a JSON list, e.g. [\"fraud-seq\"], or [\"*\"] for every model; added to the models "
+        "`approval: required` names in the deployment config.",
+    )
+    approval_timeout_s: int = Field(
+        default=86400, ge=1,
+        description="How long a run waits for approval before the move counts as rejected (seconds).",
+    )
+    approval_poll_s: int = Field(
+        default=2, ge=1, le=60, description="How often a run waiting for approval checks for the decision (seconds).",
+    )
 
 
 class PrefectSetupSettings(BaseSettings):
@@ -546,7 +559,7 @@ def environment_variables() -> list[tuple[str, str, str]]:
     for cls in ALL_SETTINGS:
         prefix = cls.model_config.get("env_prefix", "")
         for name, info in cls.model_fields.items():
-            default = info.default
+            default = info.get_default(call_default_factory=True)
             shown = "unset" if default is None else str(default).lower() if isinstance(default, bool) else str(default)
             rows.append((f"{prefix}{name}".upper(), shown, " ".join((info.description or "").split())))
     return rows

@@ -196,8 +196,15 @@ def render_card(card: ModelCard) -> str:
         if section.note:
             lines += ["", section.note]
     if card.promotion:
-        verdict = "promoted" if card.promotion.get("promoted") else "not promoted"
+        verdict = ("waits for approval" if card.promotion.get("awaiting_approval")
+                   else "promoted" if card.promotion.get("promoted") else "not promoted")
         lines += ["", "## Champion rule", "", f"{verdict}: {card.promotion.get('reason', '')}"]
+        approval = card.promotion.get("approval")
+        if approval:
+            lines += ["", f"Approval (four eyes): {'approved' if approval.get('approved') else 'rejected'} by "
+                      f"{approval.get('decided_by') or 'nobody (expired)'} at {approval.get('decided_at')} "
+                      f"(requested by {approval.get('requested_by')}, flow run `{approval.get('run_id')}`): "
+                      f"{approval.get('reason')}"]
         if card.promotion.get("trail_sha256"):
             lines += ["", f"Registry trail head after the decision: `{card.promotion['trail_sha256']}`"]
     lines += ["", "## Known limitations", ""] + [f"- {text}" for text in card.limitations]

@@ -46,10 +46,18 @@ def bare_name(spec: str) -> str:
 
 
 def promote_by_hand(spec: str, registry: ModelRegistry | None = None) -> PromotionDecision:
-    """Make the version ``spec`` names the champion, whatever the champion rule would say."""
+    """Make the version ``spec`` names the champion, whatever the champion rule would say; a model
+    that needs approval waits for it first (inside a flow run: :func:`tasks.approval.approval_gate`)."""
+    from tasks.approval import approval_gate, approval_required
+    from tasks.register import RegistrationResult
+
     registry = registry or ModelRegistry()
     name, version = version_spec(spec)
-    return registry.promote(registry.get(name, version), force=True)
+    ref = registry.get(name, version)
+    decision = registry.promote(ref, force=True, decide_only=approval_required(name))
+    if decision.awaiting_approval:
+        return approval_gate(RegistrationResult(model=ref, decision=decision), force=True).decision
+    return decision
 
 
 def rollback_champion(spec: str, registry: ModelRegistry | None = None) -> PromotionDecision:

@@ -65,8 +65,12 @@ def register_model(
         extra_files: file name -> path of files stored beside the weights (e.g. a skops
             model); ``module`` may be None when such a file is the whole model.
 
-    The significance gate (``INDUSFLOW_GOVERNANCE_SIGNIFICANCE_ALPHA``) applies when set.
+    The significance gate (``INDUSFLOW_GOVERNANCE_SIGNIFICANCE_ALPHA``) applies when set. A model
+    that needs approval (:func:`tasks.approval.approval_required`) is only decided: a win comes back
+    ``awaiting_approval`` and :func:`tasks.approval.approval_gate` moves it once approved.
     """
+    from tasks.approval import approval_required
+
     registry = ModelRegistry()
     with tempfile.TemporaryDirectory() as tmp:
         extra = {**(extra_files or {}), **lineage_files(lineage, Path(tmp))}
@@ -84,7 +88,8 @@ def register_model(
             extra_files=extra,
         )
     decision = registry.promote(ref, champion_value=champion_value, comparison=comparison, recompare=recompare,
-                                alpha=get_governance_settings().significance_alpha, strict=strict)
+                                alpha=get_governance_settings().significance_alpha, strict=strict,
+                                decide_only=approval_required(name))
     return RegistrationResult(model=registry.get(name, ref.version), decision=decision, lineage=lineage)
 
 
@@ -102,7 +107,9 @@ def render_promotion(decision: PromotionDecision) -> str:
     def fmt(v: float | None) -> str:
         return "—" if v is None else f"{v:.4f}"
 
-    verdict = "promoted to champion" if decision.promoted else "not promoted"
+    verdict = ("waits for approval (four eyes)" if decision.awaiting_approval
+               else "promoted to champion" if decision.promoted else "not promoted")
+    approval = decision.approval
     return (
         f"## Promotion of {decision.name} v{decision.candidate_version}: {verdict}\n\n"
         f"| | version | {decision.metric} |\n|---|---|---|\n"
@@ -114,6 +121,10 @@ def render_promotion(decision: PromotionDecision) -> str:
            if decision.p_value is not None else "")
         + ("\nThe champion moved during this run: compared again inside the registry lock.\n"
            if decision.rescored_in_lock else "")
+        + (f"\nApproval (four eyes): {'approved' if approval.approved else 'rejected'} by "
+           f"{approval.decided_by or 'nobody (expired)'} at {approval.decided_at}: {approval.reason}. Requested by "
+           f"{approval.requested_by} at {approval.requested_at} in flow run `{approval.run_id}`.\n"
+           if approval is not None else "")
         + (f"\nRegistry trail head after this decision: `{decision.trail_sha256}` "
            "(`python -m flows.registry verify` checks the trail against it).\n" if decision.trail_sha256 else "")
     )

@@ -28,6 +28,7 @@ from flows.fraud.steps import (
 from infra.compute import resolve_training
 from infra.home import home_layout
 from solutions.fraud.config import FraudTrainConfig, SplitConfig, SyntheticDataConfig, TrainingSource
+from tasks.approval import approval_gate_task
 from tasks.evaluate import artifact_key
 from tasks.finetune import finetune_model_task
 from tasks.monitoring import PROFILE_FILE
@@ -96,6 +97,7 @@ def fraud_adapt(
         comparison=rescore_champion(parent.name, ref, new, known={parent.version: before.new.pr_auc}),
         extra_files={PROFILE_FILE: profile_step(ref, new, adapted.s_new, out_dir)},
     )
+    registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
     publish_report(R.render_adapt_report(parent, before, after, tuned.freeze, new.split, registration.decision),
                    out_dir, artifact_key("fraud-adapt-report"), "Before/after fine-tuning on a new fraud pattern")
     return FraudAdaptResult(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, champion_commands, given, make_main
+from flows.cli import Command, approval_commands, champion_commands, given, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
@@ -349,6 +349,7 @@ COMMANDS = (
         check=lambda kwargs: _check_files(kwargs, "data"),
     ),
     *champion_commands("flows.fraud.promote:fraud_promote", "flows.fraud.promote:fraud_rollback"),
+    *approval_commands(),
     Command(
         "reproduce", REPRODUCE, reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",
@@ -358,7 +359,7 @@ COMMANDS = (
 
 main = make_main(
     "python -m flows.fraud",
-    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, promote, roll back, "
+    "Fraud detection: train, adapt, score, batch-score an inbox, monitor, tune, promote, roll back, approve (four eyes), "
     "reproduce. "
     "Each command accepts --json and then prints the flow's typed result as one JSON object "
     "on the last line of stdout.",

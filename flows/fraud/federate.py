@@ -27,6 +27,7 @@ from solutions.fraud import federated as FD
 from solutions.fraud import flower_apps as FA
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
+from tasks.approval import approval_gate
 from tasks.cards import Section, build_card, intervals, publish_card, write_card
 from tasks.data import DatasetRef
 from tasks.evaluate import artifact_key
@@ -206,7 +207,7 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
         limitations=[*FC.LIMITATIONS, dp_note], promotion=registration.decision.model_dump())
     markdown = write_card(ModelRegistry(), registration.model, card)
     publish_card(markdown, registration.model.name)
-    return registration, markdown
+    return approval_gate(registration), markdown  # a model that needs approval waits here
 
 
 def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: Path) -> str:

@@ -28,6 +28,7 @@ from flows.fraud.steps import (
 from infra.compute import resolve_training
 from infra.home import home_layout
 from solutions.fraud.config import FraudTrainConfig, TrainingSource
+from tasks.approval import approval_gate_task
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, plot_comparison
 from tasks.monitoring import PROFILE_FILE
@@ -103,6 +104,7 @@ def fraud_train(
         strict=strict,
     )
     fraud_card(registration, ref, prepared, setup, choice, champion)
+    registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
     publish_report(choice.render() + "\n" + R.render_train_report(seq_report, base_report, prepared.split, images,
                                                                   registration.decision),
                    out_dir, artifact_key("fraud-train-report"), "Sequence vs baseline on the test period")

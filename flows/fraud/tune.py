@@ -32,6 +32,7 @@ from infra.home import home_layout
 from infra.runners import ConfiguredTaskRunner
 from solutions.fraud import pipeline as P
 from solutions.fraud.config import FraudTrainConfig
+from tasks.approval import approval_gate_task
 from tasks.evaluate import artifact_key, plot_comparison, publish_eval_report_task
 from tasks.register import register_model_task
 from tasks.train import train_model_task
@@ -92,6 +93,7 @@ def fraud_tune(
         comparison=rescore_champion(config.model_name, ref, prepared),
         strict=strict,
     )
+    registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
     # -- reports
     trials = report_study(study, tune, summary, OBJECTIVE, out_dir)
     evaluation = R.render_tune_eval(test_report, prepared.split, curves, registration.decision)

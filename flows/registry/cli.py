@@ -1,10 +1,11 @@
-"""``python -m flows.registry verify [--model NAME]``: the registry's commands."""
+"""``python -m flows.registry verify [--model NAME]``, ``approve RUN --reason ...``, ``approvals``: the
+registry's commands."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from flows.cli import Command, make_main
+from flows.cli import Command, approval_commands, make_main
 
 VERIFY = "flows.registry.verify:registry_verify"
 
@@ -34,11 +35,13 @@ def verify_summary(result: Any) -> str:
 COMMANDS = (
     Command("verify", VERIFY, verify_summary, help="check the hash-chained registry trail; exit 1 if it was altered",
             check=check_verify, exit_code=lambda result: 0 if result.ok else 1),
+    *approval_commands(),
 )
 
 main = make_main(
     "python -m flows.registry",
-    "The model registry: verify its tamper-evident trail of alias moves. Each command accepts --json and then "
+    "The model registry: verify its tamper-evident trail of alias moves; approve or reject a champion move "
+    "that waits for a second person (four eyes). Each command accepts --json and then "
     "prints the flow's typed result as one JSON object on the last line of stdout.",
     COMMANDS,
 )

@@ -1,4 +1,4 @@
-"""Sensor fault prediction commands: pretrain, train, score, batch (inbox) scoring, monitor.
+"""Sensor fault prediction commands: pretrain, train, score, batch scoring, monitor, promote, approve.
 
 Input is the seeded synthetic fleet by default, a long-format readings file (``--data``,
 ``--events``, ``--columns``) or the NASA C-MAPSS files (``--cmapss-dir DIR --subset FD001``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, champion_commands, make_main
+from flows.cli import Command, approval_commands, champion_commands, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
@@ -223,6 +223,7 @@ COMMANDS = [
         check=_check_monitor,
     ),
     *champion_commands("flows.sensor.promote:sensor_promote", "flows.sensor.promote:sensor_rollback"),
+    *approval_commands(),
     Command(
         "reproduce", REPRODUCE, _reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",

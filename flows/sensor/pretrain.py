@@ -11,6 +11,7 @@ from flows.sensor.steps import obtain_grid, pretrain_data_step, pretrain_spec
 from solutions.sensor import pipeline as P
 from solutions.sensor.config import SensorConfig, SensorSource
 from solutions.sensor.data import window_config
+from tasks.approval import approval_gate_task
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.register import register_model_task, render_promotion
 from tasks.train import train_model_task
@@ -41,6 +42,7 @@ def sensor_pretrain(
         metrics=P.encoder_metrics(trained.best_score), primary_metric=P.ENCODER_METRIC,
         higher_is_better=False, data_hash=grid_ref.content_hash, tags={"kind": "encoder"},
     )
+    registration = approval_gate_task(registration)  # a model that needs approval waits here
     publish_eval_report_task(
         f"## sensor-pretrain\n\n{source.describe()}: {len(data.train)} train / {len(data.val)} val windows, "
         f"{len(data.normalizer.channels_)} channels, val masked MSE {trained.best_score}\n\n{bad.summary()}\n\n"

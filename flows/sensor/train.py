@@ -17,6 +17,7 @@ from solutions.sensor import pipeline as P
 from solutions.sensor.config import SensorConfig, SensorSource
 from solutions.sensor.data import window_config
 from solutions.sensor.model import SensorRULModel, WindowDataModule
+from tasks.approval import approval_gate_task
 from tasks.cards import as_comparison
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.finetune import FreezeReport, finetune_model_task
@@ -110,6 +111,7 @@ def sensor_train(
         lineage=lineage, strict=strict,
     )
     sensor_card(registration, source, setup, choice.winner, candidates, champion)
+    registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
     markdown = st.train_report_step(f"sensor-train: RUL, {source.describe()}", cnn, base, wcfg.horizon, setup.report,
                                     registration.decision, images, out_dir)
     publish_eval_report_task(markdown, key=artifact_key("sensor-train-report"), description="RUL / failure model vs baseline")

@@ -38,7 +38,7 @@ Settings: INDUSFLOW_SERVE_* (README, Configuration); keys live hashed under <hom
 
 #: Every scope a route of the API checks (flows/serve/{fraud,sensor,app}.py; ``admin`` grants all):
 #: ``keys add`` refuses another, so a typo is caught when the key is made, not on its first 403.
-KNOWN_SCOPES = ("fraud:score", "fraud:label", "sensor:predict", "metrics:read", "admin")
+KNOWN_SCOPES = ("fraud:score", "fraud:label", "sensor:predict", "metrics:read", "registry:approve", "admin")
 #: Knowledge-base scopes name a collection: ``kb:<collection>:read`` or ``kb:<collection>:write``.
 KB_SCOPES = ("kb:<collection>:read", "kb:<collection>:write")
 _KB_SCOPE = re.compile(r"^kb:(?P<collection>[^:]*):(?P<action>[^:]*)$")
@@ -91,7 +91,7 @@ def keys_parser() -> argparse.ArgumentParser:
     add = sub.add_parser("add", help="create a key and print it once")
     add.add_argument("name", help="who or what the key is for (a label, not a secret)")
     add.add_argument("--scope", dest="scopes", action="append", required=True, metavar="SCOPE",
-                     help="a scope it grants (repeat): fraud:score, fraud:label, sensor:predict, metrics:read, "
+                     help="a scope it grants (repeat): fraud:score, fraud:label, sensor:predict, metrics:read, registry:approve, "
                      "kb:<collection>:read, kb:<collection>:write (knowledge base, e.g. kb:legal:read), admin")
     add.add_argument("--rate-limit", metavar="N/PERIOD",
                      help="its own rate limit, e.g. 100/minute (default: INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT)")

@@ -79,12 +79,18 @@ def _json_field(name: str) -> Callable[[str], str]:
     return get
 
 
+def _first_run_id(out: str) -> str:
+    m = re.search(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\s.*\bwaiting\b", out, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
 #: (regex on the README line, {variable: how to read it from the command's stdout}).
 CAPTURES: list[tuple[str, dict[str, Callable[[str], str]]]] = [
     (r'keys add "card-auth"', {"KEY": _last_line, "KEY_ID": _key_id}),
     (r'keys add "ops"', {"OPS_KEY": _last_line}),
     (r'keys add "legal team"', {"KEY": _last_line}),
     (r"-F files=@lease\.pdf", {"JOB_ID": _json_field("job_id")}),
+    (r"-m flows\.\w+ approvals\b", {"RUN": _first_run_id}),
 ]
 
 
@@ -117,6 +123,9 @@ class Background:
 
     pattern: str
     ready: str  #: "http:URL" (answers 2xx) or "log:TEXT" (printed)
+    #: a job that waits in its terminal for a later command (an approval) and then ends by
+    #: itself: at the section's end it must have ended with status 0 (no Ctrl-C)
+    ends: bool = False
 
 
 BACKGROUND: list[Background] = [
@@ -124,7 +133,10 @@ BACKGROUND: list[Background] = [
     Background(r"^make ui\b", "http:http://127.0.0.1:{ui_port}/api/health"),
     Background(r"-m infra\.deploy serve\b", "log:being served"),
     Background(r"prefect worker start\b", "log:started!"),
+    Background(r"APPROVAL_REQUIRED=\S+ \.venv/bin/python -m flows\.\w+ (promote|train)\b", "log:waits for approval",
+               ends=True),
 ]
+ENDS_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 300.0
 
 NOISE = [
@@ -285,7 +297,7 @@ class Workspace:
     def run_section(self, section: str) -> SectionResult:
         start = time.monotonic()
         env = self.base_env()
-        servers: list[tuple[Outcome, subprocess.Popen, Path]] = []
+        servers: list[tuple[Outcome, subprocess.Popen, Path, bool]] = []
         outcomes: list[Outcome] = []
         runnable = {rb.command_key(c.text): c for b in self.blocks for c in b.commands
                     if not c.skip and not rb.synopsis_marks(c.text)}
@@ -305,13 +317,13 @@ class Workspace:
                     outcome, proc, log = self._start(cmd, bg, env)
                     outcomes.append(outcome)
                     if proc is not None:
-                        servers.append((outcome, proc, log))
+                        servers.append((outcome, proc, log, bg.ends))
                 else:
                     outcomes.append(self._run(cmd, env))
                 self._print_progress(section, outcomes[-1])
         finally:
-            for outcome, proc, log in reversed(servers):
-                self._stop(outcome, proc, log)
+            for outcome, proc, log, ends in reversed(servers):
+                self._stop(outcome, proc, log, ends)
         return SectionResult(section, outcomes, time.monotonic() - start)
 
     @staticmethod
@@ -418,8 +430,15 @@ class Workspace:
         return outcome, proc, log
 
     @staticmethod
-    def _stop(outcome: Outcome, proc: subprocess.Popen, log: Path) -> None:
-        if proc.poll() is not None and not outcome.problems:
+    def _stop(outcome: Outcome, proc: subprocess.Popen, log: Path, ends: bool = False) -> None:
+        if ends:
+            try:
+                proc.wait(ENDS_TIMEOUT_S)
+                if proc.returncode != 0:
+                    outcome.problems.append(f"exit status {proc.returncode}")
+            except subprocess.TimeoutExpired:
+                outcome.problems.append(f"still waiting {ENDS_TIMEOUT_S:.0f} s after the section's last command")
+        elif proc.poll() is not None and not outcome.problems:
             outcome.problems.append(f"stopped by itself during the section (status {proc.returncode})")
         before_ctrl_c = len(log.read_text(errors="replace"))
         for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 15), (signal.SIGKILL, 15)):

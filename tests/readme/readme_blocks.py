@@ -36,6 +36,7 @@ SECTIONS: dict[str, str] = {
     "other_flows": "Other flows",
     "governance": "Model governance",
     "federated": "Federated training",
+    "model_risk": "Model risk",
     "deployments": "Deployments",
     "serving": "Serving",
     "kb_api": "Knowledge base API",

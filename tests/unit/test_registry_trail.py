@@ -112,3 +112,31 @@ def test_lines_written_before_the_chain_count_as_unchained(tmp_path: Path) -> No
     report = registry.verify_trail("m")
     assert report.ok and (report.entries, report.chained, report.unchained) == (2, 1, 1)
     assert registry.rollback("m").candidate_version == 1  # the history still reads as before
+
+
+def test_decide_only_moves_nothing_and_approval_events_chain_without_touching_aliases(tmp_path: Path) -> None:
+    from infra.registry import Approval
+
+    registry = _home(tmp_path)  # champion v2 (after the rollback), staging v3
+    better = registry.register("m", {"w": torch.full((1,), 0.9)}, params={}, metrics={"auc": 0.9},
+                               primary_metric="auc")
+    pending = registry.promote(better, decide_only=True)
+    assert pending.awaiting_approval and not pending.promoted and registry.get("m").version == 2
+    worse = registry.register("m", {"w": torch.full((1,), 0.0)}, params={}, metrics={"auc": 0.0},
+                              primary_metric="auc")
+    lost = registry.promote(worse, decide_only=True)  # the rule says no: nothing to approve
+    assert not lost.awaiting_approval and not lost.promoted
+    for action in ("approval-requested", "approval-refused", "approved"):
+        registry.record_event("m", action, candidate=better.version, champion=2, reason="r", by="bob", run_id="run-1")
+    with pytest.raises(ValueError, match="unknown trail event"):
+        registry.record_event("m", "deleted", candidate=better.version, champion=2, reason="r", by="bob")
+    approval = Approval(run_id="run-1", requested_by="alice", decided_by="bob", approved=True, reason="reviewed",
+                        requested_at="t0", decided_at="t1")
+    moved = registry.promote(better, approval=approval)
+    assert moved.promoted and moved.approval == approval and "approved by bob: reviewed" in moved.reason
+    report = registry.verify_trail("m")
+    assert report.ok and report.head_sha256 == moved.trail_sha256
+    entries = [json.loads(line) for line in _lines(tmp_path)]
+    assert [e["action"] for e in entries[-4:]] == ["approval-requested", "approval-refused", "approved", "promote"]
+    assert entries[-1]["approval"]["decided_by"] == "bob" and entries[-2]["by"] == "bob"
+    assert registry.rollback("m").candidate_version == 2  # the events are not alias moves

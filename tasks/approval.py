@@ -1,0 +1,422 @@
+"""Approval before promotion: a champion move that a second person approves (four eyes).
+
+A model needs approval when ``INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED`` names it (or ``"*"``), or
+the deployment config's ``approval:`` block says ``required``. The champion rule then only
+decides (:meth:`~infra.registry.ModelRegistry.promote` with ``decide_only``) and the flow writes
+the card; :func:`approval_gate` pauses the flow run (Prefect's ``pause_flow_run`` with the typed
+:class:`ApprovalInput`). The Prefect UI shows the comparison and the card (with its lineage) above
+a form (decision, reason, approver); the run resumes when the form is submitted, or when
+``python -m flows.<vertical> approve RUN`` or ``POST /v1/registry/approvals/RUN`` resumes it with
+the same input (Prefect's ``resume_flow_run``, as the UI does). Prefect validates the input
+against the form's schema. On approval the rule is applied again inside the registry lock (a
+champion that moved meanwhile is compared anew) and the move carries the approval.
+
+Four eyes: the approver must differ from whoever started the run: the run's Prefect
+``created_by`` user where the server has users, else the starting process's actor
+(``INDUSFLOW_GOVERNANCE_ACTOR``, else the OS user). The CLI (the OS user or the actor setting)
+and the API (the token's subject) refuse such a decision before they resume the run. The UI form
+names the approver in a field: open-source Prefect has no users, so that name is what the person
+typed; a form naming the initiator is refused by the run itself, recorded, and the run pauses
+again. No decision within ``INDUSFLOW_GOVERNANCE_APPROVAL_TIMEOUT_S`` rejects the move and the
+run completes. Every request, refusal, decision and expiry is an entry of the registry trail.
+
+While a run waits, ``registry/<name>/approvals/<run id>.json`` says who asked, for what, until
+when, and where the run's Prefect API is, so ``approve`` reaches a run that started its own
+temporary API (no server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import task
+from prefect.cache_policies import NONE
+from prefect.input import RunInput
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.errors import ApprovalError, QualityGateError
+from infra.registry import (
+    Approval,
+    ChampionComparison,
+    ModelRef,
+    ModelRegistry,
+    PromotionDecision,
+    current_actor,
+)
+from infra.settings import get_governance_settings
+from infra.store import check_name, safe_join, write_json_atomic
+from tasks.register import RegistrationResult, render_promotion
+
+log = logging.getLogger(__name__)
+
+APPROVALS_DIR = "approvals"
+_RUN_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}$")
+Status = Literal["waiting", "approved", "rejected", "expired"]
+
+
+class ApprovalInput(RunInput):
+    """The approval form a paused run shows in the Prefect UI (and the input ``approve`` sends)."""
+
+    decision: Literal["approve", "reject"] = Field(
+        description="approve: the candidate becomes the champion; reject: the champion stays.")
+    reason: str = Field(min_length=3, max_length=2000, description="Why: recorded in the registry trail.")
+    approver: str = Field(min_length=1, max_length=200,
+                          description="Your user name. It must differ from whoever started the run (four eyes).")
+
+
+class ApprovalRequest(BaseModel):
+    """A champion move waiting for (or given) a decision: ``registry/<name>/approvals/<run>.json``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    flow_run_name: str
+    flow_name: str
+    model: str
+    candidate_version: int
+    champion_version: int | None
+    metric: str
+    candidate_value: float | None
+    champion_value: float | None
+    rule: str = Field(description="What the champion rule said.")
+    requested_by: str
+    requested_at: str
+    expires_at: str
+    api_url: str | None = Field(description="The Prefect API the run talks to (None: unknown).")
+    status: Status = "waiting"
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    decided_at: str | None = None
+    refused: list[str] = Field(default_factory=list, description="Decisions refused (four eyes), oldest first.")
+
+
+def approval_required(name: str) -> bool:
+    """Whether ``name``'s champion moves only after approval (setting or deployment config)."""
+    from infra.deploy_config import load_deploy_config
+
+    listed = get_governance_settings().approval_required
+    if "*" in listed or name in listed:
+        return True
+    return load_deploy_config().approval.get(name) == "required"
+
+
+def same_principal(a: str, b: str) -> bool:
+    """Whether two principal names are the same person (case and spacing ignored)."""
+    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+# ------------------------------------------------------------------------------------
+# the request files
+
+
+def _request_path(registry: ModelRegistry, model: str, run_id: str) -> Path:
+    return safe_join(registry.root, check_name(model, "model name"), APPROVALS_DIR, f"{run_id}.json")
+
+
+def _write(registry: ModelRegistry, request: ApprovalRequest) -> ApprovalRequest:
+    path = _request_path(registry, request.model, request.run_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, request.model_dump())
+    return request
+
+
+def _read(registry: ModelRegistry, model: str, run_id: str) -> ApprovalRequest:
+    return ApprovalRequest.model_validate_json(_request_path(registry, model, run_id).read_text())
+
+
+def approval_requests(status: Status | None = None, registry: ModelRegistry | None = None) -> list[ApprovalRequest]:
+    """Every approval request of every model (with ``status``: only those), oldest first."""
+    registry = registry or ModelRegistry()
+    found = []
+    for model in registry.models():
+        folder = safe_join(registry.root, model, APPROVALS_DIR)
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                request = ApprovalRequest.model_validate_json(path.read_text())
+            except (OSError, ValueError) as exc:
+                log.warning("skipped approval request %s: %s", path.name, exc)
+                continue
+            if status is None or request.status == status:
+                found.append(request)
+    return sorted(found, key=lambda r: r.requested_at)
+
+
+def find_request(run_id: str, registry: ModelRegistry | None = None) -> ApprovalRequest:
+    """The request of flow run ``run_id`` (a unique prefix of at least 8 characters will do)."""
+    key = run_id.strip().lower()
+    if not _RUN_ID.match(key):
+        raise ApprovalError(f"{run_id!r} is not a flow run id (8-36 hex digits and dashes)")
+    requests = approval_requests(registry=registry)
+    matches = [r for r in requests if r.run_id.startswith(key)]
+    if not matches:
+        waiting = [f"{r.run_id} ({r.model} v{r.candidate_version})" for r in requests if r.status == "waiting"]
+        raise ApprovalError(f"no approval was asked in run {run_id!r}; waiting: {', '.join(waiting) or 'none'}",
+                            code="unknown")
+    if len({r.run_id for r in matches}) > 1:
+        raise ApprovalError(f"{run_id!r} matches {len(matches)} runs: give more of the run id")
+    return matches[-1]
+
+
+# ------------------------------------------------------------------------------------
+# inside the run that waits
+
+
+def run_initiator(flow_run: Any) -> str:
+    """Who started ``flow_run``: its Prefect user where the server records one, else this process's actor."""
+    created = getattr(flow_run, "created_by", None)
+    if created is not None and str(getattr(created, "type", "")).upper() == "USER" and created.display_value:
+        return str(created.display_value)
+    return current_actor()
+
+
+def _api_url() -> str | None:
+    from prefect import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            return str(client.api_url)
+    except Exception as exc:  # noqa: BLE001 - the request works without it (approve then needs PREFECT_API_URL)
+        log.info("the Prefect API URL of this run is unknown: %s", exc)
+        return None
+
+
+def _cli_hint(flow_name: str, run_id: str) -> str:
+    vertical = flow_name.split("-", 1)[0]
+    module = f"flows.{vertical}" if vertical in ("fraud", "sensor") else "flows.registry"
+    return f'python -m {module} approve {run_id} --reason "..." (or --reject)'
+
+
+def approval_markdown(registry: ModelRegistry, ref: ModelRef, decision: PromotionDecision, hint: str,
+                      requested_by: str, expires: dt.datetime) -> str:
+    """What the approver reads: the request, the comparison, then the card (with its lineage)."""
+    card = Path(ref.path) / "card.md"
+    lines = [f"# Approve {ref.name} v{ref.version} as champion?", "",
+             (f"Requested by **{requested_by}**; a different person must decide (four eyes). "
+              f"Without a decision by {expires:%Y-%m-%d %H:%M} UTC the move is rejected."), "",
+             f"Decide here, or `{hint}`, or `POST /v1/registry/approvals/<run id>` (scope `registry:approve`).",
+             "", render_promotion(decision)]
+    lines += ["", card.read_text()] if card.is_file() else ["", "(No model card was written for this version.)"]
+    return "\n".join(lines)
+
+
+def _expire_pause(run_id: uuid.UUID) -> None:
+    """After a pause timed out: put the run back to Running so it completes (a rejection is not a
+    failed run); Prefect would otherwise fail it as 'never resumed'."""
+    from prefect import get_client
+    from prefect.states import Running
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Running(), force=True)
+
+
+def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDecision) -> Approval:
+    """Pause the current flow run until a second person approves or rejects ``ref`` as champion
+    (or the timeout rejects it); every step is recorded in the registry trail."""
+    from prefect.context import FlowRunContext
+    from prefect.exceptions import FlowPauseTimeout
+    from prefect.flow_runs import pause_flow_run
+
+    from tasks.evaluate import artifact_key, publish_eval_report
+
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        raise ApprovalError(f"{ref.spec} wins the champion rule, but {ref.name} needs approval before its champion "
+                            "moves: run it as a flow (the run pauses for the decision)", code="no_flow")
+    settings = get_governance_settings()
+    run = context.flow_run
+    run_id = str(run.id)
+    requested_by = run_initiator(run)
+    started, deadline = _now(), time.monotonic() + settings.approval_timeout_s
+    expires = started + dt.timedelta(seconds=settings.approval_timeout_s)
+    hint = _cli_hint(context.flow.name, run_id)
+    request = _write(registry, ApprovalRequest(
+        run_id=run_id, flow_run_name=run.name, flow_name=context.flow.name, model=ref.name,
+        candidate_version=ref.version, champion_version=decision.champion_version, metric=decision.metric,
+        candidate_value=decision.candidate_value, champion_value=decision.champion_value, rule=decision.reason,
+        requested_by=requested_by, requested_at=started.isoformat(), expires_at=expires.isoformat(),
+        api_url=_api_url()))
+    registry.record_event(ref.name, "approval-requested", candidate=ref.version, champion=decision.champion_version,
+                          reason=decision.reason, by=requested_by, run_id=run_id)
+    markdown = approval_markdown(registry, ref, decision, hint, requested_by, expires)
+    publish_eval_report(markdown, key=artifact_key(f"{ref.name}-approval"),
+                        description=f"{ref.spec} waits for approval as champion")
+    log.info("%s wins the champion rule and waits for approval (run %s, requested by %s): approve or reject "
+             "in the Prefect UI, or %s; rejected without a decision by %s UTC", ref.spec, run_id, requested_by,
+             hint, f"{expires:%Y-%m-%d %H:%M}")
+    form = ApprovalInput.with_initial_data(description=markdown)
+    attempt = 0
+    while True:
+        remaining = math.ceil(deadline - time.monotonic())
+        answer = None
+        if remaining > 0:
+            try:
+                answer = pause_flow_run(wait_for_input=form, timeout=remaining,
+                                        poll_interval=min(settings.approval_poll_s, remaining),
+                                        key=f"approval-{ref.name}-{ref.version}-{attempt}")
+            except FlowPauseTimeout:
+                _expire_pause(run.id)
+        if answer is None:
+            why = f"no decision within {settings.approval_timeout_s} s"
+            registry.record_event(ref.name, "approval-expired", candidate=ref.version,
+                                  champion=decision.champion_version, reason=why, by=current_actor(), run_id=run_id)
+            now = _now().isoformat()
+            _write(registry, request.model_copy(update={"status": "expired", "decision_reason": why, "decided_at": now}))
+            log.info("%s: %s; the champion stays", ref.spec, why)
+            return Approval(run_id=run_id, requested_by=requested_by, decided_by=None, approved=False, reason=why,
+                            requested_at=request.requested_at, decided_at=now)
+        approver = " ".join(answer.approver.split())
+        if same_principal(approver, requested_by):
+            why = f"four eyes: {requested_by} started this run, so a different person must decide (not {approver})"
+            registry.record_event(ref.name, "approval-refused", candidate=ref.version,
+                                  champion=decision.champion_version, reason=why, by=approver, run_id=run_id)
+            request = _write(registry, request.model_copy(update={"refused": [*request.refused, why]}))
+            log.warning("%s: a %s by %s was refused (%s); waiting again", ref.spec, answer.decision, approver, why)
+            attempt += 1
+            continue
+        approved = answer.decision == "approve"
+        registry.record_event(ref.name, "approved" if approved else "rejected", candidate=ref.version,
+                              champion=decision.champion_version, reason=answer.reason, by=approver, run_id=run_id)
+        now = _now().isoformat()
+        _write(registry, request.model_copy(update={
+            "status": "approved" if approved else "rejected", "decided_by": approver,
+            "decision_reason": answer.reason, "decided_at": now}))
+        log.info("%s %s by %s: %s", ref.spec, "approved" if approved else "rejected", approver, answer.reason)
+        return Approval(run_id=run_id, requested_by=requested_by, decided_by=approver, approved=approved,
+                        reason=answer.reason, requested_at=request.requested_at, decided_at=now)
+
+
+def approval_gate(registration: RegistrationResult, *, strict: bool = False, force: bool = False) -> RegistrationResult:
+    """When the champion rule's win waits for approval (``decision.awaiting_approval``): pause for
+    the decision, then move the champion (the rule applied again inside the lock) or record the
+    rejection; refresh the version's card with the outcome. Other registrations pass through.
+
+    Args:
+        strict: raise :class:`~infra.errors.QualityGateError` when the move is rejected.
+        force: a promotion by hand (the move ignores the metrics once approved).
+    """
+    decision = registration.decision
+    if not decision.awaiting_approval:
+        return registration
+    from tasks.cards import publish_card, read_card, write_card
+    from tasks.evaluate import artifact_key, publish_eval_report
+
+    registry = ModelRegistry()
+    ref = registration.model
+    approval = await_approval(registry, ref, decision)
+    if approval.approved:
+        comparison = (ChampionComparison(champion_version=decision.champion_version,
+                                         champion_value=decision.champion_value, p_value=decision.p_value)
+                      if decision.champion_version is not None else None)
+        final = registry.promote(ref, comparison=comparison, alpha=decision.alpha, force=force, approval=approval)
+    else:
+        who = f"rejected by {approval.decided_by}" if approval.decided_by else "rejected"
+        final = decision.model_copy(update={
+            "awaiting_approval": False, "approval": approval, "reason": f"{decision.reason}; {who}: {approval.reason}",
+            "trail_sha256": registry.trail_head(ref.name)})
+    card = read_card(ref)
+    if card is not None:
+        publish_card(write_card(registry, ref, card.model_copy(update={"promotion": final.model_dump()})), ref.name)
+    publish_eval_report(render_promotion(final), key=artifact_key(f"{ref.name}-promotion"),
+                        description="Champion rule and approval: challenger vs champion on the same test data")
+    if strict and not final.promoted:
+        raise QualityGateError(f"{ref.spec} not promoted: {final.reason}")
+    return registration.model_copy(update={"decision": final, "model": registry.get(ref.name, ref.version)})
+
+
+approval_gate_task = task(approval_gate, name="approval-gate", cache_policy=NONE,
+                          description="Wait for a second person's approval of a champion move, then move it or not.")
+
+
+# ------------------------------------------------------------------------------------
+# deciding from outside the run (CLI, API)
+
+
+@contextlib.contextmanager
+def _prefect_api(url: str | None) -> Iterator[None]:
+    """Talk to the Prefect API at ``url`` (the waiting run's) unless this process already does."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if url is None or PREFECT_API_URL.value() == url:
+        yield
+        return
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
+
+
+def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: float = 60.0,
+           registry: ModelRegistry | None = None) -> ApprovalRequest:
+    """Approve or reject the champion move run ``run_id`` waits for, as ``approver``: resumes the
+    paused run with the form's input (as the Prefect UI does) and waits up to ``wait_s`` for the
+    run to record the outcome. Returns the request as it then stands.
+
+    Raises:
+        ApprovalError: no such waiting run, the approver started it (four eyes: the refusal is
+            recorded in the trail), an invalid reason, or a run whose Prefect API is gone.
+    """
+    from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
+    from prefect.flow_runs import resume_flow_run
+
+    registry = registry or ModelRegistry()
+    request = find_request(run_id, registry)
+    approver = " ".join(approver.split())
+    try:
+        answer = ApprovalInput(decision="approve" if approve else "reject", reason=reason.strip(), approver=approver)
+    except ValidationError as exc:
+        raise ApprovalError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    if request.status != "waiting":
+        by = f" by {request.decided_by}" if request.decided_by else ""
+        raise ApprovalError(f"run {request.run_id} ({request.model} v{request.candidate_version}) was already "
+                            f"{request.status}{by} at {request.decided_at}", code="decided")
+    if same_principal(approver, request.requested_by):
+        why = (f"four eyes: {request.requested_by} started this run, so a different person must decide "
+               f"(not {approver})")
+        registry.record_event(request.model, "approval-refused", candidate=request.candidate_version,
+                              champion=request.champion_version, reason=why, by=approver, run_id=request.run_id)
+        raise ApprovalError(f"run {request.run_id}: {why}", code="four_eyes")
+    try:
+        with _prefect_api(request.api_url):
+            resume_flow_run(uuid.UUID(request.run_id), run_input=json.loads(answer.model_dump_json()))
+    except ObjectNotFound:
+        raise ApprovalError(f"run {request.run_id} is not known to the Prefect API at {request.api_url}",
+                            code="gone") from None
+    except NotPausedError:
+        raise ApprovalError(f"run {request.run_id} is not paused: it finished, or another decision resumed "
+                            "it a moment ago", code="decided") from None
+    except FlowPauseTimeout:
+        raise ApprovalError(f"run {request.run_id}: its wait for approval timed out", code="decided") from None
+    except RuntimeError as exc:  # a resume the server rejected (e.g. the input)
+        raise ApprovalError(f"run {request.run_id} cannot be resumed: {exc}") from None
+    except OSError as exc:
+        raise ApprovalError(f"the Prefect API of run {request.run_id} ({request.api_url}) does not answer: the run "
+                            f"is gone with its process ({exc})", code="gone") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("httpx"):
+            raise ApprovalError(f"the Prefect API of run {request.run_id} ({request.api_url}) does not answer: "
+                                f"the run is gone with its process ({exc})", code="gone") from None
+        raise
+    deadline = time.monotonic() + wait_s
+    current = request
+    while time.monotonic() < deadline:
+        current = _read(registry, request.model, request.run_id)
+        if current.status != "waiting" or len(current.refused) > len(request.refused):
+            break
+        time.sleep(0.25)
+    return current
+
+
+decide_task = task(decide, name="decide-approval", cache_policy=NONE,
+                   description="Approve or reject the champion move a paused run waits for (four eyes).")
