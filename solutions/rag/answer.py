@@ -72,16 +72,44 @@ def cited_numbers(answer: str, n_passages: int) -> list[int]:
     return seen
 
 
+_END_PUNCT = ".!?;:…。！？；："
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
+
+
+def is_heading(sentence: str, title: str | None = None) -> bool:
+    """Whether a "sentence" is a heading or a title line rather than a statement: a Markdown
+    heading, the passage's document title, an all-capitals line, or a short line with no
+    closing punctuation and no figure (``Centrifugal pump P-200: maintenance`` ends in a figure
+    and is caught by being a ``#`` heading or the title; ``Maintenance schedule`` by its length)."""
+    text = " ".join(sentence.split())
+    if not text:
+        return False
+    if text.startswith("#"):
+        return True
+    if title and text.casefold().strip(" #") == " ".join(title.split()).casefold():
+        return True
+    if text[-1] in _END_PUNCT:
+        return False
+    letters = [c for c in text if c.isalpha() and not _CJK.match(c)]
+    if len(letters) >= 4 and sum(c.isupper() for c in letters) / len(letters) > 0.7:
+        return True
+    if any(c.isdigit() for c in text):
+        return False
+    return len(text) <= 10 if _CJK.search(text) else len(text.split()) <= 6
+
+
 def extractive_answer(question: str, passages: Sequence[Passage], max_sentences: int = 2) -> str:
     """The sentences that share the most (idf-weighted) terms with the question, each cited.
 
     Sentence weight: sum over the question terms it contains of ``idf * len(term)``, divided by
-    ``sqrt`` of its term count; ties go to the higher-ranked passage.
+    ``sqrt`` of its term count; ties go to the higher-ranked passage. Headings and title lines
+    (:func:`is_heading`) are only quoted when no statement shares a term with the question.
     """
     q_terms = set(query_terms(question))
     if not passages:
         return "No passage matched the question."
     candidates: list[tuple[float, int, int, str]] = []
+    headings: list[tuple[float, int, int, str]] = []
     sentence_terms: list[set[str]] = []
     rows = []
     for p in passages:
@@ -90,20 +118,22 @@ def extractive_answer(question: str, passages: Sequence[Passage], max_sentences:
             if len(sent) < 2:
                 continue
             terms = set(query_terms(sent))
-            rows.append((p.number, a, sent, terms))
+            rows.append((p.number, a, sent, terms, is_heading(sent, p.title)))
             sentence_terms.append(terms)
     df = Counter(t for terms in sentence_terms for t in terms & q_terms)
     n = max(len(sentence_terms), 1)
-    for number, start, sent, terms in rows:
+    for number, start, sent, terms, heading in rows:
         overlap = terms & q_terms
         if not overlap:
             continue
         score = sum(math.log(1 + n / (1 + df[t])) * min(len(t), 4) for t in overlap) / math.sqrt(len(terms) + 1)
-        candidates.append((score, number, start, sent))
+        (headings if heading else candidates).append((score, number, start, sent))
+    candidates = candidates or headings
     if not candidates:
         first = passages[0]
         sentences = [first.text[a:b].strip() for a, b in sentence_spans(first.text)]
-        return (sentences[0] if sentences else first.text[:200]) + f" [{first.number}]"
+        statements = [sent for sent in sentences if not is_heading(sent, first.title)] or sentences
+        return (statements[0] if statements else first.text[:200]) + f" [{first.number}]"
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     chosen: list[tuple[float, int, int, str]] = []
     for cand in candidates:  # skip sentences that repeat one already chosen (titles, headers)

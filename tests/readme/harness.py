@@ -401,7 +401,8 @@ class Workspace:
 
     def _start(self, cmd: rb.Command, bg: Background, env: dict[str, str]) -> tuple[Outcome, subprocess.Popen | None, Path]:
         text, notes = self._prepare(cmd)
-        notes.append("runs in the background (its own terminal) until the end of the section, then Ctrl-C")
+        notes.append("runs in its own terminal; ends by itself once a later command lets it" if bg.ends else
+                     "runs in the background (its own terminal) until the end of the section, then Ctrl-C")
         log = self.root / f"server-{cmd.lineno}.log"
         outcome = Outcome(cmd, "ok", ran=text, notes=notes)
         start = time.monotonic()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra.errors import DataValidationError
-from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer
+from solutions.rag.answer import Passage, build_messages, cited_numbers, extractive_answer, is_heading
 from solutions.rag.evaluation import Hit, QAItem, first_relevant_rank, load_qa, retrieval_metrics
 from solutions.rag.weights import dense_weight_for, query_weights
 from tasks.containers import ArchiveLimits, Budget, expand_zip
@@ -32,6 +32,26 @@ def test_extractive_answer_cites_best_sentences() -> None:
     assert cited_numbers("see [2] and [1][2] and [9]", 3) == [2, 1]
     system, user = build_messages("q?", passages)
     assert "[1]" in user[1] and "[2]" in user[1] and system[0] == "system"
+
+
+def test_extractive_answer_does_not_quote_a_title_as_a_sentence() -> None:
+    """Seen on the page: "# Centrifugal pump P-200: maintenance [1]" and "LEASE AGREEMENT - SCANNED
+    COPY [1]" led every answer. Headings are quoted only when no statement matches."""
+    manual = Passage(1, "# Centrifugal pump P-200: maintenance\n\nThe mechanical seal of the pump is replaced "
+                        "every 4,000 operating hours. Bearings are greased monthly.", "d1", "pump.md", 0,
+                     title="Centrifugal pump P-200: maintenance")
+    answer = extractive_answer("How often is the pump seal replaced?", [manual])
+    assert answer.startswith("The mechanical seal of the pump is replaced every 4,000 operating hours. [1]")
+    assert "# Centrifugal" not in answer
+    lease = Passage(1, "LEASE AGREEMENT - SCANNED COPY\nClause 7. The tenant shall give three months notice "
+                       "of termination.", "d2", "lease.pdf", 0, page=1)
+    answer = extractive_answer("What notice does the lease agreement require?", [lease])
+    assert "LEASE AGREEMENT" not in answer and "three months notice" in answer
+    only_title = Passage(1, "Pump maintenance", "d3", "t.txt", 0)
+    assert extractive_answer("pump maintenance?", [only_title]) == "Pump maintenance [1]"  # nothing else to quote
+    assert is_heading("MAINTENANCE SCHEDULE") and is_heading("Maintenance schedule") and is_heading("## Seals")
+    assert not is_heading("Seal replacement: every 4,000 h") and not is_heading("The seal is replaced yearly.")
+    assert not is_heading("密封件每运行4000小时更换一次") and is_heading("维护手册")
 
 
 def test_load_squad_and_jsonl(tmp_path: Path) -> None:
