@@ -7,7 +7,7 @@ home, runs ``python -m flows.fraud train --candidates baseline`` against it with
 the approval too), and drives Debian's headless Chromium through Playwright as a validator would:
 open the paused run, press *Resume*, read the approval form (comparison, model card, lineage),
 fill it in as a different person and submit it; then open the promotion artifact. Writes
-``bench/results/approval_run_paused.png``, ``approval_form.png`` and ``approval_promotion.png``.
+``bench/results/approval_form.png``, ``approval_form_filled.png`` and ``approval_promotion.png``.
 
 Usage: ``python bench/approval_ui_screenshot.py [--out-dir bench/results]``
 """
@@ -66,26 +66,39 @@ def drive(ui: str, run_id: str, out_dir: Path, approver: str) -> dict[str, str]:
             page.set_default_timeout(60_000)
             page.goto(f"{ui}/runs/flow-run/{run_id}")
             page.get_by_text("Paused").first.wait_for()
-            page.wait_for_timeout(1500)
-            shots["paused"] = str(out_dir / "approval_run_paused.png")
-            page.screenshot(path=shots["paused"])
             page.get_by_role("button", name="Resume").first.click()
             page.get_by_text("Approve fraud-seq").first.wait_for()
             page.wait_for_timeout(1000)
             shots["form"] = str(out_dir / "approval_form.png")
             page.screenshot(path=shots["form"], full_page=True)
             dialog = page.get_by_role("dialog")
-            dialog.get_by_label("Reason").fill("Card, comparison with the champion and lineage reviewed")
-            dialog.get_by_label("Approver").fill(approver)
-            dialog.get_by_label("Decision").first.click()
-            page.get_by_role("option", name="approve").first.click()
+            fields = dialog.locator("textarea, input[type=text]")  # the form's fields: reason, approver
+            fields.nth(0).fill("Card, comparison with the champion and lineage reviewed")
+            fields.nth(1).fill(approver)
+            control = dialog.locator(".p-select-button__control").first  # the decision: Prefect's own select
+            control.focus()
+            control.press("Space")  # opens its options (a click in the modal does not, headless)
+            page.locator(".p-select-option", has_text="approve").first.click()
             page.wait_for_timeout(500)
             shots["filled"] = str(out_dir / "approval_form_filled.png")
             page.screenshot(path=shots["filled"], full_page=True)
             dialog.get_by_role("button", name="Submit").click()
             page.get_by_text("Completed").first.wait_for(timeout=180_000)
-            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")
-            page.get_by_text("approved by").first.wait_for()
+            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first
+            page.locator("a[href*='/artifacts/artifact/']").first.wait_for()
+            href = page.evaluate("""() => {  // the version the approval gate published
+                for (const a of document.querySelectorAll("a[href*='/artifacts/artifact/']")) {
+                    let el = a;
+                    while (el && !(el.innerText || "").includes("Task run")) el = el.parentElement;
+                    if (el && el.innerText.includes("approval-gate")) return a.getAttribute("href");
+                }
+                return null;
+            }""")
+            if not href:
+                raise SystemExit("error: the approval gate published no promotion artifact")
+            page.goto(ui + href if href.startswith("/") else href)
+            page.get_by_text("promoted to champion").first.wait_for()
+            page.get_by_text(approver).first.wait_for()
             page.wait_for_timeout(1000)
             shots["promotion"] = str(out_dir / "approval_promotion.png")
             page.screenshot(path=shots["promotion"], full_page=True)

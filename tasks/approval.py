@@ -330,7 +330,12 @@ def approval_gate(registration: RegistrationResult, *, strict: bool = False, for
     card = read_card(ref)
     if card is not None:
         publish_card(write_card(registry, ref, card.model_copy(update={"promotion": final.model_dump()})), ref.name)
-    publish_eval_report(render_promotion(final), key=artifact_key(f"{ref.name}-promotion"),
+    markdown = render_promotion(final)
+    if registration.lineage is not None:
+        from tasks.lineage import render_lineage
+
+        markdown += "\n" + render_lineage(registration.lineage)
+    publish_eval_report(markdown, key=artifact_key(f"{ref.name}-promotion"),
                         description="Champion rule and approval: challenger vs champion on the same test data")
     if strict and not final.promoted:
         raise QualityGateError(f"{ref.spec} not promoted: {final.reason}")
