@@ -85,7 +85,7 @@ def drive(ui: str, run_id: str, out_dir: Path, approver: str) -> dict[str, str]:
             dialog.get_by_role("button", name="Submit").click()
             page.get_by_text("Completed").first.wait_for(timeout=180_000)
             page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first
-            page.locator("a[href*='/artifacts/artifact/']").first.wait_for()
+            page.get_by_text("approval-gate").first.wait_for()  # its versions, with the task that made each
             href = page.evaluate("""() => {  // the version the approval gate published
                 for (const a of document.querySelectorAll("a[href*='/artifacts/artifact/']")) {
                     let el = a;
