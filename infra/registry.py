@@ -680,8 +680,15 @@ class ModelRegistry:
             raise QualityGateError(f"{candidate.spec} not promoted: {reason}")
         return decision
 
-    def rollback(self, name: str, alias: str = CHAMPION) -> PromotionDecision:
+    def rollback(self, name: str, alias: str = CHAMPION, *, note: str | None = None, decide_only: bool = False,
+                 approval: Approval | None = None) -> PromotionDecision:
         """Return ``alias`` to the version it pointed at before the current one (from the history).
+
+        Args:
+            note: why, appended to the trail entry's reason (e.g. "emergency: ...").
+            decide_only: name the version it would return to and move nothing
+                (``awaiting_approval``); an approved rollback then passes ``approval``.
+            approval: the approval this rollback got (recorded in the trail entry).
 
         Raises:
             RegistryError: the model is unknown, has no such alias, or no earlier version is
@@ -699,10 +706,17 @@ class ModelRegistry:
                                     f"in {ALIAS_HISTORY_FILE}; promote a version by hand instead")
             target = self.get(name, stack[-2])
             reason = f"rolled back from v{current.version} to v{target.version} (the {alias} before it)"
-            self._write_alias(name, aliases, alias, target.version, "rollback", reason)
-            trail = self.trail_head(name)
-        log.info("%s@%s: %s", name, alias, reason)
+            if note:
+                reason += f": {note}"
+            if approval is not None:
+                reason += f"; approved by {approval.decided_by}: {approval.reason}"
+            if decide_only:
+                trail = self.trail_head(name)
+            else:
+                trail = self._write_alias(name, aliases, alias, target.version, "rollback", reason, approval=approval)
+        log.info("%s@%s: %s%s", name, alias, reason, " (awaits approval)" if decide_only else "")
         return PromotionDecision(
             name=name, metric=target.primary_metric, candidate_version=target.version,
             candidate_value=target.primary_value(), champion_version=current.version,
-            champion_value=current.primary_value(), promoted=True, reason=reason, trail_sha256=trail)
+            champion_value=current.primary_value(), promoted=not decide_only, reason=reason, trail_sha256=trail,
+            approval=approval, awaiting_approval=decide_only)

@@ -35,7 +35,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -299,7 +299,8 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
                         reason=answer.reason, requested_at=request.requested_at, decided_at=now)
 
 
-def approval_gate(registration: RegistrationResult, *, strict: bool = False, force: bool = False) -> RegistrationResult:
+def approval_gate(registration: RegistrationResult, *, strict: bool = False, force: bool = False,
+                  move: Callable[[Approval], PromotionDecision] | None = None) -> RegistrationResult:
     """When the champion rule's win waits for approval (``decision.awaiting_approval``): pause for
     the decision, then move the champion (the rule applied again inside the lock) or record the
     rejection; refresh the version's card with the outcome. Other registrations pass through.
@@ -307,6 +308,7 @@ def approval_gate(registration: RegistrationResult, *, strict: bool = False, for
     Args:
         strict: raise :class:`~infra.errors.QualityGateError` when the move is rejected.
         force: a promotion by hand (the move ignores the metrics once approved).
+        move: makes the approved move instead of a promotion (a rollback); gets the approval.
     """
     decision = registration.decision
     if not decision.awaiting_approval:
@@ -317,7 +319,9 @@ def approval_gate(registration: RegistrationResult, *, strict: bool = False, for
     registry = ModelRegistry()
     ref = registration.model
     approval = await_approval(registry, ref, decision)
-    if approval.approved:
+    if approval.approved and move is not None:
+        final = move(approval)
+    elif approval.approved:
         comparison = (ChampionComparison(champion_version=decision.champion_version,
                                          champion_value=decision.champion_value, p_value=decision.p_value)
                       if decision.champion_version is not None else None)

@@ -16,7 +16,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
 from infra.errors import RegistryError
-from infra.registry import CHAMPION, ModelRegistry, PromotionDecision, TrailReport, parse_model_spec
+from infra.registry import CHAMPION, Approval, ModelRegistry, PromotionDecision, TrailReport, parse_model_spec
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +60,36 @@ def promote_by_hand(spec: str, registry: ModelRegistry | None = None) -> Promoti
     return decision
 
 
-def rollback_champion(spec: str, registry: ModelRegistry | None = None) -> PromotionDecision:
-    """Return ``spec``'s champion to the version that was champion before the current one."""
-    return (registry or ModelRegistry()).rollback(bare_name(spec))
+def rollback_champion(spec: str, registry: ModelRegistry | None = None, *, emergency: bool = False,
+                      reason: str | None = None) -> PromotionDecision:
+    """Return ``spec``'s champion to the version that was champion before the current one.
+
+    A model that needs approval (:func:`tasks.approval.approval_required`) waits for it first,
+    inside a flow run, unless ``emergency``: then it moves at once and the trail says so.
+    """
+    from tasks.approval import approval_gate, approval_required
+    from tasks.register import RegistrationResult
+
+    registry = registry or ModelRegistry()
+    name = bare_name(spec)
+    gated = approval_required(name)
+    note = "; ".join(part for part in (
+        "emergency (no approval asked)" if emergency and gated else "emergency" if emergency else None,
+        reason.strip() if reason and reason.strip() else None) if part) or None
+    if not gated or emergency:
+        return registry.rollback(name, note=note)
+    pending = registry.rollback(name, note=note, decide_only=True)
+
+    def move(approval: Approval) -> PromotionDecision:
+        now = registry.rollback(name, note=note, decide_only=True)
+        if now.candidate_version != pending.candidate_version or now.champion_version != pending.champion_version:
+            raise RegistryError(f"{name}: the champion moved while the rollback waited for approval "
+                                f"(v{pending.champion_version} -> v{pending.candidate_version} was approved; now "
+                                f"v{now.champion_version} -> v{now.candidate_version}); roll back again")
+        return registry.rollback(name, note=note, approval=approval)
+
+    registration = RegistrationResult(model=registry.get(name, pending.candidate_version), decision=pending)
+    return approval_gate(registration, move=move).decision
 
 
 class TrailVerification(BaseModel):

@@ -21,11 +21,15 @@ def sensor_promote(model: str) -> PromotionDecision:
 
 
 @flow(name="sensor-rollback", log_prints=True)
-def sensor_rollback(model: str = "sensor-rul") -> PromotionDecision:
+def sensor_rollback(model: str = "sensor-rul", emergency: bool = False, reason: str | None = None) -> PromotionDecision:
     """Return the sensor champion to the version that was champion before the current one (from
-    the registry's alias history; repeated rollbacks go further back).
+    the registry's alias history; repeated rollbacks go further back). A model that needs approval
+    waits for a second person's, as a promotion does, unless --emergency.
 
     Args:
         model: the model NAME whose champion moves back.
+        emergency: roll back at once even when the model needs approval (recorded as an
+            emergency in the trail); otherwise such a rollback waits for a second person.
+        reason: why, recorded in the trail.
     """
-    return rollback_champion_task(model)
+    return rollback_champion_task(model, emergency=emergency, reason=reason)

@@ -131,11 +131,14 @@ def test_four_eyes_then_approved_through_prefects_resume(approval_env: Callable[
     report = registry.verify_trail(name)
     assert report.ok and report.head_sha256 == decision.trail_sha256
     path = registry.root / name / ALIAS_HISTORY_FILE
-    data = bytearray(path.read_bytes())
+    original = path.read_bytes()
+    data = bytearray(original)
     at = data.index(b'"bob"') + 1
     data[at] = ord("B")  # one byte: the approver's name
     path.write_bytes(bytes(data))
     assert not registry.verify_trail(name).ok
+    path.write_bytes(original)  # the session's other tests verify every model of this home
+    assert registry.verify_trail(name).ok
 
     with pytest.raises(ApprovalError, match="already approved by bob"):
         decide(run_id, approve=True, reason="again", approver="carol")
@@ -271,3 +274,26 @@ def test_a_sensor_promotion_by_hand_waits_too(approval_env: Callable[[str], None
     assert decision.promoted and decision.approval.decided_by == "bob"
     assert "promoted by hand" in decision.reason and registry.get(name).version == 2
     assert json.loads((registry.root / name / ALIAS_HISTORY_FILE).read_text().splitlines()[-1])["action"] == "force"
+
+
+def test_a_rollback_waits_for_approval_unless_it_is_an_emergency(approval_env: Callable[[str], None]) -> None:
+    from flows.fraud.promote import fraud_rollback
+
+    name = "appr-rollback"
+    registry = ModelRegistry()
+    for value in (0.3, 0.4, 0.5):
+        gated_train(name, value)  # v3 champion, v2 before it, then v1
+    approval_env(name)
+    run = Background(lambda: fraud_rollback(name, reason="v3 flags too many card-present payments"))
+    run_id = _wait_paused(name)
+    assert find_request(run_id).candidate_version == 2 and registry.get(name).version == 3
+    decide(run_id, approve=True, reason="incident 4711 confirmed", approver="bob")
+    decision = run.join()
+    assert decision.promoted and registry.get(name).version == 2
+    assert "v3 flags too many card-present payments; approved by bob: incident 4711 confirmed" in decision.reason
+    emergency = fraud_rollback(name, emergency=True, reason="outage")
+    assert emergency.promoted and registry.get(name).version == 1
+    assert "emergency (no approval asked); outage" in emergency.reason
+    moves = [json.loads(line) for line in (registry.root / name / ALIAS_HISTORY_FILE).read_text().splitlines()]
+    assert [m["action"] for m in moves[-4:]] == ["approval-requested", "approved", "rollback", "rollback"]
+    assert moves[-2]["approval"]["decided_by"] == "bob" and registry.verify_trail(name).ok
