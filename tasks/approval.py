@@ -74,14 +74,12 @@ class ApprovalInput(RunInput):
                           description="Your user name. It must differ from whoever started the run (four eyes).")
 
 
-class ApprovalRequest(BaseModel):
-    """A champion move waiting for (or given) a decision: ``registry/<name>/approvals/<run>.json``."""
+class ApprovalSummary(BaseModel):
+    """A champion move waiting for (or given) a decision, as the API shows it."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
-    flow_run_name: str
-    flow_name: str
     model: str
     candidate_version: int
     champion_version: int | None
@@ -92,11 +90,18 @@ class ApprovalRequest(BaseModel):
     requested_by: str
     requested_at: str
     expires_at: str
-    api_url: str | None = Field(description="The Prefect API the run talks to (None: unknown).")
     status: Status = "waiting"
     decided_by: str | None = None
     decision_reason: str | None = None
     decided_at: str | None = None
+
+
+class ApprovalRequest(ApprovalSummary):
+    """The whole request file: ``registry/<name>/approvals/<run id>.json``."""
+
+    flow_run_name: str
+    flow_name: str
+    api_url: str | None = Field(description="The Prefect API the run talks to (None: unknown).")
     refused: list[str] = Field(default_factory=list, description="Decisions refused (four eyes), oldest first.")
 
 

@@ -10,7 +10,7 @@ trail.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.concurrency import run_in_threadpool
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
 from infra.serving.runtime import Services, Vertical
+from tasks.approval import ApprovalRequest, ApprovalSummary
 
 SCOPE = "registry:approve"
 #: ApprovalError.code -> HTTP status
@@ -36,28 +37,8 @@ class ApprovalDecision(BaseModel):
     reason: str = Field(min_length=3, max_length=2000, description="Why; recorded in the registry trail.")
 
 
-class ApprovalView(BaseModel):
-    """A champion move waiting for (or given) a decision."""
-
-    run_id: str
-    model: str
-    candidate_version: int
-    champion_version: int | None
-    metric: str
-    candidate_value: float | None
-    champion_value: float | None
-    rule: str
-    requested_by: str
-    requested_at: str
-    expires_at: str
-    status: str
-    decided_by: str | None = None
-    decision_reason: str | None = None
-    decided_at: str | None = None
-
-
 class ApprovalListView(BaseModel):
-    approvals: list[ApprovalView]
+    approvals: list[ApprovalSummary]
 
 
 def principal_name(principal: Principal) -> str:
@@ -65,8 +46,9 @@ def principal_name(principal: Principal) -> str:
     return principal.key_id if principal.key_id.startswith("jwt:") else f"api-key:{principal.key_id}"
 
 
-def _view(request: Any) -> ApprovalView:
-    return ApprovalView.model_validate(request.model_dump(exclude={"api_url", "refused", "flow_run_name", "flow_name"}))
+def _view(request: ApprovalRequest) -> ApprovalSummary:
+    """What a caller sees of a request: not where the run's Prefect API is, nor the refusals."""
+    return ApprovalSummary.model_validate(request.model_dump(include=set(ApprovalSummary.model_fields)))
 
 
 def build(services: Services) -> Vertical:
@@ -81,9 +63,9 @@ def build(services: Services) -> Vertical:
         waiting = await run_in_threadpool(approval_requests, "waiting", services.registry)
         return ApprovalListView(approvals=[_view(r) for r in waiting])
 
-    @router.post("/v1/registry/approvals/{run_id}", response_model=ApprovalView)
+    @router.post("/v1/registry/approvals/{run_id}", response_model=ApprovalSummary)
     async def decide_run(body: ApprovalDecision, request: Request, principal: Approver,
-                         run_id: Annotated[str, Path(min_length=8, max_length=36)]) -> ApprovalView:
+                         run_id: Annotated[str, Path(min_length=8, max_length=36)]) -> ApprovalSummary:
         """Approve or reject the champion move run ``run_id`` waits for, as this key (four eyes:
         not the run's initiator). 404: no such run; 403: the initiator; 409: already decided;
         502: the run's Prefect API is gone."""
