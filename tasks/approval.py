@@ -144,8 +144,11 @@ def _read(registry: ModelRegistry, model: str, run_id: str) -> ApprovalRequest:
 
 
 def approval_requests(status: Status | None = None, registry: ModelRegistry | None = None) -> list[ApprovalRequest]:
-    """Every approval request of every model (with ``status``: only those), oldest first."""
+    """Every approval request of every model (with ``status``: only those), oldest first. A request
+    still ``waiting`` past its ``expires_at`` counts as ``expired``: its run is gone (killed before
+    it could record the expiry) or about to reject it."""
     registry = registry or ModelRegistry()
+    now = _now().isoformat()
     found = []
     for model in registry.models():
         folder = safe_join(registry.root, model, APPROVALS_DIR)
@@ -155,6 +158,9 @@ def approval_requests(status: Status | None = None, registry: ModelRegistry | No
             except (OSError, ValueError) as exc:
                 log.warning("skipped approval request %s: %s", path.name, exc)
                 continue
+            if request.status == "waiting" and request.expires_at < now:
+                request = request.model_copy(update={"status": "expired",
+                                                     "decision_reason": "no decision before it expired"})
             if status is None or request.status == status:
                 found.append(request)
     return sorted(found, key=lambda r: r.requested_at)

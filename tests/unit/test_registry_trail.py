@@ -140,3 +140,29 @@ def test_decide_only_moves_nothing_and_approval_events_chain_without_touching_al
     assert [e["action"] for e in entries[-4:]] == ["approval-requested", "approval-refused", "approved", "promote"]
     assert entries[-1]["approval"]["decided_by"] == "bob" and entries[-2]["by"] == "bob"
     assert registry.rollback("m").candidate_version == 2  # the events are not alias moves
+
+
+def test_a_waiting_request_past_its_expiry_counts_as_expired(tmp_path: Path) -> None:
+    """A run killed while it waited leaves its request 'waiting': past ``expires_at`` it is listed
+    as expired and cannot be approved."""
+    from infra.errors import ApprovalError
+    from tasks.approval import ApprovalRequest, approval_requests, decide
+
+    registry = _home(tmp_path)
+    folder = tmp_path / "m" / "approvals"
+    folder.mkdir()
+    for run_id, expires in (("1111aaaa-0000-4000-8000-000000000001", "2000-01-01T00:00:00+00:00"),
+                            ("2222bbbb-0000-4000-8000-000000000002", "2999-01-01T00:00:00+00:00")):
+        request = ApprovalRequest(run_id=run_id, flow_run_name="r", flow_name="fraud-train", model="m",
+                                  candidate_version=3, champion_version=2, metric="auc", candidate_value=0.3,
+                                  champion_value=0.2, rule="wins", requested_by="alice",
+                                  requested_at="2000-01-01T00:00:00+00:00", expires_at=expires, api_url=None)
+        (folder / f"{run_id}.json").write_text(request.model_dump_json())
+    assert [r.run_id[:4] for r in approval_requests("waiting", registry)] == ["2222"]
+    assert [r.run_id[:4] for r in approval_requests("expired", registry)] == ["1111"]
+    with pytest.raises(ApprovalError, match="already expired"):
+        decide("1111aaaa", approve=True, reason="late approval", approver="bob", registry=registry)
+    with pytest.raises(ApprovalError, match="four eyes: alice started this run"):
+        decide("2222bbbb", approve=True, reason="my own", approver="ALICE", registry=registry)
+    with pytest.raises(ApprovalError, match="not a flow run id"):
+        decide("../../etc", approve=True, reason="escape", approver="bob", registry=registry)
