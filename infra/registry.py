@@ -646,19 +646,21 @@ class ModelRegistry:
                 )
             moves = promoted and aliases.get(CHAMPION) != candidate.version
             awaiting = decide_only and moves
+            trail = None
             if awaiting:
                 promoted = False
             elif moves:
                 if approval is not None:
                     reason += f"; approved by {approval.decided_by}: {approval.reason}"
-                self._write_alias(candidate.name, aliases, CHAMPION, candidate.version,
+                trail = self._write_alias(candidate.name, aliases, CHAMPION, candidate.version,
                                   "force" if force else "promote", reason,
                                   comparison={"metric": metric, "candidate_value": value,
                                               "champion_version": current.version if current else None,
                                               "champion_value": champion_value, "p_value": p_value,
                                               "min_delta": min_delta, "alpha": alpha},
                                   approval=approval)
-            trail = self.trail_head(candidate.name)
+            if trail is None:
+                trail = self.trail_head(candidate.name)
         decision = PromotionDecision(
             name=candidate.name,
             metric=metric,
@@ -681,7 +683,7 @@ class ModelRegistry:
         return decision
 
     def rollback(self, name: str, alias: str = CHAMPION, *, note: str | None = None, decide_only: bool = False,
-                 approval: Approval | None = None) -> PromotionDecision:
+                 approval: Approval | None = None, expect: tuple[int, int] | None = None) -> PromotionDecision:
         """Return ``alias`` to the version it pointed at before the current one (from the history).
 
         Args:
@@ -689,6 +691,8 @@ class ModelRegistry:
             decide_only: name the version it would return to and move nothing
                 (``awaiting_approval``); an approved rollback then passes ``approval``.
             approval: the approval this rollback got (recorded in the trail entry).
+            expect: (from, to) versions the rollback must still be, checked inside the lock (an
+                approved rollback: the champion may have moved while it waited).
 
         Raises:
             RegistryError: the model is unknown, has no such alias, or no earlier version is
@@ -705,6 +709,10 @@ class ModelRegistry:
                 raise RegistryError(f"{name}@{alias} is v{current.version} and no earlier {alias} is recorded "
                                     f"in {ALIAS_HISTORY_FILE}; promote a version by hand instead")
             target = self.get(name, stack[-2])
+            if expect is not None and expect != (current.version, target.version):
+                raise RegistryError(f"{name}@{alias} moved while the rollback waited for approval (v{expect[0]} -> "
+                                    f"v{expect[1]} was approved; now v{current.version} -> v{target.version}); "
+                                    "roll back again")
             reason = f"rolled back from v{current.version} to v{target.version} (the {alias} before it)"
             if note:
                 reason += f": {note}"

@@ -211,8 +211,8 @@ def _cli_hint(flow_name: str, run_id: str) -> str:
     return f'python -m {module} approve {run_id} --reason "..." (or --reject)'
 
 
-def approval_markdown(registry: ModelRegistry, ref: ModelRef, decision: PromotionDecision, hint: str,
-                      requested_by: str, expires: dt.datetime) -> str:
+def approval_markdown(ref: ModelRef, decision: PromotionDecision, hint: str, requested_by: str,
+                      expires: dt.datetime) -> str:
     """What the approver reads: the request, the comparison, then the card (with its lineage)."""
     card = Path(ref.path) / "card.md"
     lines = [f"# Approve {ref.name} v{ref.version} as champion?", "",
@@ -262,7 +262,7 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
         api_url=_api_url()))
     registry.record_event(ref.name, "approval-requested", candidate=ref.version, champion=decision.champion_version,
                           reason=decision.reason, by=requested_by, run_id=run_id)
-    markdown = approval_markdown(registry, ref, decision, hint, requested_by, expires)
+    markdown = approval_markdown(ref, decision, hint, requested_by, expires)
     publish_eval_report(markdown, key=artifact_key(f"{ref.name}-approval"),
                         description=f"{ref.spec} waits for approval as champion")
     log.info("%s wins the champion rule and waits for approval (run %s, requested by %s): approve or reject "
@@ -387,6 +387,7 @@ def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: fl
         ApprovalError: no such waiting run, the approver started it (four eyes: the refusal is
             recorded in the trail), an invalid reason, or a run whose Prefect API is gone.
     """
+    import httpx
     from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
     from prefect.flow_runs import resume_flow_run
 
@@ -420,14 +421,9 @@ def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: fl
         raise ApprovalError(f"run {request.run_id}: its wait for approval timed out", code="decided") from None
     except RuntimeError as exc:  # a resume the server rejected (e.g. the input)
         raise ApprovalError(f"run {request.run_id} cannot be resumed: {exc}") from None
-    except OSError as exc:
+    except (OSError, httpx.TransportError) as exc:  # connection refused, timed out: nobody serves that API
         raise ApprovalError(f"the Prefect API of run {request.run_id} ({request.api_url}) does not answer: the run "
                             f"is gone with its process ({exc})", code="gone") from None
-    except Exception as exc:
-        if type(exc).__module__.startswith("httpx"):
-            raise ApprovalError(f"the Prefect API of run {request.run_id} ({request.api_url}) does not answer: "
-                                f"the run is gone with its process ({exc})", code="gone") from None
-        raise
     deadline = time.monotonic() + wait_s
     current = request
     while time.monotonic() < deadline:

@@ -81,12 +81,9 @@ def rollback_champion(spec: str, registry: ModelRegistry | None = None, *, emerg
     pending = registry.rollback(name, note=note, decide_only=True)
 
     def move(approval: Approval) -> PromotionDecision:
-        now = registry.rollback(name, note=note, decide_only=True)
-        if now.candidate_version != pending.candidate_version or now.champion_version != pending.champion_version:
-            raise RegistryError(f"{name}: the champion moved while the rollback waited for approval "
-                                f"(v{pending.champion_version} -> v{pending.candidate_version} was approved; now "
-                                f"v{now.champion_version} -> v{now.candidate_version}); roll back again")
-        return registry.rollback(name, note=note, approval=approval)
+        assert pending.champion_version is not None  # a rollback always has a champion to leave
+        return registry.rollback(name, note=note, approval=approval,
+                                 expect=(pending.champion_version, pending.candidate_version))
 
     registration = RegistrationResult(model=registry.get(name, pending.candidate_version), decision=pending)
     return approval_gate(registration, move=move).decision

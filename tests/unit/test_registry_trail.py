@@ -166,3 +166,15 @@ def test_a_waiting_request_past_its_expiry_counts_as_expired(tmp_path: Path) -> 
         decide("2222bbbb", approve=True, reason="my own", approver="ALICE", registry=registry)
     with pytest.raises(ApprovalError, match="not a flow run id"):
         decide("../../etc", approve=True, reason="escape", approver="bob", registry=registry)
+
+
+def test_an_approved_rollback_refuses_when_the_champion_moved_meanwhile(tmp_path: Path) -> None:
+    from infra.errors import RegistryError
+
+    registry = _home(tmp_path)  # champion v2; a rollback would go to v1
+    pending = registry.rollback("m", decide_only=True)
+    assert (pending.champion_version, pending.candidate_version) == (2, 1) and registry.get("m").version == 2
+    registry.promote(registry.get("m", 3), force=True)  # moved while the rollback waited
+    with pytest.raises(RegistryError, match="moved while the rollback waited"):
+        registry.rollback("m", expect=(2, 1))
+    assert registry.get("m").version == 3 and registry.verify_trail("m").ok
