@@ -57,6 +57,8 @@ ALIAS_HISTORY_FILE = "alias_history.jsonl"
 TRAIL_HEAD_FILE = "alias_history.head.json"
 CARD_FILE = "card.json"
 CHAMPION = "champion"
+#: The alias a serving process scores beside the champion (shadow or split; flows.serve).
+CHALLENGER = "challenger"
 #: Trail entries that move no alias: the approval of a champion move (tasks.approval).
 TRAIL_EVENTS = ("approval-requested", "approved", "rejected", "approval-refused", "approval-expired")
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
@@ -333,7 +335,7 @@ class ModelRegistry:
             aliases = self._aliases(name)
         problems: list[TrailProblem] = []
         chained = unchained = 0
-        last: dict[str, int] = {}
+        last: dict[str, int | None] = {}
         for i, line in enumerate(lines):
             try:
                 entry = json.loads(line)
@@ -356,7 +358,7 @@ class ModelRegistry:
                     problems.append(TrailProblem(line=i + 1, problem=f"sequence number {entry['seq']}, "
                                                  f"expected {i + 1}: lines were removed or reordered"))
             if isinstance(entry, dict) and "alias" in entry and "version" in entry:
-                last[str(entry["alias"])] = int(entry["version"])
+                last[str(entry["alias"])] = None if entry["version"] is None else int(entry["version"])
         if chained:
             if head is None:
                 problems.append(TrailProblem(line=None, problem=f"{TRAIL_HEAD_FILE} is missing"))
@@ -370,9 +372,15 @@ class ModelRegistry:
                                          "chained entry: the trail was replaced"))
         for alias, version in sorted(aliases.items()):
             if alias in last and last[alias] != version:
+                moved = "cleared it" if last[alias] is None else f"at v{last[alias]}"
                 problems.append(TrailProblem(line=None, problem=(
-                    f"aliases.json points {alias} at v{version}, the trail's last move at v{last[alias]}: "
+                    f"aliases.json points {alias} at v{version}, the trail's last move {moved}: "
                     "the alias was moved outside the registry")))
+        for alias, version in sorted(last.items()):
+            if version is not None and alias not in aliases:
+                problems.append(TrailProblem(line=None, problem=(
+                    f"aliases.json has no {alias}, the trail's last move points it at v{version}: "
+                    "the alias was removed outside the registry")))
         return TrailReport(name=name, entries=len(lines), chained=chained, unchained=unchained,
                            head_sha256=_sha256_text(lines[-1]) if lines else None, ok=not problems,
                            problems=problems)
@@ -538,14 +546,33 @@ class ModelRegistry:
         os.replace(tmp, target)
         return target
 
-    def set_alias(self, name: str, alias: str, version: int) -> None:
-        """Point an alias at a version (no quality gate: use :meth:`promote` for champion)."""
+    def set_alias(self, name: str, alias: str, version: int, reason: str = "set_alias") -> bool:
+        """Point an alias at a version (no quality gate: use :meth:`promote` for champion); the move
+        is on the trail with ``reason``. False when the alias already pointed there."""
         check_name(alias, "alias")
         with self._lock(name):
             self.get(name, version)
             aliases = self._aliases(name)
-            if aliases.get(alias) != int(version):
-                self._write_alias(name, aliases, alias, version, "set", "set_alias")
+            if aliases.get(alias) == int(version):
+                return False
+            self._write_alias(name, aliases, alias, version, "set", reason)
+            return True
+
+    def clear_alias(self, name: str, alias: str, reason: str = "clear_alias") -> int | None:
+        """Remove an alias other than ``champion`` (a challenger taken out of serving); the removal
+        is on the trail. Returns the version it pointed at (None: it was not set)."""
+        check_name(alias, "alias")
+        if alias == CHAMPION:
+            raise RegistryError("the champion alias is not cleared: promote another version or roll back")
+        with self._lock(name):
+            aliases = self._aliases(name)
+            previous = aliases.pop(alias, None)
+            if previous is None:
+                return None
+            self._append_trail(name, {"alias": alias, "version": None, "previous": previous, "action": "clear",
+                                      "reason": reason, "evidence": self._evidence(name, previous, None)})
+            write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
+            return previous
 
     def promote(
         self,

@@ -429,6 +429,30 @@ class ServeSettings(BaseSettings):
         default="sensor-rul",
         description="Registered sensor model served at /v1/sensor/predict (its champion). Empty: not served.",
     )
+    fraud_challenger: str | None = Field(
+        default="challenger",
+        description="Alias of the fraud model scored beside its champion once the alias is set "
+        "(python -m flows.registry challenger NAME:VERSION). Empty: no challenger.",
+    )
+    fraud_challenger_mode: Literal["shadow", "split"] = Field(
+        default="shadow",
+        description="shadow: the challenger scores every request, only the champion's score is returned; split: "
+        "a stable share of accounts (keyed hash of the account id) is answered by the challenger.",
+    )
+    sensor_challenger: str | None = Field(
+        default="challenger", description="As fraud_challenger, for the sensor model (split by asset id)."
+    )
+    sensor_challenger_mode: Literal["shadow", "split"] = Field(
+        default="shadow", description="As fraud_challenger_mode, for the sensor model."
+    )
+    challenger_share: float = Field(
+        default=0.1, gt=0, lt=1, description="Share of accounts (assets) a split challenger answers."
+    )
+    score_log: bool = Field(
+        default=True,
+        description="Record every served score (version, champion or challenger, transaction or asset id, "
+        "whether it decided) under <home>/serving/scores/, for the monitor flows' evidence per version.",
+    )
 
     def allowed_networks(self) -> list[str]:
         """The allow-list as a list of entries (empty: any address)."""

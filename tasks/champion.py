@@ -16,7 +16,15 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
 from infra.errors import RegistryError
-from infra.registry import CHAMPION, Approval, ModelRegistry, PromotionDecision, TrailReport, parse_model_spec
+from infra.registry import (
+    CHALLENGER,
+    CHAMPION,
+    Approval,
+    ModelRegistry,
+    PromotionDecision,
+    TrailReport,
+    parse_model_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +117,65 @@ def verify_trails(model: str | None = None, registry: ModelRegistry | None = Non
     return TrailVerification(ok=all(r.ok for r in reports), reports=reports)
 
 
+class ChallengerMove(BaseModel):
+    """``registry-challenger``: where a model's challenger alias points now."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    alias: str
+    version: int | None  # None: cleared
+    previous: int | None
+    changed: bool
+    champion_version: int | None
+
+
+def set_challenger(spec: str, *, alias: str = CHALLENGER, clear: bool = False, reason: str | None = None,
+                   registry: ModelRegistry | None = None) -> ChallengerMove:
+    """Point ``alias`` (``challenger``) of ``spec``'s model at the version it names, or remove it
+    (``clear``, with a bare ``NAME``); the move goes on the registry trail with ``reason``.
+
+    A serving process configured with that alias (``INDUSFLOW_SERVE_FRAUD_CHALLENGER`` /
+    ``..._SENSOR_CHALLENGER``) loads it within one reload period; it never moves the champion.
+
+    Raises:
+        RegistryError: the spec names no version (or, with ``clear``, names one), the alias is
+            ``champion``, or the version is the champion itself.
+    """
+    registry = registry or ModelRegistry()
+    if alias == CHAMPION:
+        raise RegistryError("the champion moves with promote or rollback, not as a challenger")
+    why = reason.strip() if reason and reason.strip() else f"{alias} set by hand"
+    if clear:
+        name = bare_name(spec)
+        registry.get(name, "latest")  # the model exists
+        previous = registry.clear_alias(name, alias, reason=why)
+        return ChallengerMove(name=name, alias=alias, version=None, previous=previous, changed=previous is not None,
+                              champion_version=registry.aliases(name).get(CHAMPION))
+    name, version = version_spec(spec)
+    ref = registry.get(name, version)
+    aliases = registry.aliases(name)
+    if aliases.get(CHAMPION) == ref.version:
+        raise RegistryError(f"{ref.spec} is the champion; a challenger is another version")
+    changed = registry.set_alias(name, alias, ref.version, reason=why)
+    return ChallengerMove(name=name, alias=alias, version=ref.version, previous=aliases.get(alias), changed=changed,
+                          champion_version=aliases.get(CHAMPION))
+
+
+def challenger_summary(move: ChallengerMove) -> str:
+    """One line for people."""
+    what = (f"{move.alias} -> v{move.version}" if move.version is not None else
+            f"{move.alias} cleared" if move.changed else f"no {move.alias} was set")
+    was = f" (was v{move.previous})" if move.previous is not None and move.changed else \
+        " (unchanged)" if not move.changed and move.version is not None else ""
+    champ = f"; champion v{move.champion_version}" if move.champion_version is not None else ""
+    return f"{move.name}: {what}{was}{champ}"
+
+
 promote_by_hand_task = task(promote_by_hand, name="promote-by-hand", cache_policy=NONE)
 rollback_champion_task = task(rollback_champion, name="rollback-champion", cache_policy=NONE)
 verify_trails_task = task(verify_trails, name="verify-registry-trail", cache_policy=NONE)
+set_challenger_task = task(set_challenger, name="set-challenger", cache_policy=NONE)
 
 
 def champion_move_summary(decision: PromotionDecision) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from flows.cli import Command, approval_commands, make_main
 
 VERIFY = "flows.registry.verify:registry_verify"
+CHALLENGER = "flows.registry.challenger:registry_challenger"
 
 
 def check_verify(kwargs: dict[str, Any]) -> None:
@@ -19,6 +20,12 @@ def check_verify(kwargs: dict[str, Any]) -> None:
         known = ModelRegistry().models()
         if model not in known:
             raise ValueError(f"--model: no registered model {model!r}; registered: {', '.join(known) or 'none'}")
+
+
+def challenger_summary(move: Any) -> str:
+    from tasks.champion import challenger_summary as summary
+
+    return summary(move)
 
 
 def verify_summary(result: Any) -> str:
@@ -35,12 +42,15 @@ def verify_summary(result: Any) -> str:
 COMMANDS = (
     Command("verify", VERIFY, verify_summary, help="check the hash-chained registry trail; exit 1 if it was altered",
             check=check_verify, exit_code=lambda result: 0 if result.ok else 1),
+    Command("challenger", CHALLENGER, challenger_summary, positional="model",
+            help="point the challenger alias at NAME:VERSION (serving scores it in shadow or split), or --clear it"),
     *approval_commands(),
 )
 
 main = make_main(
     "python -m flows.registry",
-    "The model registry: verify its tamper-evident trail of alias moves; approve or reject a champion move "
+    "The model registry: verify its tamper-evident trail of alias moves; name the challenger that serving "
+    "scores beside the champion; approve or reject a champion move "
     "that waits for a second person (four eyes). Each command accepts --json and then "
     "prints the flow's typed result as one JSON object on the last line of stdout.",
     COMMANDS,

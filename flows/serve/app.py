@@ -122,6 +122,7 @@ def create_app(settings: ServeSettings | None = None, *,
                     vertical.on_stop()
             for slot in services.slots:
                 slot.stop()
+            services.scores.close()
             gc.set_threshold(*gc_before)
 
     app = FastAPI(
@@ -147,10 +148,15 @@ def create_app(settings: ServeSettings | None = None, *,
 
     @app.get("/readyz", tags=["probes"])
     async def readyz() -> JSONResponse:
-        """Readiness: 200 only when every served model has a version loaded."""
-        models = {slot.name: slot.version for slot in services.slots}
-        waiting = {slot.name: slot.last_error or "loading" for slot in services.slots if not slot.ready}
-        body = {"ready": not waiting, "models": models, "waiting": waiting}
+        """Readiness: 200 only when every served model has a version loaded (a challenger is listed
+        under ``challengers``, its version or null, and is not waited for)."""
+        models = {slot.name: slot.version for slot in services.slots if not slot.optional}
+        waiting = {slot.name: slot.last_error or "loading" for slot in services.slots
+                   if not slot.ready and not slot.optional}
+        body: dict[str, object] = {"ready": not waiting, "models": models, "waiting": waiting}
+        challengers = {slot.label: slot.version for slot in services.slots if slot.optional}
+        if challengers:
+            body["challengers"] = challengers
         return JSONResponse(body, status_code=200 if not waiting else 503)
 
     @app.get("/metrics", tags=["probes"])

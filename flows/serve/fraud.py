@@ -16,9 +16,12 @@ together by a :class:`~infra.serving.batching.DynamicBatcher`, in arrival order.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -31,12 +34,15 @@ from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import ADMIN, Principal, require_scope
 from infra.serving.batching import DynamicBatcher
+from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.fraud import schema as S
 
 if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
     from solutions.fraud.online import OnlineFraudModel, OnlineFraudState
+
+log = logging.getLogger(__name__)
 
 SCOPE = "fraud:score"
 LABEL_SCOPE = "fraud:label"
@@ -77,17 +83,18 @@ class FraudScore(BaseModel):
     transaction_id: str
     score: float = Field(description="Fraud probability.")
     flagged: bool = Field(description="score >= threshold.")
-    threshold: float
+    threshold: float = Field(description="The threshold of the version that decided this row.")
     model: str
-    model_version: int
+    model_version: int = Field(description="The version that decided this row: the champion, or in split mode "
+                               "the challenger for its share of accounts.")
 
 
 class FraudScoreResponse(BaseModel):
-    """Scores in request order, with the version that scored them."""
+    """Scores in request order; each row names the version that decided it."""
 
     model: str
-    model_version: int
-    threshold: float
+    model_version: int = Field(description="The champion's version.")
+    threshold: float = Field(description="The champion's threshold.")
     results: list[FraudScore]
 
 
@@ -183,8 +190,20 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineFraudModel:
     return OnlineFraudModel.from_registry(net, pre, seq_len, ref.name, ref.version, ref.params, baseline=baseline)
 
 
+@dataclass(frozen=True)
+class Served:
+    """One request as the batch scored it: the champion's :class:`ScoredRequest`, the challenger's
+    version and scores where it scored the request (None otherwise), and per row whether the
+    challenger answers it (split mode; all False in shadow mode or without challenger scores)."""
+
+    scored: Any  # solutions.fraud.online.ScoredRequest (imported with the model)
+    challenger: ModelRef | None
+    challenger_scores: np.ndarray | None
+    by_challenger: np.ndarray
+
+
 _Item = tuple[list[dict[str, Any]], dict[str, str] | None]
-_Result = tuple[ModelRef, Any]  # scores (np.ndarray) or the error that refused the request
+_Result = tuple[ModelRef, Any]  # the champion's version and a Served, or the error that refused the request
 
 
 def build(services: Services) -> Vertical | None:
@@ -193,6 +212,8 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
+    challenger = services.challenger(name, services.settings.fraud_challenger, services.settings.fraud_challenger_mode,
+                                     lambda ref: load_online_model(ref, services))
     redis_url = services.settings.redis_url.get_secret_value() if services.settings.redis_url else None
     holder: dict[str, OnlineFraudState] = {}
 
@@ -213,15 +234,57 @@ def build(services: Services) -> Vertical | None:
         return max(now, now + time.localtime().tm_gmtoff * 10**9) + max_skew_ns
 
     def score_group(model: OnlineFraudModel, requests: list[list[dict[str, Any]]],
-                    columns: dict[str, str] | None) -> list[Any]:
-        from solutions.fraud.online import score_requests
+                    columns: dict[str, str] | None, keep: int | None) -> list[Any]:
+        from solutions.fraud.online import score_requests_with_inputs
 
         with slot.breaker.guard():
-            return score_requests(model, state(), requests, columns, max_time_ns=latest_time_ns())
+            return score_requests_with_inputs(model, state(), requests, columns, max_time_ns=latest_time_ns(),
+                                              keep=keep)
+
+    logged: set[tuple[int, int]] = set()  # (champion, challenger) versions that cannot be paired, warned once
+
+    def pick_challenger(model: OnlineFraudModel) -> tuple[ModelRef, OnlineFraudModel] | None:
+        """The challenger to score beside ``model`` now, if one is loaded and can use its inputs."""
+        from solutions.fraud.online import challenger_fits
+
+        current = challenger.current() if challenger is not None else None
+        if current is None or current[0].version == model.version:
+            return None
+        why = challenger_fits(model, current[1])
+        if why is not None:
+            pair = (model.version, current[0].version)
+            if pair not in logged:
+                logged.add(pair)
+                log.warning("challenger of %s: %s", name, why)
+            return None
+        return current
+
+    def shadow_scores(ch_model: OnlineFraudModel, results: list[Any]) -> list[np.ndarray | None]:
+        """The challenger's scores of each scored request (None where it cannot score: rows without
+        the terminal it needs, or its call failed)."""
+        from solutions.fraud.online import ScoredRequest
+
+        usable = [isinstance(r, ScoredRequest) and (r.has_terminal or not ch_model.needs_terminal) for r in results]
+        inputs = [row for r, ok in zip(results, usable, strict=True) if ok for row in r.inputs]
+        assert challenger is not None
+        scores = challenger.call(lambda: ch_model.predict(inputs)) if inputs else np.zeros(0)
+        out: list[np.ndarray | None] = []
+        start = 0
+        for r, ok in zip(results, usable, strict=True):
+            if not ok or scores is None:
+                out.append(None)
+                continue
+            out.append(scores[start : start + len(r.inputs)])
+            start += len(r.inputs)
+        return out
 
     def score_batch(items: list[_Item]) -> list[_Result]:
+        from solutions.fraud.online import ScoredRequest
+
         ref, model = slot.current()  # one version for the whole batch
-        out: list[_Result] = []
+        paired = pick_challenger(model)
+        keep = paired[1].seq_len if paired is not None else None
+        scored: list[Any] = []
         # requests with different column mappings are validated separately, in order
         start = 0
         while start < len(items):
@@ -230,20 +293,48 @@ def build(services: Services) -> Vertical | None:
                 end += 1
             group = [rows for rows, _ in items[start:end]]
             try:
-                results = score_group(model, group, items[start][1])
+                results = score_group(model, group, items[start][1], keep)
             except Exception:  # nothing was committed: each request again, alone
                 if len(group) == 1:
                     raise
                 results = []
                 for rows in group:  # a request that fails alone gets its own error, the others their scores
                     try:
-                        results += score_group(model, [rows], items[start][1])
+                        results += score_group(model, [rows], items[start][1], keep)
                     except Exception as exc:  # noqa: BLE001 - handed to that request only
                         results.append(exc)
-            out += [(ref, r) for r in results]
+            scored += results
             start = end
         services.metrics.observe_batch(name, sum(len(rows) for rows, _ in items))
+        shadows = shadow_scores(paired[1], scored) if paired is not None else [None] * len(scored)
+        out: list[_Result] = []
+        for result, shadow in zip(scored, shadows, strict=True):
+            if not isinstance(result, ScoredRequest):
+                out.append((ref, result))
+                continue
+            by_challenger = (challenger.answers(result.accounts) if shadow is not None and challenger is not None
+                             else np.zeros(len(result.scores), dtype=bool))
+            out.append((ref, Served(result, paired[0] if shadow is not None and paired else None, shadow,
+                                    by_challenger)))
+        record_scores(ref, out)
         return out
+
+    def record_scores(ref: ModelRef, out: list[_Result]) -> None:
+        served = [r for _, r in out if isinstance(r, Served)]
+        if not served or not services.scores.enabled:
+            return
+        ids = [str(i) for s in served for i in s.scored.ids]
+        decided_ch = np.concatenate([s.by_challenger for s in served])
+        services.scores.record(ScoreRecord(
+            model=name, version=ref.version, role=CHAMPION_ROLE, ids=ids,
+            scores=np.concatenate([s.scored.scores for s in served]).tolist(), decided=(~decided_ch).tolist()))
+        shadowed = [s for s in served if s.challenger_scores is not None]
+        if shadowed and shadowed[0].challenger is not None:
+            services.scores.record(ScoreRecord(
+                model=name, version=shadowed[0].challenger.version, role=CHALLENGER_ROLE,
+                ids=[str(i) for s in shadowed for i in s.scored.ids],
+                scores=np.concatenate([s.challenger_scores for s in shadowed]).tolist(),
+                decided=np.concatenate([s.by_challenger for s in shadowed]).tolist()))
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
         score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher",
@@ -289,8 +380,14 @@ def build(services: Services) -> Vertical | None:
         results = [
             {"transaction_id": str(row.get(id_col)), "score": float(s), "flagged": bool(s >= threshold),
              "threshold": threshold, "model": ref.name, "model_version": ref.version}
-            for row, s in zip(body.transactions, result.tolist(), strict=True)
+            for row, s in zip(body.transactions, result.scored.scores.tolist(), strict=True)
         ]
+        if result.by_challenger.any():  # split: the challenger answers its share of accounts
+            ch, ch_scores = result.challenger, result.challenger_scores.tolist()
+            ch_threshold = float(ch.params.get("threshold", 0.5))
+            for i in np.flatnonzero(result.by_challenger).tolist():
+                results[i].update(score=ch_scores[i], flagged=bool(ch_scores[i] >= ch_threshold),
+                                  threshold=ch_threshold, model_version=ch.version)
         flagged = sum(r["flagged"] for r in results)
         record_audit(request, model=ref.name, model_version=ref.version, rows=len(results),
                      decisions={"flagged": flagged, "passed": len(results) - flagged},

@@ -12,8 +12,10 @@ Concurrent requests share one model call (:class:`~infra.serving.batching.Dynami
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
+import numpy as np
 import pandas as pd
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 from pydantic import BaseModel, Field, model_validator
@@ -23,6 +25,7 @@ from infra.registry import ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
 from infra.serving.batching import DynamicBatcher
+from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.sensor import schema as S
@@ -114,14 +117,15 @@ class AssetPrediction(BaseModel):
     alert: bool = Field(description="failure_probability >= threshold.")
     threshold: float
     model: str
-    model_version: int
+    model_version: int = Field(description="The version that decided this asset: the champion, or in split mode "
+                               "the challenger for its share of assets.")
 
 
 class SensorPredictResponse(BaseModel):
-    """One prediction per asset (sorted by asset id), with the version that scored them."""
+    """One prediction per asset (sorted by asset id); each names the version that decided it."""
 
     model: str
-    model_version: int
+    model_version: int = Field(description="The champion's version.")
     predictions: list[AssetPrediction]
 
 
@@ -144,8 +148,42 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
     return OnlineSensorModel(ref=ref, net=net, baseline=baseline)
 
 
+@dataclass(frozen=True)
+class _Predicted:
+    """One request's predictions: the champion's table, the challenger's (its version and table,
+    where it predicted), and per champion row whether the challenger answers that asset (split)."""
+
+    table: pd.DataFrame
+    challenger: ModelRef | None = None
+    challenger_table: pd.DataFrame | None = None
+    by_challenger: np.ndarray | None = None
+
+
 _Item = SensorPredictRequest
-_Result = tuple[ModelRef, "pd.DataFrame | Exception"]
+_Result = tuple[ModelRef, "_Predicted | Exception"]
+
+
+def _request_of(table: pd.DataFrame) -> pd.Series:
+    """The request number of each row of a batch's prediction table."""
+    if not len(table):
+        return pd.Series(dtype=int)
+    return table[S.ASSET].str.split(_SEP, n=1).str[0].astype(int)
+
+
+def _part(table: pd.DataFrame, request_of: pd.Series, k: int) -> pd.DataFrame:
+    """Request ``k``'s rows of a batch's table, with its own asset ids."""
+    part = table.loc[(request_of == k).to_numpy()].copy()
+    part[S.ASSET] = part[S.ASSET].str.split(_SEP, n=1).str[1]
+    return part.reset_index(drop=True)
+
+
+def _decided_rows(p: _Predicted) -> np.ndarray:
+    """Per challenger row, whether it answered (its asset is one the split gives it)."""
+    assert p.challenger_table is not None
+    if p.by_challenger is None:
+        return np.zeros(len(p.challenger_table), dtype=bool)
+    answered = set(p.table.loc[p.by_challenger, S.ASSET])
+    return p.challenger_table[S.ASSET].isin(answered).to_numpy()
 
 
 def build(services: Services) -> Vertical | None:
@@ -154,6 +192,32 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
+    challenger = services.challenger(name, services.settings.sensor_challenger,
+                                     services.settings.sensor_challenger_mode,
+                                     lambda ref: load_online_model(ref, services))
+
+    def challenger_tables(grids: list[pd.DataFrame | Exception], champion: int,
+                          ) -> tuple[ModelRef | None, pd.DataFrame | None]:
+        """The challenger's predictions of the grids it can read (None: no challenger, or its call failed)."""
+        from solutions.sensor.online import check_grid, predict_grid
+
+        current = challenger.current() if challenger is not None else None
+        if current is None or current[0].version == champion:
+            return None, None
+        ch_ref, ch_model = current
+        usable = []
+        for grid in grids:
+            if isinstance(grid, pd.DataFrame):
+                try:
+                    check_grid(ch_model, grid)
+                except DataValidationError:
+                    continue  # the challenger reads a feature this request lacks: the champion alone
+                usable.append(grid)
+        if not usable:
+            return None, None
+        assert challenger is not None
+        table = challenger.call(lambda: predict_grid(ch_model, pd.concat(usable, ignore_index=True)))
+        return (ch_ref, table) if table is not None else (None, None)
 
     def predict_batch(items: list[_Item]) -> list[_Result]:
         from solutions.sensor.online import check_grid, grid_from_readings, grid_from_rows, predict_grid
@@ -177,16 +241,48 @@ def build(services: Services) -> Vertical | None:
             with slot.breaker.guard():
                 table = predict_grid(model, pd.concat(good, ignore_index=True))
             services.metrics.observe_batch(name, len(table))
+        ch_ref, ch_table = challenger_tables(grids, ref.version) if good else (None, None)
+        request_of = _request_of(table)
+        ch_request_of = _request_of(ch_table) if ch_table is not None else None
         out: list[_Result] = []
-        request_of = table[S.ASSET].str.split(_SEP, n=1).str[0].astype(int) if len(table) else pd.Series(dtype=int)
         for k, grid in enumerate(grids):
             if isinstance(grid, Exception):
                 out.append((ref, grid))
                 continue
-            part = table.loc[(request_of == k).to_numpy()].copy()
-            part[S.ASSET] = part[S.ASSET].str.split(_SEP, n=1).str[1]
-            out.append((ref, part.reset_index(drop=True)))
+            part = _part(table, request_of, k)
+            predicted = _Predicted(part)
+            if ch_table is not None and ch_request_of is not None and challenger is not None:
+                ch_part = _part(ch_table, ch_request_of, k)
+                if len(ch_part):
+                    assets = part[S.ASSET].tolist()
+                    by_ch = challenger.answers(assets) & part[S.ASSET].isin(ch_part[S.ASSET]).to_numpy()
+                    predicted = _Predicted(part, ch_ref, ch_part, by_ch)
+            out.append((ref, predicted))
+        record_predictions(ref, out)
         return out
+
+    def record_predictions(ref: ModelRef, out: list[_Result]) -> None:
+        done = [p for _, p in out if isinstance(p, _Predicted) and len(p.table)]
+        if not done or not services.scores.enabled:
+            return
+
+        def record(version: int, role: str, tables: list[pd.DataFrame], decided: list[np.ndarray]) -> None:
+            frame = pd.concat(tables, ignore_index=True)
+            services.scores.record(ScoreRecord(
+                model=name, version=version, role=role, ids=frame[S.ASSET].astype(str).tolist(),
+                scores=frame["predicted_rul"].astype(float).tolist(), decided=np.concatenate(decided).tolist(),
+                extra={"step": frame[S.STEP].astype(int).tolist(),
+                       "failure_probability": frame["failure_probability"].astype(float).tolist()}))
+
+        record(ref.version, CHAMPION_ROLE, [p.table for p in done],
+               [~p.by_challenger if p.by_challenger is not None else np.ones(len(p.table), dtype=bool)
+                for p in done])
+        shadowed = [p for p in done if p.challenger_table is not None and p.challenger is not None]
+        if shadowed:
+            assert shadowed[0].challenger is not None
+            record(shadowed[0].challenger.version, CHALLENGER_ROLE,
+                   [p.challenger_table for p in shadowed if p.challenger_table is not None],
+                   [_decided_rows(p) for p in shadowed])
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
         predict_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="sensor-batcher")
@@ -209,15 +305,26 @@ def build(services: Services) -> Vertical | None:
                                                          "rows": result.rows})
         if isinstance(result, Exception):  # a ValueError of the request's content (e.g. its column mapping)
             raise HTTPException(status_code=422, detail={"error": str(result)})
-        if result.empty:
+        if result.table.empty:
             raise HTTPException(status_code=422, detail={"error": "no asset has a usable window of readings"})
         threshold = float(ref.params.get("threshold", 0.5))
         predictions = [
             AssetPrediction(asset_id=str(r[S.ASSET]), step=int(r[S.STEP]), predicted_rul=float(r["predicted_rul"]),
                             failure_probability=float(r["failure_probability"]), alert=bool(r["alert"]),
                             threshold=threshold, model=ref.name, model_version=ref.version)
-            for r in result.to_dict("records")
+            for r in result.table.to_dict("records")
         ]
+        if result.by_challenger is not None and result.by_challenger.any():  # split: the challenger's assets
+            ch, ch_table = result.challenger, result.challenger_table
+            assert ch is not None and ch_table is not None
+            ch_rows = {str(r[S.ASSET]): r for r in ch_table.to_dict("records")}
+            ch_threshold = float(ch.params.get("threshold", 0.5))
+            for i in np.flatnonzero(result.by_challenger).tolist():
+                r = ch_rows[predictions[i].asset_id]
+                predictions[i] = AssetPrediction(
+                    asset_id=predictions[i].asset_id, step=int(r[S.STEP]), predicted_rul=float(r["predicted_rul"]),
+                    failure_probability=float(r["failure_probability"]), alert=bool(r["alert"]),
+                    threshold=ch_threshold, model=ch.name, model_version=ch.version)
         alerts = sum(p.alert for p in predictions)
         record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.rows),
                      decisions={"alert": alerts, "ok": len(predictions) - alerts},

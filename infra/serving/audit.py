@@ -62,6 +62,11 @@ class AuditLog:
         if path.exists():  # a home from before the files were private
             os.chmod(path, 0o600)
 
+    def split_key(self) -> bytes:
+        """The key of a challenger's split (:class:`~infra.serving.challenger.ChallengerRoute`): derived
+        from the salt, so replicas sharing it route each account alike, and a split reveals no pseudonym."""
+        return hmac.new(self._salt, b"indusflow challenger split", hashlib.sha256).digest()
+
     def hash_id(self, value: Any) -> str:
         """A stable pseudonym of an identifier (16 hex chars of HMAC-SHA256 with the salt)."""
         return hmac.new(self._salt, str(value).encode(), hashlib.sha256).hexdigest()[:16]

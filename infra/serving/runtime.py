@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 from fastapi import APIRouter
 
 from infra.home import HomeLayout
-from infra.registry import ModelRef, ModelRegistry
+from infra.registry import CHAMPION, ModelRef, ModelRegistry
 from infra.serving.audit import AuditLog, load_or_create_salt
 from infra.serving.auth import Authenticator, KeyStore
 from infra.serving.breaker import CircuitBreaker
+from infra.serving.challenger import ChallengerRoute, ScoreLog
 from infra.serving.metrics import ServingMetrics
 from infra.serving.quotas import RateLimiter
 from infra.serving.slot import ModelSlot
@@ -28,6 +29,7 @@ T = TypeVar("T")
 KEYS_FILE = "keys.json"
 AUDIT_FILE = "audit.jsonl"
 SALT_FILE = "audit.salt"
+SCORES_DIR = "scores"
 
 
 def key_store(layout: HomeLayout) -> KeyStore:
@@ -79,7 +81,10 @@ class Services:
     auth: Authenticator
     limiter: RateLimiter
     audit: AuditLog
+    scores: ScoreLog
     slots: list[ModelSlot[Any]] = field(default_factory=list)
+    #: Model name -> its challenger (:meth:`challenger`).
+    challengers: dict[str, ChallengerRoute[Any]] = field(default_factory=dict)
     #: Path prefix -> :class:`RouteLimits`, set by verticals in ``build``; the longest prefix wins.
     route_limits: dict[str, RouteLimits] = field(default_factory=dict)
 
@@ -113,6 +118,7 @@ class Services:
             limiter=RateLimiter(settings.default_rate_limit, redis_url),
             audit=AuditLog((settings.audit_dir.expanduser() if settings.audit_dir else layout.serving()) / AUDIT_FILE,
                            salt, settings.audit_max_bytes, settings.audit_backups),
+            scores=ScoreLog(layout.serving() / SCORES_DIR, enabled=settings.score_log),
         )
 
     def breaker(self, model: str) -> CircuitBreaker:
@@ -124,9 +130,22 @@ class Services:
                               min_calls=s.breaker_min_calls, cooldown_s=s.breaker_cooldown_s,
                               on_change=lambda is_open: gauge.set(1 if is_open else 0))
 
-    def slot(self, model: str, loader: Callable[[ModelRef], T]) -> ModelSlot[T]:
-        """A :class:`ModelSlot` following ``model``'s champion, with its breaker; started by the app."""
-        slot: ModelSlot[T] = ModelSlot(model, loader, registry=self.registry, poll_s=self.settings.reload_poll_s,
-                                       metrics=self.metrics, breaker=self.breaker(model))
+    def slot(self, model: str, loader: Callable[[ModelRef], T], alias: str = CHAMPION) -> ModelSlot[T]:
+        """A :class:`ModelSlot` following ``model``'s champion (or another alias: an optional slot that
+        readiness does not wait for), with its own breaker; started by the app."""
+        label = model if alias == CHAMPION else f"{model}@{alias}"
+        slot: ModelSlot[T] = ModelSlot(model, loader, registry=self.registry, alias=alias,
+                                       poll_s=self.settings.reload_poll_s, metrics=self.metrics,
+                                       breaker=self.breaker(label), optional=alias != CHAMPION)
         self.slots.append(slot)
         return slot
+
+    def challenger(self, model: str, alias: str | None, mode: str, loader: Callable[[ModelRef], T],
+                   ) -> ChallengerRoute[T] | None:
+        """The challenger of ``model`` (a slot following ``alias``), or None when none is configured."""
+        if not alias:
+            return None
+        route: ChallengerRoute[T] = ChallengerRoute(self.slot(model, loader, alias=alias), mode=mode,
+                                                    share=self.settings.challenger_share, salt=self.audit.split_key())
+        self.challengers[model] = route
+        return route

@@ -82,15 +82,20 @@ class ModelSlot(Generic[T]):
         poll_s: how often the alias is checked.
         metrics: where the version gauge, reloads and load errors go.
         breaker: the model's circuit breaker (routes wrap calls in ``slot.breaker.guard()``).
+        optional: ``/readyz`` does not wait for it (a challenger alias that may be unset).
     """
 
     def __init__(self, name: str, loader: Callable[[ModelRef], T], *, registry: ModelRegistry,
                  alias: str = CHAMPION, poll_s: float = 5.0, metrics: ServingMetrics | None = None,
-                 breaker: CircuitBreaker | None = None) -> None:
+                 breaker: CircuitBreaker | None = None, optional: bool = False) -> None:
         self.name = name
         self.loader = loader
         self.registry = registry
         self.alias = alias
+        #: readiness does not wait for an optional slot (a challenger: the alias may not be set)
+        self.optional = optional
+        #: metric label and log name: the model, or ``model@alias`` for an alias other than champion
+        self.label = name if alias == CHAMPION else f"{name}@{alias}"
         self.poll_s = poll_s
         self.metrics = metrics
         self.breaker = breaker if breaker is not None else CircuitBreaker(name)
@@ -106,7 +111,7 @@ class ModelSlot(Generic[T]):
         """The loaded ``(version, model)``; :class:`ModelNotReady` before the first load."""
         current = self._current
         if current is None:
-            raise ModelNotReady(self.name, self.last_error or f"waiting for {self.name}@{self.alias}")
+            raise ModelNotReady(self.label, self.last_error or f"waiting for {self.name}@{self.alias}")
         return current
 
     @property
@@ -128,10 +133,15 @@ class ModelSlot(Generic[T]):
                 target = self.registry.aliases(self.name).get(self.alias)
             except Exception as exc:  # noqa: BLE001 - a broken registry must not kill the poller
                 self.last_error = f"cannot read the registry: {type(exc).__name__}"
-                log.warning("model %s: %s", self.name, self.last_error)
+                log.warning("model %s: %s", self.label, self.last_error)
                 return False
             if target is None:
                 self.last_error = f"the registry has no {self.name}@{self.alias}"
+                if self._current is not None and self.optional:  # a challenger alias cleared: stop serving it
+                    log.info("model %s: alias removed, version %s no longer served", self.label, self.version)
+                    self._current = None
+                    if self.metrics is not None:
+                        self.metrics.model_version.labels(model=self.label).set(0)
                 return False
             if target == self.version:
                 return False
@@ -144,18 +154,18 @@ class ModelSlot(Generic[T]):
                 self._failed[target] = f"{type(exc).__name__}: {exc}"
                 self.last_error = f"loading version {target} failed ({type(exc).__name__})"
                 if self.metrics is not None and first:
-                    self.metrics.model_errors.labels(model=self.name, stage="load").inc()
+                    self.metrics.model_errors.labels(model=self.label, stage="load").inc()
                 log.log(logging.ERROR if first else logging.DEBUG, "model %s: loading version %s failed: %s",
-                        self.name, target, exc, exc_info=first)
+                        self.label, target, exc, exc_info=first)
                 return False
             previous = self.version
             self._current = (ref, model)  # one reference assignment: the swap is atomic
             self.last_error = None
             settle_heap()
             if self.metrics is not None:
-                self.metrics.model_version.labels(model=self.name).set(ref.version)
-                self.metrics.reloads.labels(model=self.name).inc()
-            log.info("model %s: serving version %s (was %s)", self.name, ref.version, previous)
+                self.metrics.model_version.labels(model=self.label).set(ref.version)
+                self.metrics.reloads.labels(model=self.label).inc()
+            log.info("model %s: serving version %s (was %s)", self.label, ref.version, previous)
             return True
 
     def _run(self) -> None:
@@ -167,7 +177,7 @@ class ModelSlot(Generic[T]):
         """Load the first version and follow the alias, in a daemon thread."""
         if self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name=f"slot-{self.name}", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"slot-{self.label}", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:

@@ -72,13 +72,16 @@ __all__ = [
     "RedisStateStore",
     "RowInputs",
     "Rows",
+    "ScoredRequest",
     "SqliteStateStore",
     "apply_labels",
+    "challenger_fits",
     "check_values",
     "fast_rows",
     "label_schema",
     "open_state_store",
     "score_requests",
+    "score_requests_with_inputs",
     "validate_rows",
 ]
 
@@ -1315,10 +1318,44 @@ class OnlineFraudModel:
         return np.mean(parts, axis=0)
 
 
+@dataclass(frozen=True)
+class ScoredRequest:
+    """One request scored by :func:`score_requests_with_inputs`: the model's scores (row order), the
+    rows' inputs (what a second version, a challenger, scores without touching the state again),
+    the rows' account ids and transaction ids (canonical strings)."""
+
+    scores: np.ndarray
+    inputs: list[RowInputs]
+    accounts: list[str]
+    ids: list[str | None]
+    has_terminal: bool
+
+
 def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                    requests: Sequence[Sequence[Mapping[str, Any]]],
                    columns: Mapping[str, str] | None = None, *,
                    max_time_ns: int | None = None) -> list[np.ndarray | Exception]:
+    """Per request, its scores (float64, row order) or the error that refused it: see
+    :func:`score_requests_with_inputs`."""
+    return [r if isinstance(r, Exception) else r.scores
+            for r in score_requests_with_inputs(model, state, requests, columns, max_time_ns=max_time_ns)]
+
+
+def challenger_fits(champion: OnlineFraudModel, challenger: OnlineFraudModel) -> str | None:
+    """Why ``challenger`` cannot score the inputs computed for ``champion`` (None: it can). Inputs
+    are computed once, with the champion's label delay: a challenger trained with another delay
+    would need its own terminal windows."""
+    if challenger.delay_days != champion.delay_days:
+        return (f"{challenger.name}:{challenger.version} uses a label delay of {challenger.delay_days} days, the "
+                f"champion {champion.delay_days}: its terminal windows differ, so it is not scored")
+    return None
+
+
+def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
+                               requests: Sequence[Sequence[Mapping[str, Any]]],
+                               columns: Mapping[str, str] | None = None, *,
+                               max_time_ns: int | None = None, keep: int | None = None,
+                               ) -> list[ScoredRequest | Exception]:
     """Score several requests' rows in order with one model call.
 
     Each request is validated on its own (what it is refused for, or scored as, never depends
@@ -1337,9 +1374,11 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
         max_time_ns: latest timestamp accepted (ns since the epoch of naive timestamps; the server clock plus
             the allowed skew). A transaction dated in the future would otherwise become its
             account's latest and make every later real transaction of it "older". None: no bound.
+        keep: steps per row kept in the inputs (default the model's ``seq_len``; more for a
+            challenger with a longer sequence).
 
     Returns:
-        Per request: its scores (float64, row order) or the error that refused it.
+        Per request: its :class:`ScoredRequest` or the error that refused it.
     """
     if model.seq_len - 1 > state.history_len:
         raise ValueError(f"the model's seq_len {model.seq_len} needs more history than the state keeps "
@@ -1368,9 +1407,13 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                 f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
             continue
         frames.append(frame)
-    results: list[np.ndarray | Exception] = []
+    results: list[Rows | Exception] = []
     spans: list[tuple[int, int]] = []
     inputs: list[RowInputs] = []
+    steps = max(model.seq_len, int(keep or 0))
+    if steps - 1 > state.history_len:
+        raise ValueError(f"{steps} steps per row need more history than the state keeps "
+                         f"({state.history_len} rows per account)")
     with state.update() as batch:
         for frame in frames:
             if isinstance(frame, Exception):
@@ -1384,9 +1427,12 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                 results.append(exc)
                 spans.append((0, 0))
                 continue
-            rows = batch.apply(frame, model.delay_days, keep=model.seq_len)
+            rows = batch.apply(frame, model.delay_days, keep=steps)
             spans.append((len(inputs), len(inputs) + len(rows)))
             inputs.extend(rows)
-            results.append(np.zeros(0))
+            results.append(frame)
         scores = model.predict(inputs)
-    return [r if isinstance(r, Exception) else scores[a:b] for r, (a, b) in zip(results, spans, strict=True)]
+    return [r if isinstance(r, Exception) else
+            ScoredRequest(scores=scores[a:b], inputs=inputs[a:b], accounts=r.accounts, ids=r.tx_ids,
+                          has_terminal=r.has_terminal)
+            for r, (a, b) in zip(results, spans, strict=True)]

@@ -97,7 +97,7 @@ def test_champion_moving_between_kinds_while_serving(kinds: tuple[HomeLayout, di
     history, period = _split(data["sequence"])
     thirds = np.array_split(np.arange(len(period)), 3)
     with FraudServer(layout) as server, httpx.Client() as client:
-        [slot] = [s for s in server.app.state.serving.slots if s.name == MODEL]
+        [slot] = [s for s in server.app.state.serving.slots if s.name == MODEL and not s.optional]
         for start in range(0, len(history), CHUNK):
             post_scores(client, server.url, key, history[start : start + CHUNK])
         for kind, rows in zip(KINDS, thirds, strict=True):

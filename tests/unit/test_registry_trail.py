@@ -178,3 +178,35 @@ def test_an_approved_rollback_refuses_when_the_champion_moved_meanwhile(tmp_path
     with pytest.raises(RegistryError, match="moved while the rollback waited"):
         registry.rollback("m", expect=(2, 1))
     assert registry.get("m").version == 3 and registry.verify_trail("m").ok
+
+
+def test_a_challenger_set_and_cleared_is_on_the_trail_and_a_hand_edit_of_it_is_found(tmp_path: Path) -> None:
+    from infra.errors import RegistryError
+    from tasks.champion import set_challenger
+
+    registry = _home(tmp_path)  # champion v2
+    with pytest.raises(RegistryError, match="is the champion"):
+        set_challenger("m:2", registry=registry)
+    move = set_challenger("m:3", registry=registry, reason="GBM in shadow for a month")
+    assert (move.version, move.previous, move.changed, move.champion_version) == (3, None, True, 2)
+    assert not set_challenger("m:3", registry=registry).changed
+    assert registry.verify_trail("m").ok
+    cleared = set_challenger("m", clear=True, registry=registry, reason="shadow period over")
+    assert (cleared.version, cleared.previous, cleared.changed) == (None, 3, True)
+    assert "challenger" not in registry.aliases("m") and registry.aliases("m")["champion"] == 2
+    entries = [json.loads(line) for line in _lines(tmp_path)][-2:]
+    assert [(e["action"], e["alias"], e["version"], e["reason"]) for e in entries] == [
+        ("set", "challenger", 3, "GBM in shadow for a month"), ("clear", "challenger", None, "shadow period over")]
+    assert registry.verify_trail("m").ok
+    assert registry.rollback("m").candidate_version == 1  # the champion's history ignores the challenger's moves
+    # put back by hand: the trail says it was cleared
+    aliases = json.loads((tmp_path / "m" / "aliases.json").read_text())
+    (tmp_path / "m" / "aliases.json").write_text(json.dumps({**aliases, "challenger": 3}))
+    report = registry.verify_trail("m")
+    assert not report.ok and "trail's last move cleared it" in report.problems[0].problem
+    # removed by hand: the trail says it points somewhere
+    (tmp_path / "m" / "aliases.json").write_text(json.dumps({k: v for k, v in aliases.items() if k != "staging"}))
+    report = registry.verify_trail("m")
+    assert not report.ok and "aliases.json has no staging" in report.problems[0].problem
+    with pytest.raises(RegistryError, match="not cleared"):
+        registry.clear_alias("m", "champion")
