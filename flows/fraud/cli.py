@@ -303,6 +303,27 @@ def federate_summary(result: FraudFederateResult) -> str:
     return "\n".join(lines)
 
 
+def check_evidence(kwargs: dict[str, Any]) -> None:
+    """``--model`` is a bare NAME (its champion and challenger are compared)."""
+    from tasks.champion import bare_name
+
+    bare_name(kwargs["model"])
+
+
+def evidence_summary(result: Any) -> str:
+    """One line per version, then the recommendation."""
+    lines = []
+    for v in result.versions:
+        m = (f"{result.rule.metric} {v.metric.value:.4f} [{v.metric.low:.4f}, {v.metric.high:.4f}]" if v.metric
+             else f"{result.rule.metric} n/a")
+        lines.append(f"v{v.version} ({', '.join(v.roles)}): scored {v.scored}, labelled {v.labelled} "
+                     f"({v.positives} positive), {m}")
+    lines.append(f"{result.recommendation}: {result.reason}")
+    if result.promotion is not None:
+        lines.append(f"promotion: {result.promotion.reason}")
+    return "\n".join(lines)
+
+
 COMMANDS = (
     Command(
         "train", TRAIN, train_summary,
@@ -347,6 +368,11 @@ COMMANDS = (
                "config.compare": "no-compare"},
         hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
         check=lambda kwargs: _check_files(kwargs, "data"),
+    ),
+    Command(
+        "evidence", "flows.fraud.evidence:fraud_evidence", evidence_summary,
+        help="served scores per version (champion, challenger) joined to later labels; recommend (--promote)",
+        check=check_evidence,
     ),
     *champion_commands("flows.fraud.promote:fraud_promote", "flows.fraud.promote:fraud_rollback"),
     *approval_commands(),

@@ -202,6 +202,14 @@ class Served:
     by_challenger: np.ndarray
 
 
+def _label_value(value: Any) -> int | None:
+    """A label as validated by ``apply_labels`` (0/1, a number or its text), as an int."""
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
 _Item = tuple[list[dict[str, Any]], dict[str, str] | None]
 _Result = tuple[ModelRef, Any]  # the champion's version and a Served, or the error that refused the request
 
@@ -398,7 +406,8 @@ def build(services: Services) -> Vertical | None:
     @router.post("/v1/fraud/labels", response_model=FraudLabelResponse)
     async def labels(body: FraudLabelRequest, request: Request,
                      principal: Annotated[Principal, Depends(require_scope(LABEL_SCOPE))]) -> FraudLabelResponse:
-        """Record known labels: later transactions' delayed terminal risk counts them, as in the batch path."""
+        """Record known labels: later transactions' delayed terminal risk counts them, as in the batch path,
+        and the evidence flow (``python -m flows.fraud evidence``) joins them to each version's served scores."""
         from solutions.fraud.online import apply_labels
 
         check_rows(request, len(body.labels))
@@ -409,6 +418,11 @@ def build(services: Services) -> Vertical | None:
                                                          "rows": exc.rows}) from exc
         except ValueError as exc:
             raise HTTPException(status_code=422, detail={"error": str(exc)}) from exc
+        id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
+        label_col = (body.columns or {}).get(S.LABEL, S.LABEL)
+        known = [(str(r.get(id_col)), _label_value(r.get(label_col))) for r in body.labels]
+        known = [(tx, label) for tx, label in known if label is not None]
+        services.scores.record_labels(name, [tx for tx, _ in known], [label for _, label in known])
         ref = slot.current()[0] if slot.ready else None
         record_audit(request, model=name, model_version=ref.version if ref else 0, rows=len(body.labels),
                      decisions={"recorded": len(body.labels) - len(unknown), "unknown": len(unknown)})

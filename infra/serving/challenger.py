@@ -48,11 +48,15 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
+#: Folder of the score log under ``<home>/serving/``.
+SCORES_DIR = "scores"
 SHADOW = "shadow"
 SPLIT = "split"
 ChallengerMode = Literal["shadow", "split"]
 CHAMPION_ROLE = "champion"
 CHALLENGER_ROLE = "challenger"
+#: Lines of the score log holding labels that arrived later (``scores`` are the 0/1 labels).
+LABEL_ROLE = "label"
 
 
 @dataclass
@@ -176,6 +180,12 @@ class ScoreLog:
             except OSError as exc:
                 self.dropped += len(lines)
                 log.error("score log: %d line(s) not written to %s: %s", len(lines), path.name, exc)
+
+    def record_labels(self, model: str, ids: Sequence[str], labels: Sequence[int]) -> None:
+        """Queue labels that became known (``/v1/fraud/labels``): the evidence flows join them to the scores."""
+        if self.enabled and ids:
+            self.record(ScoreRecord(model=model, version=0, role=LABEL_ROLE, ids=[str(i) for i in ids],
+                                    scores=[float(v) for v in labels], decided=[False] * len(ids)))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is queued and stop the writer."""

@@ -18,7 +18,7 @@ from infra.registry import CHAMPION, ModelRef, ModelRegistry
 from infra.serving.audit import AuditLog, load_or_create_salt
 from infra.serving.auth import Authenticator, KeyStore
 from infra.serving.breaker import CircuitBreaker
-from infra.serving.challenger import ChallengerRoute, ScoreLog
+from infra.serving.challenger import SCORES_DIR, ChallengerRoute, ScoreLog
 from infra.serving.metrics import ServingMetrics
 from infra.serving.quotas import RateLimiter
 from infra.serving.slot import ModelSlot
@@ -29,7 +29,6 @@ T = TypeVar("T")
 KEYS_FILE = "keys.json"
 AUDIT_FILE = "audit.jsonl"
 SALT_FILE = "audit.salt"
-SCORES_DIR = "scores"
 
 
 def key_store(layout: HomeLayout) -> KeyStore:

@@ -1,0 +1,171 @@
+"""Online evidence: the served scores of each version, joined to the labels that arrived later,
+as realised metrics per version with bootstrap intervals, and a paired comparison of the
+challenger with the champion on the same transactions.
+
+The serving API records every served score in its score log (both versions score every row
+when a challenger is paired, in shadow and in split mode) and every label given to
+``/v1/fraud/labels`` (:mod:`infra.serving.challenger`); label files (transaction_id, label) can
+be added. A rule (:class:`EvidenceRule`: metric, minimum labels and positives, significance)
+turns the paired test into a recommendation: ``promote`` the challenger, ``keep`` the champion,
+or ``insufficient`` evidence. Promotion goes through :func:`tasks.champion.promote_by_hand`, so a
+model that needs approval waits for a second person instead of moving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.home import home_layout
+from infra.registry import CHALLENGER, CHAMPION, ModelRegistry, PromotionDecision
+from infra.serving.challenger import LABEL_ROLE, SCORES_DIR, read_score_log
+from tasks.cards import intervals, paired
+from tasks.stats import Interval, PairedTest
+
+log = logging.getLogger(__name__)
+
+
+class EvidenceRule(BaseModel):
+    """When the online evidence recommends the challenger."""
+
+    model_config = ConfigDict(frozen=True)
+
+    metric: Literal["pr_auc", "roc_auc"] = Field(default="pr_auc", description="Metric compared (higher is better).")
+    min_labels: int = Field(default=200, ge=1, description="Labelled rows both versions scored, at least.")
+    min_positives: int = Field(default=10, ge=1, description="Positive labels among them, at least.")
+    alpha: float = Field(default=0.05, gt=0, lt=1, description="Significance of the paired bootstrap test.")
+
+
+class VersionEvidence(BaseModel):
+    """One version's realised metric on the labelled transactions it scored."""
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int
+    roles: list[str] = Field(description="How it served: champion, challenger (or both, over time).")
+    scored: int = Field(description="Transactions it scored.")
+    decided: int = Field(description="Of those, how many it answered (the response carried its score).")
+    labelled: int
+    positives: int
+    metric: Interval | None = Field(description="The metric with its 95% bootstrap interval (None: no labels).")
+
+
+class OnlineEvidence(BaseModel):
+    """The evidence flow's result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    rule: EvidenceRule
+    champion_version: int | None
+    challenger_version: int | None
+    labels: int = Field(description="Distinct labelled transaction ids read.")
+    versions: list[VersionEvidence]
+    paired: PairedTest | None = Field(description="Challenger vs champion on the labelled transactions both scored.")
+    recommendation: Literal["promote", "keep", "insufficient", "no_challenger"]
+    reason: str
+    promotion: PromotionDecision | None = Field(default=None, description="The move, when asked to act on it.")
+
+
+def _latest(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], Mapping[str, Any]]:
+    """(version, id) -> its last served score."""
+    out: dict[tuple[int, str], Mapping[str, Any]] = {}
+    for r in rows:
+        out[(int(r["version"]), str(r["id"]))] = r
+    return out
+
+
+def collect_evidence(name: str, score_rows: Sequence[Mapping[str, Any]], labels: Mapping[str, int],
+                     rule: EvidenceRule, champion: int | None, challenger: int | None) -> OnlineEvidence:
+    """Realised metrics per version and the paired test, from score-log rows and labels by id."""
+    served = [r for r in score_rows if r["role"] != LABEL_ROLE]
+    latest = _latest(served)
+    versions: list[VersionEvidence] = []
+    for version in sorted({v for v, _ in latest}):
+        ids = [i for v, i in latest if v == version]
+        rows = [latest[(version, i)] for i in ids]
+        known = [i for i in ids if i in labels]
+        y = np.array([labels[i] for i in known], dtype="float64")
+        s = np.array([latest[(version, i)]["score"] for i in known], dtype="float64")
+        metric = (intervals(y, s, [rule.metric])[0] if known and 0 < y.sum() < len(y) else None)
+        versions.append(VersionEvidence(
+            version=version, roles=sorted({r["role"] for r in served if int(r["version"]) == version}),
+            scored=len(ids), decided=sum(bool(r["decided"]) for r in rows), labelled=len(known),
+            positives=int(y.sum()), metric=metric))
+    test: PairedTest | None = None
+    if champion is None or challenger is None or challenger == champion:
+        recommendation, reason = "no_challenger", "no challenger version to compare (set one: flows.registry challenger)"
+    else:
+        both = [i for v, i in latest if v == challenger and (champion, i) in latest and i in labels]
+        y = np.array([labels[i] for i in both], dtype="float64")
+        positives = int(y.sum())
+        if len(both) < rule.min_labels or positives < rule.min_positives or positives == len(both):
+            recommendation = "insufficient"
+            reason = (f"{len(both)} labelled transactions scored by both v{champion} and v{challenger}, "
+                      f"{positives} positive; the rule needs {rule.min_labels} and {rule.min_positives}")
+        else:
+            s_ch = np.array([latest[(challenger, i)]["score"] for i in both], dtype="float64")
+            s_champ = np.array([latest[(champion, i)]["score"] for i in both], dtype="float64")
+            test = paired(rule.metric, y, s_ch, s_champ)
+            better = test.diff > 0 and test.p_value < rule.alpha
+            recommendation = "promote" if better else "keep"
+            reason = (f"on {len(both)} labelled transactions ({positives} positive) {rule.metric} of challenger "
+                      f"v{challenger} {test.a:.4f} vs champion v{champion} {test.b:.4f} (difference {test.diff:+.4f}, "
+                      f"95% interval {test.diff_low:+.4f} to {test.diff_high:+.4f}, p = {test.p_value:.4f}): "
+                      + ("better at the rule's significance" if better else
+                         f"not better at alpha {rule.alpha}"))
+    return OnlineEvidence(model=name, rule=rule, champion_version=champion, challenger_version=challenger,
+                          labels=len(labels), versions=versions, paired=test, recommendation=recommendation,
+                          reason=reason)
+
+
+def read_labels(score_rows: Sequence[Mapping[str, Any]], files: Sequence[Mapping[str, int]] = ()) -> dict[str, int]:
+    """Labels by transaction id: those the API recorded, then those of label files (a later one wins)."""
+    out = {str(r["id"]): int(r["score"]) for r in score_rows if r["role"] == LABEL_ROLE}
+    for extra in files:
+        out.update({str(k): int(v) for k, v in extra.items()})
+    return out
+
+
+def online_evidence(name: str, rule: EvidenceRule | None = None, *, label_files: Sequence[Mapping[str, int]] = (),
+                    promote: bool = False, registry: ModelRegistry | None = None,
+                    scores_dir: Path | None = None) -> OnlineEvidence:
+    """Evidence for ``name``'s champion and challenger from the home's score log; with ``promote``
+    and a ``promote`` recommendation, the challenger is promoted (waiting for approval where the
+    model needs it: inside a flow run)."""
+    from tasks.champion import promote_by_hand
+
+    registry = registry or ModelRegistry()
+    rule = rule or EvidenceRule()
+    aliases = registry.aliases(name) if name in registry.models() else {}
+    rows = read_score_log(scores_dir or home_layout().serving() / SCORES_DIR, name)
+    evidence = collect_evidence(name, rows, read_labels(rows, label_files), rule, aliases.get(CHAMPION),
+                                aliases.get(CHALLENGER))
+    if promote and evidence.recommendation == "promote":
+        log.info("online evidence recommends %s:%s: %s", name, evidence.challenger_version, evidence.reason)
+        decision = promote_by_hand(f"{name}:{evidence.challenger_version}", registry)
+        evidence = evidence.model_copy(update={"promotion": decision})
+    return evidence
+
+
+def evidence_markdown(evidence: OnlineEvidence) -> str:
+    """The evidence as a Prefect markdown artifact: one row per version, then the paired test."""
+    lines = [f"# Online evidence: {evidence.model}", "",
+             f"**Recommendation: {evidence.recommendation}.** {evidence.reason}.", "",
+             (f"Rule: {evidence.rule.metric}, at least {evidence.rule.min_labels} labelled transactions and "
+              f"{evidence.rule.min_positives} positives scored by both, paired bootstrap at alpha "
+              f"{evidence.rule.alpha}. Labels read: {evidence.labels}."), "",
+             f"| version | served as | scored | answered | labelled | positives | {evidence.rule.metric} (95% CI) |",
+             "|---|---|---|---|---|---|---|"]
+    for v in evidence.versions:
+        m = f"{v.metric.value:.4f} ({v.metric.low:.4f} to {v.metric.high:.4f})" if v.metric else "n/a"
+        lines.append(f"| v{v.version} | {', '.join(v.roles)} | {v.scored} | {v.decided} | {v.labelled} | "
+                     f"{v.positives} | {m} |")
+    if evidence.promotion is not None:
+        lines += ["", f"Promotion: {evidence.promotion.reason}"]
+    return "\n".join(lines)
