@@ -1,0 +1,166 @@
+"""Model risk end to end, on a drifting synthetic fraud feed (a new fraud pattern starts halfway):
+
+champion v1 (a GBM fitted before the pattern) serves on a real server, challenger v2 (refitted
+on data with the pattern) scores every request in shadow; the labels arrive through the API;
+the evidence flow recommends v2 with its interval; the approval is given through Prefect's
+``resume_flow_run`` with run input, as the UI form does, by a second principal after the first
+is refused; serving hot-reloads v2; an emergency rollback returns v1; the trail verifies, and
+verification fails after one byte of it is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+import pytest
+from prefect import get_client
+from prefect.flow_runs import resume_flow_run
+
+from flows.fraud.evidence import fraud_evidence
+from flows.serve import fraud as serve_fraud
+from infra.errors import ApprovalError
+from infra.home import home_layout
+from infra.registry import ALIAS_HISTORY_FILE, KIND_SKLEARN, ModelRegistry
+from infra.serving.challenger import SCORES_DIR, read_score_log
+from infra.tables import assign_periods, time_split, validate_table
+from solutions.fraud import candidates as CA
+from solutions.fraud import pipeline as P
+from solutions.fraud import schema as S
+from solutions.fraud.synthetic import generate_transactions
+from tasks.approval import approval_requests, decide
+from tasks.champion import rollback_champion, set_challenger
+from tests.serve.fraud_helpers import MODEL, FraudServer, api_key, jsonable, post_scores
+
+CHUNK = 256
+SERVED_DAYS = 4
+
+
+def _register_drift(tmp: Path) -> tuple[pd.DataFrame, pd.Timestamp]:
+    """The feed, and v1 (GBM fitted on days before the new pattern, champion) and v2 (fitted on the
+    days just before the served ones, challenger)."""
+    raw = generate_transactions(n_accounts=400, n_terminals=120, n_days=36, fraud_rate=0.02, seed=7,
+                                new_pattern=True, new_pattern_from=0.5, new_pattern_rate=0.03)
+    raw[S.TIMESTAMP] = raw[S.TIMESTAMP].astype(str)
+    df = validate_table(raw, P.transaction_schema(), "e2e")
+    registry = ModelRegistry()
+    served_from = None
+    for version, delay in ((1, 16), (2, 1)):  # days between a model's training window and the served days
+        split = time_split(df[S.TIMESTAMP], train_days=10, val_days=2, delay_days=delay, test_days=SERVED_DAYS)
+        served_from = pd.Timestamp(split.test_start)
+        feats = P.build_features(df, assign_periods(df[S.TIMESTAMP], split), 7)
+        gbm = CA.fit_baseline_candidate(df, feats, seed=0, n_threads=1)
+        ref = registry.register(MODEL, {}, params={**CA.baseline_params(gbm, 7), "threshold": 0.5,
+                                                   "split": {"delay_days": 7}},
+                                metrics={"test/auprc": 0.5}, primary_metric="test/auprc", kind=KIND_SKLEARN,
+                                extra_files=CA.baseline_files(gbm, tmp / f"gbm-{version}"))
+        assert ref.version == version
+        if version == 1:
+            registry.promote(ref)
+    assert served_from is not None
+    return raw.drop(columns=[S.SCENARIO]), served_from
+
+
+def _paused(run_id: str) -> bool:
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(uuid.UUID(run_id)).state
+    return state is not None and state.is_paused()
+
+
+def _wait(predicate, what: str, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")  # who starts the runs
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED", json.dumps([MODEL]))
+    layout = home_layout()
+    records, served_from = _register_drift(tmp_path)
+    registry = ModelRegistry()
+    set_challenger(f"{MODEL}:2", registry=registry, reason="refitted on the new pattern; shadow first")
+    ts = pd.to_datetime(records[S.TIMESTAMP])
+    history = records.loc[(ts < served_from).to_numpy()].to_dict("records")
+    served = records.loc[(ts >= served_from).to_numpy()]
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+
+    with FraudServer(layout) as server, httpx.Client() as client:
+        [champion_slot] = [s for s in server.app.state.serving.slots if not s.optional]
+        route = server.app.state.serving.challengers[MODEL]
+        _wait(lambda: route.slot.version == 2, "the challenger did not load")
+        for a in range(0, len(history), 1024):
+            post_scores(client, server.url, key, history[a : a + 1024])  # the state before the served days
+        rows = served.drop(columns=[S.LABEL]).to_dict("records")
+        answered = []
+        for a in range(0, len(rows), CHUNK):
+            answered += post_scores(client, server.url, key, rows[a : a + CHUNK])
+        assert {r["model_version"] for r in answered} == {1}  # shadow: the champion answers
+        # the labels arrive later, through the API
+        labels = served[[S.TRANSACTION_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL]].to_dict("records")
+        for a in range(0, len(labels), 1000):
+            response = client.post(f"{server.url}/v1/fraud/labels", json={"labels": [jsonable(r) for r in
+                                                                                     labels[a : a + 1000]]},
+                                   headers={"X-API-Key": key}, timeout=30)
+            assert response.status_code == 200, response.text
+        ids = set(served[S.TRANSACTION_ID].astype(str))
+
+        def logged() -> bool:
+            rows_ = read_score_log(layout.serving() / SCORES_DIR, MODEL)
+            have = {(r["role"], r["id"]) for r in rows_}
+            return all(("challenger", i) in have and ("label", i) in have for i in ids)
+
+        _wait(logged, "the score log does not hold both versions' scores and the labels")
+
+        # the evidence flow recommends v2 and asks for approval (alice started it)
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(model=MODEL, promote=True)),
+                                  daemon=True)
+        thread.start()
+        _wait(lambda: bool(w := [r for r in approval_requests("waiting") if r.model == MODEL]) and _paused(w[-1].run_id)
+              or not thread.is_alive(), "the promotion did not wait for approval", timeout_s=180)
+        [request] = [r for r in approval_requests("waiting") if r.model == MODEL]
+        assert (request.candidate_version, request.champion_version, request.requested_by) == (2, 1, "alice")
+        with pytest.raises(ApprovalError, match="four eyes"):
+            decide(request.run_id, approve=True, reason="my own evidence", approver="alice")
+        assert registry.aliases(MODEL)["champion"] == 1
+        # the UI form's path: Prefect's resume with run input, by a second person
+        resume_flow_run(uuid.UUID(request.run_id),
+                        run_input={"decision": "approve", "reason": "shadow evidence reviewed", "approver": "bob"})
+        thread.join(180)
+        result = out["result"]
+        assert result.recommendation == "promote", result.reason
+        v1, v2 = result.versions
+        assert v1.labelled == v2.labelled == len(ids) and v2.metric.value > v1.metric.value
+        assert result.paired.p_value < 0.05 and result.paired.diff_low > 0
+        assert result.promotion.promoted and result.promotion.approval.decided_by == "bob"
+        # serving picks v2 up within a reload period
+        _wait(lambda: champion_slot.version == 2, "serving did not reload v2", timeout_s=30)
+        last = pd.Timestamp(served[S.TIMESTAMP].max())
+        late = {**rows[-1], S.TRANSACTION_ID: "after-promotion", S.TIMESTAMP: str(last + pd.Timedelta(seconds=1))}
+        assert post_scores(client, server.url, key, [late])[0]["model_version"] == 2
+        # an emergency rollback returns v1 at once (the trail says so)
+        back = rollback_champion(MODEL, registry, emergency=True, reason="incident drill")
+        assert back.candidate_version == 1
+        _wait(lambda: champion_slot.version == 1, "serving did not reload v1", timeout_s=30)
+        later = {**late, S.TRANSACTION_ID: "after-rollback", S.TIMESTAMP: str(last + pd.Timedelta(seconds=2))}
+        assert post_scores(client, server.url, key, [later])[0]["model_version"] == 1
+
+    trail = [json.loads(line)["action"] for line in
+             (registry.root / MODEL / ALIAS_HISTORY_FILE).read_text().splitlines()]
+    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
+    assert registry.verify_trail(MODEL).ok
+    path = registry.root / MODEL / ALIAS_HISTORY_FILE
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"bob"') + 1] = ord("B")  # one byte
+    path.write_bytes(bytes(data))
+    assert not registry.verify_trail(MODEL).ok
