@@ -305,9 +305,17 @@ def federate_summary(result: FraudFederateResult) -> str:
 
 def check_evidence(kwargs: dict[str, Any]) -> None:
     """``--model`` is a bare NAME (its champion and challenger are compared)."""
-    from tasks.champion import bare_name
+    from infra.registry import parse_model_spec
 
-    bare_name(kwargs["model"])
+    spec = kwargs.get("model")
+    if spec and parse_model_spec(spec)[0] != spec:
+        raise ValueError(f"--model {spec!r}: evidence takes a model NAME (its champion and challenger are compared)")
+    from infra.registry import ModelRegistry
+
+    known = ModelRegistry().models()
+    name = spec or "fraud-seq"
+    if name not in known:
+        raise ValueError(f"--model: no registered model {name!r}; registered: {', '.join(known) or 'none'}")
 
 
 def evidence_summary(result: Any) -> str:
