@@ -35,26 +35,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadgen import closed_loop, free_port, spawn_server, stop_server
-from serve_bench import MODEL, Transactions, register_model
+from loadgen import closed_loop, stop_server
+from serve_bench import MODEL, Transactions, register_model, start_server
 
 MODES = ("no_log", "off", "shadow", "split")
 
 
 def start(home: Path, mode: str) -> tuple[Any, str]:
-    port = free_port()
-    env = {**os.environ, "INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
-           "INDUSFLOW_SERVE_MAX_ROWS": "4096", "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.5",
-           "INDUSFLOW_SERVE_FRAUD_CHALLENGER": "" if mode in ("off", "no_log") else "challenger",
-           "INDUSFLOW_SERVE_SCORE_LOG": "false" if mode == "no_log" else "true",
-           "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "split" if mode == "split" else "shadow",
-           "INDUSFLOW_SERVE_CHALLENGER_SHARE": "0.5"}
-    env.pop("INDUSFLOW_SERVE_REDIS_URL", None)
-    url = f"http://127.0.0.1:{port}"
-    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port)], env=env, cwd=ROOT,
-                        log=home / f"server-{mode}.log", ready_url=f"{url}/readyz")
-    return proc, url
+    """serve_bench's server (batching at the defaults) with the mode's challenger and score-log settings."""
+    from infra.settings import ServeSettings
+
+    defaults = ServeSettings()
+    return start_server(home, defaults.batch_max_size, defaults.batch_max_wait_ms, {
+        "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.5",
+        "INDUSFLOW_SERVE_FRAUD_CHALLENGER": "" if mode in ("off", "no_log") else "challenger",
+        "INDUSFLOW_SERVE_SCORE_LOG": "false" if mode == "no_log" else "true",
+        "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "split" if mode == "split" else "shadow",
+        "INDUSFLOW_SERVE_CHALLENGER_SHARE": "0.5"})
 
 
 def wait_for_challenger(url: str, mode: str) -> None:
