@@ -31,6 +31,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,19 +149,18 @@ class ScoreLog:
         self._queue.put((dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), record))
 
     def _run(self) -> None:
-        stop = False
-        while not stop:
-            item = self._queue.get()
-            batch = [item]
-            while True:
+        """Write what arrived within ``flush_s`` of the first queued record, in one go, until closed."""
+        while True:
+            batch = [self._queue.get()]
+            deadline = time.monotonic() + self.flush_s
+            while batch[-1] is not None and len(batch) < 4096 and (left := deadline - time.monotonic()) > 0:
                 try:
-                    batch.append(self._queue.get(timeout=self.flush_s if item is not None else 0))
+                    batch.append(self._queue.get(timeout=left))
                 except queue.Empty:
                     break
-                if batch[-1] is None or len(batch) >= 4096:
-                    break
-            stop = any(entry is None for entry in batch)
             self._write([entry for entry in batch if entry is not None])
+            if batch[-1] is None:
+                return
 
     def _write(self, batch: list[tuple[str, ScoreRecord]]) -> None:
         by_file: dict[Path, list[bytes]] = {}
