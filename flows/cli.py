@@ -360,6 +360,40 @@ def approval_commands() -> tuple[Command, Command]:
     )
 
 
+def evidence_command(entrypoint: str, help: str) -> Command:
+    """A vertical's ``evidence`` command (its flow returns ``tasks.online_evidence.OnlineEvidence``),
+    with its pre-flight check: ``--model`` is a registered bare NAME."""
+
+    def check(kwargs: dict[str, Any]) -> None:
+        from infra.registry import ModelRegistry, parse_model_spec
+
+        name = given(kwargs, entrypoint, "model")
+        if parse_model_spec(name)[0] != name:
+            raise ValueError(f"--model {name!r}: evidence takes a model NAME (its champion and challenger are "
+                             "compared)")
+        known = ModelRegistry().models()
+        if name not in known:
+            raise ValueError(f"--model: no registered model {name!r}; registered: {', '.join(known) or 'none'}")
+
+    def summary(result: Any) -> str:
+        from tasks.online_evidence import CLASSIFICATION
+
+        classify = result.rule.metric in CLASSIFICATION
+        lines = []
+        for v in result.versions:
+            m = (f"{result.rule.metric} {v.metric.value:.4f} [{v.metric.low:.4f}, {v.metric.high:.4f}]" if v.metric
+                 else f"{result.rule.metric} n/a")
+            count = f"{v.positives} positive" if classify else f"{v.subjects or 0} {result.subjects_are}"
+            lines.append(f"v{v.version} ({', '.join(v.roles)}): scored {v.scored}, labelled {v.labelled} "
+                         f"({count}), {m}")
+        lines.append(f"{result.recommendation}: {result.reason}")
+        if result.promotion is not None:
+            lines.append(f"promotion: {result.promotion.reason}")
+        return "\n".join(lines)
+
+    return Command("evidence", entrypoint, summary, help=help, check=check)
+
+
 # ------------------------------------------------------------------------------------
 # parameters -> leaves
 

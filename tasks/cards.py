@@ -112,20 +112,22 @@ class ModelCard(BaseModel):
 
 
 def intervals(y: np.ndarray, s: np.ndarray, metrics: Sequence[str], *, resamples: int | None = None,
-              seed: int | None = None) -> list[Interval]:
-    """Bootstrap 95% intervals of ``metrics`` (the governance settings' resamples and seed)."""
+              seed: int | None = None, groups: np.ndarray | None = None) -> list[Interval]:
+    """Bootstrap 95% intervals of ``metrics`` (the governance settings' resamples and seed);
+    ``groups``: a cluster id per row, whole clusters resampled."""
     settings = get_governance_settings()
     resamples = resamples or settings.bootstrap_resamples
     seed = settings.bootstrap_seed if seed is None else seed
-    return [bootstrap_ci(m, y, s, resamples=resamples, seed=seed) for m in metrics]
+    return [bootstrap_ci(m, y, s, resamples=resamples, seed=seed, groups=groups) for m in metrics]
 
 
 def paired(metric: str, y: np.ndarray, s_candidate: np.ndarray, s_other: np.ndarray, *,
-           resamples: int | None = None, seed: int | None = None) -> PairedTest:
-    """Paired bootstrap of 'the candidate is better' (the governance settings' resamples and seed)."""
+           resamples: int | None = None, seed: int | None = None, groups: np.ndarray | None = None) -> PairedTest:
+    """Paired bootstrap of 'the candidate is better' (the governance settings' resamples and seed);
+    ``groups``: a cluster id per row, whole clusters resampled."""
     settings = get_governance_settings()
     return paired_bootstrap(metric, y, s_candidate, s_other, resamples=resamples or settings.bootstrap_resamples,
-                            seed=settings.bootstrap_seed if seed is None else seed)
+                            seed=settings.bootstrap_seed if seed is None else seed, groups=groups)
 
 
 def check_champion(registry: ModelRegistry, name: str, metric: str, y: np.ndarray, s: np.ndarray,

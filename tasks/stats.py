@@ -7,6 +7,10 @@ same intervals. The paired test draws one set of rows and evaluates both models 
 which is what makes it paired: the spread that comes from *which* rows were sampled
 cancels, and only the difference between the models remains.
 
+With ``groups`` (a cluster id per row) whole clusters are drawn instead of rows: the rows of
+one asset, one account or one engine are not independent evidence, and drawing them one by
+one makes an interval too narrow when a few clusters hold many rows each.
+
 Metrics (``METRICS``): ``pr_auc`` (average precision, sklearn's step definition),
 ``roc_auc``, ``rmse``, ``mae``. Each takes labels / targets ``y``, scores / predictions
 ``s`` and a weight matrix ``w`` of shape (resamples, rows), and returns one value per
@@ -179,6 +183,32 @@ def _count_blocks(n: int, resamples: int, seed: int, position: np.ndarray | None
         done += b
 
 
+def _weight_blocks(n: int, resamples: int, seed: int, position: np.ndarray, groups: np.ndarray | None):
+    """Blocks of bootstrap weights (resamples x n) in the sorted row order: rows drawn one by one,
+    or with ``groups`` (each sorted row's cluster code, 0..G-1) whole clusters drawn, each row
+    weighted by how often its cluster was drawn."""
+    if groups is None:
+        yield from _count_blocks(n, resamples, seed, position)
+        return
+    for counts in _count_blocks(int(groups.max()) + 1, resamples, seed):
+        yield counts[:, groups]
+
+
+def _codes(groups: np.ndarray | None, n: int) -> np.ndarray | None:
+    """Cluster ids -> codes 0..G-1 (as float, to travel with the metric arrays)."""
+    if groups is None:
+        return None
+    groups = np.asarray(groups).ravel()
+    if groups.size != n:
+        raise ValueError(f"groups have {groups.size} rows but labels have {n}")
+    return np.unique(groups, return_inverse=True)[1].astype("float64")
+
+
+def _compact(codes: np.ndarray) -> np.ndarray:
+    """Cluster codes renumbered 0..G-1 over the rows left after non-finite ones were dropped."""
+    return np.unique(codes, return_inverse=True)[1]
+
+
 def _by_score(s: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Rows ordered by ``s`` descending (what the ranking metrics sort by) and, for the
     count blocks, where each original row now stands."""
@@ -196,18 +226,26 @@ def metric_value(metric: str, y: np.ndarray, s: np.ndarray) -> float:
 
 
 def bootstrap_ci(metric: str, y: np.ndarray, s: np.ndarray, *, resamples: int = 1000, level: float = 0.95,
-                 seed: int = 0) -> Interval:
+                 seed: int = 0, groups: np.ndarray | None = None) -> Interval:
     """The metric with a percentile bootstrap interval (rows resampled with replacement).
 
     Args:
         metric: a name of :data:`METRICS`.
         y: labels (0/1) or true values. s: scores or predictions, same length.
         resamples: bootstrap resamples. level: interval coverage. seed: resampling seed.
+        groups: a cluster id per row: whole clusters are resampled (see the module docstring).
     """
     fn, _ = _metric(metric)
-    y, s = _arrays(y, s)
-    position, (s, y) = _by_score(s, y)
-    values = np.concatenate([fn(y, s, w) for w in _count_blocks(y.size, resamples, seed, position)])
+    codes = _codes(groups, np.asarray(y).size)
+    if codes is None:
+        y, s = _arrays(y, s)
+        g = None
+    else:
+        y, s, g = _arrays(y, s, codes)
+    position, (s, y, *rest) = _by_score(s, y, *([] if g is None else [g]))
+    sorted_codes = _compact(rest[0]) if rest else None
+    values = np.concatenate([fn(y, s, w) for w in _weight_blocks(y.size, resamples, seed, position,
+                                                                   sorted_codes)])
     values = values[np.isfinite(values)]
     point = float(fn(y, s, np.ones((1, y.size)))[0])
     tail = (1 - level) / 2
@@ -217,7 +255,7 @@ def bootstrap_ci(metric: str, y: np.ndarray, s: np.ndarray, *, resamples: int = 
 
 
 def paired_bootstrap(metric: str, y: np.ndarray, s_a: np.ndarray, s_b: np.ndarray, *, resamples: int = 1000,
-                     seed: int = 0) -> PairedTest:
+                     seed: int = 0, groups: np.ndarray | None = None) -> PairedTest:
     """Paired bootstrap test of 'A is better than B' on the same rows.
 
     The p-value is the share of resamples in which A is not better than B, with the
@@ -226,12 +264,20 @@ def paired_bootstrap(metric: str, y: np.ndarray, s_a: np.ndarray, s_b: np.ndarra
     Args:
         metric: a name of :data:`METRICS` (its direction decides what "better" means).
         y: labels or true values. s_a: candidate scores. s_b: champion / baseline scores.
+        groups: a cluster id per row: whole clusters are resampled (see the module docstring).
     """
     fn, higher = _metric(metric)
-    y, s_a, s_b = _arrays(y, s_a, s_b)
-    position, (s_a, y, s_b) = _by_score(s_a, y, s_b)
+    codes = _codes(groups, np.asarray(y).size)
+    if codes is None:
+        y, s_a, s_b = _arrays(y, s_a, s_b)
+        extra: list[np.ndarray] = []
+    else:
+        y, s_a, s_b, g = _arrays(y, s_a, s_b, codes)
+        extra = [g]
+    position, (s_a, y, s_b, *rest) = _by_score(s_a, y, s_b, *extra)
+    sorted_codes = _compact(rest[0]) if rest else None
     diffs = []
-    for w in _count_blocks(y.size, resamples, seed, position):
+    for w in _weight_blocks(y.size, resamples, seed, position, sorted_codes):
         diffs.append(fn(y, s_a, w) - fn(y, s_b, w))
     d = np.concatenate(diffs)
     d = d[np.isfinite(d)]

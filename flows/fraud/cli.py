@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, approval_commands, champion_commands, given, make_main
+from flows.cli import Command, approval_commands, champion_commands, evidence_command, given, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
@@ -303,35 +303,6 @@ def federate_summary(result: FraudFederateResult) -> str:
     return "\n".join(lines)
 
 
-def check_evidence(kwargs: dict[str, Any]) -> None:
-    """``--model`` is a bare NAME (its champion and challenger are compared)."""
-    from infra.registry import parse_model_spec
-
-    spec = kwargs.get("model")
-    if spec and parse_model_spec(spec)[0] != spec:
-        raise ValueError(f"--model {spec!r}: evidence takes a model NAME (its champion and challenger are compared)")
-    from infra.registry import ModelRegistry
-
-    known = ModelRegistry().models()
-    name = spec or "fraud-seq"
-    if name not in known:
-        raise ValueError(f"--model: no registered model {name!r}; registered: {', '.join(known) or 'none'}")
-
-
-def evidence_summary(result: Any) -> str:
-    """One line per version, then the recommendation."""
-    lines = []
-    for v in result.versions:
-        m = (f"{result.rule.metric} {v.metric.value:.4f} [{v.metric.low:.4f}, {v.metric.high:.4f}]" if v.metric
-             else f"{result.rule.metric} n/a")
-        lines.append(f"v{v.version} ({', '.join(v.roles)}): scored {v.scored}, labelled {v.labelled} "
-                     f"({v.positives} positive), {m}")
-    lines.append(f"{result.recommendation}: {result.reason}")
-    if result.promotion is not None:
-        lines.append(f"promotion: {result.promotion.reason}")
-    return "\n".join(lines)
-
-
 COMMANDS = (
     Command(
         "train", TRAIN, train_summary,
@@ -377,11 +348,8 @@ COMMANDS = (
         hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
         check=lambda kwargs: _check_files(kwargs, "data"),
     ),
-    Command(
-        "evidence", "flows.fraud.evidence:fraud_evidence", evidence_summary,
-        help="served scores per version (champion, challenger) joined to later labels; recommend (--promote)",
-        check=check_evidence,
-    ),
+    evidence_command("flows.fraud.evidence:fraud_evidence",
+                     "served scores per version (champion, challenger) joined to later labels; recommend (--promote)"),
     *champion_commands("flows.fraud.promote:fraud_promote", "flows.fraud.promote:fraud_rollback"),
     *approval_commands(),
     Command(

@@ -1,4 +1,4 @@
-"""Sensor fault prediction commands: pretrain, train, score, batch scoring, monitor, promote, approve.
+"""Sensor fault prediction commands: pretrain, train, score, batch scoring, monitor, evidence, promote, approve.
 
 Input is the seeded synthetic fleet by default, a long-format readings file (``--data``,
 ``--events``, ``--columns``) or the NASA C-MAPSS files (``--cmapss-dir DIR --subset FD001``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flows.cli import Command, approval_commands, champion_commands, make_main
+from flows.cli import Command, approval_commands, champion_commands, evidence_command, make_main
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
@@ -222,6 +222,8 @@ COMMANDS = [
         hidden={"align.valid_range", "align.fast_sensors", "align.ffill_limit", "align.op_prefix"},
         check=_check_monitor,
     ),
+    evidence_command("flows.sensor.evidence:sensor_evidence",
+                     "served RULs per version (champion, challenger) judged by later failures; recommend (--promote)"),
     *champion_commands("flows.sensor.promote:sensor_promote", "flows.sensor.promote:sensor_rollback"),
     *approval_commands(),
     Command(

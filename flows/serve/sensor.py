@@ -29,6 +29,8 @@ from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.sensor import schema as S
+from solutions.sensor.config import AlignConfig
+from solutions.sensor.monitoring import SCORED_T
 
 if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
     from solutions.sensor.online import OnlineSensorModel
@@ -177,6 +179,14 @@ def _part(table: pd.DataFrame, request_of: pd.Series, k: int) -> pd.DataFrame:
     return part.reset_index(drop=True)
 
 
+def _timed(part: pd.DataFrame, origins: dict[str, float] | None) -> pd.DataFrame:
+    """A request's prediction rows with ``scored_t``: when each window ended (seconds; NaN for
+    grid rows, which carry no clock), for the evidence flow's join with failure events."""
+    from solutions.sensor.online import window_end_seconds
+
+    return part.assign(**{SCORED_T: window_end_seconds(part, origins, AlignConfig().step_seconds)})
+
+
 def _decided_rows(p: _Predicted) -> np.ndarray:
     """Per challenger row, whether it answered (its asset is one the split gives it)."""
     assert p.challenger_table is not None
@@ -225,10 +235,14 @@ def build(services: Services) -> Vertical | None:
         ref, model = slot.current()
         window = int(model.preprocessing[1].length)
         grids: list[pd.DataFrame | Exception] = []
+        origins: list[dict[str, float] | None] = []  # per request: each asset's grid origin (readings only)
         for k, body in enumerate(items):
+            origins.append(None)
             try:  # each request checked alone: a bad one fails itself, not the model call it shares
-                grid = grid_from_rows(body.grid) if body.grid is not None else grid_from_readings(
-                    body.rows, body.columns, window=window)[0]
+                if body.grid is not None:
+                    grid = grid_from_rows(body.grid)
+                else:
+                    grid, _, origins[k] = grid_from_readings(body.rows, body.columns, window=window)
                 check_grid(model, grid)
             except (DataValidationError, ValueError) as exc:
                 grids.append(exc)
@@ -249,10 +263,10 @@ def build(services: Services) -> Vertical | None:
             if isinstance(grid, Exception):
                 out.append((ref, grid))
                 continue
-            part = _part(table, request_of, k)
+            part = _timed(_part(table, request_of, k), origins[k])
             predicted = _Predicted(part)
             if ch_table is not None and ch_request_of is not None and challenger is not None:
-                ch_part = _part(ch_table, ch_request_of, k)
+                ch_part = _timed(_part(ch_table, ch_request_of, k), origins[k])
                 if len(ch_part):
                     assets = part[S.ASSET].tolist()
                     by_ch = challenger.answers(assets) & part[S.ASSET].isin(ch_part[S.ASSET]).to_numpy()
@@ -272,7 +286,8 @@ def build(services: Services) -> Vertical | None:
                 model=name, version=version, role=role, ids=frame[S.ASSET].astype(str).tolist(),
                 scores=frame["predicted_rul"].astype(float).tolist(), decided=np.concatenate(decided).tolist(),
                 extra={"step": frame[S.STEP].astype(int).tolist(),
-                       "failure_probability": frame["failure_probability"].astype(float).tolist()}))
+                       "failure_probability": frame["failure_probability"].astype(float).tolist(),
+                       SCORED_T: [None if np.isnan(t) else float(t) for t in frame[SCORED_T].to_numpy(float)]}))
 
         record(ref.version, CHAMPION_ROLE, [p.table for p in done],
                [~p.by_challenger if p.by_challenger is not None else np.ones(len(p.table), dtype=bool)

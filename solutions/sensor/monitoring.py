@@ -5,19 +5,22 @@
   run's readings;
 * the failure events that arrive later (``asset_id,failed_at``) and the realised RUL error
   of the predictions made before them (:func:`scored_times`, :func:`realised_rul`,
-  :func:`rul_error_table`);
+  :func:`rul_error_table`), in batch and, per served version, online (:func:`judge_served`);
 * the accumulated training data: scored readings with the failure events of their assets
   (:func:`reading_keys`, :func:`run_to_failure`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from infra.errors import DataValidationError
+from infra.serving.challenger import LABEL_ROLE
 from infra.tables import ColumnSpec, TableSchema, read_table
 from solutions.sensor import schema as S
 from solutions.sensor.align import apply_mapping, to_seconds
@@ -103,6 +106,37 @@ def realised_rul(scored: pd.DataFrame, failures: pd.DataFrame, step_seconds: flo
     joined = joined.loc[joined["true_rul"] >= 0].reset_index(drop=True)
     joined["error"] = joined["predicted_rul"].to_numpy(dtype="float64") - joined["true_rul"].to_numpy()
     return joined
+
+
+def judge_served(rows: Sequence[Mapping[str, Any]], failures: pd.DataFrame, step_seconds: float,
+                 rul_cap: float | None = None,
+                 ) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, str]]:
+    """The serving API's score-log rows of a sensor model (``id`` = asset, ``score`` = predicted
+    RUL, ``scored_t`` = when the window ended) judged by the failure events that came since: the
+    rows whose asset failed at or after ``scored_t``, each keyed ``asset@scored_t`` (the champion's
+    and the challenger's prediction of one window share the key), the true RUL of each key
+    (:func:`realised_rul`'s, capped at ``rul_cap`` when given, as the models' targets are) and
+    each key's asset (the evidence draws whole assets). Rows without a clock (aligned-grid
+    requests) and label rows are left out.
+    """
+    served = [r for r in rows if r.get("role") != LABEL_ROLE and r.get(SCORED_T) is not None]
+    if not served:
+        return [], {}, {}
+    frame = pd.DataFrame({S.ASSET: [str(r["id"]) for r in served],
+                          SCORED_T: np.array([r[SCORED_T] for r in served], dtype="float64"),
+                          "predicted_rul": np.array([r["score"] for r in served], dtype="float64"),
+                          "row": np.arange(len(served))})
+    frame = frame.loc[np.isfinite(frame[SCORED_T].to_numpy())]
+    judged = realised_rul(frame, failures, step_seconds)
+    if judged.empty:
+        return [], {}, {}
+    truth = judged["true_rul"].to_numpy(dtype="float64")
+    if rul_cap is not None:
+        truth = np.minimum(truth, rul_cap)
+    keys = judged[S.ASSET].astype(str) + "@" + judged[SCORED_T].map(lambda t: f"{t:.0f}")
+    out = [{**served[int(i)], "id": key} for i, key in zip(judged["row"], keys, strict=True)]
+    return out, dict(zip(keys, truth.tolist(), strict=True)), dict(zip(keys, judged[S.ASSET].astype(str),
+                                                                       strict=True))
 
 
 def rul_error_table(realised: pd.DataFrame, within: float) -> pd.DataFrame:

@@ -42,7 +42,8 @@ from solutions.sensor.pipeline import preprocessing_from_params
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
 from solutions.sensor.scoring import alert_threshold, scores_table
 
-__all__ = ["OnlineSensorModel", "check_grid", "grid_from_readings", "grid_from_rows", "predict_grid"]
+__all__ = ["OnlineSensorModel", "check_grid", "grid_from_readings", "grid_from_rows", "predict_grid",
+           "window_end_seconds"]
 
 SOURCE = "request"
 #: aggregates :func:`~solutions.sensor.align.align_readings` makes of a fast sensor
@@ -108,8 +109,10 @@ def _check_span(readings: pd.DataFrame, cfg: AlignConfig, window: int | None) ->
 
 def grid_from_readings(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None,
                        align: AlignConfig | None = None, *, window: int | None = None,
-                       ) -> tuple[pd.DataFrame, BadReadingReport]:
-    """Long-format readings -> the grid, as a readings file is read by ``sensor score --data``.
+                       ) -> tuple[pd.DataFrame, BadReadingReport, dict[str, float]]:
+    """Long-format readings -> the grid, as a readings file is read by ``sensor score --data``,
+    and each asset's grid origin (seconds: the start of its step 0, as the aligner anchors it),
+    so that a scored step can be put back on the clock (:func:`window_end_seconds`).
 
     ``window`` (the model's window length) only words the error of a history under 2 grid steps.
 
@@ -126,7 +129,21 @@ def grid_from_readings(records: Sequence[Mapping[str, Any]], columns: Mapping[st
     cfg = align or AlignConfig()
     readings, report = clean_readings(frame, cfg, SOURCE)
     _check_span(readings, cfg, window)
-    return align_readings(readings, None, cfg, report)
+    grid, report = align_readings(readings, None, cfg, report)
+    first = readings.groupby(readings[S.ASSET].astype(str), observed=True)["t"].min()
+    origins = {str(a): float(np.floor(t / cfg.step_seconds) * cfg.step_seconds) for a, t in first.items()}
+    return grid, report, origins
+
+
+def window_end_seconds(table: pd.DataFrame, origins: Mapping[str, float] | None,
+                       step_seconds: float) -> np.ndarray:
+    """When each scored window of ``table`` (``asset_id``, ``step``) ended: the start of its last
+    step in seconds (as :func:`solutions.sensor.monitoring.scored_times` computes it for a
+    scored file); NaN where the request had no clock (aligned grid rows)."""
+    if not origins:
+        return np.full(len(table), np.nan)
+    origin = table[S.ASSET].astype(str).map(origins).to_numpy(dtype="float64")
+    return origin + table[S.STEP].to_numpy(dtype="float64") * step_seconds
 
 
 def grid_from_rows(records: Sequence[Mapping[str, Any]]) -> pd.DataFrame:

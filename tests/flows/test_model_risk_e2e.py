@@ -1,11 +1,13 @@
-"""Model risk end to end, on a drifting synthetic fraud feed (a new fraud pattern starts halfway):
+"""Model risk end to end, on a drifting synthetic fraud feed (a new fraud pattern starts halfway)
+and, shorter, on a sensor fleet whose failures come later:
 
 champion v1 (a GBM fitted before the pattern) serves on a real server, challenger v2 (refitted
 on data with the pattern) scores every request in shadow; the labels arrive through the API;
 the evidence flow recommends v2 with its interval; the approval is given through Prefect's
 ``resume_flow_run`` with run input, as the UI form does, by a second principal after the first
 is refused; serving hot-reloads v2; an emergency rollback returns v1; the trail verifies, and
-verification fails after one byte of it is changed.
+verification fails after one byte of it is changed. The sensor test does the same with RULs
+judged by failure events from the failures inbox (the realised RMSE per version, drawn by asset).
 """
 
 from __future__ import annotations
@@ -18,15 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pandas as pd
 import pytest
+import torch
 from prefect import get_client
 from prefect.flow_runs import resume_flow_run
 
 from flows.fraud.evidence import fraud_evidence
+from flows.sensor.evidence import sensor_evidence
+from flows.sensor.monitor import sensor_monitor
 from flows.serve import fraud as serve_fraud
 from infra.errors import ApprovalError
-from infra.home import home_layout
+from infra.home import HomeLayout, home_layout
 from infra.registry import ALIAS_HISTORY_FILE, KIND_SKLEARN, ModelRegistry
 from infra.serving.challenger import SCORES_DIR, read_score_log
 from infra.tables import assign_periods, time_split, validate_table
@@ -34,9 +40,19 @@ from solutions.fraud import candidates as CA
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.synthetic import generate_transactions
+from solutions.sensor import pipeline as SP
+from solutions.sensor import schema as SS
+from solutions.sensor.align import align_readings, clean_events, clean_readings
+from solutions.sensor.config import AlignConfig, SyntheticFleetConfig, WindowConfig
+from solutions.sensor.features import make_windows
+from solutions.sensor.model import SensorRULModel
+from solutions.sensor.synthetic import generate_fleet
 from tasks.approval import approval_requests, decide
 from tasks.champion import rollback_champion, set_challenger
 from tests.serve.fraud_helpers import MODEL, FraudServer, api_key, jsonable, post_scores
+from tests.serve.sensor_helpers import MODEL as SENSOR_MODEL
+from tests.serve.sensor_helpers import SensorServer
+from tests.serve.sensor_helpers import jsonable as sensor_jsonable
 
 CHUNK = 256
 SERVED_DAYS = 4
@@ -164,3 +180,121 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
     data[data.index(b'"bob"') + 1] = ord("B")  # one byte
     path.write_bytes(bytes(data))
     assert not registry.verify_trail(MODEL).ok
+
+
+# ------------------------------------------------------------------------------------
+# sensor: the same path with failure events, shorter
+
+
+def _sensor_versions(home: HomeLayout) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """A synthetic fleet; v1 (a CNN trained a few steps: champion) and v2 (the same CNN trained
+    to convergence on the same assets) registered; the readings and failure events of the assets
+    neither saw, which run to failure while they are served."""
+    readings, events = generate_fleet(SyntheticFleetConfig(n_assets=18, min_life=40, max_life=70, fast_rate=4,
+                                                           censored_fraction=0.0, bad_reading_rate=0.0, seed=11))
+    readings[SS.TIMESTAMP] = readings[SS.TIMESTAMP].astype(str)
+    assets = sorted(readings[SS.ASSET].unique())
+    trained, served = assets[:8], assets[8:]
+    cfg = AlignConfig()
+    clean, report = clean_readings(readings.loc[readings[SS.ASSET].isin(trained)], cfg, "train")
+    grid, _ = align_readings(clean, clean_events(events), cfg, report)
+    wcfg = WindowConfig(length=12, rul_cap=80.0, horizon=10, n_regimes=1)
+    norm = SP.fit_normalizer(grid, trained, wcfg, cfg.op_prefix)
+    ws = make_windows(grid, norm, length=wcfg.length, stride=1, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon)
+    x = torch.as_tensor(ws.x, dtype=torch.float32)
+    target = torch.as_tensor(np.nan_to_num(ws.rul, nan=wcfg.rul_cap) / wcfg.rul_cap, dtype=torch.float32)
+    registry = ModelRegistry(home.registry())
+    for version, steps in ((1, 2), (2, 300)):
+        torch.manual_seed(0)
+        net = SensorRULModel(n_channels=len(norm.channels_), channels=8, embedding_dim=16, rul_cap=wcfg.rul_cap)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        net.train()
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(net(x)[0], target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        ref = registry.register(SENSOR_MODEL, net.state_dict(), params=SP.model_params(net, norm, wcfg, threshold=0.4),
+                                metrics={"test/rmse": 1.0}, primary_metric="test/rmse", higher_is_better=False)
+        assert ref.version == version
+        if version == 1:
+            registry.promote(ref)
+    return readings.loc[readings[SS.ASSET].isin(served)], events, served
+
+
+def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED", json.dumps([SENSOR_MODEL]))
+    home = home_layout()
+    readings, events, served = _sensor_versions(home)
+    registry = ModelRegistry()
+    set_challenger(f"{SENSOR_MODEL}:2", registry=registry, reason="trained to convergence; shadow first")
+    ts = pd.to_datetime(readings[SS.TIMESTAMP])
+    with SensorServer(home) as server, httpx.Client() as client:
+        [champion_slot] = [s for s in server.app.state.serving.slots if not s.optional]
+        route = server.app.state.serving.challengers[SENSOR_MODEL]
+        _wait(lambda: route.slot.version == 2, "the sensor challenger did not load")
+
+        def predict(asset: str, until: pd.Timestamp) -> dict[str, Any]:
+            rows = readings.loc[((readings[SS.ASSET] == asset) & (ts < until)).to_numpy()]
+            response = client.post(f"{server.url}/v1/sensor/predict", json={"readings": sensor_jsonable(rows)},
+                                   headers={"X-API-Key": server.key}, timeout=60)
+            assert response.status_code == 200, response.text
+            [prediction] = response.json()["predictions"]
+            return prediction
+
+        # each asset is asked about every 4 hours while it runs (the champion answers: shadow)
+        for asset in served:
+            start, end = ts[readings[SS.ASSET] == asset].min(), ts[readings[SS.ASSET] == asset].max()
+            for hours in range(14, int((end - start) / pd.Timedelta(hours=1)), 4):
+                assert predict(asset, start + pd.Timedelta(hours=hours))["model_version"] == 1
+        # the failures arrive later, as a file in the failures inbox, and the monitor takes them in
+        inbox = home.inbox("failures")
+        inbox.mkdir(parents=True, exist_ok=True)
+        failed = events.loc[events[SS.ASSET].isin(served)]
+        failed.rename(columns={SS.FAILURE_TIME: "failed_at"})[[SS.ASSET, "failed_at"]].to_csv(
+            inbox / "failures.csv", index=False)
+        _wait(lambda: {r["role"] for r in read_score_log(home.serving() / SCORES_DIR, SENSOR_MODEL)}
+              == {"champion", "challenger"}, "the score log does not hold both versions")
+        assert sensor_monitor(settle_seconds=0, retrain=False).failures_rows == len(served)
+
+        out: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: out.update(result=sensor_evidence(model=SENSOR_MODEL, promote=True)),
+                                  daemon=True)
+        thread.start()
+        _wait(lambda: bool(w := [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL])
+              and _paused(w[-1].run_id) or not thread.is_alive(), "the promotion did not wait for approval",
+              timeout_s=180)
+        [request] = [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL]
+        with pytest.raises(ApprovalError, match="four eyes"):
+            decide(request.run_id, approve=True, reason="mine", approver="alice")
+        resume_flow_run(uuid.UUID(request.run_id),
+                        run_input={"decision": "approve", "reason": "realised RUL error reviewed", "approver": "bob"})
+        thread.join(180)
+        result = out["result"]
+        print("sensor evidence:", result.reason)
+        assert result.recommendation == "promote", result.reason
+        v1, v2 = result.versions
+        assert v1.subjects == v2.subjects == len(served) and v2.metric.value < v1.metric.value
+        assert result.paired.diff_high < 0 and result.paired.p_value < 0.05
+        assert result.promotion.promoted and result.promotion.approval.decided_by == "bob"
+        _wait(lambda: champion_slot.version == 2, "serving did not reload v2", timeout_s=30)
+        last = ts.max()
+        assert predict(served[0], last)["model_version"] == 2
+        rollback_champion(SENSOR_MODEL, registry, emergency=True, reason="incident drill")
+        _wait(lambda: champion_slot.version == 1, "serving did not reload v1", timeout_s=30)
+        assert predict(served[0], last)["model_version"] == 1
+
+    trail = [json.loads(line)["action"] for line in
+             (registry.root / SENSOR_MODEL / ALIAS_HISTORY_FILE).read_text().splitlines()]
+    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
+    assert registry.verify_trail(SENSOR_MODEL).ok
+    path = registry.root / SENSOR_MODEL / ALIAS_HISTORY_FILE
+    data = bytearray(path.read_bytes())
+    data[data.index(b"incident drill")] = ord("I")  # one byte
+    path.write_bytes(bytes(data))
+    assert not registry.verify_trail(SENSOR_MODEL).ok

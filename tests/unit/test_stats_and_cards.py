@@ -147,3 +147,32 @@ def test_lineage_is_stored_and_reproduction_is_checked(tmp_path: Path) -> None:
     assert any(m.startswith("threads 99 -> ") and "INDUSFLOW_TRAIN_NUM_THREADS=99" in m for m in minor)
     with pytest.raises(ReproductionError, match="no lineage"):
         plan_reproduction(_register(reg))
+
+
+def test_grouped_bootstrap_draws_whole_clusters() -> None:
+    """Each row repeated 8 times is no more evidence than the row once: drawn by cluster, the
+    repeated data give the interval of the original rows exactly (the same draws, seed for seed),
+    where drawn row by row they give an interval about sqrt(8) times too narrow."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(50, 20, 40)
+    a, b = y + rng.normal(0, 8, 40), y + rng.normal(2, 12, 40)
+    rep = np.repeat(np.arange(40), 8)
+    for metric in ("rmse", "mae"):
+        alone = stats.bootstrap_ci(metric, y, a, resamples=400, seed=3)
+        grouped = stats.bootstrap_ci(metric, y[rep], a[rep], resamples=400, seed=3, groups=rep)
+        by_row = stats.bootstrap_ci(metric, y[rep], a[rep], resamples=400, seed=3)
+        assert (grouped.low, grouped.value, grouped.high) == pytest.approx((alone.low, alone.value, alone.high))
+        assert (by_row.high - by_row.low) < 0.6 * (grouped.high - grouped.low)
+        t_alone = stats.paired_bootstrap(metric, y, a, b, resamples=400, seed=3)
+        t_grouped = stats.paired_bootstrap(metric, y[rep], a[rep], b[rep], resamples=400, seed=3, groups=[f"g{i:03d}" for i in rep])
+        assert (t_grouped.diff_low, t_grouped.diff_high, t_grouped.p_value) == pytest.approx(
+            (t_alone.diff_low, t_alone.diff_high, t_alone.p_value))
+    # ranking metrics too: ties of a repeated row keep their summed weight
+    labels = (rng.random(60) < 0.3).astype(float)
+    scores = labels + rng.normal(0, 0.8, 60)
+    rep = np.repeat(np.arange(60), 3)
+    alone = stats.bootstrap_ci("pr_auc", labels, scores, resamples=300, seed=1)
+    grouped = stats.bootstrap_ci("pr_auc", labels[rep], scores[rep], resamples=300, seed=1, groups=rep)
+    assert (grouped.low, grouped.value, grouped.high) == pytest.approx((alone.low, alone.value, alone.high))
+    with pytest.raises(ValueError, match="groups have 3 rows"):
+        stats.bootstrap_ci("rmse", y, a, groups=[1, 2, 3])
