@@ -128,7 +128,9 @@ def forwarded_env(pool_type: PoolType) -> dict[str, str]:
     Raises:
         DeployError: naming each such variable and the fix.
     """
-    keep = dict(RUN_ENV)
+    from infra.settings import get_deploy_settings
+
+    keep = {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(get_deploy_settings().heartbeat_s)}
     if pool_type != "process":
         return keep
     from infra.settings import secret_variables
@@ -168,6 +170,55 @@ def ensure_gpu_limits(config: DeployConfig) -> dict[str, int]:
             client.upsert_global_concurrency_limit_by_name(name, cards)
             made[name] = cards
     return made
+
+
+#: The automation ``apply`` keeps on the Prefect server (one, by name).
+CRASH_AUTOMATION = "indusflow: crashed when heartbeats stop"
+#: What ends a flow run's heartbeats on purpose.
+_FINAL_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")
+
+
+def ensure_crash_detection() -> str:
+    """Create (or update) the Prefect automation that marks a flow run Crashed when its heartbeats
+    stop for ``INDUSFLOW_DEPLOY_CRASHED_AFTER_S``: a worker, pod or machine killed with its runs
+    leaves them Running forever otherwise (a SIGKILL reaches no Prefect code). This is Prefect's
+    own zombie detection: flow runs emit ``prefect.flow-run.heartbeat`` events (the pools' job
+    variables set their frequency) and a proactive event trigger acts when they stop. Returns
+    the automation's id.
+    """
+    from datetime import timedelta
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+    from infra.settings import get_deploy_settings
+
+    settings = get_deploy_settings()
+    automation = AutomationCore(
+        name=CRASH_AUTOMATION,
+        description=f"A flow run with no heartbeat for {settings.crashed_after_s} s (its worker, pod or machine was "
+                    "killed) is marked Crashed, so a re-run can take over (a training resumes from last.ckpt).",
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{s}" for s in _FINAL_EVENTS)},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=settings.crashed_after_s),
+        ),
+        actions=[ChangeFlowRunState(state=StateType.CRASHED,
+                                    message=f"no heartbeat for {settings.crashed_after_s} s: its worker or machine "
+                                            "stopped")],
+    )
+    with get_client(sync_client=True) as client:
+        existing = client.read_automations_by_name(CRASH_AUTOMATION)
+        if existing:
+            client.update_automation(existing[0].id, automation)
+            return str(existing[0].id)
+        return str(client.create_automation(automation))
 
 
 def _api_url() -> str | None:
@@ -280,14 +331,17 @@ def cmd_apply(args: argparse.Namespace) -> int:
         _require_pool(args.pool)
     deployments = build_deployments(config, args.only, pool=args.pool, pool_type=args.pool_type, image=image)
     limits = ensure_gpu_limits(config)
+    crash_detection = ensure_crash_detection()
     ids = {}
     for deployment in deployments:
         ids[f"{deployment.flow_name}/{deployment.name}"] = str(deployment.apply())
     if args.json:
-        print(json.dumps({"pool": args.pool, "deployments": ids, "gpu_limits": limits}))
+        print(json.dumps({"pool": args.pool, "deployments": ids, "gpu_limits": limits,
+                          "crash_detection": crash_detection}))
     else:
         for name, dep_id in ids.items():
             print(f"registered {name} ({dep_id}) to pool {args.pool}")
+        print(f"automation {CRASH_AUTOMATION!r} marks a run Crashed when its heartbeats stop")
         print(f"start a worker: prefect worker start --pool {args.pool}")
     return 0
 

@@ -184,6 +184,13 @@ class DeploySettings(BaseSettings):
     )
     timezone: str | None = Field(default=None, description="Time zone of every cron schedule.")
     image: str | None = Field(default=None, description="Worker image for docker/kubernetes pools.")
+    heartbeat_s: int = Field(
+        default=30, ge=30, description="Seconds between a pool's flow-run heartbeats (Prefect's "
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in the job variables by infra.deploy apply; 30 is Prefect's minimum).")
+    crashed_after_s: int = Field(
+        default=90, ge=10, description="A pool's flow run with no heartbeat for this long is marked Crashed (the "
+        "Prefect automation infra.deploy apply keeps; a killed worker or machine leaves its runs Running otherwise). "
+        "Keep it above INDUSFLOW_DEPLOY_HEARTBEAT_S.")
 
 
 class MilvusSettings(BaseSettings):
