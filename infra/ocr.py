@@ -7,7 +7,8 @@ certainty from low-confidence noise:
 
 - ``rapidocr``: embedded, PyPI ``rapidocr`` on ONNX Runtime with the PP-OCR detection and
   recognition models (Chinese + English) shipped inside the wheel; nothing is downloaded.
-  Scores every text box (its recognition confidence, 0-1).
+  Scores every text box (its recognition confidence, 0-1). Its character boxes give back the
+  spaces its recogniser drops between words on scans (:func:`spaced_text`).
 - ``tesseract``: PyPI ``pytesseract`` over a ``tesseract`` binary on ``PATH`` (optional).
 - ``tika``: the configured Tika server OCRs the page image (its Tesseract parser; the
   ``X-Tika-OCRLanguage`` header names the languages).
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import logging
 import shutil
+import statistics
 import threading
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -115,7 +119,201 @@ def scored_lines_in_order(boxes: Sequence[Sequence[Sequence[float]]], texts: Seq
     for line in lines:
         words = [i for i in sorted(line, key=lambda i: i[2]) if i[3].strip()]
         known = [float(i[4]) for i in words if i[4] is not None]
-        out.append(OcrLine(" ".join(i[3] for i in words), min(known) if known else None))
+        out.append(OcrLine(join_boxes([i[3] for i in words]), min(known) if known else None))
+    return out
+
+
+# ------------------------------------------------------------------------------------
+# spaces from geometry: the recogniser runs words together ("Clause7", "on12March") on blurred
+# scans and tight spacing; the blank ink between its characters shows where the spaces were.
+
+#: A gap between two characters is a space the recogniser missed when it is at least this share
+#: of the median gap where it did read a space in the same line (its own calibration of the
+#: font, size and spacing at hand). Tuned with bench/ocr_spaces_bench.py.
+SPACE_OF_READ_SPACES = 0.9
+#: In a line where it read no space: a gap of at least this share of the line's ink height
+#: (ascender to descender). Conservative: on the tuning pages 20 of 4,820 letter gaps ("ll",
+#: "il" in blurred scans) reached 0.4, one reached 0.45.
+SPACE_OF_INK_HEIGHT = 0.45
+#: Gaps narrower than this many pixels are never spaces (one pixel is noise at small sizes).
+MIN_SPACE_PX = 2
+#: No space is inserted before these characters, nor after the next set (punctuation and
+#: hyphens have wide side bearings: "B-12", "p.", "(see" must stay as they are), nor between
+#: two digits.
+_NO_SPACE_BEFORE = frozenset(".,;:!?)]}%'\"-/")
+_NO_SPACE_AFTER = frozenset("([{'\"-/")
+#: Scripts written without spaces between words: Han, kana, CJK symbols and punctuation,
+#: full-width forms. No space is inserted next to them, and their boxes are joined without one.
+_UNSPACED_RANGES = ((0x3000, 0x30FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),
+                    (0xFF00, 0xFFEF), (0x20000, 0x2FA1F))
+
+
+def _unspaced(ch: str) -> bool:
+    code = ord(ch)
+    return any(lo <= code <= hi for lo, hi in _UNSPACED_RANGES)
+
+
+def _spaced_script(ch: str) -> bool:
+    """Whether ``ch`` belongs to text written with spaces between words (ASCII, Latin, Greek,
+    Cyrillic): the only places where a space may be inserted."""
+    if ch.isascii():
+        return ch.isprintable()
+    return unicodedata.name(ch, "").split(" ")[0] in ("LATIN", "GREEK", "CYRILLIC")
+
+
+def join_boxes(texts: Sequence[str]) -> str:
+    """The texts of one line's boxes, left to right: a space between them, except where either
+    side of the join is CJK (Chinese is written without spaces, also next to Latin and digits:
+    "泵站P3停机")."""
+    out = ""
+    for text in texts:
+        if out and not (_unspaced(out[-1]) or _unspaced(text[0])):
+            out += " "
+        out += text
+    return out
+
+
+def gaps_between(blank: Sequence[bool], spans: Sequence[tuple[float, float]]) -> list[int]:
+    """For each pair of consecutive characters, the widest run of blank columns between their
+    centres (in pixels).
+
+    Args:
+        blank: per column of the straightened line, whether it holds no ink.
+        spans: each character's left and right x in the same columns, in reading order (the
+            engine's character boxes).
+    """
+    centres = [(a + b) / 2 for a, b in spans]
+    gaps = []
+    for left, right in itertools.pairwise(centres):
+        lo, hi = max(int(min(left, right)), 0), min(int(max(left, right)) + 1, len(blank))
+        best = run = 0
+        for column in blank[lo:hi]:
+            run = run + 1 if column else 0
+            best = max(best, run)
+        gaps.append(best)
+    return gaps
+
+
+def _space_threshold(gaps: Sequence[float], read: set[int], ink_height: float) -> float:
+    """The narrowest gap that counts as a space in this line (see ``SPACE_OF_READ_SPACES``)."""
+    seen = [gaps[i - 1] for i in read]
+    if seen:
+        return max(SPACE_OF_READ_SPACES * statistics.median(seen), MIN_SPACE_PX)
+    return max(SPACE_OF_INK_HEIGHT * ink_height, MIN_SPACE_PX)
+
+
+def spaced_text(text: str, gaps: Sequence[float], ink_height: float) -> str:
+    """``text`` with a space where the recogniser read none but the line's ink has one.
+
+    ``gaps[i]`` is the blank width (pixels) between the i-th and the next non-space character
+    of ``text`` (:func:`gaps_between`). A gap about as wide as the spaces the recogniser did
+    read in this line (``SPACE_OF_READ_SPACES`` of their median; with none read,
+    ``SPACE_OF_INK_HEIGHT``) becomes a space, only between characters of scripts written with
+    spaces, never between digits nor next to punctuation that takes none. Spaces already in
+    ``text`` are kept (runs of them as one); none is removed.
+    """
+    chars = [c for c in text if not c.isspace()]
+    if len(gaps) != max(len(chars) - 1, 0):
+        raise ValueError(f"{len(gaps)} gaps for {len(chars)} characters")
+    read: set[int] = set()  # indexes of characters the recogniser put a space before
+    count = 0
+    for c in text:
+        if c.isspace():
+            read.add(count)
+        else:
+            count += 1
+    threshold = _space_threshold(gaps, {i for i in read if 0 < i < len(chars)}, ink_height)
+    out = []
+    for i, c in enumerate(chars):
+        if (i in read and out) or (i and _missed_space(chars[i - 1], c, gaps[i - 1], threshold)):
+            out.append(" ")
+        out.append(c)
+    return "".join(out)
+
+
+def _missed_space(before: str, after: str, gap: float, threshold: float) -> bool:
+    if gap < threshold or before in _NO_SPACE_AFTER or after in _NO_SPACE_BEFORE:
+        return False
+    if after.isdigit() and (before.isdigit() or before in ".,:"):
+        # digits are set in equal-width cells, so a narrow "1" leaves gaps as wide as a tight
+        # space ("1 7:45"); "4.2", "1,000" and "14:20" keep their dot, comma and colon
+        return False
+    return _spaced_script(before) and _spaced_script(after)
+
+
+@dataclass(frozen=True)
+class LineInk:
+    """A text box straightened to a rectangle: which of its columns hold no ink, the height of
+    its ink (ascender to descender, pixels) and the transform from page to box coordinates."""
+
+    blank: Any  # numpy bool array, one per column
+    ink_height: float
+    transform: Any  # 3x3 numpy perspective matrix
+
+
+def line_ink(gray: Any, quad: Sequence[Sequence[float]]) -> LineInk | None:
+    """The ink of one text box of a greyscale page (numpy uint8), or None for a box that is
+    taller than wide (vertical text) or blank.
+
+    A pixel is ink when it is darker than halfway between paper and ink (light text on a dark
+    ground is inverted first); a column with at most one ink pixel is blank, so a speck of
+    scanner noise does not close a gap.
+    """
+    import cv2
+    import numpy as np
+
+    q = np.asarray(quad, dtype=np.float32)
+    width = int(max(np.linalg.norm(q[0] - q[1]), np.linalg.norm(q[3] - q[2])) + 0.5)
+    height = int(max(np.linalg.norm(q[0] - q[3]), np.linalg.norm(q[1] - q[2])) + 0.5)
+    if width < 2 or height < 2 or height > width:
+        return None
+    target = np.array([[0, 0], [width, 0], [width, height], [0, height]], dtype=np.float32)
+    transform = cv2.getPerspectiveTransform(q, target)
+    crop = cv2.warpPerspective(gray, transform, (width, height), flags=cv2.INTER_LINEAR,
+                               borderMode=cv2.BORDER_REPLICATE)
+    lo, hi = np.percentile(crop, (2, 95))
+    if hi - lo < 16:  # no contrast: nothing to measure
+        return None
+    middle = (lo + hi) / 2
+    ink = crop < middle if np.median(crop) >= middle else crop > middle
+    rows = np.flatnonzero(ink.sum(axis=1) >= max(1, 0.01 * width))
+    ink_height = float(rows[-1] - rows[0] + 1) if rows.size else float(height)
+    return LineInk(ink.sum(axis=0) <= 1, ink_height, transform)
+
+
+def box_text_with_spaces(gray: Any, quad: Sequence[Sequence[float]], text: str,
+                         char_boxes: Sequence[Sequence[Sequence[float]]]) -> str:
+    """``text`` of one text box with the spaces its ink shows (:func:`spaced_text`), given the
+    engine's character boxes (page coordinates, one per non-space character of ``text``);
+    ``text`` unchanged where the box can't be measured."""
+    import cv2
+    import numpy as np
+
+    ink = line_ink(gray, quad)
+    if ink is None or len(char_boxes) < 2:
+        return text
+    corners = np.asarray(char_boxes, dtype=np.float32).reshape(-1, 4, 2)
+    in_box = cv2.perspectiveTransform(corners.reshape(1, -1, 2), ink.transform).reshape(-1, 4, 2)
+    spans = [(float(c[:, 0].min()), float(c[:, 0].max())) for c in in_box]
+    return spaced_text(text, gaps_between(ink.blank.tolist(), spans), ink.ink_height)
+
+
+def _texts_with_spaces(gray: Any, boxes: list, texts: list[str], word_results: Any) -> list[str]:
+    """Each box's text with the spaces its ink shows. rapidocr leaves out the character boxes
+    of a box it has none for, so they are matched to the texts by their characters; a box
+    whose characters don't match keeps its text as read."""
+    import cv2
+
+    chars = [[(str(t), b) for t, _score, b in line] for line in (word_results or ()) if line]
+    out, k = [], 0
+    for quad, text in zip(boxes, texts, strict=True):
+        if k < len(chars) and "".join(t for t, _ in chars[k]) == "".join(text.split()):
+            try:
+                text = box_text_with_spaces(gray, quad, text, [b for _, b in chars[k]])
+            except (cv2.error, ValueError) as exc:  # a degenerate box: the text as read is still good
+                log.debug("OCR spacing skipped for one box: %s", type(exc).__name__)
+            k += 1
+        out.append(text)
     return out
 
 
@@ -141,6 +339,10 @@ class RapidOcr:
                 _RAPID[key] = RapidOCR(params={
                     "Global.log_level": "error",
                     "Global.use_cls": False,  # its 180-degree guesses turned correct lines upside down (CER 0.2)
+                    # a box per character: where the recogniser ran words together, the ink
+                    # between its characters shows the spaces (box_text_with_spaces)
+                    "Global.return_word_box": True,
+                    "Global.return_single_char_box": True,
                     "Det.limit_type": "max",  # shrink big pages to side_len, never blow small images up
                     "Det.limit_side_len": self.side_len,
                     "EngineConfig.onnxruntime.intra_op_num_threads": self.threads or -1,
@@ -160,8 +362,10 @@ class RapidOcr:
             raise OcrError(f"rapidocr: {type(exc).__name__}: {exc}"[:300]) from exc
         if out.boxes is None or not out.txts:
             return []
-        scores = list(out.scores) if out.scores is not None else [None] * len(out.txts)
-        return [line for line in scored_lines_in_order(out.boxes.tolist(), list(out.txts), scores) if line.text]
+        boxes = out.boxes.tolist()
+        texts = _texts_with_spaces(np.asarray(image.convert("L")), boxes, list(out.txts), out.word_results)
+        scores = list(out.scores) if out.scores is not None else [None] * len(texts)
+        return [line for line in scored_lines_in_order(boxes, texts, scores) if line.text]
 
     def read(self, image: Image) -> str:
         return "\n".join(line.text for line in self.read_lines(image))

@@ -202,3 +202,38 @@ def cer(reference: str, hypothesis: str, *, keep_spaces: bool = True) -> float:
     norm = (lambda s: " ".join(s.split())) if keep_spaces else (lambda s: "".join(s.split()))
     ref, hyp = norm(reference), norm(hypothesis)
     return edit_distance(ref, hyp) / max(len(ref), 1)
+
+
+def _without_spaces(text: str) -> tuple[str, set[int]]:
+    """``text`` without whitespace, and the indexes (in that string) of the characters that
+    followed whitespace."""
+    chars, after_space = [], set()
+    for c in text:
+        if c.isspace():
+            after_space.add(len(chars))
+        else:
+            chars.append(c)
+    return "".join(chars), after_space
+
+
+def lost_word_boundaries(reference: str, hypothesis: str) -> tuple[int, int]:
+    """How many of the reference's word boundaries an OCR text ran together: ``(lost, seen)``.
+
+    A boundary is seen where the hypothesis read both characters around it, one after the
+    other (the texts are aligned without their whitespace); it is lost when the hypothesis has
+    no whitespace between them ("Clause7"). Boundaries next to misread characters are left
+    out, so the share measures spacing alone, apart from the character errors CER counts.
+    """
+    from difflib import SequenceMatcher
+
+    ref, ref_spaces = _without_spaces(reference)
+    hyp, hyp_spaces = _without_spaces(hypothesis)
+    to_hyp: dict[int, int] = {}
+    for block in SequenceMatcher(None, ref, hyp, autojunk=False).get_matching_blocks():
+        to_hyp.update({block.a + k: block.b + k for k in range(block.size)})
+    seen = lost = 0
+    for i in ref_spaces:
+        if 0 < i < len(ref) and i in to_hyp and to_hyp.get(i - 1) == to_hyp[i] - 1:
+            seen += 1
+            lost += to_hyp[i] not in hyp_spaces
+    return lost, seen
