@@ -41,6 +41,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -74,6 +75,7 @@ __all__ = [
     "Rows",
     "ScoredRequest",
     "SqliteStateStore",
+    "StateConflict",
     "apply_labels",
     "challenger_fits",
     "check_values",
@@ -96,6 +98,11 @@ _NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids togeth
 
 class OrderError(ValueError):
     """A transaction is older than the latest one already applied for its account."""
+
+
+class StateConflict(RuntimeError):
+    """Another writer committed to the shared store while an update ran without its lock (the lock
+    expired); nothing of the update was written, and it can be computed again on the new state."""
 
 
 #: Longest id (transaction_id, account_id, terminal_id) or category value (channel, category,
@@ -353,56 +360,102 @@ class RedisStateStore:
     list of its recent rows (``<prefix>:ar:<id>``); per terminal a hash of its rows by row id
     (``<prefix>:t:<id>``); a generation counter (``<prefix>:generation``).
 
-    Updates from several replicas are serialised by one Redis lock; an update's writes go in one
-    MULTI/EXEC transaction after the whole batch was computed. Keys of the first layout (one JSON
+    Updates from several replicas are serialised by one Redis lock (``<prefix>:lock``); an update's
+    writes go in one MULTI/EXEC transaction after the whole batch was computed. The lock expires
+    ``lock_ttl_s`` after it was taken or last renewed, and a thread of the holder renews it while
+    the update runs (for at most ``lock_timeout_s``): a replica killed inside an update holds the
+    others up for ``lock_ttl_s`` at most, not ``lock_timeout_s``. The transaction watches the
+    generation counter, so an update whose lock expired meanwhile (its process paused past the
+    TTL) and that another writer overtook writes nothing (:class:`StateConflict`) instead of
+    applying its rows on a state it did not read. Keys of the first layout (one JSON
     document per account and terminal, ``<prefix>:account:<id>``) are read when the new ones are
     absent and replaced on the next write.
 
     Args:
         url: ``redis://host:port/db``.
         prefix: key prefix.
-        lock_timeout_s: the lock expires after this (a crashed replica cannot block others).
+        lock_timeout_s: longest wait for the lock, and longest an update keeps renewing it (a hung
+            replica cannot block the others longer).
+        lock_ttl_s: the lock's expiry without renewal (how long a replica that died holding it
+            blocks the others).
     """
 
-    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0,
+                 lock_ttl_s: float = 2.0) -> None:
         import redis
 
         self._redis = redis.Redis.from_url(url)
+        self._errors = redis.exceptions
         self.prefix = prefix
+        self.lock_key = f"{prefix}:lock"  #: held by the replica whose update runs
+        self.generation_key = f"{prefix}:generation"  #: incremented by every commit
         self._lock_timeout_s = lock_timeout_s
+        self._lock_ttl_s = min(lock_ttl_s, lock_timeout_s)
         self._thread_lock = threading.Lock()
         self._generation: int | None = None
         self._committed = False
         self._pipe: Any = None
         self._legacy: set[str] = set()
+        self._held: tuple[Any, float] | None = None  # the running update's lock and when it was taken
+        self._keeper: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
 
+    def _keep_lock(self) -> None:
+        """Renew the running update's lock every third of its TTL (for ``lock_timeout_s`` at most)."""
+        while not self._closed.wait(self._lock_ttl_s / 3):
+            held = self._held
+            if held is None or time.monotonic() - held[1] > self._lock_timeout_s:
+                continue
+            try:
+                held[0].reacquire()
+            except self._errors.LockError:
+                pass  # released meanwhile; or expired and maybe taken: the commit's WATCH refuses it then
+            except self._errors.RedisError as exc:
+                log.warning("online-state lock not renewed: %s", type(exc).__name__)
+
     @contextmanager
     def exclusive(self) -> Iterator[bool]:
         with self._thread_lock:
-            lock = self._redis.lock(
-                f"{self.prefix}:lock", timeout=self._lock_timeout_s, blocking_timeout=self._lock_timeout_s
-            )
+            # thread_local=False: the keeper thread renews the token this thread took
+            lock = self._redis.lock(self.lock_key, timeout=self._lock_ttl_s, blocking_timeout=self._lock_timeout_s,
+                                    thread_local=False)
             if not lock.acquire():
                 raise TimeoutError("could not take the online-state lock in Redis")
-            self._pipe = self._redis.pipeline(transaction=True)
+            self._held = (lock, time.monotonic())
+            if self._keeper is None:
+                self._keeper = threading.Thread(target=self._keep_lock, name="online-state-lock", daemon=True)
+                self._keeper.start()
+            pipe = self._redis.pipeline(transaction=True)
             self._legacy = set()
             self._committed = False
             try:
-                generation = self._redis.get(f"{self.prefix}:generation")
+                pipe.watch(self.generation_key)  # EXEC writes nothing if another writer commits before it
+                generation = pipe.get(self.generation_key)
+                pipe.multi()  # from here on the pipeline queues the update's writes
+                self._pipe = pipe
                 yield (int(generation) if generation is not None else 0) == self._generation
-                self._pipe.incr(f"{self.prefix}:generation")
-                written = int(self._pipe.execute()[-1])
+                pipe.incr(self.generation_key)
+                try:
+                    written = int(pipe.execute()[-1])
+                except self._errors.WatchError:
+                    raise StateConflict("another writer committed while this update ran (its lock had "
+                                        "expired): nothing of the update was written") from None
                 # only an update that committed knows the stored state as it is now (a reset does not)
                 self._generation = written if self._committed else None
             except BaseException:
                 self._generation = None
                 raise
             finally:
+                self._held = None
                 self._pipe = None
-                lock.release()
+                pipe.reset()
+                try:
+                    lock.release()
+                except self._errors.LockError:
+                    pass  # it expired (and another writer may hold it now): theirs to release
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         unique = list(dict.fromkeys(keys))
@@ -485,6 +538,9 @@ class RedisStateStore:
         return bool(found)
 
     def close(self) -> None:
+        self._closed.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=5)
         self._redis.close()
 
 
@@ -1331,6 +1387,10 @@ class ScoredRequest:
     has_terminal: bool
 
 
+#: Times an update overtaken by another writer (:class:`StateConflict`) is computed before it fails.
+_CONFLICT_ATTEMPTS = 3
+
+
 def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
                    requests: Sequence[Sequence[Mapping[str, Any]]],
                    columns: Mapping[str, str] | None = None, *,
@@ -1364,7 +1424,8 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     ``max_time_ns``, and whether it gives the terminal windows the model needs. Each request
     is then applied atomically: one whose rows break the time order of an account gets an
     :class:`OrderError` and leaves the state as it was. If the model call fails, nothing is
-    committed.
+    committed. An update overtaken by another writer of a shared store (:class:`StateConflict`:
+    nothing of it was written) is computed again on the new state.
 
     Args:
         model: the version that scores.
@@ -1407,31 +1468,38 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                 f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
             continue
         frames.append(frame)
-    results: list[Rows | Exception] = []
-    spans: list[tuple[int, int]] = []
-    inputs: list[RowInputs] = []
     steps = max(model.seq_len, int(keep or 0))
     if steps - 1 > state.history_len:
         raise ValueError(f"{steps} steps per row need more history than the state keeps "
                          f"({state.history_len} rows per account)")
-    with state.update() as batch:
-        for frame in frames:
-            if isinstance(frame, Exception):
-                results.append(frame)
-                spans.append((0, 0))
-                continue
-            batch.load(frame.accounts, [])
-            try:
-                batch.check(frame)
-            except OrderError as exc:
-                results.append(exc)
-                spans.append((0, 0))
-                continue
-            rows = batch.apply(frame, model.delay_days, keep=steps)
-            spans.append((len(inputs), len(inputs) + len(rows)))
-            inputs.extend(rows)
-            results.append(frame)
-        scores = model.predict(inputs)
+    for attempt in range(_CONFLICT_ATTEMPTS):
+        results: list[Rows | Exception] = []
+        spans: list[tuple[int, int]] = []
+        inputs: list[RowInputs] = []
+        try:
+            with state.update() as batch:
+                for frame in frames:
+                    if isinstance(frame, Exception):
+                        results.append(frame)
+                        spans.append((0, 0))
+                        continue
+                    batch.load(frame.accounts, [])
+                    try:
+                        batch.check(frame)
+                    except OrderError as exc:
+                        results.append(exc)
+                        spans.append((0, 0))
+                        continue
+                    rows = batch.apply(frame, model.delay_days, keep=steps)
+                    spans.append((len(inputs), len(inputs) + len(rows)))
+                    inputs.extend(rows)
+                    results.append(frame)
+                scores = model.predict(inputs)
+            break
+        except StateConflict:  # nothing was written: computed again on the state as it is now
+            if attempt == _CONFLICT_ATTEMPTS - 1:
+                raise
+            log.warning("online-state update overtaken by another writer; computed again")
     return [r if isinstance(r, Exception) else
             ScoredRequest(scores=scores[a:b], inputs=inputs[a:b], accounts=r.accounts, ids=r.tx_ids,
                           has_terminal=r.has_terminal)

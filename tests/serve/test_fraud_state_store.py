@@ -6,6 +6,8 @@ account and terminal) is read on and nothing is lost; an update writes what chan
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
+import redis
 
 from solutions.fraud import schema as S
 from solutions.fraud.online import (
@@ -21,7 +24,9 @@ from solutions.fraud.online import (
     OnlineFraudState,
     RedisStateStore,
     SqliteStateStore,
+    StateConflict,
     apply_labels,
+    score_requests,
     validate_rows,
 )
 
@@ -165,3 +170,83 @@ def test_an_update_writes_what_changed_only(tmp_path: Path) -> None:
     # one account row, one terminal row, the account's summary, the generation, and the rows
     # that left the windows (a handful at most): not every row of the account and terminal
     assert 4 <= changed <= 12, changed
+
+
+@dataclass
+class _StubModel:
+    """What :func:`score_requests_with_inputs` asks of a model; a row scores its amount / 1000."""
+
+    seq_len: int = 4
+    delay_days: int = 7
+    needs_terminal: bool = True
+    version: int = 3
+
+    def predict(self, rows: list[Any]) -> np.ndarray:
+        return np.array([r.window["amount"] / 1000 for r in rows])
+
+
+def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    holder, other = RedisStateStore(redis_url, lock_ttl_s=0.3), RedisStateStore(redis_url, lock_ttl_s=0.3)
+    try:
+        with holder.exclusive():
+            assert 0 < client.pttl(holder.lock_key) <= 300  # a replica killed now blocks the others 0.3 s
+            time.sleep(1.0)  # over three TTLs: the holder renewed it meanwhile
+            assert 0 < client.pttl(holder.lock_key) <= 300
+        assert not client.exists(holder.lock_key)
+        # a holder that stops renewing (its process died inside an update) lets the others in after the TTL
+        section = holder.exclusive()
+        section.__enter__()
+        holder.close()  # its keeper thread stops; the section is never left
+        t0 = time.monotonic()
+        with other.exclusive():
+            waited = time.monotonic() - t0
+        assert waited < 1.0, waited
+    finally:
+        other.close()
+        client.close()
+
+
+def test_an_update_that_lost_its_lock_writes_nothing(redis_url: str) -> None:
+    raw = _frame(40)
+    client = redis.Redis.from_url(redis_url)
+    one, two = (OnlineFraudState.for_model(RedisStateStore(redis_url), history_len=8) for _ in range(2))
+    with pytest.raises(StateConflict), one.update() as batch:
+        batch.apply(validate_rows(raw.iloc[:30].to_dict("records")), delay_days=7)
+        client.delete(one.store.lock_key)  # its lock expired meanwhile (the process paused past the TTL) ...
+        with two.update() as other:  # ... and another replica took it and committed
+            other.apply(validate_rows(raw.iloc[30:31].to_dict("records")), delay_days=7)
+    third = RedisStateStore(redis_url)
+    with third.exclusive():
+        accounts = third.read(ACCOUNT, list("abcde"))
+    assert sum(doc["n"] for doc in accounts.values()) == 1  # the row of the update that committed, only
+    client.close()
+
+
+def test_scoring_overtaken_by_another_writer_is_computed_again(redis_url: str, tmp_path: Path) -> None:
+    raw = _frame(40)
+    first = raw.to_dict("records")
+    second = [{**first[-1], S.TRANSACTION_ID: "other", S.ACCOUNT_ID: "f"}]  # another account, same terminal
+    one, two = (OnlineFraudState.for_model(RedisStateStore(redis_url), history_len=8) for _ in range(2))
+    commit = one.store.commit
+    overtaken: list[bool] = []
+
+    def commit_after_another_writer(journal: Any) -> None:
+        if not overtaken:  # the first time: the lock expires and the other replica commits first
+            overtaken.append(True)
+            one.store._redis.delete(one.store.lock_key)
+            [scored] = score_requests(_StubModel(), two, [second])
+            assert not isinstance(scored, Exception)
+        commit(journal)
+
+    one.store.commit = commit_after_another_writer  # type: ignore[method-assign]
+    [scores] = score_requests(_StubModel(), one, [first])
+    assert overtaken and not isinstance(scores, Exception)
+    # as one writer applying `second` then `first` (the order the store saw them in) scores them
+    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    score_requests(_StubModel(), alone, [second])
+    [expected] = score_requests(_StubModel(), alone, [first])
+    np.testing.assert_array_equal(scores, expected)
+    with one.update() as batch:
+        batch.load(list("abcdef"), [])
+        assert sum(d["n"] for d in batch.pending.accounts.values()) == 41
