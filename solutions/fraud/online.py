@@ -19,7 +19,9 @@ it used, and its recent rows (those inside the longest window, at least the last
 ``delay + max(window) + 1`` days. Rows are applied in arrival order, exactly like the
 batch path's stable sort by time keeps a file's order for equal timestamps; a row older
 than its account's latest row is refused (its step features would depend on rows that
-came after it).
+came after it). A transaction is applied once: a scored row keeps its score and the version
+that computed it, so a request sent again after its answer was lost (a replica killed between
+its commit and its answer) is answered with what was stored, and applies nothing.
 
 Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
 home (embedded, one process or several on one machine; a restart loses nothing) and
@@ -180,7 +182,9 @@ _SQLITE_SCHEMA = (
 # strings after its first pass, but walks every list on each full collection. With the rows of
 # ~100k cached transactions as lists, full collections paused a serving process for 320-360 ms
 # (14-25 per bench run; see also ServeSettings.gc_thresholds); a label that arrives replaces its row's tuple.
-AccountRow = tuple[Any, ...]  #: (t_ns, amount, channel, category, step features, transaction id)
+#: (t_ns, amount, channel, category, step features, transaction id[, score, version]): the score and
+#: the version that computed it when the row was scored through :func:`score_requests_with_inputs`
+AccountRow = tuple[Any, ...]
 TerminalRow = tuple[int, float | None, str | None, int]  #: (t_ns, label, transaction id, row id)
 
 
@@ -939,6 +943,7 @@ class _Batch:
         self._term_index = state._term_index
         self._touched: set[str] = set()
         self._journal = Journal()
+        self._applied: list[tuple[str, int]] = []  # per applied row: its account, its place in the journal
 
     def journal(self) -> Journal:
         """The changes to persist (the touched accounts' summaries taken now)."""
@@ -979,8 +984,9 @@ class _Batch:
 
     def check(self, rows: Rows | pd.DataFrame) -> None:
         """Raise :class:`OrderError` when a row is older than its account's latest row, or is a
-        transaction already applied (a client's retry: applying it twice would count it twice), or
-        its transaction id appears twice in ``rows``."""
+        transaction already applied (applying it twice would count it twice; a whole request sent
+        again is answered from :meth:`replayed` before this check), or its transaction id appears
+        twice in ``rows``."""
         rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
         seen: dict[str, int] = {}
         for i, tx in enumerate(rows.tx_ids):
@@ -999,6 +1005,40 @@ class _Batch:
                     f"row {i}: the transaction at {pd.Timestamp(t)} is older than the latest one "
                     "already scored for its account; online scoring is order-based"
                 )
+
+    def replayed(self, rows: Rows) -> list[tuple[float, int]] | None:
+        """When every row of ``rows`` is a transaction already applied and scored (same id, account,
+        time and amount: a client sending a request again whose answer it lost, to this replica or
+        another), the stored (score, version) of each row, in order; else None. Needs the rows'
+        accounts loaded."""
+        if not len(rows) or any(tx is None for tx in rows.tx_ids):
+            return None
+        out: list[tuple[float, int]] = []
+        for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
+            stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
+                           if len(r) > 5 and r[5] == tx and r[0] == t), None)
+            if stored is None or len(stored) < 8 or not (stored[1] == amount or math.isnan(stored[1])
+                                                          and math.isnan(amount)):
+                return None
+            out.append((stored[6], stored[7]))
+        return out
+
+    def record_scores(self, scores: Sequence[float], version: int) -> None:
+        """Store each row applied in this update with its score and the version that computed it
+        (in the order applied), so a request sent again is answered as it was the first time."""
+        if len(scores) != len(self._applied):
+            raise ValueError(f"{len(scores)} scores for {len(self._applied)} applied rows")
+        rows = self._journal.account_rows
+        for (acct, j), score in zip(self._applied, scores, strict=True):
+            key, seq, row = rows[j]
+            scored = (*row[:6], float(score), int(version))
+            rows[j] = (key, seq, scored)
+            recent = self.pending.accounts[acct]["recent"]
+            for i in range(len(recent) - 1, -1, -1):  # the row itself, unless it already left the window
+                if recent[i] is row:
+                    recent[i] = scored
+                    break
+        self._applied = []
 
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
@@ -1094,6 +1134,7 @@ class _Batch:
             row = (t, amount, channels[i], categories[i], step, tx_ids[i])
             recent.append(row)
             journal.account_rows.append((acct_id, acct["seq"], row))
+            self._applied.append((acct_id, len(journal.account_rows) - 1))
             acct["seq"] += 1
             touched.add(acct_id)
             keep_from = t - wmax * _NS_PER_DAY
@@ -1378,13 +1419,16 @@ class OnlineFraudModel:
 class ScoredRequest:
     """One request scored by :func:`score_requests_with_inputs`: the model's scores (row order), the
     rows' inputs (what a second version, a challenger, scores without touching the state again),
-    the rows' account ids and transaction ids (canonical strings)."""
+    the rows' account ids and transaction ids (canonical strings). ``versions`` is set for a request
+    sent again (every row already applied): nothing was applied, ``scores`` are the stored ones,
+    ``versions`` the versions that computed them, and there are no inputs."""
 
     scores: np.ndarray
     inputs: list[RowInputs]
     accounts: list[str]
     ids: list[str | None]
     has_terminal: bool
+    versions: list[int] | None = None
 
 
 #: Times an update overtaken by another writer (:class:`StateConflict`) is computed before it fails.
@@ -1423,7 +1467,10 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     rows (the fast path or the batch path's validation), its timestamps against
     ``max_time_ns``, and whether it gives the terminal windows the model needs. Each request
     is then applied atomically: one whose rows break the time order of an account gets an
-    :class:`OrderError` and leaves the state as it was. If the model call fails, nothing is
+    :class:`OrderError` and leaves the state as it was. A request whose every row was already
+    applied and scored (a client's retry after a lost answer, on any replica) is answered with the
+    stored scores (:attr:`ScoredRequest.versions` set) and applies nothing; each applied row is
+    stored with its score and the model's version. If the model call fails, nothing is
     committed. An update overtaken by another writer of a shared store (:class:`StateConflict`:
     nothing of it was written) is computed again on the new state.
 
@@ -1473,7 +1520,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
         raise ValueError(f"{steps} steps per row need more history than the state keeps "
                          f"({state.history_len} rows per account)")
     for attempt in range(_CONFLICT_ATTEMPTS):
-        results: list[Rows | Exception] = []
+        results: list[Rows | ScoredRequest | Exception] = []
         spans: list[tuple[int, int]] = []
         inputs: list[RowInputs] = []
         try:
@@ -1484,6 +1531,14 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                         spans.append((0, 0))
                         continue
                     batch.load(frame.accounts, [])
+                    stored = batch.replayed(frame)
+                    if stored is not None:  # sent again: answered as the first time, nothing applied
+                        results.append(ScoredRequest(
+                            scores=np.array([score for score, _ in stored], dtype=np.float64), inputs=[],
+                            accounts=frame.accounts, ids=frame.tx_ids, has_terminal=frame.has_terminal,
+                            versions=[version for _, version in stored]))
+                        spans.append((0, 0))
+                        continue
                     try:
                         batch.check(frame)
                     except OrderError as exc:
@@ -1495,12 +1550,13 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                     inputs.extend(rows)
                     results.append(frame)
                 scores = model.predict(inputs)
+                batch.record_scores(scores.tolist(), model.version)
             break
         except StateConflict:  # nothing was written: computed again on the state as it is now
             if attempt == _CONFLICT_ATTEMPTS - 1:
                 raise
             log.warning("online-state update overtaken by another writer; computed again")
-    return [r if isinstance(r, Exception) else
+    return [r if isinstance(r, (Exception, ScoredRequest)) else
             ScoredRequest(scores=scores[a:b], inputs=inputs[a:b], accounts=r.accounts, ids=r.tx_ids,
                           has_terminal=r.has_terminal)
             for r, (a, b) in zip(results, spans, strict=True)]

@@ -2,7 +2,10 @@
 updates): two writers on one store (two processes on one SQLite file, two replicas on one
 Redis) compute exactly what one writer computes, labels and resets included; a failed update
 leaves memory and store as they were; a store in the first layout (a JSON document per
-account and terminal) is read on and nothing is lost; an update writes what changed only."""
+account and terminal) is read on and nothing is lost; an update writes what changed only; a
+request sent again (to either writer) is answered from the stored scores and applied once; the
+Redis lock expires soon after a holder that stops renewing it, and an update that lost it writes
+nothing and is computed again."""
 
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ from solutions.fraud.online import (
     ACCOUNT,
     TERMINAL,
     OnlineFraudState,
+    OrderError,
     RedisStateStore,
     SqliteStateStore,
     StateConflict,
     apply_labels,
     score_requests,
+    score_requests_with_inputs,
     validate_rows,
 )
 
@@ -180,9 +185,41 @@ class _StubModel:
     delay_days: int = 7
     needs_terminal: bool = True
     version: int = 3
+    scale: float = 1000.0
 
     def predict(self, rows: list[Any]) -> np.ndarray:
-        return np.array([r.window["amount"] / 1000 for r in rows])
+        return np.array([r.window["amount"] / self.scale for r in rows])
+
+
+def test_a_request_sent_again_is_answered_as_the_first_time_and_applied_once(open_store: Any,
+                                                                              tmp_path: Path) -> None:
+    raw = _frame(60)
+    requests = [raw.iloc[i : i + 5].to_dict("records") for i in range(0, len(raw), 5)]
+    one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
+    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    v3, v4 = _StubModel(), _StubModel(version=4, scale=10.0)  # v4: the champion after a promotion
+    for k, request in enumerate(requests):
+        writer, other = (one, two) if k % 2 else (two, one)
+        [first] = score_requests_with_inputs(v3, writer, [request])
+        # the answer was lost: sent again, to the other writer, after the champion moved; and beside
+        # a new request in the same call
+        [again] = score_requests_with_inputs(v4, other, [request])
+        assert again.versions == [3] * len(request) and again.inputs == []
+        np.testing.assert_array_equal(again.scores, first.scores)
+        [expected] = score_requests(v3, alone, [request])
+        np.testing.assert_array_equal(first.scores, expected)
+    new = {**requests[-1][-1], S.TRANSACTION_ID: "new", S.TIMESTAMP: "2025-03-30 00:00"}
+    again, fresh = score_requests_with_inputs(v3, one, [requests[-1], [new]])
+    assert again.versions == [3] * 5 and fresh.versions is None and len(fresh.inputs) == 1
+    score_requests(v3, alone, [[new]])
+    accounts, terminals = sorted(raw[S.ACCOUNT_ID].unique()), sorted(raw[S.TERMINAL_ID].unique())
+    with one.store.exclusive(), alone.store.exclusive():  # every transaction once, each with its score
+        assert one.store.read(ACCOUNT, accounts) == alone.store.read(ACCOUNT, accounts)
+        assert one.store.read(TERMINAL, terminals) == alone.store.read(TERMINAL, terminals)
+    # a transaction id sent again with another amount, or beside a new one, is still refused
+    for rows in ([{**requests[0][0], S.AMOUNT: 1.0}], [requests[-1][-1], {**new, S.TRANSACTION_ID: "new2"}]):
+        [refused] = score_requests_with_inputs(v3, two, [rows])
+        assert isinstance(refused, OrderError) and "already scored" in str(refused)
 
 
 def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_url: str) -> None:
