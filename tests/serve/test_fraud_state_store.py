@@ -9,6 +9,7 @@ nothing and is computed again."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,6 +243,30 @@ def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_
     finally:
         other.close()
         client.close()
+
+
+def test_a_writer_waiting_for_the_lock_takes_it_as_soon_as_it_is_released(redis_url: str) -> None:
+    holder, waiter = RedisStateStore(redis_url), RedisStateStore(redis_url)
+    taken: list[float] = []
+
+    def wait() -> None:
+        with waiter.exclusive():
+            taken.append(time.monotonic())
+
+    late = []
+    try:
+        for _ in range(3):
+            with holder.exclusive():
+                thread = threading.Thread(target=wait)
+                thread.start()
+                time.sleep(0.11)  # the other replica's update
+                released = time.monotonic()
+            thread.join(timeout=10)
+            late.append(taken[-1] - released)
+        assert max(late) < 0.05, late  # redis-py's default polling (every 0.1 s from the first try): ~90 ms
+    finally:
+        holder.close()
+        waiter.close()
 
 
 def test_an_update_that_lost_its_lock_writes_nothing(redis_url: str) -> None:
