@@ -153,13 +153,15 @@ BAD_KINDS = ("no_terminal", "lone_surrogate", "future_timestamp", "long_id", "li
 def start_server(home: Path, batch_size: int, wait_ms: float,
                  extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m flows.serve`` on a free loopback port, fraud only, limits out of the bench's way
-    (``extra_env``: more settings, e.g. a challenger's); returns the process and its URL."""
+    (``extra_env``: more settings, e.g. a challenger's, or the Redis URL of replicas sharing one
+    state); returns the process and its URL."""
     port = free_port()
-    env = {**os.environ, "INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size), "INDUSFLOW_SERVE_BATCH_MAX_WAIT_MS": str(wait_ms),
-           "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
-           "INDUSFLOW_SERVE_MAX_ROWS": "4096", **(extra_env or {})}
-    env.pop("INDUSFLOW_SERVE_REDIS_URL", None)
+    # a Redis URL of the caller's own environment is not inherited: only extra_env gives one
+    env = {k: v for k, v in os.environ.items() if k != "INDUSFLOW_SERVE_REDIS_URL"}
+    env.update({"INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+                "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size), "INDUSFLOW_SERVE_BATCH_MAX_WAIT_MS": str(wait_ms),
+                "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
+                "INDUSFLOW_SERVE_MAX_ROWS": "4096", **(extra_env or {})})
     url = f"http://127.0.0.1:{port}"
     proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port)], env=env, cwd=ROOT,
                         log=home / f"server-{port}.log", ready_url=f"{url}/readyz")

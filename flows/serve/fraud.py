@@ -96,6 +96,11 @@ class FraudScoreResponse(BaseModel):
     model_version: int = Field(description="The champion's version.")
     threshold: float = Field(description="The champion's threshold.")
     results: list[FraudScore]
+    replayed: bool = Field(
+        default=False,
+        description="True when every transaction of the request had already been scored (a retry after a lost "
+        "answer, on this replica or another): the scores are those given the first time (the champion's, each "
+        "row naming the version that computed it) and nothing was applied again.")
 
 
 class FraudLabelRequest(BaseModel):
@@ -272,7 +277,8 @@ def build(services: Services) -> Vertical | None:
         the terminal it needs, or its call failed)."""
         from solutions.fraud.online import ScoredRequest
 
-        usable = [isinstance(r, ScoredRequest) and (r.has_terminal or not ch_model.needs_terminal) for r in results]
+        usable = [isinstance(r, ScoredRequest) and r.versions is None and (r.has_terminal or not ch_model.needs_terminal)
+                  for r in results]
         inputs = [row for r, ok in zip(results, usable, strict=True) if ok for row in r.inputs]
         assert challenger is not None
         scores = challenger.call(lambda: ch_model.predict(inputs)) if inputs else np.zeros(0)
@@ -328,7 +334,7 @@ def build(services: Services) -> Vertical | None:
         return out
 
     def record_scores(ref: ModelRef, out: list[_Result]) -> None:
-        served = [r for _, r in out if isinstance(r, Served)]
+        served = [r for _, r in out if isinstance(r, Served) and r.scored.versions is None]  # not a retry again
         if not served or not services.scores.enabled:
             return
         ids = [str(i) for s in served for i in s.scored.ids]
@@ -358,6 +364,10 @@ def build(services: Services) -> Vertical | None:
         request is refused with 403 naming ``label``. Refused rather than ignored: a label moves
         other clients' scores exactly as ``/v1/fraud/labels`` does, so it needs that route's scope,
         and a client whose label was silently dropped would believe it had been recorded.
+
+        A request sent again after its answer was lost (every transaction already scored, with the
+        same id, timestamp and amount; on this replica or another) gets the scores given the first
+        time, with ``replayed``, and changes nothing; such a retry is not written to the score log again.
         """
         body = await read_score_request(request)
         check_rows(request, len(body.transactions))
@@ -390,6 +400,12 @@ def build(services: Services) -> Vertical | None:
              "threshold": threshold, "model": ref.name, "model_version": ref.version}
             for row, s in zip(body.transactions, result.scored.scores.tolist(), strict=True)
         ]
+        replayed = result.scored.versions is not None
+        if replayed:  # sent again: each row as the version that scored it the first time decided it
+            for row, version in zip(results, result.scored.versions, strict=True):
+                if version != ref.version:
+                    cut = float(services.registry.get(name, version).params.get("threshold", 0.5))
+                    row.update(threshold=cut, flagged=bool(row["score"] >= cut), model_version=version)
         if result.by_challenger.any():  # split: the challenger answers its share of accounts
             ch, ch_scores = result.challenger, result.challenger_scores.tolist()
             ch_threshold = float(ch.params.get("threshold", 0.5))
@@ -400,8 +416,10 @@ def build(services: Services) -> Vertical | None:
         record_audit(request, model=ref.name, model_version=ref.version, rows=len(results),
                      decisions={"flagged": flagged, "passed": len(results) - flagged},
                      subjects=[row.get(acct_col) for row in body.transactions])
-        return Response(orjson.dumps({"model": ref.name, "model_version": ref.version, "threshold": threshold,
-                                      "results": results}), media_type="application/json")
+        answer = {"model": ref.name, "model_version": ref.version, "threshold": threshold, "results": results}
+        if replayed:
+            answer["replayed"] = True
+        return Response(orjson.dumps(answer), media_type="application/json")
 
     @router.post("/v1/fraud/labels", response_model=FraudLabelResponse)
     async def labels(body: FraudLabelRequest, request: Request,

@@ -19,7 +19,9 @@ it used, and its recent rows (those inside the longest window, at least the last
 ``delay + max(window) + 1`` days. Rows are applied in arrival order, exactly like the
 batch path's stable sort by time keeps a file's order for equal timestamps; a row older
 than its account's latest row is refused (its step features would depend on rows that
-came after it).
+came after it). A transaction is applied once: a scored row keeps its score and the version
+that computed it, so a request sent again after its answer was lost (a replica killed between
+its commit and its answer) is answered with what was stored, and applies nothing.
 
 Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
 home (embedded, one process or several on one machine; a restart loses nothing) and
@@ -41,6 +43,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -74,6 +77,7 @@ __all__ = [
     "Rows",
     "ScoredRequest",
     "SqliteStateStore",
+    "StateConflict",
     "apply_labels",
     "challenger_fits",
     "check_values",
@@ -96,6 +100,11 @@ _NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids togeth
 
 class OrderError(ValueError):
     """A transaction is older than the latest one already applied for its account."""
+
+
+class StateConflict(RuntimeError):
+    """Another writer committed to the shared store while an update ran without its lock (the lock
+    expired); nothing of the update was written, and it can be computed again on the new state."""
 
 
 #: Longest id (transaction_id, account_id, terminal_id) or category value (channel, category,
@@ -173,7 +182,9 @@ _SQLITE_SCHEMA = (
 # strings after its first pass, but walks every list on each full collection. With the rows of
 # ~100k cached transactions as lists, full collections paused a serving process for 320-360 ms
 # (14-25 per bench run; see also ServeSettings.gc_thresholds); a label that arrives replaces its row's tuple.
-AccountRow = tuple[Any, ...]  #: (t_ns, amount, channel, category, step features, transaction id)
+#: (t_ns, amount, channel, category, step features, transaction id[, score, version]): the score and
+#: the version that computed it when the row was scored through :func:`score_requests_with_inputs`
+AccountRow = tuple[Any, ...]
 TerminalRow = tuple[int, float | None, str | None, int]  #: (t_ns, label, transaction id, row id)
 
 
@@ -353,56 +364,107 @@ class RedisStateStore:
     list of its recent rows (``<prefix>:ar:<id>``); per terminal a hash of its rows by row id
     (``<prefix>:t:<id>``); a generation counter (``<prefix>:generation``).
 
-    Updates from several replicas are serialised by one Redis lock; an update's writes go in one
-    MULTI/EXEC transaction after the whole batch was computed. Keys of the first layout (one JSON
+    Updates from several replicas are serialised by one Redis lock (``<prefix>:lock``); an update's
+    writes go in one MULTI/EXEC transaction after the whole batch was computed. The lock expires
+    ``lock_ttl_s`` after it was taken or last renewed, and a thread of the holder renews it while
+    the update runs (for at most ``lock_timeout_s``): a replica killed inside an update holds the
+    others up for ``lock_ttl_s`` at most, not ``lock_timeout_s``. The transaction watches the
+    generation counter, so an update whose lock expired meanwhile (its process paused past the
+    TTL) and that another writer overtook writes nothing (:class:`StateConflict`) instead of
+    applying its rows on a state it did not read. Keys of the first layout (one JSON
     document per account and terminal, ``<prefix>:account:<id>``) are read when the new ones are
     absent and replaced on the next write.
 
     Args:
         url: ``redis://host:port/db``.
         prefix: key prefix.
-        lock_timeout_s: the lock expires after this (a crashed replica cannot block others).
+        lock_timeout_s: longest wait for the lock, and longest an update keeps renewing it (a hung
+            replica cannot block the others longer).
+        lock_ttl_s: the lock's expiry without renewal (how long a replica that died holding it
+            blocks the others).
+        lock_poll_s: how often a writer waiting for the lock tries again. redis-py's default,
+            0.1 s, made each wait for the other replica's update (a few ms) cost 100 ms: two
+            replicas at 100 single-transaction requests/s had a p99 of 387-514 ms (3 runs),
+            12-47 ms with 2 ms (one replica alone: 8-38 ms; bench/replica_kill_bench.py).
     """
 
-    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0,
+                 lock_ttl_s: float = 2.0, lock_poll_s: float = 0.002) -> None:
         import redis
 
         self._redis = redis.Redis.from_url(url)
+        self._errors = redis.exceptions
         self.prefix = prefix
+        self.lock_key = f"{prefix}:lock"  #: held by the replica whose update runs
+        self.generation_key = f"{prefix}:generation"  #: incremented by every commit
         self._lock_timeout_s = lock_timeout_s
+        self._lock_ttl_s = min(lock_ttl_s, lock_timeout_s)
+        self._lock_poll_s = lock_poll_s
         self._thread_lock = threading.Lock()
         self._generation: int | None = None
         self._committed = False
         self._pipe: Any = None
         self._legacy: set[str] = set()
+        self._held: tuple[Any, float] | None = None  # the running update's lock and when it was taken
+        self._keeper: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self.prefix}:{kind}:{key}"
 
+    def _keep_lock(self) -> None:
+        """Renew the running update's lock every third of its TTL (for ``lock_timeout_s`` at most)."""
+        while not self._closed.wait(self._lock_ttl_s / 3):
+            held = self._held
+            if held is None or time.monotonic() - held[1] > self._lock_timeout_s:
+                continue
+            try:
+                held[0].reacquire()
+            except self._errors.LockError:
+                pass  # released meanwhile; or expired and maybe taken: the commit's WATCH refuses it then
+            except self._errors.RedisError as exc:
+                log.warning("online-state lock not renewed: %s", type(exc).__name__)
+
     @contextmanager
     def exclusive(self) -> Iterator[bool]:
         with self._thread_lock:
-            lock = self._redis.lock(
-                f"{self.prefix}:lock", timeout=self._lock_timeout_s, blocking_timeout=self._lock_timeout_s
-            )
+            # thread_local=False: the keeper thread renews the token this thread took
+            lock = self._redis.lock(self.lock_key, timeout=self._lock_ttl_s, sleep=self._lock_poll_s,
+                                    blocking_timeout=self._lock_timeout_s, thread_local=False)
             if not lock.acquire():
                 raise TimeoutError("could not take the online-state lock in Redis")
-            self._pipe = self._redis.pipeline(transaction=True)
+            self._held = (lock, time.monotonic())
+            if self._keeper is None:
+                self._keeper = threading.Thread(target=self._keep_lock, name="online-state-lock", daemon=True)
+                self._keeper.start()
+            pipe = self._redis.pipeline(transaction=True)
             self._legacy = set()
             self._committed = False
             try:
-                generation = self._redis.get(f"{self.prefix}:generation")
+                pipe.watch(self.generation_key)  # EXEC writes nothing if another writer commits before it
+                generation = pipe.get(self.generation_key)
+                pipe.multi()  # from here on the pipeline queues the update's writes
+                self._pipe = pipe
                 yield (int(generation) if generation is not None else 0) == self._generation
-                self._pipe.incr(f"{self.prefix}:generation")
-                written = int(self._pipe.execute()[-1])
+                pipe.incr(self.generation_key)
+                try:
+                    written = int(pipe.execute()[-1])
+                except self._errors.WatchError:
+                    raise StateConflict("another writer committed while this update ran (its lock had "
+                                        "expired): nothing of the update was written") from None
                 # only an update that committed knows the stored state as it is now (a reset does not)
                 self._generation = written if self._committed else None
             except BaseException:
                 self._generation = None
                 raise
             finally:
+                self._held = None
                 self._pipe = None
-                lock.release()
+                pipe.reset()
+                try:
+                    lock.release()
+                except self._errors.LockError:
+                    pass  # it expired (and another writer may hold it now): theirs to release
 
     def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         unique = list(dict.fromkeys(keys))
@@ -485,6 +547,9 @@ class RedisStateStore:
         return bool(found)
 
     def close(self) -> None:
+        self._closed.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=5)
         self._redis.close()
 
 
@@ -883,6 +948,7 @@ class _Batch:
         self._term_index = state._term_index
         self._touched: set[str] = set()
         self._journal = Journal()
+        self._applied: list[tuple[str, int]] = []  # per applied row: its account, its place in the journal
 
     def journal(self) -> Journal:
         """The changes to persist (the touched accounts' summaries taken now)."""
@@ -923,8 +989,9 @@ class _Batch:
 
     def check(self, rows: Rows | pd.DataFrame) -> None:
         """Raise :class:`OrderError` when a row is older than its account's latest row, or is a
-        transaction already applied (a client's retry: applying it twice would count it twice), or
-        its transaction id appears twice in ``rows``."""
+        transaction already applied (applying it twice would count it twice; a whole request sent
+        again is answered from :meth:`replayed` before this check), or its transaction id appears
+        twice in ``rows``."""
         rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
         seen: dict[str, int] = {}
         for i, tx in enumerate(rows.tx_ids):
@@ -943,6 +1010,40 @@ class _Batch:
                     f"row {i}: the transaction at {pd.Timestamp(t)} is older than the latest one "
                     "already scored for its account; online scoring is order-based"
                 )
+
+    def replayed(self, rows: Rows) -> list[tuple[float, int]] | None:
+        """When every row of ``rows`` is a transaction already applied and scored (same id, account,
+        time and amount: a client sending a request again whose answer it lost, to this replica or
+        another), the stored (score, version) of each row, in order; else None. Needs the rows'
+        accounts loaded."""
+        if not len(rows) or any(tx is None for tx in rows.tx_ids):
+            return None
+        out: list[tuple[float, int]] = []
+        for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
+            stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
+                           if len(r) > 5 and r[5] == tx and r[0] == t), None)
+            if stored is None or len(stored) < 8 or not (stored[1] == amount or math.isnan(stored[1])
+                                                          and math.isnan(amount)):
+                return None
+            out.append((stored[6], stored[7]))
+        return out
+
+    def record_scores(self, scores: Sequence[float], version: int) -> None:
+        """Store each row applied in this update with its score and the version that computed it
+        (in the order applied), so a request sent again is answered as it was the first time."""
+        if len(scores) != len(self._applied):
+            raise ValueError(f"{len(scores)} scores for {len(self._applied)} applied rows")
+        rows = self._journal.account_rows
+        for (acct, j), score in zip(self._applied, scores, strict=True):
+            key, seq, row = rows[j]
+            scored = (*row[:6], float(score), int(version))
+            rows[j] = (key, seq, scored)
+            recent = self.pending.accounts[acct]["recent"]
+            for i in range(len(recent) - 1, -1, -1):  # the row itself, unless it already left the window
+                if recent[i] is row:
+                    recent[i] = scored
+                    break
+        self._applied = []
 
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
@@ -1038,6 +1139,7 @@ class _Batch:
             row = (t, amount, channels[i], categories[i], step, tx_ids[i])
             recent.append(row)
             journal.account_rows.append((acct_id, acct["seq"], row))
+            self._applied.append((acct_id, len(journal.account_rows) - 1))
             acct["seq"] += 1
             touched.add(acct_id)
             keep_from = t - wmax * _NS_PER_DAY
@@ -1322,13 +1424,20 @@ class OnlineFraudModel:
 class ScoredRequest:
     """One request scored by :func:`score_requests_with_inputs`: the model's scores (row order), the
     rows' inputs (what a second version, a challenger, scores without touching the state again),
-    the rows' account ids and transaction ids (canonical strings)."""
+    the rows' account ids and transaction ids (canonical strings). ``versions`` is set for a request
+    sent again (every row already applied): nothing was applied, ``scores`` are the stored ones,
+    ``versions`` the versions that computed them, and there are no inputs."""
 
     scores: np.ndarray
     inputs: list[RowInputs]
     accounts: list[str]
     ids: list[str | None]
     has_terminal: bool
+    versions: list[int] | None = None
+
+
+#: Times an update overtaken by another writer (:class:`StateConflict`) is computed before it fails.
+_CONFLICT_ATTEMPTS = 3
 
 
 def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
@@ -1363,8 +1472,12 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     rows (the fast path or the batch path's validation), its timestamps against
     ``max_time_ns``, and whether it gives the terminal windows the model needs. Each request
     is then applied atomically: one whose rows break the time order of an account gets an
-    :class:`OrderError` and leaves the state as it was. If the model call fails, nothing is
-    committed.
+    :class:`OrderError` and leaves the state as it was. A request whose every row was already
+    applied and scored (a client's retry after a lost answer, on any replica) is answered with the
+    stored scores (:attr:`ScoredRequest.versions` set) and applies nothing; each applied row is
+    stored with its score and the model's version. If the model call fails, nothing is
+    committed. An update overtaken by another writer of a shared store (:class:`StateConflict`:
+    nothing of it was written) is computed again on the new state.
 
     Args:
         model: the version that scores.
@@ -1407,32 +1520,48 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                 f"a {S.TERMINAL_ID!r} column cannot give", source="request", column=S.TERMINAL_ID))
             continue
         frames.append(frame)
-    results: list[Rows | Exception] = []
-    spans: list[tuple[int, int]] = []
-    inputs: list[RowInputs] = []
     steps = max(model.seq_len, int(keep or 0))
     if steps - 1 > state.history_len:
         raise ValueError(f"{steps} steps per row need more history than the state keeps "
                          f"({state.history_len} rows per account)")
-    with state.update() as batch:
-        for frame in frames:
-            if isinstance(frame, Exception):
-                results.append(frame)
-                spans.append((0, 0))
-                continue
-            batch.load(frame.accounts, [])
-            try:
-                batch.check(frame)
-            except OrderError as exc:
-                results.append(exc)
-                spans.append((0, 0))
-                continue
-            rows = batch.apply(frame, model.delay_days, keep=steps)
-            spans.append((len(inputs), len(inputs) + len(rows)))
-            inputs.extend(rows)
-            results.append(frame)
-        scores = model.predict(inputs)
-    return [r if isinstance(r, Exception) else
+    for attempt in range(_CONFLICT_ATTEMPTS):
+        results: list[Rows | ScoredRequest | Exception] = []
+        spans: list[tuple[int, int]] = []
+        inputs: list[RowInputs] = []
+        try:
+            with state.update() as batch:
+                for frame in frames:
+                    if isinstance(frame, Exception):
+                        results.append(frame)
+                        spans.append((0, 0))
+                        continue
+                    batch.load(frame.accounts, [])
+                    stored = batch.replayed(frame)
+                    if stored is not None:  # sent again: answered as the first time, nothing applied
+                        results.append(ScoredRequest(
+                            scores=np.array([score for score, _ in stored], dtype=np.float64), inputs=[],
+                            accounts=frame.accounts, ids=frame.tx_ids, has_terminal=frame.has_terminal,
+                            versions=[version for _, version in stored]))
+                        spans.append((0, 0))
+                        continue
+                    try:
+                        batch.check(frame)
+                    except OrderError as exc:
+                        results.append(exc)
+                        spans.append((0, 0))
+                        continue
+                    rows = batch.apply(frame, model.delay_days, keep=steps)
+                    spans.append((len(inputs), len(inputs) + len(rows)))
+                    inputs.extend(rows)
+                    results.append(frame)
+                scores = model.predict(inputs)
+                batch.record_scores(scores.tolist(), model.version)
+            break
+        except StateConflict:  # nothing was written: computed again on the state as it is now
+            if attempt == _CONFLICT_ATTEMPTS - 1:
+                raise
+            log.warning("online-state update overtaken by another writer; computed again")
+    return [r if isinstance(r, (Exception, ScoredRequest)) else
             ScoredRequest(scores=scores[a:b], inputs=inputs[a:b], accounts=r.accounts, ids=r.tx_ids,
                           has_terminal=r.has_terminal)
             for r, (a, b) in zip(results, spans, strict=True)]

@@ -225,9 +225,13 @@ def test_bad_rows_get_a_422_naming_column_and_row(tiny: tuple[HomeLayout, TinyFr
         assert broken.status_code == 422 and broken.json()["detail"][0]["type"] == "json_invalid"
         spec = client.get(f"{server.url}/openapi.json").json()["paths"]["/v1/fraud/score"]["post"]
         assert "transactions" in spec["requestBody"]["content"]["application/json"]["schema"]["properties"]
-        assert post([good]).status_code == 200
-        retry = post([good])
-        assert retry.status_code == 409 and "already scored" in retry.text
+        first = post([good])
+        assert first.status_code == 200 and "replayed" not in first.json()
+        retry = post([good])  # sent again (its answer lost): answered as the first time, applied once
+        assert retry.status_code == 200 and retry.json() == {**first.json(), "replayed": True}
+        for changed in ([{**good, "amount": 6.0}], [good, {**good, "transaction_id": "t1b"}]):
+            reused = post(changed)  # the id again with another amount; or beside a new transaction
+            assert reused.status_code == 409 and "already scored" in reused.text
         older = post([{**good, "transaction_id": "t0", "timestamp": "2025-01-01T09:00:00"}])
         assert older.status_code == 409 and "older" in older.text
         twice = post([{**good, "transaction_id": "t9", "timestamp": "2025-01-01T11:00:00"},

@@ -2,10 +2,16 @@
 updates): two writers on one store (two processes on one SQLite file, two replicas on one
 Redis) compute exactly what one writer computes, labels and resets included; a failed update
 leaves memory and store as they were; a store in the first layout (a JSON document per
-account and terminal) is read on and nothing is lost; an update writes what changed only."""
+account and terminal) is read on and nothing is lost; an update writes what changed only; a
+request sent again (to either writer) is answered from the stored scores and applied once; the
+Redis lock expires soon after a holder that stops renewing it, and an update that lost it writes
+nothing and is computed again."""
 
 from __future__ import annotations
 
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +19,20 @@ import numpy as np
 import orjson
 import pandas as pd
 import pytest
+import redis
 
 from solutions.fraud import schema as S
 from solutions.fraud.online import (
     ACCOUNT,
     TERMINAL,
     OnlineFraudState,
+    OrderError,
     RedisStateStore,
     SqliteStateStore,
+    StateConflict,
     apply_labels,
+    score_requests,
+    score_requests_with_inputs,
     validate_rows,
 )
 
@@ -165,3 +176,139 @@ def test_an_update_writes_what_changed_only(tmp_path: Path) -> None:
     # one account row, one terminal row, the account's summary, the generation, and the rows
     # that left the windows (a handful at most): not every row of the account and terminal
     assert 4 <= changed <= 12, changed
+
+
+@dataclass
+class _StubModel:
+    """What :func:`score_requests_with_inputs` asks of a model; a row scores its amount / 1000."""
+
+    seq_len: int = 4
+    delay_days: int = 7
+    needs_terminal: bool = True
+    version: int = 3
+    scale: float = 1000.0
+
+    def predict(self, rows: list[Any]) -> np.ndarray:
+        return np.array([r.window["amount"] / self.scale for r in rows])
+
+
+def test_a_request_sent_again_is_answered_as_the_first_time_and_applied_once(open_store: Any,
+                                                                              tmp_path: Path) -> None:
+    raw = _frame(60)
+    requests = [raw.iloc[i : i + 5].to_dict("records") for i in range(0, len(raw), 5)]
+    one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
+    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    v3, v4 = _StubModel(), _StubModel(version=4, scale=10.0)  # v4: the champion after a promotion
+    for k, request in enumerate(requests):
+        writer, other = (one, two) if k % 2 else (two, one)
+        [first] = score_requests_with_inputs(v3, writer, [request])
+        # the answer was lost: sent again, to the other writer, after the champion moved; and beside
+        # a new request in the same call
+        [again] = score_requests_with_inputs(v4, other, [request])
+        assert again.versions == [3] * len(request) and again.inputs == []
+        np.testing.assert_array_equal(again.scores, first.scores)
+        [expected] = score_requests(v3, alone, [request])
+        np.testing.assert_array_equal(first.scores, expected)
+    new = {**requests[-1][-1], S.TRANSACTION_ID: "new", S.TIMESTAMP: "2025-03-30 00:00"}
+    again, fresh = score_requests_with_inputs(v3, one, [requests[-1], [new]])
+    assert again.versions == [3] * 5 and fresh.versions is None and len(fresh.inputs) == 1
+    score_requests(v3, alone, [[new]])
+    accounts, terminals = sorted(raw[S.ACCOUNT_ID].unique()), sorted(raw[S.TERMINAL_ID].unique())
+    with one.store.exclusive(), alone.store.exclusive():  # every transaction once, each with its score
+        assert one.store.read(ACCOUNT, accounts) == alone.store.read(ACCOUNT, accounts)
+        assert one.store.read(TERMINAL, terminals) == alone.store.read(TERMINAL, terminals)
+    # a transaction id sent again with another amount, or beside a new one, is still refused
+    for rows in ([{**requests[0][0], S.AMOUNT: 1.0}], [requests[-1][-1], {**new, S.TRANSACTION_ID: "new2"}]):
+        [refused] = score_requests_with_inputs(v3, two, [rows])
+        assert isinstance(refused, OrderError) and "already scored" in str(refused)
+
+
+def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url)
+    holder, other = RedisStateStore(redis_url, lock_ttl_s=0.3), RedisStateStore(redis_url, lock_ttl_s=0.3)
+    try:
+        with holder.exclusive():
+            assert 0 < client.pttl(holder.lock_key) <= 300  # a replica killed now blocks the others 0.3 s
+            time.sleep(1.0)  # over three TTLs: the holder renewed it meanwhile
+            assert 0 < client.pttl(holder.lock_key) <= 300
+        assert not client.exists(holder.lock_key)
+        # a holder that stops renewing (its process died inside an update) lets the others in after the TTL
+        section = holder.exclusive()
+        section.__enter__()
+        holder.close()  # its keeper thread stops; the section is never left
+        t0 = time.monotonic()
+        with other.exclusive():
+            waited = time.monotonic() - t0
+        assert waited < 1.0, waited
+    finally:
+        other.close()
+        client.close()
+
+
+def test_a_writer_waiting_for_the_lock_takes_it_as_soon_as_it_is_released(redis_url: str) -> None:
+    holder, waiter = RedisStateStore(redis_url), RedisStateStore(redis_url)
+    taken: list[float] = []
+
+    def wait() -> None:
+        with waiter.exclusive():
+            taken.append(time.monotonic())
+
+    late = []
+    try:
+        for _ in range(3):
+            with holder.exclusive():
+                thread = threading.Thread(target=wait)
+                thread.start()
+                time.sleep(0.11)  # the other replica's update
+                released = time.monotonic()
+            thread.join(timeout=10)
+            late.append(taken[-1] - released)
+        assert max(late) < 0.05, late  # redis-py's default polling (every 0.1 s from the first try): ~90 ms
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_an_update_that_lost_its_lock_writes_nothing(redis_url: str) -> None:
+    raw = _frame(40)
+    client = redis.Redis.from_url(redis_url)
+    one, two = (OnlineFraudState.for_model(RedisStateStore(redis_url), history_len=8) for _ in range(2))
+    with pytest.raises(StateConflict), one.update() as batch:
+        batch.apply(validate_rows(raw.iloc[:30].to_dict("records")), delay_days=7)
+        client.delete(one.store.lock_key)  # its lock expired meanwhile (the process paused past the TTL) ...
+        with two.update() as other:  # ... and another replica took it and committed
+            other.apply(validate_rows(raw.iloc[30:31].to_dict("records")), delay_days=7)
+    third = RedisStateStore(redis_url)
+    with third.exclusive():
+        accounts = third.read(ACCOUNT, list("abcde"))
+    assert sum(doc["n"] for doc in accounts.values()) == 1  # the row of the update that committed, only
+    client.close()
+
+
+def test_scoring_overtaken_by_another_writer_is_computed_again(redis_url: str, tmp_path: Path) -> None:
+    raw = _frame(40)
+    first = raw.to_dict("records")
+    second = [{**first[-1], S.TRANSACTION_ID: "other", S.ACCOUNT_ID: "f"}]  # another account, same terminal
+    one, two = (OnlineFraudState.for_model(RedisStateStore(redis_url), history_len=8) for _ in range(2))
+    commit = one.store.commit
+    overtaken: list[bool] = []
+
+    def commit_after_another_writer(journal: Any) -> None:
+        if not overtaken:  # the first time: the lock expires and the other replica commits first
+            overtaken.append(True)
+            one.store._redis.delete(one.store.lock_key)
+            [scored] = score_requests(_StubModel(), two, [second])
+            assert not isinstance(scored, Exception)
+        commit(journal)
+
+    one.store.commit = commit_after_another_writer  # type: ignore[method-assign]
+    [scores] = score_requests(_StubModel(), one, [first])
+    assert overtaken and not isinstance(scores, Exception)
+    # as one writer applying `second` then `first` (the order the store saw them in) scores them
+    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    score_requests(_StubModel(), alone, [second])
+    [expected] = score_requests(_StubModel(), alone, [first])
+    np.testing.assert_array_equal(scores, expected)
+    with one.update() as batch:
+        batch.load(list("abcdef"), [])
+        assert sum(d["n"] for d in batch.pending.accounts.values()) == 41
