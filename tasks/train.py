@@ -330,8 +330,11 @@ def train_model(
         monitor=monitor,
         mode=spec.mode,
         save_top_k=1,
-        save_last=True,
     )
+    # last.ckpt after every epoch, from a callback of its own: Lightning 2.6 writes save_last=True
+    # only beside a new best checkpoint, so a run whose validation stopped improving would resume
+    # from its best epoch and train every epoch since again
+    latest = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
     stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
     clip = spec.gradient_clip_val
     if isinstance(module, LeanSteps) and not module.automatic_optimization:
@@ -350,7 +353,7 @@ def train_model(
             devices=cards if cards is not None else devices,
             strategy=strategy,
             precision=precision,
-            callbacks=[*smoother, checkpoint, stopper, recorder, curves, *callbacks],
+            callbacks=[*smoother, checkpoint, latest, stopper, recorder, curves, *callbacks],
             logger=_loggers(ckpt_dir),
             enable_progress_bar=_show_progress(),
             enable_model_summary=False,

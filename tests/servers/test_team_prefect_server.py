@@ -157,7 +157,7 @@ def test_team_server_on_postgres_runs_deployments_on_a_worker_and_resumes_a_cras
                 trained = json.loads((ckpt.parent / "train_result.json").read_text())
                 assert trained["resumed_from_epoch"] == killed_at + 1
                 assert trained["epochs_trained_now"][0] == killed_at + 1
-                assert trained["epochs_completed"] == TRAIN["config"]["model"]["max_epochs"]
+                assert trained["epochs_completed"] == TRAIN["config"]["model"]["max_epochs"] == _epoch(ckpt) + 1
         finally:
             for worker in workers:
                 worker.stop()

@@ -235,3 +235,23 @@ def test_cli_like_run_prints_each_lightning_line_once(tmp_path: Path) -> None:
     assert any(m.startswith("GPU available") for m in messages), messages
     repeated = {m: n for m, n in Counter(messages).items() if n > 1}
     assert not repeated, f"printed more than once: {repeated}"
+
+
+class Overfit(Tiny):
+    """Validation loss that only rises after the first epoch (no new best checkpoint after epoch 0)."""
+
+    def validation_step(self, batch, i):
+        self.log("val/loss", torch.tensor(float(self.current_epoch)))
+
+
+def test_a_run_whose_validation_stopped_improving_resumes_from_its_latest_epoch() -> None:
+    """last.ckpt follows every epoch, not only the epochs that set a new best (Lightning 2.6 saves
+    save_last=True only beside a new top-k checkpoint): a crash at epoch 4 of a run whose best was
+    epoch 0 resumes at epoch 4, not 1."""
+    spec = TrainSpec(run_key="tiny-plateau", max_epochs=6, patience=10)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train_model(Overfit(), Data(), spec, callbacks=[FailAtEpoch(4)])
+    assert torch.load(checkpoint_dir("tiny-plateau") / "last.ckpt", weights_only=True)["epoch"] == 3
+    resumed = train_model(Overfit(), Data(), spec)
+    assert resumed.resumed_from_epoch == 4 and resumed.epochs_trained_now == [4, 5]
+    assert resumed.best_checkpoint and Path(resumed.best_checkpoint).name == "best-epoch=000.ckpt"
