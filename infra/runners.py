@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,27 @@ class ConfiguredTaskRunner(TaskRunner):
             self._started = False
 
     def submit(self, task: Any, parameters: dict[str, Any], wait_for: Any = None, dependencies: Any = None) -> Any:
-        return self._inner.submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
+        with self._api_for_workers():
+            return self._inner.submit(task, parameters, wait_for=wait_for, dependencies=dependencies)
 
     def map(self, task: Any, parameters: dict[str, Any], wait_for: Any = None) -> Any:
-        return self._inner.map(task, parameters, wait_for=wait_for)
+        with self._api_for_workers():
+            return self._inner.map(task, parameters, wait_for=wait_for)
+
+    def _api_for_workers(self) -> AbstractContextManager[Any]:
+        """Tasks that run in other processes (Dask, Ray) report to this run's API.
+
+        A task carries the run's Prefect settings to its worker. A run on Prefect's ephemeral API
+        (no ``PREFECT_API_URL``: a command-line run) has no URL in them, so each worker process
+        started an ephemeral server of its own (15 s on 2 cores, every one writing the same SQLite
+        database). While a task is handed over, the settings name this process's server instead;
+        it listens on 127.0.0.1, so workers on other machines need ``PREFECT_API_URL`` set to a
+        server they reach, as before."""
+        from prefect.context import FlowRunContext
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        if runs_on_local_threads(self) or PREFECT_API_URL.value():
+            return nullcontext()
+        context = FlowRunContext.get()
+        url = getattr(getattr(context, "client", None), "api_url", None)
+        return temporary_settings(updates={PREFECT_API_URL: str(url)}) if url else nullcontext()
