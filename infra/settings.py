@@ -178,7 +178,11 @@ class TuneSettings(BaseSettings):
         description="Optuna storage URL (e.g. postgresql://user:pass@host/db) shared by "
         "several machines. Default: one SQLite file per study under <home>/tuning/.",
     )
-    max_in_flight: int = Field(default=2, ge=1, description="Trials trained at the same time.")
+    max_in_flight: int = Field(
+        default=2, ge=1,
+        description="Trials in flight at once: side by side on Dask or Ray workers; on the thread runner they "
+        "train one after another (torch's random state belongs to the process).",
+    )
 
 
 class DeploySettings(BaseSettings):
