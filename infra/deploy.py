@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from infra.deploy_config import DeployConfig, DeployConfigError, DeploymentSpec, load_deploy_config
 from infra.errors import IndusflowError
 from infra.resources import PoolType, ResourceSpec, job_variables
-from infra.secrets import url_credentials
+from infra.secrets import shareable_settings
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +111,6 @@ def build_deployments(config: DeployConfig, only: list[str] | None = None, *,
     return out
 
 
-SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH", "SALT")
-
-
 def forwarded_env(pool_type: PoolType) -> dict[str, str]:
     """Environment of the pool's flow runs: logging set-up, and for a process pool on this
     machine the ``INDUSFLOW_*`` settings of the shell that registers (never keys, tokens or
@@ -133,20 +130,10 @@ def forwarded_env(pool_type: PoolType) -> dict[str, str]:
     keep = {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(get_deploy_settings().heartbeat_s)}
     if pool_type != "process":
         return keep
-    from infra.settings import secret_variables
-
-    refused = []
     # a secret URL setting (Redis, the tuning store) is forwarded unless it carries a credential,
     # like any URL (dropping it would run the flows against another store); other secrets never are
-    secret = {name for name in secret_variables() if not name.endswith("_URL")}
-    for key, value in sorted(os.environ.items()):
-        if not key.startswith("INDUSFLOW_") or key in secret or any(s in key for s in SECRET_NAME_PARTS):
-            continue
-        what = url_credentials(value)
-        if what:
-            refused.append(f"{key} ({what} in its URL)")
-            continue
-        keep[key] = value
+    shared, refused = shareable_settings(os.environ)
+    keep.update(shared)
     if refused:
         raise DeployError(
             f"refusing to forward {', '.join(refused)} into the deployments' job variables, which the Prefect "

@@ -12,6 +12,8 @@ log, an artifact or a job variable.
   the status and a short, scrubbed excerpt of the body.
 - :func:`url_credentials` tells whether a value carries credentials in a URL (``apply`` refuses
   to forward such a value into job variables).
+- :func:`shareable_settings` picks the ``INDUSFLOW_*`` settings of an environment that may be
+  written where others read them (deployment job variables, a Ray job's ``runtime_env``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import base64
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 MASK = "***"
@@ -158,3 +160,32 @@ def url_credentials(value: str) -> str | None:
         if _query_secret(parts.query or ""):
             return "query"
     return None
+
+
+#: Parts of a variable name that make it a secret whatever the settings classes say.
+SECRET_NAME_PARTS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH", "SALT")
+
+
+def shareable_settings(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The ``INDUSFLOW_*`` settings of ``environ`` that may be written into a configuration that
+    others can read (Prefect job variables, a Ray job's ``runtime_env``), and the names of those
+    refused because a URL in their value carries a credential (``"NAME (password in its URL)"``).
+
+    Never shared: a setting that :mod:`infra.settings` holds as a secret (``SecretStr``), except a
+    URL one (the tuning store, Redis) whose value carries no credential, and any variable named
+    like a secret (:data:`SECRET_NAME_PARTS`). Values are never part of the refusals.
+    """
+    from infra.settings import secret_variables
+
+    secret = {name for name in secret_variables() if not name.endswith("_URL")}
+    keep: dict[str, str] = {}
+    refused: list[str] = []
+    for key, value in sorted(environ.items()):
+        if not key.startswith("INDUSFLOW_") or key in secret or any(s in key for s in SECRET_NAME_PARTS):
+            continue
+        what = url_credentials(value)
+        if what:
+            refused.append(f"{key} ({what} in its URL)")
+            continue
+        keep[key] = value
+    return keep, refused

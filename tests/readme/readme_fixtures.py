@@ -9,7 +9,8 @@ README itself says about it:
 - ``new.parquet``: transactions in the canonical columns (no label); ``incoming/tx/``: the
   last day of the data ``fraud adapt`` fine-tunes on by default (a day of its test period),
   unlabelled: a day of the regime the champion was adapted to, whose history (the days
-  before it) the batch job reads from the champion's training table;
+  before it) the batch job reads from the champion's training table; ``incoming/next-days/``:
+  two more days like ``new.parquet``'s, one file each (the Ray fan-out's batch);
 - ``manuals/``, ``qa.jsonl``: a few documents and questions with answers found in them;
 - ``readings.csv`` / ``events.csv``: long-format sensor readings and failure events;
   ``incoming/sensor/``, ``failures/``: later readings of other assets and their failures;
@@ -200,6 +201,11 @@ def write_all(cwd: Path) -> list[str]:
     inbox = cwd / "incoming" / "tx"
     inbox.mkdir(parents=True)
     last_day_of_the_adapted_data().to_csv(inbox / "day-1.csv", index=False)
+    later = cwd / "incoming" / "next-days"
+    later.mkdir()
+    days = canonical_transactions(seed=3, n_days=2)
+    for i, (_, day) in enumerate(days.groupby(days["timestamp"].dt.normalize())):
+        day.to_csv(later / f"day-{i + 2}.csv", index=False)
     manuals = cwd / "manuals"
     manuals.mkdir()
     for name, text in MANUALS.items():

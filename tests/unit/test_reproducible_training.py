@@ -59,6 +59,31 @@ def test_two_fraud_trainings_give_the_same_weights_and_metrics(tiny_fraud) -> No
     assert first == second
 
 
+def _fit(df, feats, run_key: str) -> str:
+    """What a tuning trial does in its thread: build the model and train it."""
+    cfg = SequenceModelConfig(seq_len=4, hidden=8, mlp_hidden=8, batch_size=64, max_epochs=2, negative_rate=0.5)
+    setup = P.sequence_setup(df, feats, cfg)
+    model = P.build_model(setup.preprocessor, cfg, 2.0)
+    hw = resolve_training(request=HardwareRequest(accelerator="cpu", devices=1, num_threads=1))
+    train_model(model, setup.datamodule, TrainSpec(run_key=run_key, max_epochs=2, patience=5, monitor="val/loss",
+                                                   seed=cfg.seed, hardware=hw))
+    return _weights_hash(model)
+
+
+def test_two_trainings_at_once_in_threads_give_the_weights_of_one_alone(tiny_fraud) -> None:
+    """Tuning trials on the thread runner build and train in threads of one process. torch's
+    generators (initial weights, dropout), thread count and deterministic switch are the process's:
+    before the fix two trials at once drew each other's random numbers, and one fraud trial's
+    parameters gave val PR-AUC 0.00785, 0.00768 and 0.00830 on three runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    df, feats = tiny_fraud
+    alone = _fit(df, feats, "threads-alone")
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda key: _fit(df, feats, key), ["threads-a", "threads-b"]))
+    assert both == [alone, alone]
+
+
 def test_negative_sampling_depends_on_seed_and_epoch_only() -> None:
     labels = np.r_[np.ones(5), np.zeros(95)]
     a, b = NegativeSubsampler(labels, 0.2, seed=7), NegativeSubsampler(labels, 0.2, seed=7)

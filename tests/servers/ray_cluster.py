@@ -1,0 +1,160 @@
+"""A throwaway two-node Ray cluster for the tests: ``ray start --head`` plus one ``ray start
+--address`` worker node, each started in a session of its own and with its own temp dir, stopped
+by killing exactly the processes of those sessions (``ray stop --force`` kills every Ray process
+of the machine it may signal, found by name: other sessions' clusters too). A node's daemons and
+workers keep its session (the workers take a process group of their own, so a group kill would
+miss them).
+
+Addresses: Ray 2.60 replaces 127.0.0.1 given to ``ray start --node-ip-address`` or ``--address``
+(and to ``ray.init``) by the machine's outward address (``services.resolve_ip_for_localhost``;
+ray-project/ray#59110), and with a node address other than 127.0.0.1 its servers listen on every
+interface. Only a single-node Ray stays on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+which refuses worker nodes). So the nodes get no ``--node-ip-address`` (it would be ignored), the
+traffic goes to this machine's own address, and the cluster runs with token authentication
+(``RAY_AUTH_MODE=token``, a token of its own under the test's temp dir): nothing reaches it
+without the token. Every other port is a free one (no fixed 6379, 8265, 10001, 52365, 44217, 44227).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (zombies left out)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+def titles(sid: int) -> list[str]:
+    """The command lines of a session's processes (a Ray worker shows ``ray::<task>`` while it runs one)."""
+    out = []
+    for pid in session_pids(sid):
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip())
+        except OSError:
+            pass
+    return out
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (again for any it started meanwhile)."""
+    for _ in range(5):
+        pids = session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+@dataclass
+class RayNode:
+    sid: int
+    temp_dir: Path
+
+    def kill(self) -> None:
+        """kill -9 of the node: its raylet, object store, agents and workers."""
+        kill_session(self.sid)
+
+    def wait_gone(self, timeout: float = 30.0) -> list[int]:
+        deadline = time.monotonic() + timeout
+        while (left := session_pids(self.sid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+
+@dataclass
+class RayCluster:
+    address: str
+    env: dict[str, str]
+    head: RayNode
+    workers: list[RayNode] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[RayNode]:
+        return [self.head, *self.workers]
+
+    def stop(self) -> list[int]:
+        """Kill every process of the cluster's nodes; return those still alive after 30 s."""
+        for node in reversed(self.nodes):
+            node.kill()
+        return [pid for node in self.nodes for pid in node.wait_gone()]
+
+
+def _ray(args: list[str], env: dict[str, str], log: Path) -> int:
+    """Run ``ray <args>`` in a new session (its daemons keep it); return the session id."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([ray, *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            raise
+    if rc != 0:
+        kill_session(proc.pid)
+        raise RuntimeError(f"ray {args[0]} {args[1]} failed ({rc}):\n{log.read_text()[-3000:]}")
+    return proc.pid
+
+
+def start_cluster(root: Path, worker_nodes: int = 1, extra_env: dict[str, str] | None = None) -> RayCluster:
+    """A head node and ``worker_nodes`` worker nodes, 1 CPU each, a 200 MB object store each, no
+    dashboard, no usage stats, token authentication on (a token of their own under ``root``)."""
+    token = root / "token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    env = {**os.environ, **(extra_env or {}), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+           "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port()),
+           "DASHBOARD_METRIC_PORT": str(free_port())}
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_ADDRESS", None)
+    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
+    port = free_port()
+    head_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's unix sockets live below it
+    head = RayNode(_ray(["start", "--head", f"--port={port}", *common, "--include-dashboard=false",
+                         f"--temp-dir={head_dir}", f"--ray-client-server-port={free_port()}",
+                         f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
+                         f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+                         f"--metrics-export-port={free_port()}"], env, root / "head.log"), head_dir)
+    cluster = RayCluster(address=f"127.0.0.1:{port}", env=env, head=head)
+    try:
+        for i in range(worker_nodes):
+            wdir = Path(tempfile.mkdtemp(prefix="rw", dir="/tmp"))
+            cluster.workers.append(RayNode(_ray(
+                ["start", f"--address={cluster.address}", *common, f"--temp-dir={wdir}", "--include-log-monitor=false",
+                 f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"],
+                env, root / f"worker{i}.log"), wdir))
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
