@@ -34,6 +34,8 @@ from infra.settings import RunnerKind, RunnerSettings, get_core_settings, get_ru
 
 log = logging.getLogger(__name__)
 
+#: Ray's switch that keeps a node on 127.0.0.1 when "0" (see :func:`make_task_runner`).
+LOOPBACK_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: The project's top-level packages: a Ray run ships them to its workers.
 PROJECT_PACKAGES = ("flows", "tasks", "solutions", "infra")
 
@@ -46,6 +48,12 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
     kind = kind or settings.kind
     workers = workers or settings.workers
     if kind == "ray":
+        if not (ray_address or settings.ray_address):
+            # a local Ray: its servers listen on 127.0.0.1 only. On Linux Ray 2.60 swaps 127.0.0.1 for the
+            # machine's outward address and listens on every interface (ray-project/ray#59110) unless
+            # this (misnamed) switch is off; it is read when ray is imported, and no worker node joins
+            # a local Ray anyway
+            os.environ.setdefault(LOOPBACK_RAY, "0")
         try:
             import ray
             from prefect_ray import RayTaskRunner

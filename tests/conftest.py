@@ -17,6 +17,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # CLI tests route project loggers to Prefect's API handler; plain-function tests that
     # run after them log outside any flow run, which is fine: no warning for it.
     os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    # Ray nodes of the tests (tests/servers/ray_cluster.py, a local Ray) listen on 127.0.0.1 only: Ray
+    # reads this when it is imported (infra.runners.LOOPBACK_RAY)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,24 +1,22 @@
-"""A throwaway two-node Ray cluster for the tests: ``ray start --head`` plus one ``ray start
---address`` worker node, each started in a session of its own and with its own temp dir, stopped
-by killing exactly the processes of those sessions (``ray stop --force`` kills every Ray process
-of the machine it may signal, found by name: other sessions' clusters too). A node's daemons and
-workers keep its session (the workers take a process group of their own, so a group kill would
-miss them).
+"""A throwaway Ray cluster for the tests: one ``ray start --head`` node on 127.0.0.1 with 2 CPUs (two
+worker processes run tasks side by side), started in a session of its own with its own temp dir,
+stopped by killing exactly the processes of that session (``ray stop --force`` kills every Ray
+process of the machine it may signal, found by name: other sessions' clusters too). The node's
+daemons and workers keep its session (the workers take a process group of their own, so a group
+kill would miss them).
 
 Addresses: Ray 2.60 replaces 127.0.0.1 given to ``ray start --node-ip-address`` or ``--address``
 (and to ``ray.init``) by the machine's outward address (``services.resolve_ip_for_localhost``;
-ray-project/ray#59110), and with a node address other than 127.0.0.1 its servers listen on every
-interface. Only a single-node Ray stays on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
-which refuses worker nodes). So the nodes get no ``--node-ip-address`` (it would be ignored), the
-traffic goes to this machine's own address, and the cluster runs with token authentication
-(``RAY_AUTH_MODE=token``, a token of its own under the test's temp dir): nothing reaches it
-without the token. Every other port is a free one (no fixed 6379, 8265, 10001, 52365, 44217, 44227).
+ray-project/ray#59110), and then listens on every interface. Only a single-node Ray stays on
+127.0.0.1: ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (tests/conftest.py sets it for the test
+process; the node gets it here), which refuses worker nodes. Tests here send traffic to loopback
+only, so the cluster is one node and a killed *worker process* stands for a lost worker. Every
+port is a free one (no fixed 6379, 8265, 10001, 52365, 44217, 44227).
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -126,35 +124,46 @@ def _ray(args: list[str], env: dict[str, str], log: Path) -> int:
     return proc.pid
 
 
-def start_cluster(root: Path, worker_nodes: int = 1, extra_env: dict[str, str] | None = None) -> RayCluster:
-    """A head node and ``worker_nodes`` worker nodes, 1 CPU each, a 200 MB object store each, no
-    dashboard, no usage stats, token authentication on (a token of their own under ``root``)."""
-    token = root / "token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
-    env = {**os.environ, **(extra_env or {}), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+def start_cluster(root: Path, extra_env: dict[str, str] | None = None) -> RayCluster:
+    """A head node on 127.0.0.1 with 2 CPUs, a 200 MB object store, no dashboard, no usage stats."""
+    env = {**os.environ, **(extra_env or {}), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "RAY_USAGE_STATS_ENABLED": "0", "AUTOSCALER_METRIC_PORT": str(free_port()),
            "DASHBOARD_METRIC_PORT": str(free_port())}
-    env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
-    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
     port = free_port()
     head_dir = Path(tempfile.mkdtemp(prefix="rh", dir="/tmp"))  # short: Ray's unix sockets live below it
-    head = RayNode(_ray(["start", "--head", f"--port={port}", *common, "--include-dashboard=false",
+    head = RayNode(_ray(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+                         "--object-store-memory=200000000", "--disable-usage-stats", "--include-dashboard=false",
                          f"--temp-dir={head_dir}", f"--ray-client-server-port={free_port()}",
                          f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
                          f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
                          f"--metrics-export-port={free_port()}"], env, root / "head.log"), head_dir)
-    cluster = RayCluster(address=f"127.0.0.1:{port}", env=env, head=head)
-    try:
-        for i in range(worker_nodes):
-            wdir = Path(tempfile.mkdtemp(prefix="rw", dir="/tmp"))
-            cluster.workers.append(RayNode(_ray(
-                ["start", f"--address={cluster.address}", *common, f"--temp-dir={wdir}", "--include-log-monitor=false",
-                 f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                 f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"],
-                env, root / f"worker{i}.log"), wdir))
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    return RayCluster(address=f"127.0.0.1:{port}", env=env, head=head)
+
+
+def listening_beyond_loopback(sid: int) -> list[str]:
+    """The TCP sockets that processes of session ``sid`` listen on at an address other than
+    127.0.0.1 (read from /proc: each process's socket inodes against /proc/net/tcp)."""
+    inodes: set[str] = set()
+    for pid in session_pids(sid):
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            host = local.split(":")[0]
+            loopback = host.endswith("0100007F") and set(host[:-8]) <= {"0", "F"} or host == "0" * 24 + "01000000"
+            if state == "0A" and inode in inodes and not loopback:  # 127.0.0.1, ::ffff:127.0.0.1 or ::1
+                out.append(local)
+    return out
