@@ -96,6 +96,19 @@ def _wait(predicate, what: str, timeout_s: float = 90.0) -> None:
         time.sleep(0.2)
 
 
+def _check_trail(registry: ModelRegistry, model: str, near: bytes, offset: int, byte: str) -> None:
+    """The trail holds the whole path in order and verifies; one byte changed (at ``near`` +
+    ``offset``) and it does not."""
+    path = registry.root / model / ALIAS_HISTORY_FILE
+    trail = [json.loads(line)["action"] for line in path.read_text().splitlines()]
+    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
+    assert registry.verify_trail(model).ok
+    data = bytearray(path.read_bytes())
+    data[data.index(near) + offset] = ord(byte)  # one byte
+    path.write_bytes(bytes(data))
+    assert not registry.verify_trail(model).ok
+
+
 def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")  # who starts the runs
@@ -171,15 +184,7 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
         later = {**late, S.TRANSACTION_ID: "after-rollback", S.TIMESTAMP: str(last + pd.Timedelta(seconds=2))}
         assert post_scores(client, server.url, key, [later])[0]["model_version"] == 1
 
-    trail = [json.loads(line)["action"] for line in
-             (registry.root / MODEL / ALIAS_HISTORY_FILE).read_text().splitlines()]
-    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
-    assert registry.verify_trail(MODEL).ok
-    path = registry.root / MODEL / ALIAS_HISTORY_FILE
-    data = bytearray(path.read_bytes())
-    data[data.index(b'"bob"') + 1] = ord("B")  # one byte
-    path.write_bytes(bytes(data))
-    assert not registry.verify_trail(MODEL).ok
+    _check_trail(registry, MODEL, b'"bob"', 1, "B")
 
 
 # ------------------------------------------------------------------------------------
@@ -289,12 +294,4 @@ def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
         _wait(lambda: champion_slot.version == 1, "serving did not reload v1", timeout_s=30)
         assert predict(served[0], last)["model_version"] == 1
 
-    trail = [json.loads(line)["action"] for line in
-             (registry.root / SENSOR_MODEL / ALIAS_HISTORY_FILE).read_text().splitlines()]
-    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
-    assert registry.verify_trail(SENSOR_MODEL).ok
-    path = registry.root / SENSOR_MODEL / ALIAS_HISTORY_FILE
-    data = bytearray(path.read_bytes())
-    data[data.index(b"incident drill")] = ord("I")  # one byte
-    path.write_bytes(bytes(data))
-    assert not registry.verify_trail(SENSOR_MODEL).ok
+    _check_trail(registry, SENSOR_MODEL, b"incident drill", 0, "I")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,27 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def session_pids(sid: int) -> list[int]:
-    """The live processes of session ``sid`` (zombies left out)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            out.append(int(entry.name))
-    return out
+from tests.servers.team import free_port, session_pids
 
 
 def titles(sid: int) -> list[str]:

@@ -136,21 +136,34 @@ class Proc:
         self.popen.wait(10)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children...), read from /proc (Linux)."""
-    children: dict[int, list[int]] = {}
+def proc_stats() -> dict[int, tuple[str, int, int]]:
+    """Every process's (state, parent pid, session id), read from /proc/<pid>/stat (Linux)."""
+    out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+            out[int(stat.parent.name)] = (fields[0], int(fields[1]), int(fields[3]))
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children...)."""
+    children: dict[int, list[int]] = {}
+    for child, (_, ppid, _) in proc_stats().items():
+        children.setdefault(ppid, []).append(child)
     out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
+
+
+def session_pids(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (zombies left out)."""
+    return [pid for pid, (state, _, session) in proc_stats().items() if session == sid and state != "Z"]
 
 
 def alive(pid: int) -> bool:
