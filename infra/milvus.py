@@ -88,13 +88,26 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
     settings = settings or get_milvus_settings()
     target = uri or settings.uri or str(lite_path())
     token = settings.token.get_secret_value() if settings.token else ""
-    if "://" not in target:
+    if "://" not in target and not target.startswith("unix:"):
         Path(target).expanduser().parent.mkdir(parents=True, exist_ok=True)
     try:
         return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
     except Exception as exc:
         raise VectorStoreError(f"cannot open Milvus at {shown_url(target) if '://' in target else target}: "
                                f"{scrub(str(exc), [token])}"[:500]) from None
+
+
+def shared_uri(client: Any) -> str | None:
+    """The URI another process of this machine opens ``client``'s store with, when it is a Milvus
+    Lite file: one process holds the file, and its Lite server listens on a Unix socket
+    (``unix:/tmp/…sock``). None for a Milvus server (every process uses the configured URI)."""
+    from pymilvus import connections
+
+    try:
+        address = str(connections.get_connection_addr(client._using).get("address", ""))
+    except Exception:  # noqa: BLE001 - not a pymilvus client (a test double): nothing to share
+        return None
+    return address if address.startswith("unix:") else None
 
 
 def row_count(client: Any, name: str) -> int | None:

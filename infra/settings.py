@@ -498,7 +498,31 @@ class KbSettings(BaseSettings):
         default=50 * 1024 * 1024, ge=1,
         description="Largest document upload request (all its files together; 413 above).",
     )
-    max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request.")
+    max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request (422 above).")
+    max_upload_members: int = Field(
+        default=1000, ge=0,
+        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together (422 "
+        "above; each archive's own limit still applies in the ingest).",
+    )
+    ingest_mode: Literal["process", "thread"] = Field(
+        default="process",
+        description="Where an upload's ingest runs. process: as a rag-ingest Prefect flow run outside the API "
+        "process, on the work pool of INDUSFLOW_KB_INGEST_DEPLOYMENT when the Prefect API (PREFECT_API_URL) has "
+        "that deployment, else in a child process of the API at lower CPU priority. thread: on a thread of the "
+        "API process (the former behaviour, kept for comparison).",
+    )
+    ingest_deployment: str = Field(
+        default="rag-ingest/kb-upload-ingest",
+        description="The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when "
+        "PREFECT_API_URL is set and the deployment is registered (python -m infra.deploy apply).",
+    )
+    ingest_nice: int = Field(default=10, ge=0, le=19,
+                             description="CPU niceness added to an ingest child process (the API keeps its own).")
+    ingest_attempts: int = Field(
+        default=2, ge=1,
+        description="Times an ingest job is started when its process dies (a crash, kill -9, a server restart "
+        "while it ran); it then fails with the reason. Ingest is incremental, so a re-run resumes.",
+    )
     request_timeout_s: float = Field(
         default=300.0, gt=0,
         description="Time limit of a knowledge-base request (search, ask and its stream, upload); the "

@@ -374,6 +374,40 @@ def _office_package(data: bytes) -> bool:
         return False
     return bool(names & {"[Content_Types].xml", "mimetype", "Index/Document.iwa", "index.xml"})
 
+def archive_members(path: Path, limit: int) -> int:
+    """How many members the archive at ``path`` lists in its directory (zip that is not an office
+    package, tar/tgz/tbz/txz, 7z), counting at most ``limit + 1``; 0 for any other file. Reads
+    directories only, never a member's content; archives nested inside count as one member each."""
+    import tarfile
+    import zipfile
+
+    with open(path, "rb") as f:
+        head = f.read(512)
+    try:
+        if head[:4] == b"PK\x03\x04":
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+            if set(names[:2000]) & {"[Content_Types].xml", "mimetype", "Index/Document.iwa", "index.xml"}:
+                return 0
+            return min(len([n for n in names if not n.endswith("/")]), limit + 1)
+        if head[:6] == b"7z\xbc\xaf\x27\x1c":
+            import py7zr
+
+            with py7zr.SevenZipFile(path) as z:
+                return min(sum(1 for e in z.list() if not e.is_directory), limit + 1)
+        if head[:2] in (b"\x1f\x8b", b"BZ") or head[:6] == b"\xfd7zXZ\x00" or head[257:262] == b"ustar":
+            count = 0
+            with tarfile.open(path) as t:
+                for member in t:
+                    count += member.isfile()
+                    if count > limit:
+                        break
+            return count
+    except Exception:  # noqa: BLE001 - an unreadable directory: the ingest quarantines the file with its reason
+        return 0
+    return 0
+
+
 class _Walker:
     """Parses one source file, expanding the containers in it under one byte budget."""
 

@@ -28,8 +28,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text
-from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
+from flows.serve.kb_engine import KbEngine
 from infra.embeddings import Embedder
 from infra.llm import LLMError
 from infra.pii import redact_text
@@ -38,6 +37,9 @@ from infra.serving.auth import Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
 from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
+from solutions.rag.library import IngestJob, UploadRefused, error_text
+from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
+from tasks.documents import archive_members
 from tasks.retrieve import Retrieved
 
 log = logging.getLogger(__name__)
@@ -186,6 +188,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
 
     engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    engine.recover()  # jobs a crashed or restarted server left queued or running
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
     services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
         max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD, timeout_s=settings.request_timeout_s)
@@ -310,7 +313,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         try:
             parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
                                   lambda name: allowed(principal, name, write=True), query_collection=collection,
-                                  max_file_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files)
+                                  max_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files,
+                                  max_members=settings.max_upload_members, count_members=archive_members)
             staged = await parser.feed(request.stream())
             if staged.collection is None or not staged.files:
                 raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
@@ -324,7 +328,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         col, names = staged.collection, [f.name for f in staged.files]
         job = engine.submit(col, names)
         uploads.labels(collection=col.name).inc(len(names))
-        annotate_audit(request, collection=col.name, files=len(names), bytes=written, job_id=job.job_id)
+        annotate_audit(request, collection=col.name, files=len(names), bytes=written, members=staged.members,
+                       job_id=job.job_id)
         return JSONResponse(job.public() | {"files": [{"name": n, "status": "queued"} for n in names]},
                             status_code=202)
 

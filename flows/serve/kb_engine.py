@@ -1,32 +1,43 @@
 """What the knowledge-base API does behind its routes (:mod:`flows.serve.kb`): retrieval and
 answers over one collection, the documents of a collection with their ingest status, deletions,
-and ingest jobs run in the server process (uploads: :mod:`flows.serve.kb_upload`).
+and the dispatch of ingest jobs (uploads: :mod:`solutions.rag.upload`).
 
 It joins the same solution and task functions as ``python -m flows.rag`` (Tika parse, redaction
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
-with one Milvus client and one embedder per server, loaded on first use. Ingest jobs run on one
-worker thread per collection, one at a time; a job ingests the whole watched folder
-(incremental: unchanged files cost a hash) and prunes files gone from it. Ingest state (the
-quarantine caches, the path-tag key of the redactor) lives in the configured home
-(``INDUSFLOW_HOME``), as for the flows.
+with one Milvus client and one embedder per server, loaded on first use.
+
+Ingest jobs run outside the API process (``INDUSFLOW_KB_INGEST_MODE=process``, the default): a
+job is a ``rag-ingest`` flow run, started as the ``INDUSFLOW_KB_INGEST_DEPLOYMENT`` deployment on
+its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
+lower CPU priority, its own session); it records its progress in the job's file under the home
+(:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
+(one dispatch thread per collection here; the collection's lock file across replicas). A job
+whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
+(ingest is incremental) up to ``INDUSFLOW_KB_INGEST_ATTEMPTS`` times, then fails with the
+reason; on start the engine recovers the jobs left queued or running by a process that is gone.
+``thread`` runs jobs on a thread of the API process (the former behaviour, kept for comparison).
+Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
+home (``INDUSFLOW_HOME``), as for the flows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
-import json
 import logging
+import os
 import queue
-import re
 import secrets
+import signal
+import subprocess
+import sys
 import threading
+import time
 import traceback
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,7 +45,7 @@ from infra.embeddings import Embedder, embedder_from_settings, encode_queries
 from infra.errors import IndusflowError
 from infra.home import HomeLayout
 from infra.llm import ChatClient
-from infra.milvus import open_client, row_count
+from infra.milvus import open_client, row_count, shared_uri
 from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
 from infra.store import write_json_atomic
@@ -42,118 +53,37 @@ from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
 from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
 from solutions.rag.ingest import DocumentRules, document_rules
+from solutions.rag.library import (
+    ACTIVE,
+    JOB_ID,
+    DocumentStatus,
+    IngestJob,
+    UploadRefused,
+    error_text,
+    flow_run_name,
+    iter_folder,
+    load_job,
+    now,
+    quarantine_reason,
+    recorded_jobs,
+    safe_document_name,
+    save_job,
+    status_of,
+)
 from solutions.rag.support import Support, content_query
 from solutions.rag.weights import query_weights
 from tasks.catalog import FOLDER, document_names, load_roots
 from tasks.chunk import embedder_window
 from tasks.documents import reason_text
-from tasks.index import SourceState, delete_sources, load_manifest
+from tasks.index import delete_sources, load_manifest
 from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
 from tasks.retrieve import Mode, Retrieved, best_bm25, retrieve
 
 log = logging.getLogger(__name__)
 
-MAX_NAME_BYTES = 200
-MAX_RAW_NAME_BYTES = 1024  # a longer name sent by a client is refused, not redacted
-JOB_ID = re.compile(r"[0-9a-f]{16}")
-
-
-class UploadRefused(IndusflowError):
-    """An uploaded file cannot be stored (bad name, too large, a symlink in the way)."""
-
-    def __init__(self, message: str, status: int = 422) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# ------------------------------------------------------------------------------------
-# names and files
-
-
-def safe_document_name(raw: str | None) -> str:
-    """The name an uploaded file is stored under: the last path component of what the client
-    sent, without control characters or leading dots, redacted (:func:`infra.pii.redact_path`: a
-    phone number in a name becomes a tagged placeholder), then cut to at most 200 UTF-8 bytes
-    (extension kept). Cut after redaction: a placeholder is longer than what it replaces, and a
-    name cut first could grow past the file system's 255 bytes (and half a number would escape
-    the redactor). ValueError (naming no part of the name) when nothing usable is left, or when
-    the name is over 1,024 bytes before redaction."""
-    name = unicodedata.normalize("NFC", raw or "").replace("\\", "/").rsplit("/", 1)[-1]
-    name = "".join(ch for ch in name if ch.isprintable()).strip().lstrip(".").strip()
-    if not name or name in {".", ".."}:
-        raise ValueError("the file name has no usable characters")
-    if len(name.encode()) > MAX_RAW_NAME_BYTES:
-        raise ValueError(f"the file name is {len(name.encode())} bytes long; at most {MAX_RAW_NAME_BYTES} are accepted")
-    name = redact_path(name).lstrip(".").strip()
-    if len(name.encode()) > MAX_NAME_BYTES:
-        stem, dot, ext = name.rpartition(".")
-        ext = dot + ext if dot and len(ext.encode()) <= 16 else ""
-        base = stem if ext else name
-        while len((base + ext).encode()) > MAX_NAME_BYTES:
-            base = base[:-1]
-        name = base.rstrip() + ext
-    if not name:
-        raise ValueError("the file name has no usable characters")
-    return name
-
-
-def iter_folder(folder: Path) -> Iterator[Path]:
-    """Regular files under ``folder`` as ingest sees them (no hidden names, no symlinks)."""
-    for child in sorted(folder.rglob("*")):
-        rel = child.relative_to(folder)
-        if any(part.startswith(".") for part in rel.parts) or child.is_symlink() or not child.is_file():
-            continue
-        yield child
-
-
-# ------------------------------------------------------------------------------------
-# documents and their status
-
-
-@dataclass
-class DocumentStatus:
-    """One document of a collection as the API lists it."""
-
-    name: str
-    status: str  # indexed | quarantined | pending
-    chunks: int = 0
-    reason: str | None = None
-    quarantined_members: int = 0
-    in_folder: bool = True
-    pages_ocr: int | None = None  # pages (image frames) read by OCR, None when none were
-    updated_at: str | None = None
-    source: str = field(default="", repr=False)  # the stored (redacted) source path
-    path: Path | None = field(default=None, repr=False)  # the file, when in the folder
-
-    def public(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "chunks": self.chunks, "reason": self.reason,
-                "quarantined_members": self.quarantined_members, "in_folder": self.in_folder,
-                "pages_ocr": self.pages_ocr, "updated_at": self.updated_at}
-
-
-def quarantine_reason(items: list[dict[str, Any]], source: str) -> str | None:
-    """Why the file was not indexed, in words (``password-protected``, ``not a document``…):
-    its own record's reason, else its first member's. Never the record's detail (parser and
-    exception text; it stays in the ingest's report)."""
-    if not items:
-        return None
-    own = [q for q in items if q.get("path") == source]
-    if own:
-        return reason_text(str(own[0].get("reason", "")))
-    return f"{len(items)} member{'s' if len(items) != 1 else ''} not indexed: {reason_text(str(items[0].get('reason', '')))}"
-
-
-def status_of(source: str, file_hash: str, state: SourceState | None, cached: dict[str, Any]) -> tuple[str, int, str | None, int]:
-    """``(status, chunks, reason, quarantined members)`` of one file from what ingest recorded."""
-    chunks = sum(state.chunks.values()) if state else 0
-    items = cached.get("items", []) if cached.get("hash") == file_hash else []
-    members = sum(1 for q in items if q.get("path") != source)
-    if state is not None and state.complete(file_hash):
-        return "indexed", chunks, None, members
-    if state is None and items:
-        return "quarantined", 0, quarantine_reason(items, source), members
-    return "pending", chunks, None, 0
+JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB_ID
+__all__ = ["DocumentStatus", "IngestJob", "KbEngine", "UploadRefused", "error_text", "safe_document_name"]
 
 
 class FileHashes:
@@ -177,43 +107,6 @@ class FileHashes:
         with self._lock:
             self._known[key] = (stat.st_size, stat.st_mtime_ns, digest)
         return digest
-
-
-# ------------------------------------------------------------------------------------
-# jobs
-
-
-@dataclass
-class IngestJob:
-    """One ingest run asked for by an upload."""
-
-    job_id: str
-    collection: str
-    files: list[dict[str, Any]]
-    state: str = "queued"  # queued | running | done | failed
-    created_at: str = field(default_factory=lambda: now())
-    started_at: str | None = None
-    finished_at: str | None = None
-    error: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "collection": self.collection, "state": self.state,
-                "files": [dict(f) for f in self.files],
-                "created_at": self.created_at, "started_at": self.started_at, "finished_at": self.finished_at,
-                "error": self.error, "counts": dict(self.counts)}
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
-def error_text(exc: BaseException) -> str:
-    """What a caller may see of a failure: our own errors' messages (they name no secret and no
-    personal data) or the exception type."""
-    if isinstance(exc, IndusflowError | ValueError):
-        return redact_text(" ".join(str(exc).split()))[:500]
-    return f"internal error ({type(exc).__name__})"
 
 
 # ------------------------------------------------------------------------------------
@@ -252,6 +145,8 @@ class KbEngine:
         self._names: dict[str, dict[str, str]] = {}  # per collection: source -> name, from the last listing
         self._on_job = on_job
         self._closed = False
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._last_exit: dict[str, str] = {}
 
     # -- shared resources, loaded on first use
     def client(self) -> Any:
@@ -275,12 +170,22 @@ class KbEngine:
         return document_rules(self.params.chunk, self.params.redaction, embedder.name, embedder_window(embedder))
 
     def close(self) -> None:
-        """Stop the job workers (a running job finishes first) and close the client it opened."""
+        """Stop the job workers and close the client it opened. A job on a thread finishes
+        first; a child process or deployment run goes on (the next start adopts it), but a
+        child of this process is stopped (SIGTERM) when this process is itself not being
+        killed: its Milvus Lite store closes with this process."""
         self._closed = True
         for q in self._queues.values():
             q.put(None)
         for worker in self._workers.values():
             worker.join(timeout=60)
+        with self._jobs_lock:
+            children = list(self._children.values())
+        lite = self._client is not None and shared_uri(self._client) is not None
+        for proc in children:
+            if proc.poll() is None and lite:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
@@ -347,7 +252,8 @@ class KbEngine:
         for path in iter_folder(folder):
             source = redact_path(str(path.resolve()), key)
             file_hash = source_key(self._hashes.sha256(path), rules_key, ocr_setup)
-            status, chunks, reason, members = status_of(source, file_hash, manifest.get(source), qcache.get(source, {}))
+            status, chunks, reason, members = status_of(source, file_hash, manifest.get(source), qcache.get(source, {}),
+                                                         reason_text)
             mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC).isoformat(timespec="seconds")
             out.append(DocumentStatus(name=redact_path(path.relative_to(folder).as_posix(), key), status=status,
                                       chunks=chunks, reason=reason, quarantined_members=members, updated_at=mtime,
@@ -366,7 +272,7 @@ class KbEngine:
                                           source=source))
             elif items:
                 out.append(DocumentStatus(name=names[source], status="quarantined",
-                                          reason=quarantine_reason(items, source),
+                                          reason=quarantine_reason(items, source, reason_text),
                                           quarantined_members=sum(1 for q in items if q.get("path") != source),
                                           in_folder=False, source=source))
         with self._init_lock:
@@ -411,53 +317,60 @@ class KbEngine:
         if self._closed:
             raise IndusflowError("the server is stopping")
         job = IngestJob(job_id=secrets.token_hex(8), collection=col.name,
-                        files=[{"name": n, "status": "queued"} for n in names])
+                        files=[{"name": n, "status": "queued"} for n in names], how=self.settings.ingest_mode,
+                        owner_pid=os.getpid())
+        self._record(job)
+        self._enqueue(job)
+        return job
+
+    def _enqueue(self, job: IngestJob) -> None:
         with self._jobs_lock:
             self._jobs[job.job_id] = job
             while len(self._jobs) > self.settings.jobs_kept:
                 oldest = next(iter(self._jobs.values()))
-                if oldest.state in ("queued", "running"):
+                if oldest.state in ACTIVE:
                     break
                 self._jobs.popitem(last=False)
-            if col.name not in self._queues:
-                self._queues[col.name] = queue.Queue()
-                worker = threading.Thread(target=self._work, args=(col.name,), name=f"kb-ingest-{col.name}",
-                                          daemon=True)
-                self._workers[col.name] = worker
+            if job.collection not in self._queues:
+                self._queues[job.collection] = queue.Queue()
+                worker = threading.Thread(target=self._work, args=(job.collection,),
+                                          name=f"kb-ingest-{job.collection}", daemon=True)
+                self._workers[job.collection] = worker
                 worker.start()
-        self._record(job)
-        self._queues[col.name].put(job)
-        return job
+        self._queues[job.collection].put(job)
 
     def job(self, job_id: str) -> IngestJob | None:
-        """A job of this process, else one another replica sharing the home recorded; None if unknown."""
-        with self._jobs_lock:
-            job = self._jobs.get(job_id)
-        if job is not None or not JOB_ID.fullmatch(job_id):
-            return job
-        try:
-            data = json.loads((self.layout.kb_jobs() / f"{job_id}.json").read_text())
-        except (OSError, ValueError):
+        """A job as recorded under the home (by whichever process runs it, or another replica);
+        a job of this process not recorded (a full disk) from memory; None if unknown."""
+        if not JOB_ID.fullmatch(job_id):
             return None
-        fields = {k: data.get(k) for k in IngestJob.__dataclass_fields__ if k in data}
-        return IngestJob(**fields) if fields.get("collection") in self.collections else None
+        job = load_job(self.layout.kb_jobs(), job_id)
+        if job is None:
+            with self._jobs_lock:
+                job = self._jobs.get(job_id)
+        return job if job is not None and job.collection in self.collections else None
 
     def _record(self, job: IngestJob) -> None:
         """Write the job's state under the home (best effort: a full disk does not fail the job)."""
         try:
-            write_json_atomic(self.layout.kb_jobs() / f"{job.job_id}.json", job.public())
+            save_job(self.layout.kb_jobs(), job)
         except OSError as exc:
             log.warning("cannot record kb job %s: %s", job.job_id, type(exc).__name__)
 
     def _work(self, name: str) -> None:
         q = self._queues[name]
         while (job := q.get()) is not None:
-            self.run_job(job)
+            if self._closed:
+                continue  # left queued: the next start recovers it
+            if job.how == "thread":
+                self.run_job(job)
+            else:
+                self.run_outside(job)
 
     @contextmanager
     def writing(self, col: KbCollection) -> Iterator[None]:
         """Exclusive right to change ``col``'s index: one thread of this process, and one process
-        among the replicas sharing the home (a lock file under ``<home>/rag``)."""
+        among the replicas and ingest processes sharing the home (a lock file under ``<home>/rag``)."""
         with self._col_locks[col.name], open(self.layout.rag() / f"{col.milvus}.kb.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -474,9 +387,10 @@ class KbEngine:
                               tika_settings=get_tika_settings())
 
     def run_job(self, job: IngestJob) -> None:
-        """Run one job: ingest, then read back the status of each of its files."""
+        """Run one job on this thread (``INDUSFLOW_KB_INGEST_MODE=thread``): ingest, then read back
+        the status of each of its files."""
         col = self.collections[job.collection]
-        job.state, job.started_at = "running", now()
+        job.state, job.started_at, job.pid, job.attempts = "running", now(), os.getpid(), job.attempts + 1
         for f in job.files:
             f["status"] = "running"
         self._record(job)
@@ -504,3 +418,206 @@ class KbEngine:
             self._record(job)
             if self._on_job is not None:
                 self._on_job(job)
+
+    # -- jobs outside the API process
+    def run_outside(self, job: IngestJob) -> None:
+        """Run one job as a ``rag-ingest`` flow run outside this process and wait for its end:
+        a deployment's run on its work pool, else a child process. A run that ends without
+        finishing the job (its process died) is started again, up to the configured attempts."""
+        while not self._closed:
+            current = load_job(self.layout.kb_jobs(), job.job_id) or job
+            if not current.active:
+                break
+            if (current.pid is not None or current.flow_run_id) and self.job_alive(current):
+                # adopted after a restart: its process (or run) still works on it
+                self._wait_record(current, lambda j: not self.job_alive(j))
+                self._last_exit.setdefault(job.job_id, "its process is gone")
+                continue
+            if current.attempts >= self.settings.ingest_attempts:
+                self._fail(current, f"the ingest stopped before it finished {current.attempts} time(s) "
+                           f"({self._last_exit.pop(job.job_id, 'its process is gone')}); upload again or "
+                           "run python -m flows.rag ingest")
+                break
+            current.attempts += 1
+            current.state, current.error = "queued", None
+            try:
+                if self.deployment_ready():
+                    self._start_deployment(current)
+                    self._wait_record(current, self._run_finished)
+                else:
+                    proc = self._start_child(current)
+                    self._wait_record(current, lambda _job, p=proc: p.poll() is not None)
+                    if proc.poll() is not None:
+                        code = proc.returncode
+                        self._last_exit[job.job_id] = (f"signal {-code}" if code < 0 else f"exit code {code}")
+            except Exception as exc:  # noqa: BLE001 - a job that cannot be started fails with the reason
+                log.error("kb ingest job %s could not be started: %s", job.job_id, type(exc).__name__)
+                self._fail(current, f"the ingest could not be started: {error_text(exc)}")
+                break
+        final = load_job(self.layout.kb_jobs(), job.job_id)
+        if final is not None and not final.active:
+            with self._jobs_lock:
+                self._jobs[job.job_id] = final
+            if self._on_job is not None:
+                self._on_job(final)
+
+    def _wait_record(self, job: IngestJob, ended: Callable[[IngestJob], bool], every_s: float = 0.5) -> None:
+        """Wait until the job's record says it finished, its run ``ended``, or this engine closes."""
+        while not self._closed:
+            current = load_job(self.layout.kb_jobs(), job.job_id)
+            if current is not None and not current.active:
+                return
+            if ended(job):
+                time.sleep(every_s)  # its last record write may land just after the exit
+                return
+            time.sleep(every_s)
+
+    def _fail(self, job: IngestJob, reason: str) -> None:
+        job.state, job.error, job.finished_at = "failed", reason, now()
+        for f in job.files:
+            f["status"] = "failed"
+        self._record(job)
+
+    def child_env(self) -> dict[str, str]:
+        """The environment of an ingest child: this process's, plus the address of this
+        process's Milvus Lite store (one process holds the file; the child connects to its
+        socket) and the model of an embedder handed to the engine."""
+        env = dict(os.environ)
+        uri = shared_uri(self.client()) if not get_milvus_settings().uri else None
+        if uri:
+            env["INDUSFLOW_MILVUS_URI"] = uri
+        model = getattr(self._embedder, "model_ref", None)
+        if isinstance(model, str) and model:
+            env["INDUSFLOW_EMBED_MODEL"] = model
+        return env
+
+    def _start_child(self, job: IngestJob) -> subprocess.Popen[bytes]:
+        """``python -m flows.rag.job JOB_ID`` in its own session (it outlives a crash of this
+        process and is adopted by the next start), its output in ``<id>.log`` beside the record."""
+        job.how, job.pid, job.flow_run_id, job.flow_run_name = "process", None, None, flow_run_name(job)
+        self._record(job)
+        log_path = self.layout.kb_jobs() / f"{job.job_id}.log"
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, job.job_id], env=self.child_env(),
+                                    stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
+                                    cwd=str(Path(__file__).resolve().parents[2]))
+        finally:
+            os.close(fd)
+        with self._jobs_lock:
+            self._children[job.job_id] = proc
+        current = load_job(self.layout.kb_jobs(), job.job_id) or job
+        if current.pid is None:  # the child writes its own pid when it starts
+            current.pid = proc.pid
+            self._record(current)
+        job.pid = proc.pid
+        log.info("kb ingest job %s of %s: child process %d", job.job_id, job.collection, proc.pid)
+        return proc
+
+    def deployment_ready(self) -> bool:
+        """Whether jobs go to the configured deployment: a Prefect API is configured
+        (PREFECT_API_URL) and it has the deployment."""
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            return False
+        from tasks.dispatch import deployment_exists
+
+        try:
+            return deployment_exists(self.settings.ingest_deployment)
+        except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
+            log.warning("the Prefect API cannot say whether %s exists (%s): ingest in a child process",
+                        self.settings.ingest_deployment, type(exc).__name__)
+            return False
+
+    def deployment_call(self, job: IngestJob) -> dict[str, Any]:
+        """The ``run_deployment`` arguments of a job (the job id is its only parameter: no
+        document name or personal data reaches Prefect)."""
+        return {"name": self.settings.ingest_deployment, "parameters": {"job": job.job_id},
+                "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
+                "tags": ["kb-upload"]}
+
+    def _start_deployment(self, job: IngestJob) -> None:
+        from prefect.deployments import run_deployment
+
+        job.how = "deployment"
+        run = run_deployment(**self.deployment_call(job))
+        job.flow_run_id, job.flow_run_name, job.pid = str(run.id), run.name, None
+        self._record(job)
+        log.info("kb ingest job %s of %s: flow run %s", job.job_id, job.collection, run.id)
+
+    def _run_finished(self, job: IngestJob) -> bool:
+        """Whether the job's deployment run is over (a final state, or unknown to the API)."""
+        from prefect.client.orchestration import get_client
+
+        if not job.flow_run_id:
+            return True
+        try:
+            with get_client(sync_client=True) as client:
+                state = client.read_flow_run(job.flow_run_id).state
+        except Exception as exc:  # noqa: BLE001 - the API is away: wait on (the record says when it ends)
+            log.debug("cannot read flow run %s: %s", job.flow_run_id, type(exc).__name__)
+            return False
+        return state is not None and state.is_final()
+
+    # -- recovery after a crash
+    def job_alive(self, job: IngestJob) -> bool:
+        """Whether a process still works on ``job``: its child (this machine), its deployment run,
+        or for a job still queued the API process that queued it."""
+        if job.how == "deployment" and job.flow_run_id:
+            return not self._run_finished(job)
+        if job.pid is not None and process_alive(job.pid, JOB_MODULE if job.how == "process" else None):
+            return True
+        if job.pid is None and job.owner_pid not in (None, os.getpid()):
+            return process_alive(job.owner_pid)  # queued by another replica that still runs
+        return False
+
+    def recover(self) -> list[IngestJob]:
+        """Jobs left queued or running by a process that is gone (a crash, a restart): each is
+        started again (ingest is incremental: a re-run resumes) or, when it was started the most
+        times allowed, marked failed with the reason. A job whose child outlived its API is
+        adopted (waited for, restarted if it dies). Returns the jobs taken over."""
+        taken = []
+        for job in recorded_jobs(self.layout.kb_jobs()):
+            if not job.active or job.collection not in self.collections:
+                continue
+            alive = self.job_alive(job)
+            if alive and (job.how == "thread" or (job.pid is None and not job.flow_run_id)):
+                continue  # a job of another replica that still runs
+            if alive:
+                log.info("kb ingest job %s: adopting its running process", job.job_id)
+            else:
+                self._last_exit[job.job_id] = "the server stopped while it ran"
+                job.how = self.settings.ingest_mode
+                if job.how == "thread" and job.attempts >= self.settings.ingest_attempts:
+                    self._fail(job, "the server stopped while it ran; upload again")
+                    continue
+            job.owner_pid = os.getpid()
+            self._record(job)
+            log.warning("kb ingest job %s of %s: recovered after a restart (%d attempt(s) so far)", job.job_id,
+                        job.collection, job.attempts)
+            taken.append(job)
+            self._enqueue(job)
+        return taken
+
+
+def process_alive(pid: int, marker: str | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie) and, with ``marker``, its command line holds it
+    (a recycled pid is another program)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return marker is None
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        try:
+            if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            if marker is not None and marker not in proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    "utf-8", "replace"):
+                return False
+        except (OSError, IndexError):
+            return False
+    return True

@@ -367,7 +367,7 @@ def store_key(kb: Kb, name: str, scopes: list[str]) -> str:
 
 def test_names_and_stream_pieces() -> None:
     from flows.serve.kb import words
-    from flows.serve.kb_engine import safe_document_name
+    from solutions.rag.library import safe_document_name
 
     assert safe_document_name("C:\\Users\\x\\report.pdf") == "report.pdf"
     assert safe_document_name("/etc/../..\x00\x1bpasswd") == "passwd"

@@ -6,10 +6,17 @@ place once the whole request has arrived, so no document is ever written outside
 folders (Starlette's own form parser would spool large files to the system temp folder) and a
 refused or broken upload leaves nothing behind. The collection must therefore be known before
 the first file: as ``?collection=`` or as a ``collection`` field sent before the files.
+
+Caps per upload (each refusal names its setting): the files of one request
+(``INDUSFLOW_KB_MAX_UPLOAD_FILES``, 422), their bytes together (``INDUSFLOW_KB_MAX_UPLOAD_BYTES``,
+413, counted as they arrive) and the archive members of all its archives together
+(``INDUSFLOW_KB_MAX_UPLOAD_MEMBERS``, 422, counted from the archives' directories once the body
+has arrived, before anything is renamed into the folder).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -19,8 +26,8 @@ from typing import IO
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from flows.serve.kb_engine import UploadRefused, safe_document_name
 from solutions.rag.collections import KbCollection
+from solutions.rag.library import UploadRefused, safe_document_name
 
 UPLOAD_PREFIX = ".upload-"  # hidden: ingest skips files whose name starts with a dot
 FILES_FIELD = "files"
@@ -43,6 +50,7 @@ class Upload:
 
     collection: KbCollection | None = None
     files: list[StagedFile] = field(default_factory=list)
+    members: int = 0  # archive members of all the files together
 
     def discard(self) -> None:
         """Remove the staged files (a refused or broken upload leaves nothing)."""
@@ -75,17 +83,24 @@ class UploadParser:
         collection_for: turns the collection name into the collection the caller may write
             (raises the HTTP refusal otherwise); called once, before the first file is written.
         query_collection: the collection named in the URL, if any.
-        max_file_bytes: the largest file (413 above).
+        max_bytes: the most bytes of all the files together (413 above).
         max_files: the most files (422 above).
+        max_members: the most archive members of all the files together (422 above).
+        count_members: the members of a file that is an archive (0 for any other file),
+            counting at most its second argument plus one.
     """
 
     def __init__(self, boundary: bytes, collection_for: Callable[[str], KbCollection], *,
-                 query_collection: str | None, max_file_bytes: int, max_files: int) -> None:
+                 query_collection: str | None, max_bytes: int, max_files: int, max_members: int | None = None,
+                 count_members: Callable[[Path, int], int] | None = None) -> None:
         self.upload = Upload()
         self.collection_for = collection_for
         self.collection_name = query_collection
-        self.max_file_bytes = max_file_bytes
+        self.max_bytes = max_bytes
         self.max_files = max_files
+        self.max_members = max_members
+        self.count_members = count_members
+        self.received = 0
         self._header_name = b""
         self._header_value = b""
         self._disposition = b""
@@ -109,11 +124,24 @@ class UploadParser:
             self.parser.finalize()
             if self._out is not None:
                 raise UploadRefused("the upload ended in the middle of a file")
+            self.upload.members = await asyncio.to_thread(self._members)  # reads archive directories
         except BaseException:
             self._close_current()
             self.upload.discard()
             raise
         return self.upload
+
+    def _members(self) -> int:
+        """Archive members of all the staged files together (UploadRefused above the cap)."""
+        if self.count_members is None or self.max_members is None:
+            return 0
+        total = 0
+        for f in self.upload.files:
+            total += self.count_members(f.tmp, self.max_members - total)
+            if total > self.max_members:
+                raise UploadRefused(f"the archives of this upload hold more than {self.max_members} members together "
+                                    "(INDUSFLOW_KB_MAX_UPLOAD_MEMBERS): send fewer at a time")
+        return total
 
     # -- callbacks of python-multipart
     def _part_begin(self) -> None:
@@ -140,7 +168,7 @@ class UploadParser:
         if self._field != FILES_FIELD:
             raise UploadRefused(f"files go in the form field {FILES_FIELD!r}")
         if len(self.upload.files) >= self.max_files:
-            raise UploadRefused(f"more than {self.max_files} files in one upload")
+            raise UploadRefused(f"more than {self.max_files} files in one upload (INDUSFLOW_KB_MAX_UPLOAD_FILES)")
         if self.upload.collection is None:
             if not self.collection_name:
                 raise UploadRefused(f"name the collection before the files: ?{COLLECTION_FIELD}= or a "
@@ -165,8 +193,10 @@ class UploadParser:
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._out is not None and self._file is not None:
             self._file.size += end - start
-            if self._file.size > self.max_file_bytes:
-                raise UploadRefused(f"{self._file.name!r} is over the upload limit of {self.max_file_bytes} bytes", 413)
+            self.received += end - start
+            if self.received > self.max_bytes:
+                raise UploadRefused(f"the files of this upload are over {self.max_bytes} bytes together "
+                                    "(INDUSFLOW_KB_MAX_UPLOAD_BYTES)", 413)
             self._out.write(data[start:end])
             return
         self._value.extend(data[start:end])

@@ -1,0 +1,167 @@
+"""An upload's ingest job, run as a ``rag-ingest`` flow run outside the API process.
+
+The knowledge-base API (:mod:`flows.serve.kb`) stages the uploaded files in the collection's
+watched folder, records the job under ``<home>/serving/kb-jobs/<id>.json`` and starts
+``python -m flows.rag.job JOB_ID`` (a child process at lower CPU priority), or the
+``rag-ingest`` deployment with ``job=JOB_ID`` on a work pool. Either way the flow run ingests the
+collection's whole watched folder (incremental: unchanged files cost a hash; files gone from it
+are pruned) while holding the collection's write lock (the file ``<home>/rag/<milvus>.kb.lock``,
+the lock the API's deletions take), and writes the job's progress to its record: ``running``
+with its process id and flow run, then ``done`` with the counts and each uploaded file's status,
+or ``failed`` with the reason. The flow run is named ``kb-<collection>-<job id>``: no document
+name reaches Prefect.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from flows.rag.steps import ingest_sources
+from infra.embeddings import Embedder
+from infra.home import HomeLayout, home_layout
+from infra.pii import redact_path, tag_key
+from infra.settings import get_kb_settings, get_tika_settings
+from infra.store import sha256_file
+from solutions.rag.collections import KbCollection, kb_collection
+from solutions.rag.config import IngestParams
+from solutions.rag.ingest import document_rules
+from solutions.rag.library import IngestJob, error_text, flow_run_name, load_job, now, save_job, status_of
+from tasks.chunk import embedder_window
+from tasks.documents import reason_text
+from tasks.index import load_manifest
+from tasks.ingest import IngestResult, IngestStages, load_quarantine_cache, source_key
+from tasks.ocr import ocr_key
+
+log = logging.getLogger(__name__)
+
+
+class JobNotFound(LookupError):
+    """No readable record for the job id."""
+
+
+@contextmanager
+def collection_lock(layout: HomeLayout, col: KbCollection) -> Iterator[None]:
+    """The collection's write lock (shared with the API's deletions and any replica)."""
+    with open(layout.rag() / f"{col.milvus}.kb.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def file_statuses(job: IngestJob, col: KbCollection, *, client: Any, embedder: Embedder,
+                  params: IngestParams) -> None:
+    """Set each file of the job to its status after the ingest (indexed, quarantined with the
+    reason, pending, or gone when it left the folder)."""
+    rules_key = document_rules(params.chunk, params.redaction, embedder.name, embedder_window(embedder)).key
+    manifest = load_manifest(client, col.milvus) if client.has_collection(col.milvus) else {}
+    qcache = load_quarantine_cache(col.milvus)
+    key, ocr = tag_key(), ocr_key()
+    folder = col.folder.resolve()
+    for f in job.files:
+        path = folder / f["name"]
+        if path.is_symlink() or not path.is_file():
+            f.update(status="gone")
+            continue
+        source = redact_path(str(path.resolve()), key)
+        status, chunks, reason, _ = status_of(source, source_key(sha256_file(path), rules_key, ocr),
+                                              manifest.get(source), qcache.get(source, {}), reason_text)
+        f.update(status=status, chunks=chunks, reason=reason)
+
+
+def current_flow_run() -> tuple[str | None, str | None]:
+    """The id and name of the flow run this runs in (None outside one)."""
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    return (str(run_id), str(flow_run.get_name())) if run_id else (None, None)
+
+
+def run_kb_job(job_id: str, *, client: Any, embedder: Embedder, stages: IngestStages | None = None,
+               layout: HomeLayout | None = None) -> IngestResult:
+    """Run the recorded job ``job_id``: ingest its collection's watched folder (pruned) under the
+    collection's write lock, recording its progress. Raises what failed, after recording it."""
+    layout = layout or home_layout()
+    folder = layout.kb_jobs()
+    job = load_job(folder, job_id)
+    if job is None:
+        raise JobNotFound(f"no ingest job {job_id} is recorded under the home")
+    col = kb_collection(job.collection, layout)
+    params = IngestParams(collection=job.collection, prune=True)
+    run_id, run_name = current_flow_run()
+    job.pid, job.flow_run_id, job.flow_run_name = os.getpid(), run_id or job.flow_run_id, run_name or job.flow_run_name
+    save_job(folder, job)  # still queued: it may wait for the lock behind another writer
+    try:
+        with collection_lock(layout, col):
+            job.state, job.started_at, job.error = "running", now(), None
+            for f in job.files:
+                f["status"] = "running"
+            save_job(folder, job)
+            result = ingest_sources([str(col.folder)], params, client=client, embedder=embedder,
+                                    tika_settings=get_tika_settings(), stages=stages)
+            file_statuses(job, col, client=client, embedder=embedder, params=params)
+        job.counts = {"files": result.files, "processed": result.processed, "chunks_written": result.chunks_written,
+                      "quarantined": len(result.quarantined), "rows_deleted": result.rows_deleted}
+        job.state = "done"
+        return result
+    except BaseException as exc:
+        # the traceback without the message: a message may quote a document's name or text
+        log.error("kb ingest job %s of %s failed: %s\n%s", job.job_id, job.collection, type(exc).__name__,
+                  "".join(traceback.format_tb(exc.__traceback__)))
+        job.state, job.error = "failed", error_text(exc)
+        for f in job.files:
+            f["status"] = "failed"
+        raise
+    finally:
+        job.finished_at = now()
+        save_job(folder, job)
+
+
+def mark_failed(job_id: str, exc: BaseException, layout: HomeLayout | None = None) -> None:
+    """Record a job as failed when its flow run could not even start (it never ran)."""
+    folder = (layout or home_layout()).kb_jobs()
+    job = load_job(folder, job_id)
+    if job is not None and job.active:
+        job.state, job.error, job.finished_at = "failed", error_text(exc), now()
+        for f in job.files:
+            f["status"] = "failed"
+        save_job(folder, job)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m flows.rag.job JOB_ID``: run the job as a ``rag-ingest`` flow run (what the API
+    starts as a child process). Exit code 0 when done, 1 when failed, 2 for a bad job id."""
+    from flows.rag.ingest import rag_ingest
+    from infra.prefect_env import prefect_cli_settings
+    from solutions.rag.library import JOB_ID
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1 or not JOB_ID.fullmatch(args[0]):
+        print("usage: python -m flows.rag.job JOB_ID (16 hexadecimal characters)", file=sys.stderr)
+        return 2
+    job_id = args[0]
+    os.nice(get_kb_settings().ingest_nice)  # the API's requests come first
+    job = load_job(home_layout().kb_jobs(), job_id)
+    if job is None:
+        print(f"error: no ingest job {job_id} is recorded under the home", file=sys.stderr)
+        return 2
+    try:
+        with prefect_cli_settings():
+            rag_ingest.with_options(flow_run_name=flow_run_name(job))(job=job_id)
+    except Exception as exc:  # noqa: BLE001 - recorded on the job (the flow may not have started)
+        mark_failed(job_id, exc)
+        print(f"error: the ingest job failed ({type(exc).__name__})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

