@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if job is None:
         print(f"error: no ingest job {job_id} is recorded under the home", file=sys.stderr)
         return 2
+    job.pid = os.getpid()  # before Prefect starts: whoever recovers jobs sees this process working on it
+    save_job(home_layout().kb_jobs(), job)
     try:
         with prefect_cli_settings():
             rag_ingest.with_options(flow_run_name=flow_run_name(job))(job=job_id)

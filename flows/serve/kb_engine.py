@@ -23,6 +23,7 @@ home (``INDUSFLOW_HOME``), as for the flows.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime as dt
 import fcntl
 import logging
@@ -333,7 +334,8 @@ class KbEngine:
                 self._jobs.popitem(last=False)
             if job.collection not in self._queues:
                 self._queues[job.collection] = queue.Queue()
-                worker = threading.Thread(target=self._work, args=(job.collection,),
+                # in the context of the first submit (Prefect's settings live in a context variable)
+                worker = threading.Thread(target=contextvars.copy_context().run, args=(self._work, job.collection),
                                           name=f"kb-ingest-{job.collection}", daemon=True)
                 self._workers[job.collection] = worker
                 worker.start()
@@ -506,11 +508,7 @@ class KbEngine:
             os.close(fd)
         with self._jobs_lock:
             self._children[job.job_id] = proc
-        current = load_job(self.layout.kb_jobs(), job.job_id) or job
-        if current.pid is None:  # the child writes its own pid when it starts
-            current.pid = proc.pid
-            self._record(current)
-        job.pid = proc.pid
+        job.pid = proc.pid  # the child records its own pid as it starts (this process never writes after it)
         log.info("kb ingest job %s of %s: child process %d", job.job_id, job.collection, proc.pid)
         return proc
 
@@ -540,10 +538,14 @@ class KbEngine:
     def _start_deployment(self, job: IngestJob) -> None:
         from prefect.deployments import run_deployment
 
-        job.how = "deployment"
-        run = run_deployment(**self.deployment_call(job))
-        job.flow_run_id, job.flow_run_name, job.pid = str(run.id), run.name, None
+        job.how, job.pid, job.flow_run_name = "deployment", None, flow_run_name(job)
         self._record(job)
+        run = run_deployment(**self.deployment_call(job))
+        job.flow_run_id = str(run.id)
+        current = load_job(self.layout.kb_jobs(), job.job_id)
+        if current is not None and current.active and current.flow_run_id is None:  # else its run recorded it
+            current.flow_run_id = job.flow_run_id
+            self._record(current)
         log.info("kb ingest job %s of %s: flow run %s", job.job_id, job.collection, run.id)
 
     def _run_finished(self, job: IngestJob) -> bool:

@@ -226,3 +226,53 @@ def test_archive_members_under_the_cap_are_accepted(srv: Srv) -> None:
     path = srv.home.root / "four.zip"
     path.write_bytes(_zip(4))
     assert archive_members(path, 5) == 4 and archive_members(path, 2) == 3
+
+
+def test_with_a_prefect_server_the_job_is_the_deployment_run(tmp_path: Path, monkeypatch) -> None:
+    """PREFECT_API_URL set and the deployment registered: the job is started through
+    ``run_deployment`` with its id as the only parameter (the worker's run records the outcome)."""
+    from types import SimpleNamespace
+
+    import prefect.deployments
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    import tasks.dispatch
+    from flows.serve.kb_engine import KbEngine
+    from infra.settings import KbSettings
+    from solutions.rag.collections import kb_collection
+    from solutions.rag.library import load_job, save_job
+
+    home = HomeLayout(tmp_path / "home")
+    col = kb_collection("legal", home)
+    calls: list[dict[str, Any]] = []
+    RUN_ID = "0b6f0c33-1f3a-4c5e-9d7e-3c1f2a4b5c6d"
+
+    def run_deployment(**kwargs: Any) -> Any:  # what a worker's flow run would do with the job
+        calls.append(kwargs)
+        job = load_job(home.kb_jobs(), kwargs["parameters"]["job"])
+        assert job is not None
+        job.state, job.flow_run_id = "done", RUN_ID  # run_kb_job records its own flow run
+        save_job(home.kb_jobs(), job)
+        return SimpleNamespace(id=RUN_ID, name=kwargs["flow_run_name"])
+
+    monkeypatch.setattr(prefect.deployments, "run_deployment", run_deployment)
+    monkeypatch.setattr(tasks.dispatch, "deployment_exists", lambda name: name == "rag-ingest/kb-upload-ingest")
+    engine = KbEngine({"legal": col}, home, KbSettings(collections="legal"), client=object(), embedder=None)
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        try:
+            assert engine.deployment_ready()
+            job = engine.submit(col, ["lease.txt"])
+            deadline = time.monotonic() + 30
+            while (engine.job(job.job_id) or job).active:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            engine.close()
+    assert calls == [{"name": "rag-ingest/kb-upload-ingest", "parameters": {"job": job.job_id},
+                      "flow_run_name": f"kb-legal-{job.job_id}", "timeout": 0, "as_subflow": False,
+                      "tags": ["kb-upload"]}]
+    done = engine.job(job.job_id)
+    assert done is not None and done.state == "done" and done.how == "deployment"
+    assert done.flow_run_id == RUN_ID
+    with temporary_settings(updates={PREFECT_API_URL: None}):
+        assert not engine.deployment_ready()  # no server configured: a child process
