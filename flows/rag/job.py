@@ -113,6 +113,9 @@ def run_kb_job(job_id: str, *, client: Any, embedder: Embedder, stages: IngestSt
         job.state = "done"
         return result
     except BaseException as exc:
+        if not isinstance(exc, Exception):  # stopped (SIGTERM, Ctrl-C): left for the API to start again
+            job.state, job.error = "queued", "interrupted"
+            raise
         # the traceback without the message: a message may quote a document's name or text
         log.error("kb ingest job %s of %s failed: %s\n%s", job.job_id, job.collection, type(exc).__name__,
                   "".join(traceback.format_tb(exc.__traceback__)))
@@ -121,7 +124,7 @@ def run_kb_job(job_id: str, *, client: Any, embedder: Embedder, stages: IngestSt
             f["status"] = "failed"
         raise
     finally:
-        job.finished_at = now()
+        job.finished_at = None if job.active else now()
         save_job(folder, job)
 
 
