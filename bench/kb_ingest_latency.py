@@ -60,6 +60,7 @@ class Clients:
         self.tx = Transactions()
         self.samples: dict[str, list[float]] = {"fraud": [], "kb_search": []}
         self.errors: dict[str, int] = {"fraud": 0, "kb_search": 0}
+        self.error_kinds: dict[str, dict[str, int]] = {}
         self.stop = threading.Event()
 
     def _loop(self, kind: str) -> None:
@@ -69,16 +70,22 @@ class Clients:
             i = 0
             while not self.stop.is_set():
                 t0 = time.perf_counter()
-                if kind == "fraud":
-                    r = c.post(f"{self.url}/v1/fraud/score", json=self.tx.body(1))
-                else:
-                    r = c.post(f"{self.url}/v1/kb/search",
-                               json={"collection": "default", "query": QUERIES[i % len(QUERIES)], "top_k": 5})
+                try:
+                    if kind == "fraud":
+                        r = c.post(f"{self.url}/v1/fraud/score", json=self.tx.body(1))
+                    else:
+                        r = c.post(f"{self.url}/v1/kb/search",
+                                   json={"collection": "default", "query": QUERIES[i % len(QUERIES)], "top_k": 5})
+                    status = r.status_code
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
                 elapsed = time.perf_counter() - t0
-                if r.status_code == 200:
+                if status == 200:
                     self.samples[kind].append(elapsed)
                 else:
                     self.errors[kind] += 1
+                    self.error_kinds.setdefault(kind, {}).setdefault(str(status), 0)
+                    self.error_kinds[kind][str(status)] += 1
                 i += 1
                 time.sleep(0.05)  # ~20 requests/s per client at most: a steady probe, not a load test
 
@@ -86,6 +93,7 @@ class Clients:
         """Measure until ``until()`` is true."""
         self.samples = {"fraud": [], "kb_search": []}
         self.errors = {"fraud": 0, "kb_search": 0}
+        self.error_kinds: dict[str, dict[str, int]] = {}
         self.stop.clear()
         threads = [threading.Thread(target=self._loop, args=(k,), daemon=True) for k in self.samples]
         for t in threads:
@@ -95,7 +103,8 @@ class Clients:
         self.stop.set()
         for t in threads:
             t.join(timeout=130)
-        return {k: summary(v) | {"errors": self.errors[k]} for k, v in self.samples.items()}
+        return {k: summary(v) | {"errors": self.errors[k], "error_kinds": self.error_kinds.get(k, {})}
+                for k, v in self.samples.items()}
 
 
 def upload_all(url: str, key: str) -> dict[str, Any]:
