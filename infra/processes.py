@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -80,7 +81,7 @@ class ProcessGroup:
                 _signal(child.proc, signal.SIGKILL)
                 child.proc.wait()
 
-    def __enter__(self) -> ProcessGroup:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -92,3 +93,25 @@ def _signal(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         pass
+
+
+def process_alive(pid: int, marker: str | None = None) -> bool:
+    """Whether process ``pid`` runs (not a zombie) and, with ``marker``, its command line holds it
+    (a recycled pid is another program)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return marker is None
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        try:
+            if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            if marker is not None and marker not in proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    "utf-8", "replace"):
+                return False
+        except (OSError, IndexError):
+            return False
+    return True

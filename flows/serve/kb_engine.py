@@ -48,6 +48,7 @@ from infra.home import HomeLayout
 from infra.llm import ChatClient
 from infra.milvus import open_client, row_count, shared_uri
 from infra.pii import redact_path, redact_text, tag_key
+from infra.processes import process_alive
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
 from infra.store import write_json_atomic
 from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
@@ -602,24 +603,3 @@ class KbEngine:
             self._enqueue(job)
         return taken
 
-
-def process_alive(pid: int, marker: str | None = None) -> bool:
-    """Whether process ``pid`` runs (not a zombie) and, with ``marker``, its command line holds it
-    (a recycled pid is another program)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return marker is None
-    proc = Path(f"/proc/{pid}")
-    if proc.is_dir():
-        try:
-            if proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-            if marker is not None and marker not in proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(
-                    "utf-8", "replace"):
-                return False
-        except (OSError, IndexError):
-            return False
-    return True
