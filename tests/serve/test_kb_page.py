@@ -241,7 +241,7 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     page.set_input_files("#files", [str(document), str(broken)])
     page.click("#upload-btn")
     row = page.locator("#docs tbody tr", has_text="pump-manual.html")
-    row.locator(".st-indexed").wait_for(timeout=30_000)
+    row.locator(".st-indexed").wait_for(timeout=180_000)  # the ingest is a child process's flow run
     page.locator("#job-status .st-done").wait_for()
     assert int(row.locator("td.num").text_content()) >= 1
     quarantined = page.locator("#quarantine-list li", has_text="scan-broken.pdf")
