@@ -17,7 +17,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +142,13 @@ def mark_failed(job_id: str, exc: BaseException, layout: HomeLayout | None = Non
         save_job(folder, job)
 
 
+def _stop_with_parent(parent: int, every_s: float = 0.5) -> None:
+    while os.getppid() == parent:
+        time.sleep(every_s)
+    log.warning("the API process is gone: stopping (its next start runs the job again)")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m flows.rag.job JOB_ID``: run the job as a ``rag-ingest`` flow run (what the API
     starts as a child process). Exit code 0 when done, 1 when failed, 2 for a bad job id."""
@@ -152,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job_id = args[0]
     os.nice(get_kb_settings().ingest_nice)  # the API's requests come first
+    if os.environ.get("INDUSFLOW_MILVUS_URI", "").startswith("unix:"):
+        # the API's Milvus Lite store closes with the API: stop with it (the job stays queued and the
+        # API's next start runs it again) rather than fail on a store that is gone
+        threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
     job = load_job(home_layout().kb_jobs(), job_id)
     if job is None:
         print(f"error: no ingest job {job_id} is recorded under the home", file=sys.stderr)
