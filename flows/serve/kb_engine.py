@@ -482,10 +482,11 @@ class KbEngine:
         self._record(job)
 
     def child_env(self) -> dict[str, str]:
-        """The environment of an ingest child: this process's, plus the address of this
-        process's Milvus Lite store (one process holds the file; the child connects to its
-        socket) and the model of an embedder handed to the engine."""
+        """The environment of an ingest child: this process's with this engine's home, plus the
+        address of this process's Milvus Lite store (one process holds the file; the child
+        connects to its socket) and the model of an embedder handed to the engine."""
         env = dict(os.environ)
+        env["INDUSFLOW_HOME"] = str(self.layout.root)  # this engine's home (its job records, its folders)
         uri = shared_uri(self.client()) if not get_milvus_settings().uri else None
         if uri:
             env["INDUSFLOW_MILVUS_URI"] = uri
