@@ -120,12 +120,13 @@ def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
 
     chat = ThreadingHTTPServer(("127.0.0.1", 0), PacedChat)
     threading.Thread(target=chat.serve_forever, daemon=True).start()
-    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
-           "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1"}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
     root = tmp_path_factory.mktemp("kb-page")
     layout = HomeLayout(root / "home")
+    # the server's home is the home of its ingest processes too (quarantine caches, the path-tag key)
+    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
+           "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1", "INDUSFLOW_HOME": str(layout.root)}
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     client = open_client(uri=str(root / "milvus.db"))
     embedder = LocalEmbedder()
     app = create_app(ServeSettings(audit_salt="test-salt"), layout=layout,
