@@ -23,21 +23,23 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from flows.serve.kb_engine import IngestJob, KbEngine, UploadRefused, error_text
+from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from flows.serve.kb_upload import FILES_FIELD, UploadParser, multipart_boundary
 from infra.embeddings import Embedder
 from infra.llm import LLMError
 from infra.pii import redact_text
 from infra.serving.audit import annotate_audit
-from infra.serving.auth import Principal, require_any_scope
+from infra.serving.auth import ADMIN, Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
 from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
+from solutions.rag.evidence import highlight_spans
 from tasks.retrieve import Retrieved
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,9 @@ class PassageOut(BaseModel):
     chunk_index: int
     text: str
     cited: bool = Field(default=False, description="The answer cites it (ask only).")
+    highlight: list[tuple[int, int]] = Field(
+        default_factory=list, description="Character spans [start, end) of 'text' that the answer's sentences "
+        "citing this passage rest on (ask only; empty when none could be located).")
 
 
 class SearchResponse(BaseModel):
@@ -131,9 +136,12 @@ def words(text: str) -> list[str]:
 
 
 def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
-                 cited: Sequence[int] = ()) -> list[PassageOut]:
+                 cited: Sequence[int] = (), answer: str = "") -> list[PassageOut]:
     """The hits as numbered passages, every text redacted again (rows of older rule sets too);
-    ``name_of(source, path)`` names a chunk's document as the documents list does."""
+    ``name_of(source, path)`` names a chunk's document as the documents list does. With the
+    ``answer``, each cited passage carries the spans of its text the answer rests on."""
+    texts = {n: redact_text(str(h.fields.get("text", ""))) for n, h in enumerate(hits, 1)}
+    spans = highlight_spans(answer, {n: texts[n] for n in cited}) if answer and cited else {}
     out = []
     for n, h in enumerate(hits, 1):
         f = h.fields
@@ -141,8 +149,8 @@ def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
             n=n, score=round(float(h.score), 6),
             document=redact_text(name_of(str(f.get("source", "")), str(f.get("path", "")))),
             title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
-            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
-            cited=n in cited,
+            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=texts[n],
+            cited=n in cited, highlight=spans.get(n, []),
         ))
     return out
 
@@ -216,7 +224,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if read or write:
                 docs = await run_in_threadpool(engine.documents, col)
                 by_status = {s: sum(1 for d in docs if d.status == s) for s in ("indexed", "quarantined", "pending")}
-                out.append({"name": col.name, "read": read, "write": write, "documents": len(docs), **by_status})
+                out.append({"name": col.name, "read": read, "write": write, "source": principal.allows(source_scope(col)),
+                            "documents": len(docs), **by_status})
         annotate_audit(request, collections=len(out))
         return {"collections": out}
 
@@ -254,7 +263,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
         return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
                            support=support.probability, reason=support.reason,
-                           citations=passages_out(hits, names_in(col), cited))
+                           citations=passages_out(hits, names_in(col), cited, text))
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -289,7 +298,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                     text, mode, hits, cited, support = data
                     annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode,
                                    answered=support.answered)
-                    citations = passages_out(hits, names_in(col), cited)
+                    citations = passages_out(hits, names_in(col), cited, text)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text, "answered": support.answered,
                                        "support": support.probability, "reason": support.reason})
@@ -361,4 +370,77 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         annotate_audit(request, collection=col.name, chunks_removed=removed)
         return {"deleted": doc.name, "chunks_removed": removed, "file_removed": doc.in_folder}
 
+    add_evidence_routes(router, engine, collections)
     return Vertical("kb", router, [], on_stop=engine.close)
+
+
+# ------------------------------------------------------------------------------------
+# evidence: the stored text around a cited passage, and its original file
+
+
+class SourceTextOut(BaseModel):
+    """The stored (redacted) text around a passage: ``before`` + ``text`` + ``after``."""
+
+    collection: str
+    chunk_id: str
+    document: str = Field(description="The document's name in the collection (as the documents list names it).")
+    title: str
+    page: int | None = Field(description="The passage's first page (paginated sources: PDF pages, OCR'd pages).")
+    pages: list[int] = Field(description="The pages the text shown spans, as far as the store knows them.")
+    chunk_index: int
+    chunks: int = Field(description="Chunks of the document.")
+    before: str
+    text: str
+    after: str
+    original: bool = Field(description="This key may download the original file (scope kb:<collection>:source); "
+                           "whether the file is still in the collection's folder is known on download.")
+
+
+def add_evidence_routes(router: APIRouter, engine: KbEngine, collections: dict[str, KbCollection]) -> None:
+    """``GET .../chunks/{chunk_id}/source`` (scope ``kb:<c>:read``) and ``.../file`` (scope
+    ``kb:<c>:source``); both audited with the collection only (no document name, no text)."""
+
+    def permitted(principal: Principal, name: str, scope_of: Callable[[KbCollection], str], what: str) -> KbCollection:
+        col = collections.get(name)
+        if col is None:
+            if ADMIN in principal.scopes:
+                raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
+            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
+        if not principal.allows(scope_of(col)):
+            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
+        return col
+
+    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/source", response_model=SourceTextOut)
+    async def chunk_text(collection: str, chunk_id: str, request: Request, principal: KbPrincipal,
+                         around: Annotated[int, Query(ge=0, le=3, description="Neighbouring chunks on each side.")] = 1,
+                         ) -> SourceTextOut:
+        """The stored, redacted text of a passage's document around it (its neighbouring chunks)."""
+        col = permitted(principal, collection, lambda c: c.read_scope, "read")
+        got = await run_in_threadpool(chunk_source, engine, col, chunk_id, around)
+        annotate_audit(request, collection=col.name, found=got is not None)
+        if got is None:
+            raise HTTPException(404, "no such passage in this collection")
+        row = got.row
+        name = engine.document_name(col, str(row.get("source", "")), str(row.get("path", "")))
+        return SourceTextOut(
+            collection=col.name, chunk_id=chunk_id, document=redact_text(name), title=redact_text(str(row.get("title") or "")),
+            page=int(row.get("page") or 0) or None, pages=list(got.pages), chunk_index=int(row.get("chunk_index", 0)),
+            chunks=int(row.get("n_chunks", 0)), before=redact_text(got.text.before), text=redact_text(got.text.passage),
+            after=redact_text(got.text.after), original=principal.allows(source_scope(col)))
+
+    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/file",
+                responses={200: {"content": {"application/octet-stream": {}}, "description": "The original file."}})
+    async def chunk_file(collection: str, chunk_id: str, request: Request, principal: KbPrincipal) -> FileResponse:
+        """The original file a passage comes from (an archive member: its archive), from the
+        collection's watched folder. Needs ``kb:<collection>:source`` (or admin)."""
+        col = permitted(principal, collection, source_scope, "download the original files of")
+        row = await run_in_threadpool(chunk_row, engine, col, chunk_id)
+        found = await run_in_threadpool(original_file, engine, col, row) if row is not None else None
+        if found is None:
+            annotate_audit(request, collection=col.name, found=False)
+            raise HTTPException(404, "no original file of this passage in the collection's folder")
+        doc, path = found
+        size = path.stat().st_size
+        annotate_audit(request, collection=col.name, found=True, bytes=size)
+        return FileResponse(path, filename=doc.name.rsplit("/", 1)[-1], media_type="application/octet-stream",
+                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})

@@ -243,13 +243,79 @@ def test_a_legal_key_never_sees_a_medical_passage(loaded: Kb) -> None:
         assert "Quillfeather" not in "".join(r.text for r in refused)
         assert (kb.home.kb_inbox("medical") / "ward.txt").exists() and not (kb.home.kb_inbox("medical") / "x.txt").exists()
         r = c.get(f"{kb.url}/v1/kb/collections", headers=key)
-        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "documents": 2,
+        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "source": False, "documents": 2,
                                              "indexed": 2, "quarantined": 0, "pending": 0}]}
         r = c.get(f"{kb.url}/v1/kb/collections", headers=kb.h(kb.admin))
         assert [x["name"] for x in r.json()["collections"]] == ["legal", "medical", "records"]
         assert c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.admin),
                       json={"collection": "nosuch", "query": "x"}).status_code == 404
         assert c.get(f"{kb.url}/v1/kb/collections").status_code == 401
+
+
+def test_evidence_highlight_source_text_and_original_file(loaded: Kb, tmp_path: Path) -> None:
+    """A cited passage carries the span of the sentence the answer quotes; the stored text around
+    it is readable with the read scope; the original file needs ``kb:<c>:source`` (audited, no name)."""
+    kb = loaded
+    reader = kb.h(kb.legal_only)
+    sourcer = kb.h(key_store(kb.home).add("legal sources", ["kb:legal:read", "kb:legal:source"])[0])
+    only_source = kb.h(key_store(kb.home).add("legal files", ["kb:legal:source"])[0])
+    with httpx.Client(timeout=60) as c:
+        question = "How many days of notice must the tenant give under the Harbourview lease?"
+        body = c.post(f"{kb.url}/v1/kb/ask", headers=reader, json={"collection": "legal", "question": question}).json()
+        cited = next(p for p in body["citations"] if p["cited"] and p["document"] == "lease.txt")
+        assert LEGAL_FACT in body["answer"]
+        assert LEGAL_FACT in [cited["text"][a:b] for a, b in cited["highlight"]]
+        assert all(p["highlight"] == [] for p in body["citations"] if not p["cited"])
+        assert cited["page"] is None  # a text file has no pages
+
+        base = f"{kb.url}/v1/kb/collections/legal/chunks/{cited['chunk_id']}"
+        r = c.get(f"{base}/source", headers=reader)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["document"] == "lease.txt" and LEGAL_FACT in got["text"] and got["original"] is False
+        assert got["chunk_index"] == cited["chunk_index"] and got["chunks"] >= 1
+        assert c.get(f"{base}/source", headers=only_source).status_code == 403  # source without read
+        assert c.get(f"{base}/source", headers=kb.h(kb.medical_writer)).status_code == 403
+        assert c.get(f"{kb.url}/v1/kb/collections/legal/chunks/nosuch-chunk/source", headers=reader).status_code == 404
+
+        assert c.get(f"{base}/file", headers=reader).status_code == 403  # read and write: no originals
+        assert c.get(f"{base}/file", headers=kb.h(kb.medical_writer)).status_code == 403
+        for key in (sourcer, only_source, kb.h(kb.admin)):
+            r = c.get(f"{base}/file", headers=key)
+            assert r.status_code == 200 and r.content == LEGAL_TEXT.encode()
+            assert 'filename="lease.txt"' in r.headers["content-disposition"]
+        assert c.get(f"{base}/source", headers=sourcer).json()["original"] is True
+        assert c.get(f"{kb.url}/v1/kb/collections/medical/chunks/{cited['chunk_id']}/file",
+                     headers=sourcer).status_code == 403
+        assert c.get(f"{kb.url}/v1/kb/collections/nosuch/chunks/x/file", headers=kb.h(kb.admin)).status_code == 404
+        r = c.get(f"{kb.url}/v1/kb/collections", headers=sourcer)
+        assert r.json()["collections"][0]["source"] is True
+
+        # a file swapped for a link out of the folder is never served
+        fact = "The Wexford rider sets the berth fee at eleven guilders for each tide."
+        job = upload(c, kb, kb.legal_only, "legal", [("rider.txt", f"Wexford rider.\n\n{fact}\n".encode(), "text/plain")])
+        assert wait_job(c, kb, kb.legal_only, job["job_id"])["files"][0]["status"] == "indexed"
+        hit = c.post(f"{kb.url}/v1/kb/search", headers=reader,
+                     json={"collection": "legal", "query": "Wexford berth fee", "retriever": "bm25"}).json()["passages"][0]
+        assert hit["document"] == "rider.txt"
+        outside = tmp_path / "outside.txt"
+        outside.write_text("not for download")
+        rider = kb.home.kb_inbox("legal") / "rider.txt"
+        rider.unlink()
+        rider.symlink_to(outside)
+        try:
+            r = c.get(f"{kb.url}/v1/kb/collections/legal/chunks/{hit['chunk_id']}/file", headers=sourcer)
+            assert r.status_code == 404 and "not for download" not in r.text
+        finally:
+            rider.unlink()
+            c.delete(f"{kb.url}/v1/kb/documents/rider.txt", headers=reader, params={"collection": "legal"})
+
+    lines = [json.loads(line) for line in (kb.home.serving() / "audit.jsonl").read_text().splitlines()]
+    files = [line for line in lines if str(line.get("route", line.get("endpoint", ""))).endswith("/file")]
+    assert files and {line.get("status") for line in files} >= {200, 403, 404}
+    text = json.dumps(files)
+    assert '"collection": "legal"' in text and "lease.txt" not in text and "rider.txt" not in text
+    assert cited["chunk_id"] not in (kb.home.serving() / "audit.jsonl").read_text()
 
 
 def test_delete_removes_the_document_from_search(loaded: Kb) -> None:
