@@ -407,7 +407,7 @@ def test_a_cli_ingest_is_listed_by_name_with_reasons_and_counts_agree(loaded: Kb
         manifest = load_manifest(kb.client, "records")
         stored_quarantine = [s for s in load_quarantine_cache("records") if s not in manifest]
         (col,) = c.get(f"{kb.url}/v1/kb/collections", headers=reader).json()["collections"]
-        assert col == {"name": "records", "read": True, "write": False, "documents": 5, "indexed": 2,
+        assert col == {"name": "records", "read": True, "write": False, "source": False, "documents": 5, "indexed": 2,
                        "quarantined": 3, "pending": 0}
         assert col["indexed"] == len(manifest) and col["quarantined"] == len(stored_quarantine)
         assert sum(docs[n]["chunks"] for n in docs) == sum(sum(st.chunks.values()) for st in manifest.values())

@@ -440,10 +440,10 @@
     $("passage-title").textContent = sourceName(p);
     const meta = [];
     if (p.document) meta.push(p.document);
-    if (p.page !== null && p.page !== undefined) meta.push(`page ${p.page}`);
     if (typeof p.score === "number") meta.push(`score ${p.score.toFixed(3)}`);
-    $("passage-meta").textContent = meta.join(" · ");
-    $("passage-text").textContent = p.text || "";
+    $("passage-meta").replaceChildren(...passageMeta(p, meta));
+    $("passage-text").replaceChildren(...markedText(p.text || "", p.highlight));
+    showEvidenceActions(p);
     for (const b of document.querySelectorAll(".cite[data-n], .source[data-n]")) {
       b.setAttribute("aria-pressed", String(Number(b.dataset.n) === n));
     }
@@ -451,6 +451,97 @@
     box.hidden = false;
     box.focus({ preventScroll: true });
     box.scrollIntoView({ block: "nearest", behavior: "smooth" });
+  }
+
+  // --- evidence: the cited sentence marked in its passage, the text around it, the original ----
+
+  // The passage's page first ("page 3"), then the other facts, as text nodes.
+  function passageMeta(p, others) {
+    const nodes = [];
+    if (p.page !== null && p.page !== undefined) nodes.push(el("span", { class: "page", text: `page ${p.page}` }));
+    for (const bit of others) {
+      if (nodes.length) nodes.push(document.createTextNode(" · "));
+      nodes.push(document.createTextNode(bit));
+    }
+    return nodes;
+  }
+
+  // ``text`` as nodes, the spans [start, end) the answer rests on in <mark> (text nodes only).
+  function markedText(text, spans) {
+    const nodes = [];
+    let at = 0;
+    const sorted = (Array.isArray(spans) ? spans : [])
+      .map((s) => [Number(s[0]), Number(s[1])])
+      .filter(([a, b]) => Number.isInteger(a) && Number.isInteger(b) && a < b)
+      .sort((x, y) => x[0] - y[0]);
+    for (const [a0, b0] of sorted) {
+      const a = Math.max(a0, at);
+      const b = Math.min(b0, text.length);
+      if (a >= b) continue;
+      if (a > at) nodes.push(document.createTextNode(text.slice(at, a)));
+      nodes.push(el("mark", { text: text.slice(a, b) }));
+      at = b;
+    }
+    if (at < text.length) nodes.push(document.createTextNode(text.slice(at)));
+    return nodes;
+  }
+
+  function chunkPath(p, what) {
+    return `/v1/kb/collections/${encodeURIComponent(state.current.name)}/chunks/${encodeURIComponent(p.chunk_id)}/${what}`;
+  }
+
+  function showEvidenceActions(p) {
+    const around = $("passage-source");
+    around.hidden = !(p.chunk_id && state.current && state.current.read);
+    around.disabled = false;
+    around.onclick = () => showSourceText(p);
+    const download = $("passage-download");
+    download.hidden = !(p.chunk_id && state.current && state.current.source);
+    download.onclick = () => downloadOriginal(p);
+    const first = $("passage-text").querySelector("mark");
+    if (first) first.scrollIntoView({ block: "nearest" });
+  }
+
+  // The stored (redacted) text of the document around the passage; the passage keeps its marks.
+  async function showSourceText(p) {
+    clearAlert();
+    $("passage-source").disabled = true;
+    try {
+      const resp = await api(chunkPath(p, "source?around=1"), { method: "GET" }, "read the text around this passage");
+      const body = await resp.json();
+      if (state.citations.get(Number($("passage-n").textContent)) !== p) return;  // another passage opened since
+      const nodes = [];
+      if (body.before) nodes.push(el("span", { class: "context", text: `${body.before}\n` }));
+      nodes.push(...markedText(p.text || "", p.highlight));
+      if (body.after) nodes.push(el("span", { class: "context", text: `\n${body.after}` }));
+      $("passage-text").replaceChildren(...nodes);
+      const pages = Array.isArray(body.pages) && body.pages.length > 1
+        ? `pages ${body.pages[0]}–${body.pages[body.pages.length - 1]}` : "";
+      const meta = [p.document, `chunk ${Number(body.chunk_index) + 1} of ${Number(body.chunks)}`, pages].filter(Boolean);
+      $("passage-meta").replaceChildren(...passageMeta(p, meta));
+      $("passage-source").hidden = true;
+      const first = $("passage-text").querySelector("mark");
+      if (first) first.scrollIntoView({ block: "center" });
+    } catch (exc) {
+      $("passage-source").disabled = false;
+      showAlert(exc.message);
+    }
+  }
+
+  async function downloadOriginal(p) {
+    clearAlert();
+    try {
+      const resp = await api(chunkPath(p, "file"), { method: "GET" }, "download the original file");
+      const blob = await resp.blob();
+      const url = URL.createObjectURL(blob);
+      const link = el("a", { href: url, download: (p.document || "document").split("/").pop() });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10_000);
+    } catch (exc) {
+      showAlert(exc.message);
+    }
   }
 
   // One server-sent events parser over the fetch body (EventSource cannot POST).
