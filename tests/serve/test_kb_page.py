@@ -30,7 +30,7 @@ from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
 from tests.serve.fraud_helpers import free_port
-from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder, pdf_with_pages
 
 FACT = "The impeller of the P-200 feed pump must be inspected every 1,500 operating hours"
 DOCUMENT = f"""<!doctype html>
@@ -46,6 +46,13 @@ minute, checks the coupling alignment, and records the running hours in the plan
 """
 QUESTION = "How often must the impeller of the P-200 feed pump be inspected?"
 PACE_S = 0.03  # between two words of the chat endpoint's answer
+
+
+def screenshots(tmp_path: Path) -> Path:
+    """Where the page tests save their screenshots: ``INDUSFLOW_SCREENSHOTS``, else the test's tmp dir."""
+    out = Path(os.environ.get("INDUSFLOW_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def chromium() -> str:
@@ -282,7 +289,7 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     # a passage's markup is shown as text, never run
     assert '<img src=x onerror="window.pwned=1">' in text
     assert passage.locator("img").count() == 0 and page.evaluate("window.pwned") is None
-    page.screenshot(path=str(tmp_path / "kb_page.png"), full_page=True)
+    page.screenshot(path=str(screenshots(tmp_path) / "kb_page.png"), full_page=True)
     assert page.text_content("#answer-h") == "Answer" and page.get_attribute("#answer-box", "data-answered") is None
 
     # a question the manual cannot answer: said so, styled apart, the passages only related
@@ -296,7 +303,7 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     assert page.locator("#citations .source").count() >= 1 and page.locator("#answer button.cite").count() == 0
     assert "do not support an answer" in page.text_content("#ask-status")
     assert page.evaluate("getComputedStyle(document.getElementById('answer')).borderLeftStyle") == "solid"
-    page.screenshot(path=str(tmp_path / "kb_page_unanswered.png"), full_page=True)
+    page.screenshot(path=str(screenshots(tmp_path) / "kb_page_unanswered.png"), full_page=True)
 
     page.once("dialog", lambda dialog: dialog.accept())  # "Delete scan-broken.pdf from legal?"
     page.get_by_role("button", name="Delete scan-broken.pdf").click()
@@ -351,3 +358,55 @@ def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: 
     page.click("#signout")
     page.locator("#signin").wait_for()
     assert page.evaluate("sessionStorage.getItem('indusflow.kb.key')") is None
+
+
+PAGE_FACT = "The C-310 compressor of the Ravenna plant is overhauled every 4,000 running hours."
+HANDBOOK_PAGES = [
+    ["Ravenna plant handbook.", "Fire drills are held every spring in the main hall.",
+     "Visitors sign the register at the gate and wear a helmet on the shop floor.",
+     "The canteen opens at seven and closes after the late shift."],
+    [PAGE_FACT, "Its lubricating oil is sampled every month and sent to the laboratory.",
+     "A vibration reading above 7 mm/s stops the compressor until an engineer has checked it."],
+]
+
+
+def test_a_citation_shows_its_sentence_marked_with_its_page(page: Any, kb_server: KbServer, tmp_path: Path) -> None:
+    """A two-page PDF: the answer's citation opens the passage of page 2 with the quoted sentence
+    in a <mark>, the page shown; the text around it comes from the store; a key with
+    ``kb:legal:source`` is offered the original. Screenshots: ``kb_citation_page.png`` and
+    ``kb_citation_source.png`` under ``INDUSFLOW_SCREENSHOTS`` (default: the test's tmp dir)."""
+    sign_in(page, kb_server.key("kb:legal:read", "kb:legal:write", "kb:legal:source"))
+    page.locator("#app").wait_for()
+    page.select_option("#collection", "legal")
+    handbook = tmp_path / "ravenna-handbook.pdf"
+    handbook.write_bytes(pdf_with_pages(HANDBOOK_PAGES))
+    page.set_input_files("#files", [str(handbook)])
+    page.click("#upload-btn")
+    page.locator("#docs tbody tr", has_text="ravenna-handbook.pdf").locator(".st-indexed").wait_for(timeout=30_000)
+
+    page.fill("#question", "How often is the C-310 compressor of the Ravenna plant overhauled?")
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "4,000 running hours" in page.text_content("#answer")
+    page.locator("#answer button.cite").first.click()
+    page.locator("#passage").wait_for()
+    assert "ravenna-handbook.pdf" in page.text_content("#passage-meta")
+    assert page.text_content("#passage-meta .page") == "page 2"
+    marks = page.locator("#passage-text mark")
+    assert marks.count() >= 1 and marks.first.text_content() == PAGE_FACT
+    assert page.evaluate("getComputedStyle(document.querySelector('#passage-text mark')).backgroundColor") \
+        not in ("rgba(0, 0, 0, 0)", "transparent")
+    assert "Fire drills" not in page.text_content("#passage-text")  # page 1 is another passage
+    assert page.locator("#passage-download").is_visible()
+    out = screenshots(tmp_path)
+    page.screenshot(path=str(out / "kb_citation_page.png"), full_page=True)
+
+    page.click("#passage-source")
+    context = page.locator("#passage-text .context").first
+    context.wait_for()
+    assert "Fire drills are held every spring" in context.text_content()  # the stored text before it
+    assert page.locator("#passage-text mark").first.text_content() == PAGE_FACT
+    assert "chunk 2 of 2" in page.text_content("#passage-meta") and page.locator("#passage-source").is_hidden()
+    page.screenshot(path=str(out / "kb_citation_source.png"), full_page=True)
+    for name in ("kb_citation_page.png", "kb_citation_source.png"):
+        assert (out / name).stat().st_size > 10_000
