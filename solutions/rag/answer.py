@@ -16,6 +16,7 @@ from typing import Any, Protocol, TextIO
 
 from infra.llm import ChatClient, ChatMessage
 from infra.pii import redact_text
+from solutions.rag.evidence import highlight_spans
 from solutions.rag.redact import RedactionConfig, StreamRedactor, redact
 from solutions.rag.results import AskHit, AskResult, Citation
 from solutions.rag.support import Support, abstention_text, assess, llm_abstained
@@ -270,12 +271,15 @@ def ask_result(question: str, mode: str, weights: dict[str, float], answer: tupl
     text, kind = answer
     passages = [replace(p, text=redact_text(p.text), path=redact_text(p.path), title=redact_text(p.title or "") or None)
                 for p in passages_from(hits)]
+    numbers = cited_numbers(text, len(passages)) if kind != ABSTAINED else []
+    spans = highlight_spans(text, {n: passages[n - 1].text for n in numbers})
     citations = [
         Citation(number=n, path=passages[n - 1].path, title=passages[n - 1].title or "",
                  chunk_index=passages[n - 1].chunk_index, page=passages[n - 1].page,
                  start_char=int(hits[n - 1].fields.get("start_char", 0)),
-                 end_char=int(hits[n - 1].fields.get("end_char", 0)))
-        for n in cited_numbers(text, len(passages))
+                 end_char=int(hits[n - 1].fields.get("end_char", 0)), highlight=spans.get(n, []),
+                 quotes=[passages[n - 1].text[a:b] for a, b in spans.get(n, [])])
+        for n in numbers
     ]
     views = [
         AskHit(number=p.number, score=round(h.score, 6), ranks=h.ranks, path=p.path, title=p.title or "",

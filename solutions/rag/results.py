@@ -21,6 +21,9 @@ class Citation(BaseModel):
     page: int | None
     start_char: int
     end_char: int
+    highlight: list[tuple[int, int]] = Field(default_factory=list, description="Spans [start, end) of the passage's "
+                                             "(redacted) text that the answer's sentences citing it rest on.")
+    quotes: list[str] = Field(default_factory=list, description="The passage text of those spans.")
 
 
 class AskHit(BaseModel):

@@ -72,6 +72,8 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     ask = _last_json(out)
     assert Path(ask["hits"][0]["path"]).name == "a.txt" and ask["answer_kind"] == "extractive"
     assert "[1]" in ask["answer"] and ask["citations"][0]["number"] == 1
+    assert ask["citations"][0]["page"] is None  # a text file has no pages
+    assert ask["citations"][0]["quotes"] == ["The turbine bearing fault shows as vibration at twice the shaft speed."]
     assert ask["answered"] is True and ask["support"]["answered"] is True
     assert "13812345678" not in out
 
