@@ -2,8 +2,9 @@
 events), document uploads that start an ingest, document status and deletion, per collection.
 
 Access: a key's scopes name the collections it may use, ``kb:<collection>:read`` (collections,
-search, ask, documents list, its jobs) and ``kb:<collection>:write`` (upload, delete, documents
-list, jobs); ``admin`` may do everything. A collection the key may not use answers 403 whether it
+search, ask, documents list, its jobs, the stored text around a passage), ``kb:<collection>:write``
+(upload, delete, documents list, jobs) and ``kb:<collection>:source`` (download a passage's
+original file); ``admin`` may do everything. A collection the key may not use answers 403 whether it
 exists or not. Each collection has its own Milvus collection, so retrieval (dense, BM25 and
 hybrid) and answers only ever see the passages of the collection asked.
 
