@@ -44,6 +44,7 @@ def _ask_summary(r: AskResult) -> str:
     for c in r.citations:
         where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
         lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")
+        lines += [f"    > {' '.join(q.split())[:200]}" for q in c.quotes]  # the sentence the answer rests on
     if not r.answered:
         if r.support is not None and r.support.reason:
             lines.append(f"(not answered: {r.support.reason})")

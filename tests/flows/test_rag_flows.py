@@ -74,6 +74,8 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     assert "[1]" in ask["answer"] and ask["citations"][0]["number"] == 1
     assert ask["citations"][0]["page"] is None  # a text file has no pages
     assert ask["citations"][0]["quotes"] == ["The turbine bearing fault shows as vibration at twice the shaft speed."]
+    assert main(["ask", "what does a bearing fault look like?", "--collection", "kb_cli", "--top-k", "2"]) == 0
+    assert "    > The turbine bearing fault shows as vibration at twice the shaft speed." in capsys.readouterr().out
     assert ask["answered"] is True and ask["support"]["answered"] is True
     assert "13812345678" not in out
 
