@@ -1,4 +1,4 @@
-"""``python -m flows.rag {ingest,ask,eval}``: the RAG commands, generated from the flows.
+"""``python -m flows.rag {ingest,ask,eval,feedback-export}``: the RAG commands, generated from the flows.
 
 Each command accepts ``--json`` and then prints the flow's typed result as one JSON object on
 the last line of stdout.
@@ -13,6 +13,7 @@ from flows.cli import Command, make_main
 from infra.pii import redact_path, redact_text
 
 if TYPE_CHECKING:
+    from solutions.rag.feedback import FeedbackExport
     from solutions.rag.results import AskResult, EvalResult
     from tasks.ingest import IngestResult
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 INGEST = "flows.rag.ingest:rag_ingest"
 ASK = "flows.rag.ask:rag_ask"
 EVAL = "flows.rag.evaluate:rag_eval"
+FEEDBACK_EXPORT = "flows.rag.feedback:rag_feedback_export"
 
 CHUNK_FLAGS = {"chunk.tokens": "chunk-tokens", "chunk.overlap": "chunk-overlap"}
 WEIGHT_FLAGS = {"weights.dense": "dense-weight", "weights.bm25": "bm25-weight"}
@@ -58,6 +60,11 @@ def _eval_summary(r: EvalResult) -> str:
     from solutions.rag.evaluation import render_eval
 
     return render_eval(r)
+
+
+def _feedback_summary(r: FeedbackExport) -> str:
+    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down); {r.questions} questions written to {r.out}\n"
+            f"  evaluate with: python -m flows.rag eval --data {r.out} --collection {r.collection}")
 
 
 def _sources_exist(kwargs: dict[str, Any]) -> None:
@@ -99,6 +106,10 @@ COMMANDS = [
     Command(
         "eval", EVAL, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",
         flags={**CHUNK_FLAGS, **WEIGHT_FLAGS}, check=_data_exists,
+    ),
+    Command(
+        "feedback-export", FEEDBACK_EXPORT, _feedback_summary,
+        help="the thumbs-up answers of the /kb page as a QA set for `eval`",
     ),
 ]
 
