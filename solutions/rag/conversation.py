@@ -48,6 +48,7 @@ _FOLLOW_EN = re.compile(
     re.IGNORECASE)
 _FOLLOW_ZH = re.compile(r"^\s*(?:那|那么|还有|而|另外|再|以及)|呢\s*[?？]?\s*$|它|这个|那个|这些|那些")
 #: "and for adults?", "what about in winter": the preposition and the words that replace the old ones.
+_CITED = re.compile(r"\[\d{1,3}\]")
 _SLOT = re.compile(rf"^\s*(?:and|but|what about|how about|and what about)?\s*({_PREPS})\s+(.+?)\s*[?.!]*\s*$",
                    re.IGNORECASE)
 
@@ -129,11 +130,11 @@ def condense_messages(question: str, turns: Sequence[Turn]) -> list[ChatMessage]
 
 def llm_standalone(question: str, turns: Sequence[Turn], chat: Chat) -> str | None:
     """The LLM's standalone question (redacted), or None when its reply is empty or unusable
-    (more than a question's length, or several lines)."""
+    (more than a question's length, several lines, or an answer with citations)."""
     reply = chat.complete(condense_messages(question, turns)).strip()
     reply = re.sub(r"^(?:standalone question|question)\s*[:：]\s*", "", reply, flags=re.IGNORECASE).strip().strip('"“”')
-    if not reply or len(reply) > max(4 * len(question), 400) or reply.count("\n") > 1:
-        return None
+    if not reply or len(reply) > max(4 * len(question), 400) or reply.count("\n") > 1 or _CITED.search(reply):
+        return None  # not a question: too long, several lines, or an answer citing passages
     return redact_text(" ".join(reply.split()))
 
 

@@ -65,7 +65,7 @@ def test_with_an_llm_the_condensed_standalone_question_is_used_and_every_turn_is
 
 
 def test_an_unusable_llm_reply_falls_back_to_the_key_terms() -> None:
-    for reply in ("", "   ", "x" * 2000, "line one\nline two\nline three"):
+    for reply in ("", "   ", "x" * 2000, "line one\nline two\nline three", "Adults take 20 ml [1]."):
         resolved = standalone_question("And for adults?", [DOSE], FakeChat(reply))
         assert "larkspur" in resolved and "children" not in resolved, reply
 
