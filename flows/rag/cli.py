@@ -43,6 +43,8 @@ def _ingest_summary(r: IngestResult) -> str:
 
 def _ask_summary(r: AskResult) -> str:
     lines = [""] if r.streamed else [r.answer, ""]  # a streamed answer is on the console already
+    if r.retrieval_question:
+        lines.insert(0, f"(searched for: {r.retrieval_question})")
     for c in r.citations:
         where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
         lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")
@@ -79,11 +81,22 @@ def _data_exists(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"--data: QA file not found: {kwargs['data']}")
 
 
+def _collection_name(kwargs: dict[str, Any]) -> None:
+    from solutions.rag.collections import check_collection_name
+
+    try:
+        check_collection_name(kwargs["collection"])
+    except ValueError as exc:
+        raise ValueError(f"--collection: {exc}") from None
+
+
 def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The question (and a path prefix) redacted before they become flow parameters, which the
     Prefect database keeps and its UI shows."""
     out = dict(kwargs)
     out["question"] = redact_text(kwargs["question"])
+    if kwargs.get("previous"):
+        out["previous"] = [redact_text(q) for q in kwargs["previous"]]
     params = kwargs.get("params")
     if params is not None and params.path_prefix:
         out["params"] = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
@@ -109,7 +122,7 @@ COMMANDS = [
     ),
     Command(
         "feedback-export", FEEDBACK_EXPORT, _feedback_summary,
-        help="the thumbs-up answers of the /kb page as a QA set for `eval`",
+        help="the thumbs-up answers of the /kb page as a QA set for `eval`", check=_collection_name,
     ),
 ]
 
