@@ -50,6 +50,8 @@ MULTIPART_OVERHEAD = 64 * 1024
 _WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
 
 Retriever = Literal["hybrid", "dense", "bm25"]
+#: A passage's ``chunk_id`` as the index makes them (``<doc id>-<content hash>-<index>``).
+ChunkId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 #: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
 #: (or ``admin``); each route then checks the scope of the collection it is asked about.
 KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
@@ -114,10 +116,10 @@ class FeedbackRequest(BaseModel):
     question: str = Field(min_length=1, max_length=4000, description="The question as asked (redacted before it is stored).")
     retrieval_question: str = Field(default="", max_length=8000, description="The question retrieval used.")
     answer: str = Field(default="", max_length=20000, description="The answer shown (redacted before it is stored).")
-    chunk_ids: list[str] = Field(default_factory=list, max_length=50,
-                                 description="The passages the answer cited (their chunk_id).")
+    chunk_ids: list[ChunkId] = Field(default_factory=list, max_length=50,
+                                     description="The passages the answer cited (their chunk_id).")
     answered: bool = True
-    mode: str = Field(default="", max_length=20)
+    mode: Literal["llm", "extractive", "none", ""] = Field(default="", description="The answer's mode.")
 
 
 class PassageOut(BaseModel):

@@ -699,6 +699,8 @@ def test_votes_are_stored_redacted_and_export_as_an_eval_set(dosing: Kb, tmp_pat
         assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.legal_only), json={**vote, "vote": "up"}).status_code == 403
         assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer),
                       json={**vote, "vote": "meh"}).status_code == 422
+        assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer),
+                      json={**vote, "vote": "up", "chunk_ids": ['x" or id != "']}).status_code == 422
     path = feedback_path(kb.home.kb_feedback(), "medical")
     assert path.stat().st_mode & 0o777 == 0o600
     stored = path.read_text()
