@@ -719,3 +719,21 @@ def test_votes_are_stored_redacted_and_export_as_an_eval_set(dosing: Kb, tmp_pat
     result = evaluate_qa(out, collection="medical", chunk=ChunkParams(), weights=HybridWeights(), client=kb.client,
                          embedder=kb.embedder)
     assert result.questions == 1 and result.scores["bm25"].recall_at_5 == 1.0
+
+
+def test_with_an_llm_a_follow_up_is_condensed_by_it_first(loaded: Kb, fake_llm: list[dict]) -> None:
+    """The LLM is asked for a standalone question (the redacted turns), then answers; its reply
+    here is an answer with citations, not a question, so the key terms are carried instead."""
+    kb = loaded
+    history = [{"question": "What notice period does the Harbourview lease set? Call 13812345678",
+                "answer": "Ninety-seven days [1]."}]
+    with httpx.Client(timeout=60) as c:
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                   json={"collection": "legal", "question": "And who keeps the deposit?", "history": history})
+    assert r.status_code == 200, r.text
+    condense, answer = fake_llm
+    assert condense["messages"][0]["content"].startswith("Rewrite the user's last question") and not condense["stream"]
+    assert "Harbourview" in condense["messages"][1]["content"] and "13812345678" not in json.dumps(condense)
+    body = r.json()
+    assert body["retrieval_question"].startswith("And who keeps the deposit?") and "harbourview" in body["retrieval_question"]
+    assert body["retrieval_question"] in answer["messages"][1]["content"] and body["mode"] == "llm"

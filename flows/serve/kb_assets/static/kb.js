@@ -118,6 +118,9 @@
       whatFollow: "follow the upload",
       whatAsk: "ask in {c}",
       whatVote: "vote in {c}",
+      passages: "{n} passage(s)",
+      st_indexed: "indexed", st_pending: "pending", st_quarantined: "quarantined", st_queued: "queued",
+      st_running: "running", st_done: "done", st_failed: "failed",
     },
     zh: {
       title: "知识库 · indusflow",
@@ -222,6 +225,9 @@
       whatFollow: "跟踪上传",
       whatAsk: "在 {c} 中提问",
       whatVote: "在 {c} 中评价",
+      passages: "{n} 个段落",
+      st_indexed: "已索引", st_pending: "待处理", st_quarantined: "已隔离", st_queued: "排队中",
+      st_running: "进行中", st_done: "完成", st_failed: "失败",
     },
   };
 
@@ -479,9 +485,13 @@
 
   // --- documents -------------------------------------------------------------------------
 
+  function statusText(status) {
+    return STATUSES.has(status) ? t(`st_${status}`) : String(status);
+  }
+
   function statusBadge(status) {
     const known = STATUSES.has(status) ? status : "unknown";
-    return el("span", { class: `st st-${known}`, text: String(status) });
+    return el("span", { class: `st st-${known}`, text: statusText(status) });
   }
 
   function renderDocuments(documents) {
@@ -507,7 +517,7 @@
     const statuses = Object.keys(counts).sort((a, b) => (order.indexOf(a) + 1 || 9) - (order.indexOf(b) + 1 || 9));
     $("docs-summary").textContent = documents.length
       ? t("docsSummary", { n: documents.length, docs: t(documents.length === 1 ? "docOne" : "docMany"),
-        parts: statuses.map((s) => `${counts[s]} ${s}`).join(" · ") })
+        parts: statuses.map((s) => `${counts[s]} ${statusText(s)}`).join(" · ") })
       : t("noDocs");
     const quarantined = documents.filter((d) => d.status === "quarantined");
     $("quarantine-list").replaceChildren(...quarantined.map((d) =>
@@ -569,8 +579,8 @@
 
   function describeFiles(files) {
     return (files || []).map((f) => {
-      const detail = f.reason || (f.status === "indexed" && f.chunks ? `${f.chunks} passage${f.chunks === 1 ? "" : "s"}` : "");
-      return `${f.name}: ${f.status}${detail ? ` (${detail})` : ""}`;
+      const detail = f.reason || (f.status === "indexed" && f.chunks ? t("passages", { n: f.chunks }) : "");
+      return `${f.name}: ${statusText(f.status)}${detail ? ` (${detail})` : ""}`;
     }).join(", ");
   }
 
