@@ -1,5 +1,6 @@
 """``/v1/kb/*``: the knowledge base over HTTP — search, cited answers (JSON or server-sent
-events), document uploads that start an ingest, document status and deletion, per collection.
+events; a follow-up resolved against the conversation's earlier turns), votes on answers,
+document uploads that start an ingest, document status and deletion, per collection.
 
 Access: a key's scopes name the collections it may use, ``kb:<collection>:read`` (collections,
 search, ask, documents list, its jobs) and ``kb:<collection>:write`` (upload, delete, documents
@@ -7,8 +8,9 @@ list, jobs); ``admin`` may do everything. A collection the key may not use answe
 exists or not. Each collection has its own Milvus collection, so retrieval (dense, BM25 and
 hybrid) and answers only ever see the passages of the collection asked.
 
-What reaches the audit log: the key id, route, status, latency, collection, retriever and counts
-(passages, files, bytes, chunks). Never a question, an answer, a passage or a document name.
+What reaches the audit log: the key id, route, status, latency, collection, retriever, vote and
+counts (turns, passages, files, bytes, chunks). Never a question, an answer, a passage or a
+document name. Votes are stored redacted in the home (:mod:`solutions.rag.feedback`).
 The wire format is in ``docs/kb_api.md``.
 """
 
