@@ -59,6 +59,8 @@ class AskResult(BaseModel):
     answered: bool = Field(default=True, description="The retrieved passages support the answer; false: the KB "
                            "says the documents do not answer, and the hits are related passages, not an answer.")
     support: Support | None = Field(default=None, description="The support decision behind 'answered'.")
+    retrieval_question: str = Field(default="", description="The question retrieval used when it is not the "
+                                    "question itself: a follow-up resolved against the earlier questions.")
 
 
 class RetrieverScores(BaseModel):

@@ -111,7 +111,7 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
 
 
 def test_help_for_every_command(capsys: pytest.CaptureFixture) -> None:
-    for command in ("ingest", "ask", "eval"):
+    for command in ("ingest", "ask", "eval", "feedback-export"):
         with pytest.raises(SystemExit) as exit_info:
             main([command, "--help"])
         assert exit_info.value.code == 0
@@ -135,6 +135,7 @@ def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["eval", "--data", str(tmp_path / "missing.jsonl")], "--data: QA file not found"),
         (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
         (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
+        (["feedback-export", "--collection", "../x"], "--collection: collection name"),
     ]
 
 

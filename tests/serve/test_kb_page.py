@@ -49,8 +49,9 @@ PACE_S = 0.03  # between two words of the chat endpoint's answer
 
 
 def screenshots(tmp_path: Path) -> Path:
-    """Where the page tests save their screenshots: ``INDUSFLOW_SCREENSHOTS``, else the test's tmp dir."""
-    out = Path(os.environ.get("INDUSFLOW_SCREENSHOTS") or tmp_path)
+    """Where the page tests save their screenshots: ``INDUSFLOW_SCREENSHOTS`` (or ``KB_SCREENSHOTS``), else the
+    test's tmp dir."""
+    out = Path(os.environ.get("INDUSFLOW_SCREENSHOTS") or os.environ.get("KB_SCREENSHOTS") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -66,10 +67,22 @@ def chromium() -> str:
     return path
 
 
+def condensed(user: str) -> str:
+    """The fake model's standalone question: a follow-up starting "and" or "what about" takes the
+    head of the conversation's first question ("How often must"); any other is left as it is."""
+    last = user.rpartition("Last question:")[2].rpartition("Standalone question:")[0].strip()
+    first = re.search(r"^User: (.*)$", user, re.MULTILINE)
+    follow = re.match(r"(?i)(?:and|what about|how about)\s+(.*?)\??$", last)
+    if not (first and follow):
+        return last
+    head = re.match(r"(\w+ \w+ \w+)", first.group(1))
+    return f"{head.group(1) if head else ''} {follow.group(1)}?".strip()
+
+
 class PacedChat(BaseHTTPRequestHandler):
     """``POST /v1/chat/completions``: answers from the numbered context it is sent (the sentence
     of passage [1] sharing most words with the question and the one after it, each cited), word
-    by word."""
+    by word; asked for a standalone question (a follow-up), it gives :func:`condensed`'s."""
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -77,6 +90,13 @@ class PacedChat(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         user = body["messages"][-1]["content"]
+        if body["messages"][0]["content"].startswith("Rewrite the user's last question"):
+            payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": condensed(user)}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(payload.encode())
+            return
         context, _, question = user.rpartition("Question:")
         first = re.search(r"\[1\][^\n]*\n(.*?)(?:\n\n\[2\]|\Z)", context, re.DOTALL)
         lines = (first.group(1) if first else "").splitlines()
@@ -127,7 +147,7 @@ def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
 
     chat = ThreadingHTTPServer(("127.0.0.1", 0), PacedChat)
     threading.Thread(target=chat.serve_forever, daemon=True).start()
-    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
+    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical,manuals", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
            "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1"}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
@@ -409,4 +429,90 @@ def test_a_citation_shows_its_sentence_marked_with_its_page(page: Any, kb_server
     assert "chunk 2 of 2" in page.text_content("#passage-meta") and page.locator("#passage-source").is_hidden()
     page.screenshot(path=str(out / "kb_citation_source.png"), full_page=True)
     for name in ("kb_citation_page.png", "kb_citation_source.png"):
+        assert (out / name).stat().st_size > 10_000
+
+
+def test_a_conversation_in_chinese_with_votes_and_advanced_controls(browser: Any, kb_server: KbServer,
+                                                                   tmp_path: Path) -> None:
+    """A browser whose language is Chinese: the page is in Chinese; a question, then a follow-up
+    that the page sends with the conversation (the server resolves it into a standalone question
+    and says what it searched for), a thumbs-up stored redacted, the advanced controls in the
+    request, then the switch to English, remembered. With ``KB_SCREENSHOTS=DIR`` the Chinese and
+    English pages are saved as ``DIR/kb_chat_zh.png`` and ``DIR/kb_chat_en.png``."""
+    from flows.rag.steps import ingest_sources
+    from solutions.rag.config import IngestParams
+    from solutions.rag.feedback import feedback_path, load_feedback
+
+    folder = tmp_path / "manuals"
+    folder.mkdir()
+    (folder / "pump-manual.html").write_text(DOCUMENT, encoding="utf-8")
+    ingest_sources([str(folder)], IngestParams(collection="manuals"), client=kb_server.client,
+                   embedder=kb_server.embedder)
+    out = Path(os.environ.get("KB_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, locale="zh-CN")
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    errors: list[str] = []
+    asked: list[dict[str, Any]] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: asked.append(json.loads(r.post_data)) if r.url.endswith("/v1/kb/ask") else None)
+    page.goto(f"{kb_server.url}/kb")
+    assert page.evaluate("document.documentElement.lang") == "zh-CN"
+    assert page.text_content("#signin-h") == "登录" and page.title().startswith("知识库")
+    sign_in(page, kb_server.key("kb:manuals:read"))
+    page.locator("#app").wait_for()
+    assert page.text_content("#ask-btn") == "提问" and "您可以提问" in page.text_content("#collection-info")
+    assert page.text_content("#docs-summary").startswith("1 个文档")
+
+    page.click("#advanced summary")
+    page.select_option("#retriever", "dense")
+    page.fill("#top-k", "3")
+    page.fill("#question", QUESTION)
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "1,500 operating hours" in page.text_content("#answer")
+    assert page.text_content("#answer-h") == "回答" and page.text_content("#mode") == "由语言模型撰写"
+    assert asked[-1]["retriever"] == "dense" and asked[-1]["top_k"] == 3 and asked[-1]["history"] == []
+    assert page.locator("#citations .source").count() + page.locator("#others-list .source").count() <= 3
+    assert page.locator("#searched").is_hidden()  # the question itself was searched for
+
+    page.click("#feedback button.vote-up")
+    page.locator("#feedback .vote-status", has_text="谢谢").wait_for()
+    assert page.get_attribute("#feedback button.vote-up", "aria-pressed") == "true"
+
+    page.select_option("#retriever", "hybrid")
+    page.fill("#question", "And the cooling water circuit?")
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "flushed once a year" in page.text_content("#answer")
+    (history,) = asked[-1]["history"]
+    assert history["question"] == QUESTION and "1,500 operating hours" in history["answer"]
+    searched = page.text_content("#searched")
+    assert searched == "检索用语：How often must the cooling water circuit?", searched
+    turns = page.locator("#thread li.turn")
+    assert turns.count() == 1 and turns.first.locator(".turn-q").text_content() == QUESTION
+    assert "Pump maintenance manual" in turns.first.locator(".turn-sources").text_content()
+    assert turns.first.locator("button.vote-up").get_attribute("aria-pressed") == "true"  # the vote moved with it
+    page.screenshot(path=str(out / "kb_chat_zh.png"), full_page=True)
+
+    records = load_feedback(feedback_path(kb_server.layout.kb_feedback(), "manuals"))
+    assert [(r.vote, r.question, [p.document for p in r.passages]) for r in records] == [
+        ("up", QUESTION, ["pump-manual.html"])]
+
+    page.click(".lang button[data-lang=en]")
+    assert page.evaluate("document.documentElement.lang") == "en"
+    assert page.text_content("#answer-h") == "Answer" and page.text_content("#mode") == "written by the language model"
+    assert page.text_content("#searched") == "Searched for: How often must the cooling water circuit?"
+    assert page.text_content("#new-chat") == "New conversation" and page.text_content("#docs-summary").startswith("1 document:")
+    page.screenshot(path=str(out / "kb_chat_en.png"), full_page=True)
+    page.reload()  # the choice is remembered (and the key, for the tab)
+    page.locator("#app").wait_for()
+    assert page.text_content("#ask-btn") == "Ask" and page.evaluate("localStorage.getItem('indusflow.kb.lang')") == "en"
+    page.click(".lang button[data-lang=zh]")
+    assert page.text_content("#ask-btn") == "提问"
+    context.close()
+    assert errors == []
+    for name in ("kb_chat_zh.png", "kb_chat_en.png"):
         assert (out / name).stat().st_size > 10_000
