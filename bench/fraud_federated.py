@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--server-momentum", type=float, default=None, help="default: the flow's")
     ap.add_argument("--keep-local-optimizer", action=argparse.BooleanOptionalAction, default=None,
                     help="default: the flow's")
+    ap.add_argument("--dp-batch-size", type=int, default=None, help="default: the flow's")
+    ap.add_argument("--dp-lr", type=float, default=None, help="default: the flow's")
+    ap.add_argument("--dp-max-grad-norm", type=float, default=None, help="default: the flow's")
     ap.add_argument("--no-compare", action="store_true", help="federated runs only (no pooled/alone/GBM)")
     ap.add_argument("--train-days", type=float)
     ap.add_argument("--val-days", type=float)
@@ -54,14 +57,18 @@ def main() -> None:
         for eps in [None, *args.eps] if k == args.clients[0] else [None]:
             server = {k2: v for k2, v in (("server_learning_rate", args.server_lr),
                                           ("server_momentum", args.server_momentum),
-                                          ("keep_local_optimizer", args.keep_local_optimizer)) if v is not None}
+                                          ("keep_local_optimizer", args.keep_local_optimizer),
+                                          ("dp_batch_size", args.dp_batch_size), ("dp_learning_rate", args.dp_lr),
+                                          ("dp_max_grad_norm", args.dp_max_grad_norm)) if v is not None}
             fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
                                       **server)
             cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare, **extra)
             r = fraud_federate(data=args.data, columns=columns, config=cfg)
             out["runs"].append({"clients": k, "dp_epsilon": eps, "server_learning_rate": fed.server_learning_rate,
                                 "server_momentum": fed.server_momentum,
-                                "keep_local_optimizer": fed.keep_local_optimizer, "spent_epsilon": r.epsilon,
+                                "keep_local_optimizer": fed.keep_local_optimizer, "dp_batch_size": fed.dp_batch_size,
+                                "dp_learning_rate": fed.dp_learning_rate, "dp_max_grad_norm": fed.dp_max_grad_norm,
+                                "spent_epsilon": r.epsilon,
                                 "partial_rounds": r.partial_rounds, "metrics": r.metrics, "seconds": round(r.seconds, 1)})
             print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)
     out["seconds"] = round(time.perf_counter() - started, 1)

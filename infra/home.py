@@ -107,6 +107,10 @@ class HomeLayout:
         """Ingest state of the knowledge base (manifests, quarantine caches)."""
         return self._area("rag")
 
+    def kb_feedback(self) -> Path:
+        """Votes on knowledge-base answers (one redacted JSONL file per collection, mode 0600)."""
+        return self._area("rag", "feedback")
+
     def kb_inbox(self, collection: str) -> Path:
         """The watched folder of a knowledge-base collection: ``inbox/docs`` for ``default``, else ``inbox/kb/<name>``."""
         if collection == "default":

@@ -492,7 +492,7 @@ class KbSettings(BaseSettings):
         description="Comma-separated knowledge-base collections served by the API (names [a-z][a-z0-9_]*, "
         "e.g. default,legal,medical). 'default' is INDUSFLOW_MILVUS_COLLECTION with the watched folder "
         "<home>/inbox/docs; any other is the Milvus collection of that name with <home>/inbox/kb/<name>. "
-        "API keys name them in scopes kb:<name>:read / kb:<name>:write.",
+        "API keys name them in scopes kb:<name>:read / kb:<name>:write / kb:<name>:source (original files).",
     )
     max_upload_bytes: int = Field(
         default=50 * 1024 * 1024, ge=1,

@@ -43,6 +43,7 @@ from tasks.containers import (
     safe_member_name,
 )
 from tasks.ocr import DocumentOcr, OcrFailure, OcrInfo, document_ocr
+from tasks.slides import PPTX, slide_starts
 
 log = logging.getLogger(__name__)
 
@@ -347,9 +348,10 @@ def _document(
             )
     if failure:
         return Quarantined(path, failure[0], failure[1])
+    pages = slide_starts(content, text) if ctype == PPTX else page_starts(meta, len(text))
     return ParsedDocument(
         doc_id=doc_id_for(path), source=source, path=path, content_hash=sha256_bytes(content)[:32], text=text,
-        meta=doc_meta(meta, text), page_starts=page_starts(meta, len(text)),
+        meta=doc_meta(meta, text), page_starts=pages,
     )
 
 

@@ -264,7 +264,8 @@ def prepare_documents(
         for doc in docs:
             doc = redact_document(doc, rules, progress.redactions)
             chunks = chunk_document(doc.doc_id, doc.text, embedder.tokenizer, rules.sentences,
-                                    size=rules.chunk_tokens, overlap=rules.chunk_overlap, page_at=doc.page_at)
+                                    size=rules.chunk_tokens, overlap=rules.chunk_overlap, page_at=doc.page_at,
+                                    page_starts=doc.page_starts)
             if chunks:
                 chunked.append((doc, chunks))
         rows = [r for doc, chunks in chunked for r in document_rows(doc, chunks, source_hash, len(chunked))]

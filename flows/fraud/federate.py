@@ -168,6 +168,7 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
     fed = cfg.federation
     eps = _epsilons(outcome.rounds)
     privacy = ({"dp": True, "epsilon": eps, "delta": fed.dp_delta, "max_grad_norm": fed.dp_max_grad_norm,
+                "batch_size": fed.client_model(cfg.model).batch_size, "learning_rate": fed.client_model(cfg.model).lr,
                 "target_epsilon": fed.dp_epsilon, "accountant": "opacus RDP"} if eps else {"dp": False})
     partial = [r["round"] for r in outcome.rounds if r.get("phase") == "train" and r.get("partial")]
     federation = {"clients": fed.clients, "rounds": fed.rounds, "local_epochs": fed.local_epochs,

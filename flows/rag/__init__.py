@@ -1,6 +1,6 @@
-"""RAG knowledge base flows: ``rag-ingest``, ``rag-ask`` and ``rag-eval``.
+"""RAG knowledge base flows: ``rag-ingest``, ``rag-ask``, ``rag-eval`` and ``rag-feedback-export``.
 
-Command line: ``python -m flows.rag {ingest,ask,eval} --help`` (see :mod:`flows.rag.cli`).
+Command line: ``python -m flows.rag {ingest,ask,eval,feedback-export} --help`` (see :mod:`flows.rag.cli`).
 The names below are imported on first use (PEP 562): importing the package's ``cli`` does
 not import the flows.
 """
@@ -18,6 +18,7 @@ _EXPORTS = {
     "IngestResult": "tasks.ingest",
     "rag_ask": "flows.rag.ask",
     "rag_eval": "flows.rag.evaluate",
+    "rag_feedback_export": "flows.rag.feedback",
     "rag_ingest": "flows.rag.ingest",
 }
 
@@ -27,12 +28,14 @@ __all__ = [
     "IngestResult",
     "rag_ask",
     "rag_eval",
+    "rag_feedback_export",
     "rag_ingest",
 ]
 
 if TYPE_CHECKING:
     from flows.rag.ask import rag_ask
     from flows.rag.evaluate import rag_eval
+    from flows.rag.feedback import rag_feedback_export
     from flows.rag.ingest import rag_ingest
     from solutions.rag.results import AskResult, EvalResult
     from tasks.ingest import IngestResult

@@ -1,4 +1,4 @@
-"""``python -m flows.rag {ingest,ask,eval}``: the RAG commands, generated from the flows.
+"""``python -m flows.rag {ingest,ask,eval,feedback-export}``: the RAG commands, generated from the flows.
 
 Each command accepts ``--json`` and then prints the flow's typed result as one JSON object on
 the last line of stdout.
@@ -13,6 +13,7 @@ from flows.cli import Command, make_main
 from infra.pii import redact_path, redact_text
 
 if TYPE_CHECKING:
+    from solutions.rag.feedback import FeedbackExport
     from solutions.rag.results import AskResult, EvalResult
     from tasks.ingest import IngestResult
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 INGEST = "flows.rag.ingest:rag_ingest"
 ASK = "flows.rag.ask:rag_ask"
 EVAL = "flows.rag.evaluate:rag_eval"
+FEEDBACK_EXPORT = "flows.rag.feedback:rag_feedback_export"
 
 CHUNK_FLAGS = {"chunk.tokens": "chunk-tokens", "chunk.overlap": "chunk-overlap"}
 WEIGHT_FLAGS = {"weights.dense": "dense-weight", "weights.bm25": "bm25-weight"}
@@ -41,9 +43,12 @@ def _ingest_summary(r: IngestResult) -> str:
 
 def _ask_summary(r: AskResult) -> str:
     lines = [""] if r.streamed else [r.answer, ""]  # a streamed answer is on the console already
+    if r.retrieval_question:
+        lines.insert(0, f"(searched for: {r.retrieval_question})")
     for c in r.citations:
         where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
         lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")
+        lines += [f"    > {' '.join(q.split())[:200]}" for q in c.quotes]  # the sentence the answer rests on
     if not r.answered:
         if r.support is not None and r.support.reason:
             lines.append(f"(not answered: {r.support.reason})")
@@ -60,6 +65,11 @@ def _eval_summary(r: EvalResult) -> str:
     return render_eval(r)
 
 
+def _feedback_summary(r: FeedbackExport) -> str:
+    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down); {r.questions} questions written to {r.out}\n"
+            f"  evaluate with: python -m flows.rag eval --data {r.out} --collection {r.collection}")
+
+
 def _sources_exist(kwargs: dict[str, Any]) -> None:
     missing = [s for s in kwargs.get("sources") or [] if not Path(s).expanduser().exists()]
     if missing:
@@ -72,11 +82,22 @@ def _data_exists(kwargs: dict[str, Any]) -> None:
         raise ValueError(f"--data: QA file not found: {kwargs['data']}")
 
 
+def _collection_name(kwargs: dict[str, Any]) -> None:
+    from solutions.rag.collections import check_collection_name
+
+    try:
+        check_collection_name(kwargs["collection"])
+    except ValueError as exc:
+        raise ValueError(f"--collection: {exc}") from None
+
+
 def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The question (and a path prefix) redacted before they become flow parameters, which the
     Prefect database keeps and its UI shows."""
     out = dict(kwargs)
     out["question"] = redact_text(kwargs["question"])
+    if kwargs.get("previous"):
+        out["previous"] = [redact_text(q) for q in kwargs["previous"]]
     params = kwargs.get("params")
     if params is not None and params.path_prefix:
         out["params"] = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
@@ -99,6 +120,10 @@ COMMANDS = [
     Command(
         "eval", EVAL, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",
         flags={**CHUNK_FLAGS, **WEIGHT_FLAGS}, check=_data_exists,
+    ),
+    Command(
+        "feedback-export", FEEDBACK_EXPORT, _feedback_summary,
+        help="the thumbs-up answers of the /kb page as a QA set for `eval`", check=_collection_name,
     ),
 ]
 

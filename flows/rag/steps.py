@@ -24,6 +24,7 @@ from infra.settings import TikaSettings, get_llm_settings
 from solutions.rag.answer import answer_or_abstain, ask_result
 from solutions.rag.collections import DEFAULT, milvus_collection, watched_folder_of
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
+from solutions.rag.conversation import Turn, standalone_question
 from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_configs, retriever_scores
 from solutions.rag.ingest import document_rules
 from solutions.rag.results import AskResult, EvalResult
@@ -79,16 +80,20 @@ def chat_client(use_llm: bool) -> ChatClient | None:
 
 
 def answer_question(question: str, params: AskParams, *, client: Any = None, embedder: Embedder | None = None,
-                    out: TextIO | None = None) -> AskResult:
+                    out: TextIO | None = None, previous: Sequence[str] = ()) -> AskResult:
     """Retrieve the top-k chunks for ``question`` and answer with numbered citations.
 
     The question is redacted first (:func:`infra.pii.redact_text`): the stored chunks hold
     placeholders, so nothing is lost for retrieval, and the raw text reaches neither the
     embedder, the LLM nor the result. With ``params.stream`` the LLM's answer is written to
-    ``out`` (default: stdout) as it comes.
+    ``out`` (default: stdout) as it comes. With ``previous`` questions (the conversation, oldest
+    first) a follow-up is resolved against them first (:func:`solutions.rag.conversation.standalone_question`)
+    and retrieval and the answer use the standalone question.
     """
     started = time.perf_counter()
-    question = redact_text(question)
+    asked = redact_text(question)
+    chat = chat_client(params.llm)
+    question = standalone_question(asked, [Turn(q) for q in previous], chat) if previous else asked
     if params.path_prefix:  # stored paths are redacted: compare like with like
         params = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
     client = client or open_client()
@@ -104,14 +109,17 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
     hits = retrieve(client, collection, [question], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
                     weights=weights, fusion=params.weights.fusion, rrf_k=params.weights.rrf_k)[0]
     stream_to = (out or sys.stdout) if params.stream else None
-    text, kind, support = answer_or_abstain(question, hits, chat_client(params.llm),
+    text, kind, support = answer_or_abstain(question, hits, chat,
                                             collection=params.collection or DEFAULT,
                                             embedder=embedder.name if params.mode != "bm25" else None,
                                             n_chunks=row_count(client, collection), mode=params.mode,
                                             content_bm25=best_bm25(client, collection, content_query(question), expr)
                                             if params.mode != "dense" else None, stream_to=stream_to)
-    return ask_result(question, params.mode, weights, (text, kind), hits, streamed=params.stream,
-                      seconds=round(time.perf_counter() - started, 3), support=support)
+    result = ask_result(question, params.mode, weights, (text, kind), hits, streamed=params.stream,
+                        seconds=round(time.perf_counter() - started, 3), support=support)
+    if question.strip() == asked.strip():
+        return result
+    return result.model_copy(update={"question": asked, "retrieval_question": question})
 
 
 answer_question_task = task(name="answer-question", cache_policy=NONE)(answer_question)

@@ -1,14 +1,17 @@
 """``/v1/kb/*``: the knowledge base over HTTP — search, cited answers (JSON or server-sent
-events), document uploads that start an ingest, document status and deletion, per collection.
+events; a follow-up resolved against the conversation's earlier turns), votes on answers,
+document uploads that start an ingest, document status and deletion, per collection.
 
 Access: a key's scopes name the collections it may use, ``kb:<collection>:read`` (collections,
-search, ask, documents list, its jobs) and ``kb:<collection>:write`` (upload, delete, documents
-list, jobs); ``admin`` may do everything. A collection the key may not use answers 403 whether it
+search, ask, documents list, its jobs, the stored text around a passage), ``kb:<collection>:write``
+(upload, delete, documents list, jobs) and ``kb:<collection>:source`` (download a passage's
+original file); ``admin`` may do everything. A collection the key may not use answers 403 whether it
 exists or not. Each collection has its own Milvus collection, so retrieval (dense, BM25 and
 hybrid) and answers only ever see the passages of the collection asked.
 
-What reaches the audit log: the key id, route, status, latency, collection, retriever and counts
-(passages, files, bytes, chunks). Never a question, an answer, a passage or a document name.
+What reaches the audit log: the key id, route, status, latency, collection, retriever, vote and
+counts (turns, passages, files, bytes, chunks). Never a question, an answer, a passage or a
+document name. Votes are stored redacted in the home (:mod:`solutions.rag.feedback`).
 The wire format is in ``docs/kb_api.md``.
 """
 
@@ -23,20 +26,24 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from flows.serve.kb_engine import KbEngine
+from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from infra.embeddings import Embedder
 from infra.llm import LLMError
 from infra.pii import redact_text
 from infra.serving.audit import annotate_audit
-from infra.serving.auth import Principal, require_any_scope
+from infra.serving.auth import ADMIN, Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
 from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
+from solutions.rag.conversation import MAX_TURNS, Turn, standalone_question
+from solutions.rag.evidence import highlight_spans
+from solutions.rag.feedback import CitedPassage, append_feedback, feedback_path, feedback_record
 from solutions.rag.library import IngestJob, UploadRefused, error_text
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
 from tasks.documents import archive_members
@@ -50,6 +57,8 @@ MULTIPART_OVERHEAD = 64 * 1024
 _WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
 
 Retriever = Literal["hybrid", "dense", "bm25"]
+#: A passage's ``chunk_id`` as the index makes them (``<doc id>-<content hash>-<index>``).
+ChunkId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 #: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
 #: (or ``admin``); each route then checks the scope of the collection it is asked about.
 KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
@@ -76,8 +85,17 @@ class SearchRequest(BaseModel):
     retriever: Retriever = Field(default="hybrid", description="dense, bm25 or hybrid (weighted fusion).")
 
 
+class TurnIn(BaseModel):
+    """An earlier turn of the conversation (redacted before use, never stored by ``ask``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=4000, description="The question asked then.")
+    answer: str = Field(default="", max_length=8000, description="The answer shown then.")
+
+
 class AskRequest(BaseModel):
-    """A question over one collection."""
+    """A question over one collection, with the conversation before it when it is a follow-up."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"collection": "legal", "question": "What is the notice period?", "top_k": 5,
@@ -88,6 +106,27 @@ class AskRequest(BaseModel):
     top_k: int = Field(default=5, ge=1, le=50, description="Passages retrieved and numbered for citation.")
     retriever: Retriever = Field(default="hybrid", description="dense, bm25 or hybrid.")
     stream: bool = Field(default=False, description="Answer as server-sent events (token, citations, done).")
+    history: list[TurnIn] = Field(default_factory=list, max_length=MAX_TURNS,
+                                  description=f"Earlier turns, oldest first (at most {MAX_TURNS}): a follow-up is "
+                                  "resolved against them into the standalone question retrieval uses.")
+
+
+class FeedbackRequest(BaseModel):
+    """A thumbs-up or -down on one answer of the page."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"collection": "legal", "question": "What is the notice period?", "vote": "up",
+                      "answer": "Ninety-seven days [1].", "chunk_ids": ["3f2a…"], "answered": True, "mode": "extractive"}]})
+
+    collection: str = Field(min_length=1, max_length=40)
+    vote: Literal["up", "down"]
+    question: str = Field(min_length=1, max_length=4000, description="The question as asked (redacted before it is stored).")
+    retrieval_question: str = Field(default="", max_length=8000, description="The question retrieval used.")
+    answer: str = Field(default="", max_length=20000, description="The answer shown (redacted before it is stored).")
+    chunk_ids: list[ChunkId] = Field(default_factory=list, max_length=50,
+                                     description="The passages the answer cited (their chunk_id).")
+    answered: bool = True
+    mode: Literal["llm", "extractive", "none", ""] = Field(default="", description="The answer's mode.")
 
 
 class PassageOut(BaseModel):
@@ -102,6 +141,9 @@ class PassageOut(BaseModel):
     chunk_index: int
     text: str
     cited: bool = Field(default=False, description="The answer cites it (ask only).")
+    highlight: list[tuple[int, int]] = Field(
+        default_factory=list, description="Character spans [start, end) of 'text' that the answer's sentences "
+        "citing this passage rest on (ask only; empty when none could be located).")
 
 
 class SearchResponse(BaseModel):
@@ -119,6 +161,8 @@ class AskResponse(BaseModel):
     support: float = Field(description="Calibrated probability that the documents answer the question.")
     reason: str = Field(default="", description="Why the KB did not answer (empty when it did).")
     citations: list[PassageOut] = Field(description="Every retrieved passage, numbered; 'cited' marks those the answer cites.")
+    retrieval_question: str = Field(default="", description="The question retrieval used (redacted) when it is not "
+                                    "the question itself: a follow-up resolved against the earlier turns (history).")
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -133,9 +177,12 @@ def words(text: str) -> list[str]:
 
 
 def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
-                 cited: Sequence[int] = ()) -> list[PassageOut]:
+                 cited: Sequence[int] = (), answer: str = "") -> list[PassageOut]:
     """The hits as numbered passages, every text redacted again (rows of older rule sets too);
-    ``name_of(source, path)`` names a chunk's document as the documents list does."""
+    ``name_of(source, path)`` names a chunk's document as the documents list does. With the
+    ``answer``, each cited passage carries the spans of its text the answer rests on."""
+    texts = {n: redact_text(str(h.fields.get("text", ""))) for n, h in enumerate(hits, 1)}
+    spans = highlight_spans(answer, {n: texts[n] for n in cited}) if answer and cited else {}
     out = []
     for n, h in enumerate(hits, 1):
         f = h.fields
@@ -143,8 +190,8 @@ def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
             n=n, score=round(float(h.score), 6),
             document=redact_text(name_of(str(f.get("source", "")), str(f.get("path", "")))),
             title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
-            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=redact_text(str(f.get("text", ""))),
-            cited=n in cited,
+            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=texts[n],
+            cited=n in cited, highlight=spans.get(n, []),
         ))
     return out
 
@@ -219,7 +266,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if read or write:
                 docs = await run_in_threadpool(engine.documents, col)
                 by_status = {s: sum(1 for d in docs if d.status == s) for s in ("indexed", "quarantined", "pending")}
-                out.append({"name": col.name, "read": read, "write": write, "documents": len(docs), **by_status})
+                out.append({"name": col.name, "read": read, "write": write, "source": principal.allows(source_scope(col)),
+                            "documents": len(docs), **by_status})
         annotate_audit(request, collections=len(out))
         return {"collections": out}
 
@@ -244,20 +292,33 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         """Answer a question from one collection with numbered citations ([n] = passage n)."""
         col = allowed(principal, body.collection, read=True)
         queries.labels(collection=col.name, kind="ask", retriever=body.retriever).inc()
-        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, stream=body.stream)
+        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, stream=body.stream,
+                       turns=len(body.history))
         if body.stream:
             return StreamingResponse(stream_answer(body, col, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         try:
-            text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, body.question, top_k=body.top_k,
-                                                              mode=body.retriever)
+            asked = await run_in_threadpool(resolved, body)
+            text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, asked, top_k=body.top_k,
+                                                                       mode=body.retriever)
         except LLMError as exc:  # the upstream status only: its body may echo the key in any encoding
             log.error("kb ask failed: %s", exc)
             raise HTTPException(502, exc.public_text()) from None
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
         return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
                            support=support.probability, reason=support.reason,
-                           citations=passages_out(hits, names_in(col), cited))
+                           citations=passages_out(hits, names_in(col), cited, text),
+                           retrieval_question=shown(body, asked))
+
+    def resolved(body: AskRequest) -> str:
+        """The question retrieval uses (redacted): a follow-up resolved against the history."""
+        if not body.history:
+            return redact_text(body.question)
+        return standalone_question(body.question, [Turn(t.question, t.answer) for t in body.history], engine.chat())
+
+    def shown(body: AskRequest, asked: str) -> str:
+        """``retrieval_question`` of a response: empty when it is the question itself."""
+        return "" if asked.strip() == redact_text(body.question).strip() else asked
 
     async def stream_answer(body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -270,9 +331,10 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
 
         def work() -> None:
             try:
-                result = engine.answer(col, body.question, top_k=body.top_k, mode=body.retriever, stream_to=writer,
+                asked = resolved(body)
+                result = engine.answer(col, asked, top_k=body.top_k, mode=body.retriever, stream_to=writer,
                                        on_extractive=extractive)
-                loop.call_soon_threadsafe(q.put_nowait, ("end", result))
+                loop.call_soon_threadsafe(q.put_nowait, ("end", (*result, asked)))
             except Exception as exc:  # noqa: BLE001 - reported to the caller as an error event
                 loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
 
@@ -289,17 +351,41 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                     yield sse("error", {"message": message})
                     return
                 else:
-                    text, mode, hits, cited, support = data
+                    text, mode, hits, cited, support, asked = data
                     annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode,
                                    answered=support.answered)
-                    citations = passages_out(hits, names_in(col), cited)
+                    citations = passages_out(hits, names_in(col), cited, text)
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text, "answered": support.answered,
-                                       "support": support.probability, "reason": support.reason})
+                                       "support": support.probability, "reason": support.reason,
+                                       "retrieval_question": shown(body, asked)})
                     return
         finally:
             if not worker.done():
                 worker.cancel()
+
+    def cited_passages(col: KbCollection, chunk_ids: list[str]) -> list[CitedPassage]:
+        """The chunks of ``col`` among ``chunk_ids`` (others are ignored), with their names and paths."""
+        client = engine.client()
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids or not client.has_collection(col.milvus):
+            return []
+        rows = {str(r["id"]): r for r in client.get(col.milvus, ids=ids, output_fields=["source", "path"])}
+        return [CitedPassage(chunk_id=i, path=str(rows[i].get("path", "")),
+                             document=engine.document_name(col, str(rows[i].get("source", "")), str(rows[i].get("path", ""))))
+                for i in ids if i in rows]
+
+    @router.post(f"{PREFIX}/feedback", status_code=201)
+    async def feedback(body: FeedbackRequest, request: Request, principal: KbPrincipal) -> dict[str, Any]:
+        """Record a thumbs-up or -down on an answer (redacted, in the home; never the key). The
+        votes become an evaluation set with ``python -m flows.rag feedback-export``."""
+        col = allowed(principal, body.collection, read=True)
+        passages = await run_in_threadpool(cited_passages, col, body.chunk_ids)
+        record = feedback_record(col.name, body.vote, body.question, body.answer, passages,
+                                 retrieval_question=body.retrieval_question, answered=body.answered, mode=body.mode)
+        await run_in_threadpool(append_feedback, feedback_path(services.layout.kb_feedback(), col.name), record)
+        annotate_audit(request, collection=col.name, vote=body.vote, passages=len(passages))
+        return {"recorded": True, "vote": body.vote, "passages": len(passages)}
 
     @router.post(f"{PREFIX}/documents", status_code=202, openapi_extra=UPLOAD_OPENAPI)
     async def upload(request: Request, principal: KbPrincipal,
@@ -366,4 +452,77 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         annotate_audit(request, collection=col.name, chunks_removed=removed)
         return {"deleted": doc.name, "chunks_removed": removed, "file_removed": doc.in_folder}
 
+    add_evidence_routes(router, engine, collections)
     return Vertical("kb", router, [], on_stop=engine.close)
+
+
+# ------------------------------------------------------------------------------------
+# evidence: the stored text around a cited passage, and its original file
+
+
+class SourceTextOut(BaseModel):
+    """The stored (redacted) text around a passage: ``before`` + ``text`` + ``after``."""
+
+    collection: str
+    chunk_id: str
+    document: str = Field(description="The document's name in the collection (as the documents list names it).")
+    title: str
+    page: int | None = Field(description="The passage's first page (paginated sources: PDF pages, OCR'd pages).")
+    pages: list[int] = Field(description="The pages the text shown spans, as far as the store knows them.")
+    chunk_index: int
+    chunks: int = Field(description="Chunks of the document.")
+    before: str
+    text: str
+    after: str
+    original: bool = Field(description="This key may download the original file (scope kb:<collection>:source); "
+                           "whether the file is still in the collection's folder is known on download.")
+
+
+def add_evidence_routes(router: APIRouter, engine: KbEngine, collections: dict[str, KbCollection]) -> None:
+    """``GET .../chunks/{chunk_id}/source`` (scope ``kb:<c>:read``) and ``.../file`` (scope
+    ``kb:<c>:source``); both audited with the collection only (no document name, no text)."""
+
+    def permitted(principal: Principal, name: str, scope_of: Callable[[KbCollection], str], what: str) -> KbCollection:
+        col = collections.get(name)
+        if col is None:
+            if ADMIN in principal.scopes:
+                raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
+            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
+        if not principal.allows(scope_of(col)):
+            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
+        return col
+
+    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/source", response_model=SourceTextOut)
+    async def chunk_text(collection: str, chunk_id: str, request: Request, principal: KbPrincipal,
+                         around: Annotated[int, Query(ge=0, le=3, description="Neighbouring chunks on each side.")] = 1,
+                         ) -> SourceTextOut:
+        """The stored, redacted text of a passage's document around it (its neighbouring chunks)."""
+        col = permitted(principal, collection, lambda c: c.read_scope, "read")
+        got = await run_in_threadpool(chunk_source, engine, col, chunk_id, around)
+        annotate_audit(request, collection=col.name, found=got is not None)
+        if got is None:
+            raise HTTPException(404, "no such passage in this collection")
+        row = got.row
+        name = engine.document_name(col, str(row.get("source", "")), str(row.get("path", "")))
+        return SourceTextOut(
+            collection=col.name, chunk_id=chunk_id, document=redact_text(name), title=redact_text(str(row.get("title") or "")),
+            page=int(row.get("page") or 0) or None, pages=list(got.pages), chunk_index=int(row.get("chunk_index", 0)),
+            chunks=int(row.get("n_chunks", 0)), before=redact_text(got.text.before), text=redact_text(got.text.passage),
+            after=redact_text(got.text.after), original=principal.allows(source_scope(col)))
+
+    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/file",
+                responses={200: {"content": {"application/octet-stream": {}}, "description": "The original file."}})
+    async def chunk_file(collection: str, chunk_id: str, request: Request, principal: KbPrincipal) -> FileResponse:
+        """The original file a passage comes from (an archive member: its archive), from the
+        collection's watched folder. Needs ``kb:<collection>:source`` (or admin)."""
+        col = permitted(principal, collection, source_scope, "download the original files of")
+        row = await run_in_threadpool(chunk_row, engine, col, chunk_id)
+        found = await run_in_threadpool(original_file, engine, col, row) if row is not None else None
+        if found is None:
+            annotate_audit(request, collection=col.name, found=False)
+            raise HTTPException(404, "no original file of this passage in the collection's folder")
+        doc, path = found
+        size = path.stat().st_size
+        annotate_audit(request, collection=col.name, found=True, bytes=size)
+        return FileResponse(path, filename=doc.name.rsplit("/", 1)[-1], media_type="application/octet-stream",
+                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})

@@ -42,8 +42,8 @@ KEY_PREFIX = "ifk_"
 ADMIN = "admin"
 _KEY_RE = re.compile(r"^ifk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
 _SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*(:[a-z][a-z0-9_-]*)?$")
-#: A scope on one resource of an area: ``kb:<collection>:read`` / ``kb:<collection>:write``.
-_RESOURCE_SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*:[a-z][a-z0-9_]{0,39}:(read|write)$")
+#: A scope on one resource of an area: ``kb:<collection>:read`` / ``:write`` / ``:source`` (original files).
+_RESOURCE_SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*:[a-z][a-z0-9_]{0,39}:(read|write|source)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 
 
@@ -100,7 +100,7 @@ def check_scopes(scopes: Iterable[str]) -> list[str]:
     for scope in scopes:
         if not (_SCOPE_RE.match(scope) or _RESOURCE_SCOPE_RE.match(scope)):
             raise ValueError(f"scope {scope!r} is not of the form area:action (e.g. fraud:score), "
-                             "area:resource:read|write (e.g. kb:legal:read) or admin")
+                             "area:resource:read|write|source (e.g. kb:legal:read) or admin")
         out.append(scope)
     if not out:
         raise ValueError("a key needs at least one scope (e.g. fraud:score, sensor:predict, admin)")

@@ -65,6 +65,11 @@ class FederationConfig(BaseModel):
                                      "all rounds; default: no differential privacy.")
     dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="δ of the DP budget.")
     dp_max_grad_norm: float = Field(default=1.0, gt=0, description="Per-sample gradient clipping norm (DP).")
+    dp_batch_size: int | None = Field(default=None, ge=8, description="Expected Poisson batch of DP-SGD "
+                                      "(default: the model's batch size). Larger batches cut the noise per "
+                                      "averaged gradient at the same budget.")
+    dp_learning_rate: float | None = Field(default=None, gt=0, description="AdamW learning rate under DP-SGD "
+                                           "(default: the model's).")
     port: int = Field(default=0, ge=0, le=65535, description="Server port on 127.0.0.1 (0: a free one).")
 
     @model_validator(mode="after")
@@ -72,6 +77,13 @@ class FederationConfig(BaseModel):
         if self.min_clients is not None and self.min_clients > self.clients:
             raise ValueError(f"min_clients ({self.min_clients}) is larger than clients ({self.clients})")
         return self
+
+    def client_model(self, model: SequenceModelConfig) -> SequenceModelConfig:
+        """The model config each bank trains with: the DP batch size and learning rate under DP."""
+        if self.dp_epsilon is None:
+            return model
+        update = {k: v for k, v in (("batch_size", self.dp_batch_size), ("lr", self.dp_learning_rate)) if v is not None}
+        return model.model_copy(update=update) if update else model
 
     def needed(self) -> int:
         """Fewest banks a round needs."""

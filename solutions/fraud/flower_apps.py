@@ -341,7 +341,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
         main = group.start("server", "solutions.fraud.flower_apps", ["server", str(run_dir / "server.json")], env)
         for part in parts:
             spec = ClientSpec(address=address, partition=part, bounds=bounds, delay_days=cfg.delay_days,
-                              model=cfg.model, rounds=fed.rounds, local_epochs=fed.local_epochs, dp=dp,
+                              model=fed.client_model(cfg.model), rounds=fed.rounds, local_epochs=fed.local_epochs, dp=dp,
                               fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir),
                               keep_local_optimizer=fed.keep_local_optimizer)
             path = run_dir / f"client-{part.bank}.json"

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TextIO
 
 from infra.llm import ChatClient, ChatMessage
 from infra.pii import redact_text
+from solutions.rag.evidence import highlight_spans
 from solutions.rag.redact import RedactionConfig, StreamRedactor, redact
 from solutions.rag.results import AskHit, AskResult, Citation
 from solutions.rag.support import Support, abstention_text, assess, llm_abstained
@@ -98,8 +99,34 @@ def is_heading(sentence: str, title: str | None = None) -> bool:
     return len(text) <= 10 if _CJK.search(text) else len(text.split()) <= 6
 
 
-def extractive_answer(question: str, passages: Sequence[Passage], max_sentences: int = 2) -> str:
+def covering_sentences(candidates: Sequence[tuple[float, int, int, str]], chosen: Sequence[tuple[float, int, int, str]],
+                       q_terms: set[str], max_extra: int = 1) -> list[tuple[float, int, int, str]]:
+    """Up to ``max_extra`` more ``(score, passage, start, sentence)`` candidates, best first, each
+    from a passage no chosen sentence comes from and holding a question term none of the chosen
+    sentences holds: an answer then combines passages only where another one adds to it."""
+    covered = {t for c in chosen for t in set(query_terms(c[3])) & q_terms}
+    numbers = {c[1] for c in chosen}
+    extra: list[tuple[float, int, int, str]] = []
+    for cand in candidates:
+        if len(extra) >= max_extra:
+            break
+        if cand[1] in numbers or any(cand[3] in c[3] or c[3] in cand[3] for c in (*chosen, *extra)):
+            continue
+        new = (set(query_terms(cand[3])) & q_terms) - covered
+        if new:
+            extra.append(cand)
+            covered |= new
+            numbers.add(cand[1])
+    return extra
+
+
+def extractive_answer(question: str, passages: Sequence[Passage], max_sentences: int = 2,
+                      max_extra: int = 1) -> str:
     """The sentences that share the most (idf-weighted) terms with the question, each cited.
+
+    ``max_extra`` more sentences may come from other passages when they hold question terms the
+    chosen ones lack (:func:`covering_sentences`); the answer quotes them in passage order, each
+    followed by its own ``[n]``.
 
     Sentence weight: sum over the question terms it contains of ``idf * len(term)``, divided by
     ``sqrt`` of its term count; ties go to the higher-ranked passage. Headings and title lines
@@ -141,6 +168,7 @@ def extractive_answer(question: str, passages: Sequence[Passage], max_sentences:
             chosen.append(cand)
         if len(chosen) == max_sentences:
             break
+    chosen += covering_sentences(candidates, chosen, q_terms, max_extra)
     picked = sorted(chosen, key=lambda c: (c[1], c[2]))
     return " ".join(f"{sent} [{number}]" for _, number, _, sent in picked)
 
@@ -243,12 +271,15 @@ def ask_result(question: str, mode: str, weights: dict[str, float], answer: tupl
     text, kind = answer
     passages = [replace(p, text=redact_text(p.text), path=redact_text(p.path), title=redact_text(p.title or "") or None)
                 for p in passages_from(hits)]
+    numbers = cited_numbers(text, len(passages)) if kind != ABSTAINED else []
+    spans = highlight_spans(text, {n: passages[n - 1].text for n in numbers})
     citations = [
         Citation(number=n, path=passages[n - 1].path, title=passages[n - 1].title or "",
                  chunk_index=passages[n - 1].chunk_index, page=passages[n - 1].page,
                  start_char=int(hits[n - 1].fields.get("start_char", 0)),
-                 end_char=int(hits[n - 1].fields.get("end_char", 0)))
-        for n in cited_numbers(text, len(passages))
+                 end_char=int(hits[n - 1].fields.get("end_char", 0)), highlight=spans.get(n, []),
+                 quotes=[passages[n - 1].text[a:b] for a, b in spans.get(n, [])])
+        for n in numbers
     ]
     views = [
         AskHit(number=p.number, score=round(h.score, 6), ranks=h.ranks, path=p.path, title=p.title or "",

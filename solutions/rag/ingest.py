@@ -18,8 +18,9 @@ from solutions.rag.redact import RedactionConfig, redact, redaction_fingerprint
 from solutions.rag.text import sentence_spans
 
 #: bumped when chunking or redaction changes how an unchanged file is stored, so that the next ingest
-#: re-does every file (2: windows before a long sentence no longer repeat each other, ``tasks.chunk``)
-PIPELINE_VERSION = "2"
+#: re-does every file (2: windows before a long sentence no longer repeat each other, ``tasks.chunk``;
+#: 3: paginated documents are chunked page by page, so a passage has one page; .pptx slides are pages)
+PIPELINE_VERSION = "3"
 
 
 def pipeline_key(chunk: ChunkParams, redaction: RedactionParams, embedder_name: str) -> str:

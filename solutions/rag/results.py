@@ -21,6 +21,9 @@ class Citation(BaseModel):
     page: int | None
     start_char: int
     end_char: int
+    highlight: list[tuple[int, int]] = Field(default_factory=list, description="Spans [start, end) of the passage's "
+                                             "(redacted) text that the answer's sentences citing it rest on.")
+    quotes: list[str] = Field(default_factory=list, description="The passage text of those spans.")
 
 
 class AskHit(BaseModel):
@@ -56,6 +59,8 @@ class AskResult(BaseModel):
     answered: bool = Field(default=True, description="The retrieved passages support the answer; false: the KB "
                            "says the documents do not answer, and the hits are related passages, not an answer.")
     support: Support | None = Field(default=None, description="The support decision behind 'answered'.")
+    retrieval_question: str = Field(default="", description="The question retrieval used when it is not the "
+                                    "question itself: a follow-up resolved against the earlier questions.")
 
 
 class RetrieverScores(BaseModel):

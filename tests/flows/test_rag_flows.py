@@ -72,6 +72,10 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     ask = _last_json(out)
     assert Path(ask["hits"][0]["path"]).name == "a.txt" and ask["answer_kind"] == "extractive"
     assert "[1]" in ask["answer"] and ask["citations"][0]["number"] == 1
+    assert ask["citations"][0]["page"] is None  # a text file has no pages
+    assert ask["citations"][0]["quotes"] == ["The turbine bearing fault shows as vibration at twice the shaft speed."]
+    assert main(["ask", "what does a bearing fault look like?", "--collection", "kb_cli", "--top-k", "2"]) == 0
+    assert "    > The turbine bearing fault shows as vibration at twice the shaft speed." in capsys.readouterr().out
     assert ask["answered"] is True and ask["support"]["answered"] is True
     assert "13812345678" not in out
 
@@ -107,7 +111,7 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
 
 
 def test_help_for_every_command(capsys: pytest.CaptureFixture) -> None:
-    for command in ("ingest", "ask", "eval"):
+    for command in ("ingest", "ask", "eval", "feedback-export"):
         with pytest.raises(SystemExit) as exit_info:
             main([command, "--help"])
         assert exit_info.value.code == 0
@@ -131,6 +135,7 @@ def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["eval", "--data", str(tmp_path / "missing.jsonl")], "--data: QA file not found"),
         (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
         (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
+        (["feedback-export", "--collection", "../x"], "--collection: collection name"),
     ]
 
 

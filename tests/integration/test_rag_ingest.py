@@ -58,6 +58,18 @@ def test_broken_and_encrypted_documents_are_quarantined(docs: Path) -> None:
     assert all("\x00" not in d.text for d in result.documents)
 
 
+def test_slides_and_pdf_pages_are_numbered(docs: Path) -> None:
+    """A presentation's slides are its pages (slide 3's text is on page 3); a PDF's pages come from
+    Tika's per-page character counts."""
+    result = parse_sources(discover([docs / "testPPT.pptx", docs / "testJournalParser.pdf"]))
+    deck = next(d for d in result.documents if d.path.endswith("testPPT.pptx"))
+    assert len(deck.page_starts) == 3
+    assert deck.page_at(deck.text.index("Different words to test against")) == 3
+    assert deck.page_at(deck.text.index("This is a test file data")) == 2 and deck.page_at(0) == 1
+    pdf = next(d for d in result.documents if d.path.endswith("testJournalParser.pdf"))
+    assert pdf.meta.pages == len(pdf.page_starts) == 10 and list(pdf.page_starts) == sorted(pdf.page_starts)
+
+
 def test_reingest_is_idempotent_and_incremental(tmp_path: Path, milvus, embedder) -> None:
     corpus = tmp_path / "corpus"
     _write_corpus(corpus)

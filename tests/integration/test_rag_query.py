@@ -64,6 +64,18 @@ def test_english_dense_and_filters(kb: str, milvus, embedder) -> None:
     assert res.hits == []
 
 
+def test_a_follow_up_is_resolved_against_the_previous_questions(kb: str, milvus, embedder) -> None:
+    """``python -m flows.rag ask "它吃什么？" --previous "大熊猫主要生活在哪里？"``: without an LLM the
+    follow-up carries the previous question's key terms."""
+    params = AskParams(collection=kb, mode="bm25", llm=False)
+    res = answer_question("它吃什么？", params, client=milvus, embedder=embedder, previous=["大熊猫主要生活在哪里？"])
+    assert res.question == "它吃什么？" and res.retrieval_question.startswith("它吃什么？")
+    assert "大熊猫" in res.retrieval_question
+    assert Path(res.hits[0].path).name == "panda.txt" and "竹子" in res.answer
+    alone = answer_question("它吃什么？", params, client=milvus, embedder=embedder)
+    assert alone.retrieval_question == "" and "竹子" not in alone.answer
+
+
 @pytest.mark.parametrize("question", ["What is the recommended dose of amoxicillin for children?",
                                       "儿童服用阿莫西林的推荐剂量是多少？"])
 def test_what_the_documents_do_not_hold_is_not_answered(kb: str, milvus, embedder, question: str) -> None:

@@ -29,3 +29,32 @@ def cli_folder(root: Path) -> Path:
     (folder / "blob.bin").write_bytes(bytes((i * 7919 + 13) % 256 for i in range(4096)))
     (folder / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
     return folder
+
+
+def pdf_with_pages(pages: list[list[str]]) -> bytes:
+    """A PDF with one page per item of ``pages``, each line of it a line of Helvetica text (a
+    real text layer, so Tika reports its per-page character counts)."""
+
+    def escaped(line: str) -> str:
+        return line.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+    n = len(pages)
+    font = 3 + 2 * n
+    objects = ["<< /Type /Catalog /Pages 2 0 R >>",
+               "<< /Type /Pages /Kids [" + " ".join(f"{3 + 2 * i} 0 R" for i in range(n)) + f"] /Count {n} >>"]
+    for i, lines in enumerate(pages):
+        stream = "BT /F1 11 Tf 14 TL 56 760 Td " + " ".join(f"({escaped(line)}) Tj T*" for line in lines) + " ET"
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 {font} 0 R >> >> "
+                       f"/Contents {4 + 2 * i} 0 R >>")
+        objects.append(f"<< /Length {len(stream.encode('latin-1'))} >>\nstream\n{stream}\nendstream")
+    objects.append("<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /Encoding /WinAnsiEncoding >>")
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{number} 0 obj\n{body}\nendobj\n".encode("latin-1")
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode()
+    out += "".join(f"{off:010d} 00000 n \n" for off in offsets).encode()
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return bytes(out)

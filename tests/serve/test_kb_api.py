@@ -60,7 +60,7 @@ class Kb:
         return {"X-API-Key": key}
 
 
-def wait_job(client: httpx.Client, kb: Kb, key: str, job_id: str, timeout_s: float = 60) -> dict[str, Any]:
+def wait_job(client: httpx.Client, kb: Kb, key: str, job_id: str, timeout_s: float = 180) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         r = client.get(f"{kb.url}/v1/kb/jobs/{job_id}", headers=kb.h(key))
@@ -243,13 +243,79 @@ def test_a_legal_key_never_sees_a_medical_passage(loaded: Kb) -> None:
         assert "Quillfeather" not in "".join(r.text for r in refused)
         assert (kb.home.kb_inbox("medical") / "ward.txt").exists() and not (kb.home.kb_inbox("medical") / "x.txt").exists()
         r = c.get(f"{kb.url}/v1/kb/collections", headers=key)
-        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "documents": 2,
+        assert r.json() == {"collections": [{"name": "legal", "read": True, "write": True, "source": False, "documents": 2,
                                              "indexed": 2, "quarantined": 0, "pending": 0}]}
         r = c.get(f"{kb.url}/v1/kb/collections", headers=kb.h(kb.admin))
         assert [x["name"] for x in r.json()["collections"]] == ["legal", "medical", "records"]
         assert c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.admin),
                       json={"collection": "nosuch", "query": "x"}).status_code == 404
         assert c.get(f"{kb.url}/v1/kb/collections").status_code == 401
+
+
+def test_evidence_highlight_source_text_and_original_file(loaded: Kb, tmp_path: Path) -> None:
+    """A cited passage carries the span of the sentence the answer quotes; the stored text around
+    it is readable with the read scope; the original file needs ``kb:<c>:source`` (audited, no name)."""
+    kb = loaded
+    reader = kb.h(kb.legal_only)
+    sourcer = kb.h(key_store(kb.home).add("legal sources", ["kb:legal:read", "kb:legal:source"])[0])
+    only_source = kb.h(key_store(kb.home).add("legal files", ["kb:legal:source"])[0])
+    with httpx.Client(timeout=60) as c:
+        question = "How many days of notice must the tenant give under the Harbourview lease?"
+        body = c.post(f"{kb.url}/v1/kb/ask", headers=reader, json={"collection": "legal", "question": question}).json()
+        cited = next(p for p in body["citations"] if p["cited"] and p["document"] == "lease.txt")
+        assert LEGAL_FACT in body["answer"]
+        assert LEGAL_FACT in [cited["text"][a:b] for a, b in cited["highlight"]]
+        assert all(p["highlight"] == [] for p in body["citations"] if not p["cited"])
+        assert cited["page"] is None  # a text file has no pages
+
+        base = f"{kb.url}/v1/kb/collections/legal/chunks/{cited['chunk_id']}"
+        r = c.get(f"{base}/source", headers=reader)
+        assert r.status_code == 200, r.text
+        got = r.json()
+        assert got["document"] == "lease.txt" and LEGAL_FACT in got["text"] and got["original"] is False
+        assert got["chunk_index"] == cited["chunk_index"] and got["chunks"] >= 1
+        assert c.get(f"{base}/source", headers=only_source).status_code == 403  # source without read
+        assert c.get(f"{base}/source", headers=kb.h(kb.medical_writer)).status_code == 403
+        assert c.get(f"{kb.url}/v1/kb/collections/legal/chunks/nosuch-chunk/source", headers=reader).status_code == 404
+
+        assert c.get(f"{base}/file", headers=reader).status_code == 403  # read and write: no originals
+        assert c.get(f"{base}/file", headers=kb.h(kb.medical_writer)).status_code == 403
+        for key in (sourcer, only_source, kb.h(kb.admin)):
+            r = c.get(f"{base}/file", headers=key)
+            assert r.status_code == 200 and r.content == LEGAL_TEXT.encode()
+            assert 'filename="lease.txt"' in r.headers["content-disposition"]
+        assert c.get(f"{base}/source", headers=sourcer).json()["original"] is True
+        assert c.get(f"{kb.url}/v1/kb/collections/medical/chunks/{cited['chunk_id']}/file",
+                     headers=sourcer).status_code == 403
+        assert c.get(f"{kb.url}/v1/kb/collections/nosuch/chunks/x/file", headers=kb.h(kb.admin)).status_code == 404
+        r = c.get(f"{kb.url}/v1/kb/collections", headers=sourcer)
+        assert r.json()["collections"][0]["source"] is True
+
+        # a file swapped for a link out of the folder is never served
+        fact = "The Wexford rider sets the berth fee at eleven guilders for each tide."
+        job = upload(c, kb, kb.legal_only, "legal", [("rider.txt", f"Wexford rider.\n\n{fact}\n".encode(), "text/plain")])
+        assert wait_job(c, kb, kb.legal_only, job["job_id"])["files"][0]["status"] == "indexed"
+        hit = c.post(f"{kb.url}/v1/kb/search", headers=reader,
+                     json={"collection": "legal", "query": "Wexford berth fee", "retriever": "bm25"}).json()["passages"][0]
+        assert hit["document"] == "rider.txt"
+        outside = tmp_path / "outside.txt"
+        outside.write_text("not for download")
+        rider = kb.home.kb_inbox("legal") / "rider.txt"
+        rider.unlink()
+        rider.symlink_to(outside)
+        try:
+            r = c.get(f"{kb.url}/v1/kb/collections/legal/chunks/{hit['chunk_id']}/file", headers=sourcer)
+            assert r.status_code == 404 and "not for download" not in r.text
+        finally:
+            rider.unlink()
+            c.delete(f"{kb.url}/v1/kb/documents/rider.txt", headers=reader, params={"collection": "legal"})
+
+    lines = [json.loads(line) for line in (kb.home.serving() / "audit.jsonl").read_text().splitlines()]
+    files = [line for line in lines if str(line.get("route", line.get("endpoint", ""))).endswith("/file")]
+    assert files and {line.get("status") for line in files} >= {200, 403, 404}
+    text = json.dumps(files)
+    assert '"collection": "legal"' in text and "lease.txt" not in text and "rider.txt" not in text
+    assert cited["chunk_id"] not in (kb.home.serving() / "audit.jsonl").read_text()
 
 
 def test_delete_removes_the_document_from_search(loaded: Kb) -> None:
@@ -341,7 +407,7 @@ def test_a_cli_ingest_is_listed_by_name_with_reasons_and_counts_agree(loaded: Kb
         manifest = load_manifest(kb.client, "records")
         stored_quarantine = [s for s in load_quarantine_cache("records") if s not in manifest]
         (col,) = c.get(f"{kb.url}/v1/kb/collections", headers=reader).json()["collections"]
-        assert col == {"name": "records", "read": True, "write": False, "documents": 5, "indexed": 2,
+        assert col == {"name": "records", "read": True, "write": False, "source": False, "documents": 5, "indexed": 2,
                        "quarantined": 3, "pending": 0}
         assert col["indexed"] == len(manifest) and col["quarantined"] == len(stored_quarantine)
         assert sum(docs[n]["chunks"] for n in docs) == sum(sum(st.chunks.values()) for st in manifest.values())
@@ -608,3 +674,132 @@ def test_an_llm_error_echoing_the_key_escaped_gives_callers_the_status_only(load
     for form in (key, key.replace("/", "\\/"), quote(key, safe=""), base64.b64encode(f"Bearer {key}".encode()).decode()[10:-4],
                  "Q2xm", "pL4nZ8"):
         assert form not in shown, form
+
+
+# ------------------------------------------------------------------------------------
+# conversations and feedback
+
+DOSE_CHILDREN = ("Larkspur syrup for children.\n\nThe dose of Larkspur syrup for children is 5 ml twice a day, "
+                 "measured with the cup in the box.\n")
+DOSE_ADULTS = ("Larkspur syrup for adults.\n\nThe dose of Larkspur syrup for adults is 20 ml three times a day, "
+               "taken after meals.\n")
+POOL = ("Community pool timetable.\n\nAdults swim on Tuesday evenings; adults who swim bring a towel. "
+        "Adults pay four euros per visit.\n")
+
+
+@pytest.fixture(scope="module")
+def dosing(loaded: Kb) -> Kb:
+    """The medical collection also holds the Larkspur leaflets and a pool timetable."""
+    with httpx.Client(timeout=60) as c:
+        job = upload(c, loaded, loaded.medical_writer, "medical",
+                     [("larkspur-children.txt", DOSE_CHILDREN.encode(), "text/plain"),
+                      ("larkspur-adults.txt", DOSE_ADULTS.encode(), "text/plain"),
+                      ("pool.txt", POOL.encode(), "text/plain")])
+        assert wait_job(c, loaded, loaded.medical_writer, job["job_id"])["state"] == "done"
+    return loaded
+
+
+def test_a_follow_up_is_answered_from_the_previous_turns(dosing: Kb) -> None:
+    kb = dosing
+    first = "What is the dose of Larkspur syrup for children?"
+    follow = "And for adults?"
+    with httpx.Client(timeout=60) as c:
+        def ask(question: str, history: list[dict[str, str]], **extra: Any) -> httpx.Response:
+            return c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.medical_writer),
+                          json={"collection": "medical", "question": question, "history": history, **extra})
+
+        r = ask(first, [])
+        assert r.status_code == 200, r.text
+        one = r.json()
+        assert "5 ml" in one["answer"] and one["retrieval_question"] == ""  # the question itself
+        history = [{"question": first, "answer": one["answer"]}]
+        r = ask(follow, history)
+        assert r.status_code == 200, r.text
+        two = r.json()
+        assert "20 ml" in two["answer"] and two["answered"] is True, two
+        cited = [p["document"] for p in two["citations"] if p["cited"]]
+        assert cited[0] == "larkspur-adults.txt", cited
+        assert two["retrieval_question"].startswith(follow) and "larkspur" in two["retrieval_question"]
+        assert "children" not in two["retrieval_question"]
+        # the same follow-up without the conversation does not find the adults' dose
+        alone = ask(follow, []).json()
+        assert "20 ml" not in alone["answer"] and alone["retrieval_question"] == ""
+        # streamed: the done event says which question was searched for
+        with c.stream("POST", f"{kb.url}/v1/kb/ask", headers=kb.h(kb.medical_writer),
+                      json={"collection": "medical", "question": follow, "history": history, "stream": True}) as resp:
+            events = read_sse(resp)
+        assert events[-1][0] == "done" and events[-1][1]["retrieval_question"] == two["retrieval_question"]
+        assert "20 ml" in events[-1][1]["answer"]
+        # a turn is redacted like any question
+        phone = ask("And for adults? Call me on 13812345678", history).json()
+        assert "13812345678" not in json.dumps(phone)
+        # the history is bounded and validated
+        assert ask(follow, history * 9).status_code == 422
+        assert ask(follow, [{"question": first, "answer": "", "extra": 1}]).status_code == 422
+        assert ask(follow, [{"question": "x" * 4001}]).status_code == 422
+    audit = (kb.home.serving() / "audit.jsonl").read_text()
+    assert "Larkspur" not in audit and "adults" not in audit and '"turns":1' in audit
+
+
+def test_votes_are_stored_redacted_and_export_as_an_eval_set(dosing: Kb, tmp_path: Path) -> None:
+    from flows.rag.steps import evaluate_qa
+    from solutions.rag.config import ChunkParams, HybridWeights
+    from solutions.rag.evaluation import load_qa
+    from solutions.rag.feedback import export_feedback, feedback_path, load_feedback
+
+    kb = dosing
+    question = "What is the dose of Larkspur syrup for adults? My number is 13812345678"
+    with httpx.Client(timeout=60) as c:
+        body = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.medical_writer),
+                      json={"collection": "medical", "question": question}).json()
+        cited = [p["chunk_id"] for p in body["citations"] if p["cited"]]
+        vote = {"collection": "medical", "question": question, "retrieval_question": body["retrieval_question"],
+                "answer": body["answer"], "chunk_ids": cited + ["not-a-chunk"], "answered": body["answered"],
+                "mode": body["mode"]}
+        r = c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer), json={**vote, "vote": "up"})
+        assert r.status_code == 201, r.text
+        assert r.json() == {"recorded": True, "vote": "up", "passages": len(cited)}
+        down = {**vote, "question": "Who won the match?", "retrieval_question": "Who won the match?", "vote": "down"}
+        assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer), json=down).status_code == 201
+        # a key that may not read the collection may not vote on it; a bad vote is refused
+        assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.legal_only), json={**vote, "vote": "up"}).status_code == 403
+        assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer),
+                      json={**vote, "vote": "meh"}).status_code == 422
+        assert c.post(f"{kb.url}/v1/kb/feedback", headers=kb.h(kb.medical_writer),
+                      json={**vote, "vote": "up", "chunk_ids": ['x" or id != "']}).status_code == 422
+    path = feedback_path(kb.home.kb_feedback(), "medical")
+    assert path.stat().st_mode & 0o777 == 0o600
+    stored = path.read_text()
+    assert "13812345678" not in stored and kb.medical_writer not in stored and "ifk_" not in stored
+    records = load_feedback(path)
+    assert [r.vote for r in records] == ["up", "down"]
+    assert [p.document for p in records[0].passages] == ["larkspur-adults.txt"]
+
+    out = tmp_path / "feedback_eval.jsonl"
+    export = export_feedback(path, "medical", out)
+    assert (export.votes, export.up, export.down, export.questions) == (2, 1, 1, 1)
+    qa = load_qa(out)  # what `python -m flows.rag eval --data` reads
+    (item,) = qa.items
+    assert "13812345678" not in item.question and "Larkspur" in item.question
+    assert item.gold_ids == (records[0].passages[0].path,) and not qa.passages
+    result = evaluate_qa(out, collection="medical", chunk=ChunkParams(), weights=HybridWeights(), client=kb.client,
+                         embedder=kb.embedder)
+    assert result.questions == 1 and result.scores["bm25"].recall_at_5 == 1.0
+
+
+def test_with_an_llm_a_follow_up_is_condensed_by_it_first(loaded: Kb, fake_llm: list[dict]) -> None:
+    """The LLM is asked for a standalone question (the redacted turns), then answers; its reply
+    here is an answer with citations, not a question, so the key terms are carried instead."""
+    kb = loaded
+    history = [{"question": "What notice period does the Harbourview lease set? Call 13812345678",
+                "answer": "Ninety-seven days [1]."}]
+    with httpx.Client(timeout=60) as c:
+        r = c.post(f"{kb.url}/v1/kb/ask", headers=kb.h(kb.legal_only),
+                   json={"collection": "legal", "question": "And who keeps the deposit?", "history": history})
+    assert r.status_code == 200, r.text
+    condense, answer = fake_llm
+    assert condense["messages"][0]["content"].startswith("Rewrite the user's last question") and not condense["stream"]
+    assert "Harbourview" in condense["messages"][1]["content"] and "13812345678" not in json.dumps(condense)
+    body = r.json()
+    assert body["retrieval_question"].startswith("And who keeps the deposit?") and "harbourview" in body["retrieval_question"]
+    assert body["retrieval_question"] in answer["messages"][1]["content"] and body["mode"] == "llm"

@@ -30,7 +30,7 @@ from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
 from tests.serve.fraud_helpers import free_port
-from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder, pdf_with_pages
 
 FACT = "The impeller of the P-200 feed pump must be inspected every 1,500 operating hours"
 DOCUMENT = f"""<!doctype html>
@@ -48,6 +48,14 @@ QUESTION = "How often must the impeller of the P-200 feed pump be inspected?"
 PACE_S = 0.03  # between two words of the chat endpoint's answer
 
 
+def screenshots(tmp_path: Path) -> Path:
+    """Where the page tests save their screenshots: ``INDUSFLOW_SCREENSHOTS`` (or ``KB_SCREENSHOTS``), else the
+    test's tmp dir."""
+    out = Path(os.environ.get("INDUSFLOW_SCREENSHOTS") or os.environ.get("KB_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def chromium() -> str:
     """Debian's chromium (never a browser download); CI installs it, so there a missing one fails."""
     path = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -59,10 +67,22 @@ def chromium() -> str:
     return path
 
 
+def condensed(user: str) -> str:
+    """The fake model's standalone question: a follow-up starting "and" or "what about" takes the
+    head of the conversation's first question ("How often must"); any other is left as it is."""
+    last = user.rpartition("Last question:")[2].rpartition("Standalone question:")[0].strip()
+    first = re.search(r"^User: (.*)$", user, re.MULTILINE)
+    follow = re.match(r"(?i)(?:and|what about|how about)\s+(.*?)\??$", last)
+    if not (first and follow):
+        return last
+    head = re.match(r"(\w+ \w+ \w+)", first.group(1))
+    return f"{head.group(1) if head else ''} {follow.group(1)}?".strip()
+
+
 class PacedChat(BaseHTTPRequestHandler):
     """``POST /v1/chat/completions``: answers from the numbered context it is sent (the sentence
     of passage [1] sharing most words with the question and the one after it, each cited), word
-    by word."""
+    by word; asked for a standalone question (a follow-up), it gives :func:`condensed`'s."""
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -70,6 +90,13 @@ class PacedChat(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         user = body["messages"][-1]["content"]
+        if body["messages"][0]["content"].startswith("Rewrite the user's last question"):
+            payload = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": condensed(user)}}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(payload.encode())
+            return
         context, _, question = user.rpartition("Question:")
         first = re.search(r"\[1\][^\n]*\n(.*?)(?:\n\n\[2\]|\Z)", context, re.DOTALL)
         lines = (first.group(1) if first else "").splitlines()
@@ -123,7 +150,8 @@ def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
     root = tmp_path_factory.mktemp("kb-page")
     layout = HomeLayout(root / "home")
     # the server's home is the home of its ingest processes too (quarantine caches, the path-tag key)
-    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical", "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
+    env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical,manuals",
+           "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
            "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1", "INDUSFLOW_HOME": str(layout.root)}
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
@@ -283,7 +311,7 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     # a passage's markup is shown as text, never run
     assert '<img src=x onerror="window.pwned=1">' in text
     assert passage.locator("img").count() == 0 and page.evaluate("window.pwned") is None
-    page.screenshot(path=str(tmp_path / "kb_page.png"), full_page=True)
+    page.screenshot(path=str(screenshots(tmp_path) / "kb_page.png"), full_page=True)
     assert page.text_content("#answer-h") == "Answer" and page.get_attribute("#answer-box", "data-answered") is None
 
     # a question the manual cannot answer: said so, styled apart, the passages only related
@@ -297,7 +325,7 @@ def test_upload_ask_streamed_answer_and_citation(page: Any, kb_server: KbServer,
     assert page.locator("#citations .source").count() >= 1 and page.locator("#answer button.cite").count() == 0
     assert "do not support an answer" in page.text_content("#ask-status")
     assert page.evaluate("getComputedStyle(document.getElementById('answer')).borderLeftStyle") == "solid"
-    page.screenshot(path=str(tmp_path / "kb_page_unanswered.png"), full_page=True)
+    page.screenshot(path=str(screenshots(tmp_path) / "kb_page_unanswered.png"), full_page=True)
 
     page.once("dialog", lambda dialog: dialog.accept())  # "Delete scan-broken.pdf from legal?"
     page.get_by_role("button", name="Delete scan-broken.pdf").click()
@@ -352,3 +380,141 @@ def test_picker_shows_only_the_collections_a_key_may_read(page: Any, kb_server: 
     page.click("#signout")
     page.locator("#signin").wait_for()
     assert page.evaluate("sessionStorage.getItem('indusflow.kb.key')") is None
+
+
+PAGE_FACT = "The C-310 compressor of the Ravenna plant is overhauled every 4,000 running hours."
+HANDBOOK_PAGES = [
+    ["Ravenna plant handbook.", "Fire drills are held every spring in the main hall.",
+     "Visitors sign the register at the gate and wear a helmet on the shop floor.",
+     "The canteen opens at seven and closes after the late shift."],
+    [PAGE_FACT, "Its lubricating oil is sampled every month and sent to the laboratory.",
+     "A vibration reading above 7 mm/s stops the compressor until an engineer has checked it."],
+]
+
+
+def test_a_citation_shows_its_sentence_marked_with_its_page(page: Any, kb_server: KbServer, tmp_path: Path) -> None:
+    """A two-page PDF: the answer's citation opens the passage of page 2 with the quoted sentence
+    in a <mark>, the page shown; the text around it comes from the store; a key with
+    ``kb:legal:source`` is offered the original. Screenshots: ``kb_citation_page.png`` and
+    ``kb_citation_source.png`` under ``INDUSFLOW_SCREENSHOTS`` (default: the test's tmp dir)."""
+    sign_in(page, kb_server.key("kb:legal:read", "kb:legal:write", "kb:legal:source"))
+    page.locator("#app").wait_for()
+    page.select_option("#collection", "legal")
+    handbook = tmp_path / "ravenna-handbook.pdf"
+    handbook.write_bytes(pdf_with_pages(HANDBOOK_PAGES))
+    page.set_input_files("#files", [str(handbook)])
+    page.click("#upload-btn")
+    page.locator("#docs tbody tr", has_text="ravenna-handbook.pdf").locator(".st-indexed").wait_for(timeout=180_000)
+
+    page.fill("#question", "How often is the C-310 compressor of the Ravenna plant overhauled?")
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "4,000 running hours" in page.text_content("#answer")
+    page.locator("#answer button.cite").first.click()
+    page.locator("#passage").wait_for()
+    assert "ravenna-handbook.pdf" in page.text_content("#passage-meta")
+    assert page.text_content("#passage-meta .page") == "page 2"
+    marks = page.locator("#passage-text mark")
+    assert marks.count() >= 1 and marks.first.text_content() == PAGE_FACT
+    assert page.evaluate("getComputedStyle(document.querySelector('#passage-text mark')).backgroundColor") \
+        not in ("rgba(0, 0, 0, 0)", "transparent")
+    assert "Fire drills" not in page.text_content("#passage-text")  # page 1 is another passage
+    assert page.locator("#passage-download").is_visible()
+    out = screenshots(tmp_path)
+    page.screenshot(path=str(out / "kb_citation_page.png"), full_page=True)
+
+    page.click("#passage-source")
+    context = page.locator("#passage-text .context").first
+    context.wait_for()
+    assert "Fire drills are held every spring" in context.text_content()  # the stored text before it
+    assert page.locator("#passage-text mark").first.text_content() == PAGE_FACT
+    assert "chunk 2 of 2" in page.text_content("#passage-meta") and page.locator("#passage-source").is_hidden()
+    page.screenshot(path=str(out / "kb_citation_source.png"), full_page=True)
+    for name in ("kb_citation_page.png", "kb_citation_source.png"):
+        assert (out / name).stat().st_size > 10_000
+
+
+def test_a_conversation_in_chinese_with_votes_and_advanced_controls(browser: Any, kb_server: KbServer,
+                                                                   tmp_path: Path) -> None:
+    """A browser whose language is Chinese: the page is in Chinese; a question, then a follow-up
+    that the page sends with the conversation (the server resolves it into a standalone question
+    and says what it searched for), a thumbs-up stored redacted, the advanced controls in the
+    request, then the switch to English, remembered. With ``KB_SCREENSHOTS=DIR`` the Chinese and
+    English pages are saved as ``DIR/kb_chat_zh.png`` and ``DIR/kb_chat_en.png``."""
+    from flows.rag.steps import ingest_sources
+    from solutions.rag.config import IngestParams
+    from solutions.rag.feedback import feedback_path, load_feedback
+
+    folder = tmp_path / "manuals"
+    folder.mkdir()
+    (folder / "pump-manual.html").write_text(DOCUMENT, encoding="utf-8")
+    ingest_sources([str(folder)], IngestParams(collection="manuals"), client=kb_server.client,
+                   embedder=kb_server.embedder)
+    out = Path(os.environ.get("KB_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+
+    context = browser.new_context(viewport={"width": 1280, "height": 1000}, locale="zh-CN")
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    errors: list[str] = []
+    asked: list[dict[str, Any]] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: asked.append(json.loads(r.post_data)) if r.url.endswith("/v1/kb/ask") else None)
+    page.goto(f"{kb_server.url}/kb")
+    assert page.evaluate("document.documentElement.lang") == "zh-CN"
+    assert page.text_content("#signin-h") == "登录" and page.title().startswith("知识库")
+    sign_in(page, kb_server.key("kb:manuals:read"))
+    page.locator("#app").wait_for()
+    assert page.text_content("#ask-btn") == "提问" and "您可以提问" in page.text_content("#collection-info")
+    assert page.text_content("#docs-summary").startswith("1 个文档")
+
+    page.click("#advanced summary")
+    page.select_option("#retriever", "dense")
+    page.fill("#top-k", "3")
+    page.fill("#question", QUESTION)
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "1,500 operating hours" in page.text_content("#answer")
+    assert page.text_content("#answer-h") == "回答" and page.text_content("#mode") == "由语言模型撰写"
+    assert asked[-1]["retriever"] == "dense" and asked[-1]["top_k"] == 3 and asked[-1]["history"] == []
+    assert page.locator("#citations .source").count() + page.locator("#others-list .source").count() <= 3
+    assert page.locator("#searched").is_hidden()  # the question itself was searched for
+
+    page.click("#feedback button.vote-up")
+    page.locator("#feedback .vote-status", has_text="谢谢").wait_for()
+    assert page.get_attribute("#feedback button.vote-up", "aria-pressed") == "true"
+
+    page.select_option("#retriever", "hybrid")
+    page.fill("#question", "And the cooling water circuit?")
+    page.click("#ask-btn")
+    page.locator("#answer[data-state=done]").wait_for()
+    assert "flushed once a year" in page.text_content("#answer")
+    (history,) = asked[-1]["history"]
+    assert history["question"] == QUESTION and "1,500 operating hours" in history["answer"]
+    searched = page.text_content("#searched")
+    assert searched == "检索用语：How often must the cooling water circuit?", searched
+    turns = page.locator("#thread li.turn")
+    assert turns.count() == 1 and turns.first.locator(".turn-q").text_content() == QUESTION
+    assert "Pump maintenance manual" in turns.first.locator(".turn-sources").text_content()
+    assert turns.first.locator("button.vote-up").get_attribute("aria-pressed") == "true"  # the vote moved with it
+    page.screenshot(path=str(out / "kb_chat_zh.png"), full_page=True)
+
+    records = load_feedback(feedback_path(kb_server.layout.kb_feedback(), "manuals"))
+    assert [(r.vote, r.question, [p.document for p in r.passages]) for r in records] == [
+        ("up", QUESTION, ["pump-manual.html"])]
+
+    page.click(".lang button[data-lang=en]")
+    assert page.evaluate("document.documentElement.lang") == "en"
+    assert page.text_content("#answer-h") == "Answer" and page.text_content("#mode") == "written by the language model"
+    assert page.text_content("#searched") == "Searched for: How often must the cooling water circuit?"
+    assert page.text_content("#new-chat") == "New conversation" and page.text_content("#docs-summary").startswith("1 document:")
+    page.screenshot(path=str(out / "kb_chat_en.png"), full_page=True)
+    page.reload()  # the choice is remembered (and the key, for the tab)
+    page.locator("#app").wait_for()
+    assert page.text_content("#ask-btn") == "Ask" and page.evaluate("localStorage.getItem('indusflow.kb.lang')") == "en"
+    page.click(".lang button[data-lang=zh]")
+    assert page.text_content("#ask-btn") == "提问"
+    context.close()
+    assert errors == []
+    for name in ("kb_chat_zh.png", "kb_chat_en.png"):
+        assert (out / name).stat().st_size > 10_000

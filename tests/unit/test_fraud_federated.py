@@ -178,3 +178,16 @@ def test_dp_training_resumes_its_adamw_moments_without_spending_more(banks: list
     step = float(next(iter(second.optimizer_state["state"].values()))["step"])
     assert step == first.steps + second.steps
     assert second.epsilon is not None and second.epsilon <= 4.0 + 1e-6  # the accountant's budget holds
+
+
+def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
+    base = FD.SMALL_MODEL
+    plain = FD.FederationConfig(dp_batch_size=2048, dp_learning_rate=0.01)
+    assert plain.client_model(base) == base
+    private = FD.FederationConfig(dp_epsilon=8, dp_batch_size=2048, dp_learning_rate=0.01)
+    model = private.client_model(base)
+    assert (model.batch_size, model.lr) == (2048, 0.01)
+    assert model.hidden == base.hidden and FD.FederationConfig(dp_epsilon=8).client_model(base) == base
+    state = FD.privacy_for(FD.DPSettings(epsilon=8, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1),
+                           n_train=10_000, batch_size=model.batch_size)
+    assert state.steps_per_epoch == 5 and state.sample_rate == 0.2

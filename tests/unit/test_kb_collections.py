@@ -15,13 +15,14 @@ from solutions.rag.collections import check_collection_name, configured_collecti
 
 
 def test_kb_scopes_are_accepted_and_checked() -> None:
-    assert check_scopes(["kb:legal:read", "kb:legal:write", "fraud:score"]) == [
-        "fraud:score", "kb:legal:read", "kb:legal:write"]
+    assert check_scopes(["kb:legal:read", "kb:legal:write", "kb:legal:source", "fraud:score"]) == [
+        "fraud:score", "kb:legal:read", "kb:legal:source", "kb:legal:write"]
     for bad in ("kb:Legal:read", "kb:legal:delete", "kb::read", "kb:legal:read:x", "kb:le gal:read"):
         with pytest.raises(ValueError, match="area:resource:read"):
             check_scopes([bad])
     legal = Principal("k1", frozenset({"kb:legal:read"}))
     assert legal.allows("kb:legal:read") and not legal.allows("kb:medical:read") and not legal.allows("kb:legal:write")
+    assert not legal.allows("kb:legal:source")  # reading passages is not downloading originals
     assert Principal("k2", frozenset({"admin"})).allows("kb:medical:write")
 
 

@@ -34,8 +34,8 @@ def test_hard_wrapped_lines_join_but_headings_and_items_end_a_sentence() -> None
             "- open the casing")
     assert [" ".join(s.split()) for s in split_sentences(text)] == [
         "Pump manual",
-        "The impeller of the feed pump must be inspected every 1,500 operating hours, or sooner when the "
-        "bearing runs hot.",
+        ("The impeller of the feed pump must be inspected every 1,500 operating hours, or sooner when the "
+        "bearing runs hot."),
         "Replace the seal kit when it leaks at rated pressure for more than a minute in any test run",
         "- drain the pump",
         "- open the casing",
@@ -91,3 +91,21 @@ def test_page_and_errors() -> None:
     with pytest.raises(ValueError, match="overlap"):
         chunk_text(text, tok(text)["offset_mapping"], sentence_spans(text), size=10, overlap=10)
     assert chunk_text("", [], [], size=10, overlap=2) == []
+
+
+def test_a_paginated_document_is_chunked_page_by_page() -> None:
+    tok = WordTokenizer()
+    pages = ["Page one says alpha. " * 7, "Page two says beta. " * 7, "Page three says gamma. " * 2]
+    text = "".join(pages)
+    starts = [0, len(pages[0]) + 5, len(pages[0]) + len(pages[1]) - 3]  # estimates, a few characters off
+    chunks = chunk_document("d", text, tok, sentence_spans, size=12, overlap=6, page_starts=starts)
+    for c in chunks:  # every chunk on one page, and its page is that page
+        words = {"alpha": 1, "beta": 2, "gamma": 3}
+        assert {words[w] for w in re.findall(r"alpha|beta|gamma", c.text)} == {c.page}, c
+    assert [c.page for c in chunks] == sorted(c.page for c in chunks) and {c.page for c in chunks} == {1, 2, 3}
+    # within a page the windows still overlap; across a break they do not
+    assert any(a.page == b.page and b.start_char < a.end_char for a, b in itertools.pairwise(chunks))
+    assert all(b.start_char >= a.end_char - 1 for a, b in itertools.pairwise(chunks) if a.page != b.page)
+    # one page only: no breaks, chunks as before
+    single = chunk_document("d", pages[0], tok, sentence_spans, size=12, overlap=6, page_starts=[0])
+    assert single == chunk_document("d", pages[0], tok, sentence_spans, size=12, overlap=6)
