@@ -24,12 +24,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from infra.milvus import quote
+from infra.milvus import quote, row_count
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["dense", "bm25", "hybrid"]
 Fusion = Literal["score", "rrf", "minmax", "zscore", "confidence"]
+#: What Milvus says when a BM25 search meets a collection without rows (its mean length is 0/0).
+EMPTY_BM25 = "NaN or Inf"
 OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_type", "language", "created",
                  "chunk_index", "n_chunks", "page", "start_char", "end_char", "text"]
 
@@ -111,9 +113,16 @@ def dense_search(
 
 
 def bm25_search(client: Any, collection: str, queries: Sequence[str], top_k: int, expr: str = "") -> list[list[Retrieved]]:
-    """Best chunks by BM25 over the analysed text, one list per query."""
-    res = client.search(collection, data=list(queries), anns_field="sparse", limit=top_k, filter=expr,
-                        output_fields=OUTPUT_FIELDS, search_params={"metric_type": "BM25"})
+    """Best chunks by BM25 over the analysed text, one list per query (empty lists when the
+    collection holds no rows yet: Milvus then fails the search, its mean document length being
+    0/0 — as happens while a first ingest has created the collection and not yet written)."""
+    try:
+        res = client.search(collection, data=list(queries), anns_field="sparse", limit=top_k, filter=expr,
+                            output_fields=OUTPUT_FIELDS, search_params={"metric_type": "BM25"})
+    except Exception as exc:
+        if EMPTY_BM25 in str(exc) and row_count(client, collection) == 0:
+            return [[] for _ in queries]
+        raise
     return [[Retrieved(h["id"], h["distance"], h["entity"], {"bm25": r}, {"bm25": h["distance"]})
              for r, h in enumerate(hits, 1)]
             for hits in _hits(res)]

@@ -151,3 +151,19 @@ def test_llm_errors_are_named(chat_server: str) -> None:
         client.complete([ChatMessage("user", "hi")])
     with pytest.raises(LLMError, match="HTTP 500"):
         list(client.stream([ChatMessage("user", "hi")]))
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid", "dense"])
+def test_a_collection_without_rows_yet_retrieves_nothing(milvus, mode: str) -> None:
+    """A first ingest creates the collection before it writes: a search meanwhile (the API serves
+    while a child process ingests) finds nothing, where Milvus's BM25 would fail on 0/0."""
+    import numpy as np
+
+    from infra.milvus import ensure_collection
+    from tasks.retrieve import retrieve
+
+    name = f"empty_{mode}"
+    ensure_collection(milvus, name, 8)
+    milvus.load_collection(name)
+    vectors = None if mode == "bm25" else np.ones((1, 8), dtype=np.float32)
+    assert retrieve(milvus, name, ["inspection interval of the pump"], vectors, mode=mode, top_k=3) == [[]]
