@@ -152,6 +152,13 @@ def test_cmapss_train_file_alone_holds_out_engines(
     assert result["assets"] == {"train": 4, "val": 1, "test": 1}  # the 6 engines of the train file, split by engine
     assert result["rul"]["n"] == 4  # the held-out engine cut 4 times, as a test file would be
     assert "train file only: test engines held out of it" in Path(result["report_dir"], "report.md").read_text()
+    # the card: RMSE and the PHM08 score with bootstrap intervals over the test engines
+    from infra.registry import ModelRegistry
+
+    card = json.loads((Path(ModelRegistry().versions("rul-held-out")[-1].path) / "card.json").read_text())
+    phm = next(m for m in card["metrics"] if m["metric"] == "phm08")
+    assert phm["n"] == 4 and phm["low"] <= phm["value"] <= phm["high"]
+    assert card["data"]["test engines"] == 1 and "over test engines" in card["data"]["intervals"]
     assert "1 of 6 assets held out for test" in caplog.text  # and the run log says so
     assert "Traceback" not in out + err and " ERROR " not in out + err
 
