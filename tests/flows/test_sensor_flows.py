@@ -194,3 +194,22 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
     assert main(batch) == 0
     again = _last_json(capsys.readouterr().out)
     assert again["new_files"] == 0 and again["seen_before"] == 3
+
+
+def test_cmapss_train_with_a_transformer_trunk(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--arch transformer`` pre-trains a transformer encoder, fine-tunes it, registers it (its
+    params say so) and scores with it, as the CNN does."""
+    from infra.registry import ModelRegistry
+
+    _write_cmapss(tmp_path)
+    src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
+    assert main(["train", *src, "--window", "10", "--arch", "transformer", "--pretrain-epochs", "1",
+                 "--max-epochs", "1", "--members", "1", "--model", "rul-attn", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["pretrained_from"] and result["rul"]["n"] == 2
+    registry = ModelRegistry()
+    ref = registry.versions("rul-attn")[-1]
+    assert ref.params["hparams"]["arch"] == "transformer"  # the network's params, whichever candidate won
+    assert registry.versions("sensor-encoder")[-1].params["hparams"]["arch"] == "transformer"
+    assert main(["score", *src, "--model", "rul-attn", "--json"]) == 0
+    assert _last_json(capsys.readouterr().out)["assets_scored"] == 2
