@@ -281,6 +281,12 @@ class SensorConfig(BaseModel):
     finetune: FinetuneConfig = FinetuneConfig()
     split: SplitConfig = SplitConfig()
     baseline: bool = Field(default=True, description="Fit the gradient-boosting baseline beside the CNN.")
+    extra_archs: tuple[Literal["cnn", "tcn", "transformer"], ...] = Field(
+        default=(),
+        description="Also train a network with each of these encoder trunks (as model.arch's network is trained: "
+        "same pre-training choice and members); the network with the lowest validation RUL RMSE is the network "
+        "candidate (a heavier recipe: each trunk adds its training time; none by default).",
+    )
     encoder_name: str = Field(default="sensor-encoder", description="Registry name of the encoder.")
     model_name: str = Field(default="sensor-rul", description="Registry name of the RUL/failure model.")
 

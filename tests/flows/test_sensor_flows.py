@@ -198,18 +198,22 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
 
 def test_cmapss_train_with_a_transformer_trunk(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """``--arch transformer`` pre-trains a transformer encoder, fine-tunes it, registers it (its
-    params say so) and scores with it, as the CNN does."""
+    params say so) and scores with it, as the CNN does; ``--extra-archs tcn`` also pre-trains and
+    trains a TCN, and the network with the lower validation RMSE is the network candidate."""
     from infra.registry import ModelRegistry
 
     _write_cmapss(tmp_path)
     src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
-    assert main(["train", *src, "--window", "10", "--arch", "transformer", "--pretrain-epochs", "1",
-                 "--max-epochs", "1", "--members", "1", "--model", "rul-attn", "--json"]) == 0
+    assert main(["train", *src, "--window", "10", "--arch", "transformer", "--extra-archs", "tcn",
+                 "--pretrain-epochs", "1", "--max-epochs", "1", "--members", "1", "--model", "rul-attn", "--json"]) == 0
     result = _last_json(capsys.readouterr().out)
     assert result["pretrained_from"] and result["rul"]["n"] == 2
     registry = ModelRegistry()
     ref = registry.versions("rul-attn")[-1]
-    assert ref.params["hparams"]["arch"] == "transformer"  # the network's params, whichever candidate won
-    assert registry.versions("sensor-encoder")[-1].params["hparams"]["arch"] == "transformer"
+    nets = {a: ref.metrics[f"val/network-{a}/rmse"] for a in ("transformer", "tcn")}
+    best = min(nets, key=nets.get)
+    assert ref.params["hparams"]["arch"] == best  # the network's params, whichever candidate won
+    assert ref.metrics["val/cnn/rmse"] == pytest.approx(nets[best])
+    assert {v.params["hparams"]["arch"] for v in registry.versions("sensor-encoder")} == {"transformer", "tcn"}
     assert main(["score", *src, "--model", "rul-attn", "--json"]) == 0
     assert _last_json(capsys.readouterr().out)["assets_scored"] == 2
