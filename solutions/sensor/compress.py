@@ -226,11 +226,16 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
         prune_plan=prune_plan(hp.get("pooling", "meanmax"), hp.get("norm", "batch"),
                               N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0, members,
                               arch=hp.get("arch", "cnn")),
-        prune_note="of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed",
+        prune_note=("of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed"
+                    if hp.get("arch", "cnn") == "cnn" else "of the embedding and hidden neurons removed (the "
+                    f"{hp['arch']} trunk kept whole)"),
         bench_inputs=x_all,
         output_columns=["rul/cap", "fail_logit"],
         notes={
-            "int8-dynamic": "Linear layers only: the 3 Conv1d layers stay fp32 (dynamic quantization has no conv kernels)",
+            "int8-dynamic": ("Linear layers only: the 3 Conv1d layers stay fp32 (dynamic quantization has no conv kernels)"
+                             if hp.get("arch", "cnn") == "cnn" else
+                             f"Linear layers only: the {hp['arch']} trunk's Conv1d layers stay fp32 (dynamic quantization "
+                             "has no conv kernels)"),
             "int8-weight-only": "Conv1d and Linear weights",
         },
         secondary=failure_pr_auc(x_all, data.test_all.fail.astype(int)),
