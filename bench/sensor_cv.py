@@ -14,6 +14,10 @@ With two seeds or more, each fold also scores the mean of its seeds' CNNs
 ensemble of ``FinetuneConfig.members`` = 3 CNNs, and ``ensemble_seed_mean`` is its mean with
 the GBM.
 
+``--arch cnn tcn transformer`` trains each encoder trunk (``ModelConfig.arch``) alike, as
+``<arch>_pretrained`` / ``<arch>_scratch`` rows (``cnn_*`` as before); the ensemble row is
+the first arch's CNN with the GBM.
+
 Prints a markdown table (mean ± std (min–max) over folds x seeds) and one JSON line;
 writes the validation curves (PNG) and the JSON beside them in ``--out-dir``.
 
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument("--pretrain-epochs", type=int, default=None, help="Override the config's pre-training epochs.")
     parser.add_argument("--channels", type=int, default=None, help="Override the encoder's first conv width.")
     parser.add_argument("--dropout", type=float, default=None, help="Override the encoder's and heads' dropout.")
+    parser.add_argument("--arch", nargs="+", default=["cnn"], choices=["cnn", "tcn", "transformer"],
+                        help="Encoder trunks to train, each alike (ModelConfig.arch).")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
     parser.add_argument("--length", type=int, default=None, help="Override the window length.")
     parser.add_argument("--pad-from", type=int, default=None,
@@ -149,18 +155,20 @@ def main() -> None:
     runs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
     curves_file.write_text("".join(json.dumps(c) + "\n" for c in curves))
     prepared: dict[int, tuple[Any, ...]] = {}
+    arch_cfgs = {a: cfg.model_copy(update={"model": cfg.model.model_copy(update={"arch": a})}) for a in args.arch}
 
     def fold_inputs(fold: int) -> tuple[Any, ...]:
-        """The fold's data, GBM predictions and pre-trained encoder (built once per fold)."""
+        """The fold's data, GBM predictions and pre-trained encoder per arch (built once per fold)."""
         if fold not in prepared:
             splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
             fd = CV.fold_data(grid, splits, cfg, wcfg, seed=fold)
             gbm = E.fit_baseline(fd.data.train, fold)
             gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x))
             # pre-training sees the readings of the fold's training and validation engines, no labels
-            encoder = None if args.no_pretrained else pretrain_encoder(grid, splits, fd.normalizer, cfg, wcfg,
-                                                                       f"cv-pre-{fold}")
-            prepared[fold] = (fd, gbm_pred, encoder)
+            encoders = {a: None if args.no_pretrained else pretrain_encoder(
+                grid, splits, fd.normalizer, arch_cfgs[a], wcfg, f"cv-pre-{fold}" + ("" if a == "cnn" else f"-{a}"))
+                for a in args.arch}
+            prepared[fold] = (fd, gbm_pred, encoders)
         return prepared[fold]
 
     # seed by seed: every fold gets its first seed before any gets its second
@@ -172,14 +180,17 @@ def main() -> None:
                 print(f"budget of {args.budget_s:.0f} s spent: seed {seed} fold {fold} and later not run", file=sys.stderr)
                 break
             t_fold = time.perf_counter()
-            fd, (gbm_last, gbm_all), encoder = fold_inputs(fold)
+            fd, (gbm_last, gbm_all), encoders = fold_inputs(fold)
             data, n_ch = fd.data, len(fd.normalizer.channels_)
             base = {"fold": fold, "seed": seed, "test_engines": len(folds[fold])}
             fresh = [{**base, "model": "gbm", **CV.rul_scores(data, gbm_last, gbm_all)}]
             preds = {}
-            for variant in (["cnn_pretrained"] if encoder is not None else []) + ["cnn_scratch"]:
-                run = train_cnn(data, n_ch, cfg, wcfg, seed, f"cv-{fold}-{seed}-{variant}",
-                                encoder if variant == "cnn_pretrained" else None)
+            runs = [(a, kind) for a in args.arch
+                    for kind in (["pretrained"] if encoders[a] is not None else []) + ["scratch"]]
+            for arch, kind in runs:
+                variant = f"{arch}_{kind}"
+                run = train_cnn(data, n_ch, arch_cfgs[arch], wcfg, seed, f"cv-{fold}-{seed}-{variant}",
+                                encoders[arch] if kind == "pretrained" else None)
                 preds[variant] = (run.last, run.every)
                 fresh.append({**base, "model": variant, **CV.rul_scores(data, run.last, run.every),
                               "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds})
@@ -191,7 +202,8 @@ def main() -> None:
             for variant, (last, every) in ({"gbm": (gbm_last, gbm_all)} | preds).items():
                 keep({"fold": fold, "seed": seed, "model": variant, "last": np.round(last, 3).tolist(),
                       "every": np.round(every, 3).tolist()}, preds_file)
-            cnn = preds.get("cnn_pretrained", preds["cnn_scratch"])
+            first = args.arch[0]
+            cnn = preds.get(f"{first}_pretrained", preds[f"{first}_scratch"])
             fresh.append({**base, "model": "ensemble", **CV.rul_scores(
                 data, CV.ensemble(cnn[0], gbm_last), CV.ensemble(cnn[1], gbm_all))})
             for row in fresh:  # a seed's rows together, the ensemble last (what --resume looks for)

@@ -112,13 +112,17 @@ class ModelCard(BaseModel):
 
 
 def intervals(y: np.ndarray, s: np.ndarray, metrics: Sequence[str], *, resamples: int | None = None,
-              seed: int | None = None, groups: np.ndarray | None = None) -> list[Interval]:
+              seed: int | None = None, groups: np.ndarray | None = None,
+              custom: Mapping[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] | None = None,
+              ) -> list[Interval]:
     """Bootstrap 95% intervals of ``metrics`` (the governance settings' resamples and seed);
-    ``groups``: a cluster id per row, whole clusters resampled."""
+    ``groups``: a cluster id per row, whole clusters resampled; ``custom``: a domain's metrics by
+    name, as ``fn(y, s, w)`` (see ``tasks.stats.bootstrap_ci``)."""
     settings = get_governance_settings()
     resamples = resamples or settings.bootstrap_resamples
     seed = settings.bootstrap_seed if seed is None else seed
-    return [bootstrap_ci(m, y, s, resamples=resamples, seed=seed, groups=groups) for m in metrics]
+    custom = custom or {}
+    return [bootstrap_ci(m, y, s, resamples=resamples, seed=seed, groups=groups, fn=custom.get(m)) for m in metrics]
 
 
 def paired(metric: str, y: np.ndarray, s_candidate: np.ndarray, s_other: np.ndarray, *,
@@ -203,10 +207,10 @@ def render_card(card: ModelCard) -> str:
         lines += ["", "## Champion rule", "", f"{verdict}: {card.promotion.get('reason', '')}"]
         approval = card.promotion.get("approval")
         if approval:
-            lines += ["", f"Approval (four eyes): {'approved' if approval.get('approved') else 'rejected'} by "
-                      f"{approval.get('decided_by') or 'nobody (expired)'} at {approval.get('decided_at')} "
-                      f"(requested by {approval.get('requested_by')}, flow run `{approval.get('run_id')}`): "
-                      f"{approval.get('reason')}"]
+            lines += ["", (f"Approval (four eyes): {'approved' if approval.get('approved') else 'rejected'} by "
+                           f"{approval.get('decided_by') or 'nobody (expired)'} at {approval.get('decided_at')} "
+                           f"(requested by {approval.get('requested_by')}, flow run `{approval.get('run_id')}`): "
+                           f"{approval.get('reason')}")]
         if card.promotion.get("trail_sha256"):
             lines += ["", f"Registry trail head after the decision: `{card.promotion['trail_sha256']}`"]
     lines += ["", "## Known limitations", ""] + [f"- {text}" for text in card.limitations]

@@ -226,16 +226,20 @@ def metric_value(metric: str, y: np.ndarray, s: np.ndarray) -> float:
 
 
 def bootstrap_ci(metric: str, y: np.ndarray, s: np.ndarray, *, resamples: int = 1000, level: float = 0.95,
-                 seed: int = 0, groups: np.ndarray | None = None) -> Interval:
+                 seed: int = 0, groups: np.ndarray | None = None,
+                 fn: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None = None) -> Interval:
     """The metric with a percentile bootstrap interval (rows resampled with replacement).
 
     Args:
-        metric: a name of :data:`METRICS`.
+        metric: a name of :data:`METRICS` (or any name, with ``fn``).
         y: labels (0/1) or true values. s: scores or predictions, same length.
         resamples: bootstrap resamples. level: interval coverage. seed: resampling seed.
         groups: a cluster id per row: whole clusters are resampled (see the module docstring).
+        fn: the metric as ``fn(y, s, w)`` -> one value per row of the count matrix ``w`` (as
+            :func:`weighted_rmse`), for a metric of the caller's domain that is not in :data:`METRICS`.
     """
-    fn, _ = _metric(metric)
+    if fn is None:
+        fn, _ = _metric(metric)
     codes = _codes(groups, np.asarray(y).size)
     if codes is None:
         y, s = _arrays(y, s)

@@ -16,6 +16,7 @@ from solutions.sensor import card as SCARD
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor.config import SensorConfig, SensorSource
+from solutions.sensor.metrics import engine_of, weighted_phm08
 from tasks.cards import (
     ChampionCheck,
     Comparison,
@@ -94,7 +95,10 @@ def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P
     data = setup.data
     y = data.test_last.rul
     registered = candidates[winner]
-    metrics = intervals(y, registered.rul_last, ["rmse", "mae"])
+    # bootstrap over engines: the cuts of one test engine are resampled together
+    engines = engine_of(data.test_last.asset)
+    metrics = intervals(y, registered.rul_last, ["rmse", "phm08", "mae"], groups=engines,
+                        custom={"phm08": weighted_phm08})
     y_fail = E.fail_labels(data.test_all)
     if E.has_both_classes(y_fail):
         metrics += intervals(y_fail, registered.prob_all, ["pr_auc", "roc_auc"])
@@ -108,7 +112,10 @@ def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P
         features=list(setup.normalizer.channels_), metrics=metrics, comparisons=comparisons,
         limitations=[*SCARD.LIMITATIONS, *small_sample_limitations(metrics[:1])],
         promotion=registration.decision.model_dump(),
-        data={"input": source.describe(), "test units": len(y), "metric windows": "last window of each cut test unit"},
+        data={"input": source.describe(), "test units": len(y), "test engines": len(set(engines)),
+              "metric windows": "last window of each cut test unit",
+              "intervals": "bootstrap over test engines (a cut engine's units resampled together); "
+                           "phm08: the PHM08 score, summed over the test units"},
     )
     markdown = write_card(ModelRegistry(), registration.model, card)
     publish_card(markdown, registration.model.name)

@@ -12,13 +12,15 @@ from flows.sensor.monitoring import profile_step
 from flows.sensor.pretrain import sensor_pretrain
 from flows.sensor.results import SensorTrainResult
 from infra.home import home_layout
+from infra.registry import ModelRef
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
-from solutions.sensor.config import SensorConfig, SensorSource
+from solutions.sensor.config import SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.data import window_config
-from solutions.sensor.model import SensorRULModel, WindowDataModule
+from solutions.sensor.model import RULModel, SensorRULModel, WindowDataModule
 from tasks.approval import approval_gate_task
 from tasks.cards import as_comparison
+from tasks.data import DatasetRef
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.finetune import FreezeReport, finetune_model_task
 from tasks.monitoring import PROFILE_FILE
@@ -35,6 +37,25 @@ def _train_cnn(model: SensorRULModel, dm: WindowDataModule, spec: TrainSpec, pre
                                     every_n_epochs=ft.unfreeze_every, unfrozen_lr_ratio=ft.unfrozen_lr_ratio)
         return tuned.train, tuned.freeze
     return train_model_task(model, dm, spec), None
+
+
+def _train_network(grid_ref: DatasetRef, setup: P.SupervisedSetup, config: SensorConfig, wcfg: WindowConfig,
+                   encoder: ModelRef | None, fresh: bool) -> tuple[RULModel, TrainResult, FreezeReport | None, TrainSpec]:
+    """Train the network of ``config.model`` (its trunk) and, with ``members`` > 1, its seed
+    ensemble; the model, the first member's train result, freeze report and spec."""
+    model, dm = st.new_predictor_step(setup, config, wcfg, encoder)
+    spec = st.train_spec(grid_ref, encoder, config, wcfg, fresh)
+    trained, freeze = _train_cnn(model, dm, spec, encoder is not None, config)
+    if config.finetune.members > 1:  # a seed ensemble: more CNNs on the same windows, from the next seeds
+        members = [model]
+        for i in range(1, config.finetune.members):
+            member_cfg = P.member_config(config, i)
+            member, member_dm = st.new_predictor_step(setup, member_cfg, wcfg, encoder)
+            _train_cnn(member, member_dm, st.train_spec(grid_ref, encoder, member_cfg, wcfg, fresh),
+                       encoder is not None, member_cfg)
+            members.append(member)
+        return st.ensemble_step(members), trained, freeze, spec
+    return model, trained, freeze, spec
 
 
 @flow(name="sensor-train", log_prints=True)
@@ -64,18 +85,20 @@ def sensor_train(
         encoder = sensor_pretrain(source, config).model
     # -- labelled windows, model, training
     setup = st.supervised_setup_step(grid_ref, config, wcfg, bad, encoder)
-    model, dm = st.new_predictor_step(setup, config, wcfg, encoder)
-    spec = st.train_spec(grid_ref, encoder, config, wcfg, fresh)
-    trained, freeze = _train_cnn(model, dm, spec, encoder is not None, config)
-    if ft.members > 1:  # a seed ensemble: more CNNs on the same windows, from the next seeds
-        members = [model]
-        for i in range(1, ft.members):
-            member_cfg = P.member_config(config, i)
-            member, member_dm = st.new_predictor_step(setup, member_cfg, wcfg, encoder)
-            _train_cnn(member, member_dm, st.train_spec(grid_ref, encoder, member_cfg, wcfg, fresh),
-                       encoder is not None, member_cfg)
-            members.append(member)
-        model = st.ensemble_step(members)
+    model, trained, freeze, spec = _train_network(grid_ref, setup, config, wcfg, encoder, fresh)
+    # -- other encoder trunks (extra_archs), each trained alike; the best on validation is the network
+    nets = {config.model.arch: (model, trained, freeze, spec, encoder)}
+    for arch in dict.fromkeys(a for a in config.extra_archs if a != config.model.arch):
+        arch_cfg = config.model_copy(update={"model": config.model.model_copy(update={"arch": arch})})
+        arch_encoder = st.find_encoder_step(config.encoder_name, grid_ref.content_hash, arch_cfg.model) \
+            if ft.pretrained else None
+        if ft.pretrained and arch_encoder is None:
+            arch_encoder = sensor_pretrain(source, arch_cfg).model
+        nets[arch] = (*_train_network(grid_ref, setup, arch_cfg, wcfg, arch_encoder, fresh), arch_encoder)
+    network_val = None
+    if len(nets) > 1:
+        best, network_val = st.choose_network_step({a: n[0] for a, n in nets.items()}, setup.data)
+        model, trained, freeze, spec, encoder = nets[best]
     # -- evaluate the CNN and the baseline on the same test assets
     out_dir = home_layout().new_report("sensor-train")
     cnn_pred = st.predict_cnn_step(model, setup.data)
@@ -86,7 +109,7 @@ def sensor_train(
                             failure_name="baseline") if base_pred else None
     images = st.plot_rul_step(setup.data, cnn_pred, base_pred, out_dir)
     # -- the candidates compared on the validation assets; the winner is registered
-    choice = st.choose_candidate_step(model, baseline, setup.data)
+    choice = st.choose_candidate_step(model, baseline, setup.data, network_val)
     candidates = {"cnn": cnn_pred, **({"baseline": base_pred} if base_pred else {})}
     if choice.winner == "ensemble":
         candidates["ensemble"] = st.ensemble_predictions(cnn_pred, base_pred)

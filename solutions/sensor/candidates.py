@@ -11,7 +11,7 @@ assets only report. Registered kinds as in ``infra.registry``: ``torch`` (the CN
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,9 @@ class SensorChoice:
 
     winner: str
     val_rmse: dict[str, float]
+    #: validation RUL RMSE of each encoder trunk trained (``SensorConfig.extra_archs``); the best
+    #: of them is the ``cnn`` (network) candidate; empty when one trunk was trained
+    networks: dict[str, float] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -41,17 +44,33 @@ class SensorChoice:
 
     def metrics(self) -> dict[str, float]:
         """``val/<candidate>/rmse`` of every candidate."""
-        return {f"val/{k}/rmse": v for k, v in self.val_rmse.items()}
+        return {f"val/{k}/rmse": v for k, v in self.val_rmse.items()} | {
+            f"val/network-{k}/rmse": v for k, v in self.networks.items()}
 
     def render(self) -> str:
         """Markdown table of the candidates (validation decides, test reports)."""
         rows = [f"| {k} | {v:.3f} | {'**registered**' if k == self.winner else ''} |" for k, v in self.val_rmse.items()]
+        best = best_network(self.networks) if self.networks else None
+        rows += [f"| network trunk {k} | {v:.3f} | {'the network candidate' if k == best else ''} |"
+                 for k, v in self.networks.items()]
         return "\n".join(["## Candidates (chosen on validation; the test assets only report)", "",
                           "| candidate | val RUL RMSE | |", "|---|---|---|", *rows]) + "\n"
 
 
-def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.ndarray | None) -> SensorChoice:
-    """Lowest validation RUL RMSE wins (on a tie the simpler, listed first)."""
+def best_network(val_rmse: dict[str, float]) -> str:
+    """The encoder trunk with the lowest validation RUL RMSE (on a tie the one listed first: the
+    configured trunk comes first)."""
+    best = next(iter(val_rmse))
+    for name, value in val_rmse.items():
+        if np.isfinite(value) and (not np.isfinite(val_rmse[best]) or value < val_rmse[best]):
+            best = name
+    return best
+
+
+def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.ndarray | None,
+                         networks: dict[str, float] | None = None) -> SensorChoice:
+    """Lowest validation RUL RMSE wins (on a tie the simpler, listed first); ``networks``: the
+    trunks' validation RMSE when several were trained (reported; ``cnn_val`` is the best's)."""
     known = ~np.isnan(rul_val)
     preds = {CNN: cnn_val}
     if gbm_val is not None:
@@ -62,7 +81,7 @@ def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.n
     for name, value in val.items():
         if np.isfinite(value) and (not np.isfinite(val[winner]) or value < val[winner]):
             winner = name
-    return SensorChoice(winner=winner, val_rmse=val)
+    return SensorChoice(winner=winner, val_rmse=val, networks=dict(networks or {}))
 
 
 def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:

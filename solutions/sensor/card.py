@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-TITLE = "Sensor RUL / failure-within-horizon model (1D-CNN encoder over aligned sensor windows)"
+TITLE = "Sensor RUL / failure-within-horizon model (1D-CNN, TCN or patch-transformer encoder over aligned sensor windows)"
 INTENDED_USE = (
     "Estimates the remaining useful life (RUL, in grid steps) of each asset from its latest window of "
     "aligned sensor readings and the probability that it fails within the horizon, to plan "

@@ -55,29 +55,36 @@ ENSEMBLE = SensorRULEnsemble.__name__
 #: The metric this adapter scores (``sensor-train`` registers it; lower is better).
 PRIMARY_METRIC = "test/rmse"
 
-def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int = 0, members: int | None = None
-               ) -> list[ChannelGroup]:
+def prune_plan(pooling: str = "meanmax", norm: str = "batch", stat_inputs: int = 0, members: int | None = None,
+               arch: str = "cnn") -> list[ChannelGroup]:
     """Structured pruning of the sensor model: conv channels (with their BatchNorm, when the
     encoder has one: ``norm``), the embedding and the shared hidden layer. The last conv feeds
     ``proj`` twice when two poolings sit side by side (``meanmax``, ``meanlast``), once for ``mean``;
     ``stat_inputs``: the window statistics ``proj`` reads after them (kept whole). ``members``:
-    the plan of a seed ensemble of that many CNNs (each member pruned alike), None for one CNN."""
+    the plan of a seed ensemble of that many CNNs (each member pruned alike), None for one CNN.
+    ``arch``: a ``tcn`` or ``transformer`` trunk keeps its channels (residual sums tie them);
+    only the embedding and the shared hidden layer are pruned."""
     if members is not None:
         return [g.model_copy(update={"producer": f"members.{i}.{g.producer}",
                                      "norm": f"members.{i}.{g.norm}" if g.norm else None,
                                      "consumers": tuple(f"members.{i}.{c}" for c in g.consumers)})
-                for i in range(members) for g in prune_plan(pooling, norm, stat_inputs)]
+                for i in range(members) for g in prune_plan(pooling, norm, stat_inputs, arch=arch)]
 
     def bn(i: int) -> str | None:
         return f"encoder.convs.{i}.1" if norm == "batch" else None
 
+    dense = [
+        ChannelGroup(producer="encoder.proj.1", consumers=("heads.shared.0",)),
+        ChannelGroup(producer="heads.shared.0", consumers=("heads.rul", "heads.fail")),
+    ]
+    if arch != "cnn":
+        return dense
     return [
         ChannelGroup(producer="encoder.convs.0.0", norm=bn(0), consumers=("encoder.convs.1.0",)),
         ChannelGroup(producer="encoder.convs.1.0", norm=bn(1), consumers=("encoder.convs.2.0",)),
         ChannelGroup(producer="encoder.convs.2.0", norm=bn(2), consumers=("encoder.proj.1",),
                      repeats=1 if pooling == "mean" else 2, passthrough=stat_inputs),
-        ChannelGroup(producer="encoder.proj.1", consumers=("heads.shared.0",)),
-        ChannelGroup(producer="heads.shared.0", consumers=("heads.rul", "heads.fail")),
+        *dense,
     ]
 
 
@@ -217,12 +224,18 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
         soft_loss=soft_loss,
         lr=float(hp.get("lr", 1e-3)),
         prune_plan=prune_plan(hp.get("pooling", "meanmax"), hp.get("norm", "batch"),
-                              N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0, members),
-        prune_note="of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed",
+                              N_WINDOW_STATS * int(hp["n_channels"]) if hp.get("stats") else 0, members,
+                              arch=hp.get("arch", "cnn")),
+        prune_note=("of the Conv1d channels (with their BatchNorm) and of the embedding and hidden neurons removed"
+                    if hp.get("arch", "cnn") == "cnn" else "of the embedding and hidden neurons removed (the "
+                    f"{hp['arch']} trunk kept whole)"),
         bench_inputs=x_all,
         output_columns=["rul/cap", "fail_logit"],
         notes={
-            "int8-dynamic": "Linear layers only: the 3 Conv1d layers stay fp32 (dynamic quantization has no conv kernels)",
+            "int8-dynamic": ("Linear layers only: the 3 Conv1d layers stay fp32 (dynamic quantization has no conv kernels)"
+                             if hp.get("arch", "cnn") == "cnn" else
+                             f"Linear layers only: the {hp['arch']} trunk's Conv1d layers stay fp32 (dynamic quantization "
+                             "has no conv kernels)"),
             "int8-weight-only": "Conv1d and Linear weights",
         },
         secondary=failure_pr_auc(x_all, data.test_all.fail.astype(int)),

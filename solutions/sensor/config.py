@@ -162,10 +162,16 @@ class WindowConfig(BaseModel):
 
 
 class ModelConfig(BaseModel):
-    """The 1D-CNN encoder and its heads."""
+    """The window encoder (1D-CNN by default) and its heads."""
 
     model_config = ConfigDict(frozen=True)
 
+    arch: Literal["cnn", "tcn", "transformer"] = Field(
+        default="cnn",
+        description="Encoder trunk: the 3-block dilated CNN, a residual causal dilated TCN (4 blocks, dilations "
+        "1-8), or a patch transformer (4-step tokens, 2 attention blocks); same pooling, window statistics, heads "
+        "and pre-training for all three.",
+    )
     channels: int = Field(default=32, ge=8, description="Width of the first conv layer (the others are 2x).")
     embedding_dim: int = Field(default=256, ge=8, description="Encoder output size.")
     dropout: float = Field(default=0.1, ge=0, lt=1, description="Dropout rate of the encoder and heads.")
@@ -275,6 +281,12 @@ class SensorConfig(BaseModel):
     finetune: FinetuneConfig = FinetuneConfig()
     split: SplitConfig = SplitConfig()
     baseline: bool = Field(default=True, description="Fit the gradient-boosting baseline beside the CNN.")
+    extra_archs: tuple[Literal["cnn", "tcn", "transformer"], ...] = Field(
+        default=(),
+        description="Also train a network with each of these encoder trunks (as model.arch's network is trained: "
+        "same pre-training choice and members); the network with the lowest validation RUL RMSE is the network "
+        "candidate (a heavier recipe: each trunk adds its training time; none by default).",
+    )
     encoder_name: str = Field(default="sensor-encoder", description="Registry name of the encoder.")
     model_name: str = Field(default="sensor-rul", description="Registry name of the RUL/failure model.")
 

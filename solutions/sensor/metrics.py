@@ -11,8 +11,25 @@ def phm08_score(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     ``d = predicted - true``; late predictions (d > 0) cost ``exp(d/10) - 1``, early ones
     ``exp(-d/13) - 1``, summed over units.
     """
+    return float(np.sum(phm08_costs(y_true, y_pred)))
+
+
+def phm08_costs(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    """Each unit's PHM08 cost (:func:`phm08_score` is their sum)."""
     d = np.asarray(y_pred, dtype="float64") - np.asarray(y_true, dtype="float64")
-    return float(np.sum(np.where(d < 0, np.exp(-d / 13.0) - 1.0, np.exp(d / 10.0) - 1.0)))
+    return np.where(d < 0, np.exp(-d / 13.0) - 1.0, np.exp(d / 10.0) - 1.0)
+
+
+def weighted_phm08(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The PHM08 score per row of a bootstrap count matrix ``w`` (resamples x units): the sum of
+    the resampled units' costs (a row of ones gives :func:`phm08_score`)."""
+    return w @ phm08_costs(y, s)
+
+
+def engine_of(units: np.ndarray) -> np.ndarray:
+    """The engine (asset) of each scored unit: a test asset cut several times is scored as units
+    ``<asset>@<k>``, all of one engine (a bootstrap over engines resamples them together)."""
+    return np.array([str(u).split("@", 1)[0] for u in np.asarray(units)])
 
 
 def alert_lead_times(

@@ -1,4 +1,5 @@
-"""The 1D-CNN encoder, masked-reconstruction pre-training and the RUL / failure heads."""
+"""The window encoders (1D-CNN, dilated TCN, patch transformer), masked-reconstruction
+pre-training and the RUL / failure heads."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ LAST_STEPS = 5
 NORMS = ("batch", "none")
 #: summary statistics per input channel that :func:`window_stats` returns
 N_WINDOW_STATS = 7
+#: encoder trunks (``arch``): the 3-block dilated CNN, a residual causal dilated TCN, a patch transformer
+ARCHS = ("cnn", "tcn", "transformer")
+#: time steps per token of the ``transformer`` trunk
+PATCH = 4
 
 
 def window_stats(x: torch.Tensor) -> torch.Tensor:
@@ -41,6 +46,94 @@ def window_stats(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([mean, std, x.amin(dim=2), x.amax(dim=2), x[:, :, -1], slope, x[:, :, -LAST_STEPS:].mean(dim=2)], 1)
 
 
+class TCNBlock(nn.Module):
+    """Residual block of a temporal convolutional network: two causal dilated convs (left-padded,
+    so step t sees steps <= t), each followed by the norm and a GELU, plus a 1x1 skip when the
+    width changes."""
+
+    def __init__(self, i: int, o: int, k: int, d: int, dropout: float, norm: str) -> None:
+        super().__init__()
+        self.pad = (k - 1) * d
+        self.conv1 = nn.Conv1d(i, o, k, dilation=d)
+        self.norm1 = nn.BatchNorm1d(o) if norm == "batch" else nn.Identity()
+        self.conv2 = nn.Conv1d(o, o, k, dilation=d)
+        self.norm2 = nn.BatchNorm1d(o) if norm == "batch" else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.skip = nn.Conv1d(i, o, 1) if i != o else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(F.gelu(self.norm1(self.conv1(F.pad(x, (self.pad, 0))))))
+        h = F.gelu(self.norm2(self.conv2(F.pad(h, (self.pad, 0)))))
+        return h + self.skip(x)
+
+
+class TCNTrunk(nn.Sequential):
+    """Four :class:`TCNBlock` with dilations 1, 2, 4, 8 (kernel 3: a receptive field of 61 steps)."""
+
+    def __init__(self, n_channels: int, channels: int, dropout: float, norm: str) -> None:
+        c1, c2 = channels, channels * 2
+        super().__init__(TCNBlock(n_channels, c1, 3, 1, dropout, norm), TCNBlock(c1, c2, 3, 2, dropout, norm),
+                         TCNBlock(c2, c2, 3, 4, dropout, norm), TCNBlock(c2, c2, 3, 8, dropout, norm))
+
+
+class AttentionBlock(nn.Module):
+    """Pre-norm transformer block: multi-head self-attention and a GELU MLP, written with plain
+    ``Linear`` layers and matmuls (no fused fast path), so it exports to ONNX and quantises like
+    the heads."""
+
+    def __init__(self, dim: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"model width {dim} is not a multiple of {heads} heads")
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Dropout(dropout), nn.Linear(2 * dim, dim))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (batch, tokens, dim)
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1)
+        x = x + self.drop(self.out((att @ v).transpose(1, 2).reshape(b, n, d)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+def sinusoidal_positions(n: int, dim: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(n, dim) fixed sine/cosine position codes (any window length, no learned table)."""
+    pos = torch.arange(n, device=device, dtype=dtype).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=dtype) * (-math.log(10000.0) / dim))
+    pe = torch.zeros(n, dim, device=device, dtype=dtype)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq)[:, : dim // 2]
+    return pe
+
+
+class PatchTransformerTrunk(nn.Module):
+    """Patch encoder: the window is cut into ``patch``-step tokens (a strided conv; a window whose
+    length is not a multiple is left-padded with its first step), sine positions are added, two
+    :class:`AttentionBlock` mix the tokens, and each token's features are repeated over its steps,
+    so the trunk returns per-step features (batch, width, time) like the convolutional trunks."""
+
+    def __init__(self, n_channels: int, width: int, dropout: float, patch: int = PATCH, layers: int = 2,
+                 heads: int = 4) -> None:
+        super().__init__()
+        self.patch = patch
+        self.embed = nn.Conv1d(n_channels, width, patch, stride=patch)
+        self.blocks = nn.Sequential(*(AttentionBlock(width, heads, dropout) for _ in range(layers)))
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[2]
+        pad = (-t) % self.patch
+        if pad:
+            x = torch.cat([x[:, :, :1].expand(-1, -1, pad), x], dim=2)
+        tok = self.embed(x).transpose(1, 2)  # (batch, tokens, width)
+        tok = tok + sinusoidal_positions(tok.shape[1], tok.shape[2], tok.device, tok.dtype)
+        h = self.norm(self.blocks(tok)).transpose(1, 2)
+        return h.repeat_interleave(self.patch, dim=2)[:, :, pad:]
+
+
 class SensorEncoder(nn.Module):
     """Window of aligned sensors (batch, channels, time) -> ``embedding_dim`` vector.
 
@@ -57,23 +150,37 @@ class SensorEncoder(nn.Module):
     :func:`window_stats` (the gradient-boosting baseline's features) beside the pooled conv
     features (engine-split CV on C-MAPSS FD001, scratch CNN: RMSE 13.18 -> 12.33 and 13.86 ->
     13.27 on two fold splits).
+
+    ``arch`` picks the trunk (always the attribute ``convs``, so fine-tuning groups and the
+    pooling/projection are shared): ``cnn`` the three conv blocks above, ``tcn`` a residual causal
+    dilated :class:`TCNTrunk`, ``transformer`` a :class:`PatchTransformerTrunk` (its own LayerNorm;
+    ``norm`` does not apply to it). Each trunk ends at ``2 x channels`` features per step.
     """
 
     def __init__(self, n_channels: int, channels: int = 64, embedding_dim: int = 256, dropout: float = 0.1,
-                 pooling: str = "meanmax", norm: str = "batch", stats: bool = False) -> None:
+                 pooling: str = "meanmax", norm: str = "batch", stats: bool = False, arch: str = "cnn") -> None:
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; known: {', '.join(POOLINGS)}")
         if norm not in NORMS:
             raise ValueError(f"unknown norm {norm!r}; known: {', '.join(NORMS)}")
+        if arch not in ARCHS:
+            raise ValueError(f"unknown arch {arch!r}; known: {', '.join(ARCHS)}")
         self.pooling = pooling
+        self.arch = arch
         c1, c2 = channels, channels * 2
 
         def block(i: int, o: int, k: int, d: int) -> nn.Sequential:
             layer = nn.BatchNorm1d(o) if norm == "batch" else nn.Identity()
             return nn.Sequential(nn.Conv1d(i, o, k, padding=d * (k // 2), dilation=d), layer, nn.GELU())
 
-        self.convs = nn.Sequential(block(n_channels, c1, 5, 1), block(c1, c2, 5, 2), block(c2, c2, 3, 4))
+        self.convs: nn.Module
+        if arch == "cnn":
+            self.convs = nn.Sequential(block(n_channels, c1, 5, 1), block(c1, c2, 5, 2), block(c2, c2, 3, 4))
+        elif arch == "tcn":
+            self.convs = TCNTrunk(n_channels, channels, dropout, norm)
+        else:
+            self.convs = PatchTransformerTrunk(n_channels, c2, dropout)
         pooled = c2 if pooling == "mean" else 2 * c2
         self.stats = stats
         self.stat_dim = N_WINDOW_STATS * n_channels if stats else 0
@@ -125,10 +232,11 @@ class MaskedReconstruction(LeanSteps, L.LightningModule):
         pooling: str = "meanmax",
         norm: str = "batch",
         stats: bool = False,
+        arch: str = "cnn",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling, norm, stats)
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling, norm, stats, arch)
         self.lift = nn.Linear(embedding_dim, self.encoder.step_dim)
         self.decoder = nn.Sequential(
             nn.Conv1d(self.encoder.step_dim, channels, 3, padding=1), nn.GELU(), nn.Conv1d(channels, n_channels, 1)
@@ -233,12 +341,13 @@ class SensorRULModel(LeanSteps, L.LightningModule):
         input_noise: float = 0.0,
         norm: str = "batch",
         stats: bool = False,
+        arch: str = "cnn",
     ) -> None:
         super().__init__()
         if lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"unknown lr_schedule {lr_schedule!r}; known: {', '.join(LR_SCHEDULES)}")
         self.save_hyperparameters()
-        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling, norm, stats)
+        self.encoder = SensorEncoder(n_channels, channels, embedding_dim, dropout, pooling, norm, stats, arch)
         self.heads = SensorHeads(embedding_dim, dropout=dropout)
         self._last_lr_factor = 1.0
 

@@ -188,7 +188,7 @@ def build_pretrainer(n_channels: int, mcfg: ModelConfig, pcfg: PretrainConfig) -
     with seeded(pcfg.seed):
         return MaskedReconstruction(
             n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, pcfg.mask_time, pcfg.mask_sensor, pcfg.lr,
-            pooling=mcfg.pooling, norm=mcfg.norm, stats=mcfg.window_stats,
+            pooling=mcfg.pooling, norm=mcfg.norm, stats=mcfg.window_stats, arch=mcfg.arch,
         )
 
 
@@ -204,7 +204,7 @@ def build_predictor(n_channels: int, mcfg: ModelConfig, wcfg: WindowConfig, lr: 
         return SensorRULModel(
             n_channels, mcfg.channels, mcfg.embedding_dim, mcfg.dropout, wcfg.rul_cap, mcfg.fail_weight, lr,
             pos_weight=float(np.sqrt(neg / pos)) if pos > 0 else 1.0, pooling=mcfg.pooling, norm=mcfg.norm,
-            stats=mcfg.window_stats, **recipe,
+            stats=mcfg.window_stats, arch=mcfg.arch, **recipe,
         )
 
 
@@ -289,11 +289,11 @@ def encoder_params(module: MaskedReconstruction, data: PretrainData, wcfg: Windo
 
 
 def encoder_fits(params: dict[str, Any], mcfg: ModelConfig) -> bool:
-    """Whether a registered encoder (its registry params) has the shapes ``mcfg`` builds: width,
-    embedding, pooling, norm and window statistics (encoders registered before a setting existed
-    have that setting's old default)."""
+    """Whether a registered encoder (its registry params) has the shapes ``mcfg`` builds: trunk,
+    width, embedding, pooling, norm and window statistics (encoders registered before a setting
+    existed have that setting's old default)."""
     hp = params.get("hparams", {})
-    return (hp.get("channels") == mcfg.channels and hp.get("embedding_dim") == mcfg.embedding_dim
+    return (hp.get("arch", "cnn") == mcfg.arch and hp.get("channels") == mcfg.channels and hp.get("embedding_dim") == mcfg.embedding_dim
             and hp.get("pooling", "meanmax") == mcfg.pooling and hp.get("norm", "batch") == mcfg.norm
             and bool(hp.get("stats", False)) == mcfg.window_stats)
 

@@ -217,3 +217,38 @@ def test_bad_invocations_exit_2_with_one_error_line(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
     assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("arch", ["transformer", "tcn"])
+def test_compress_flow_on_a_tiny_sensor_transformer_or_tcn(arch: str, capsys: pytest.CaptureFixture) -> None:
+    """A sensor network with another encoder trunk goes through every compression stage: its
+    trunk is kept whole by structured pruning, the Linear layers are quantised, ONNX matches, and
+    every stored candidate rebuilds from plain tensors and scores as in the table."""
+    name = f"rul-cmp-{arch}"
+    train = ["train", *SENSOR_FLEET, "--window", "12", "--horizon", "10", "--no-pretrain", "--no-baseline",
+             "--max-epochs", "1", "--members", "1", "--arch", arch, "--model", name, "--json"]
+    assert sensor_main(train) == 0
+    capsys.readouterr()
+    assert compress_main(["--model", name, *SENSOR_FLEET, "--all", "--finetune-epochs", "1", "--distill-epochs", "1",
+                          "--latency-batch", "32", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    rows = {c["name"]: c for c in result["candidates"]}
+    assert list(rows) == ["fp32", "fp32-onnx", "int8-dynamic", "int8-weight-only", "pruned-structured", "pruned-global",
+                          "distilled"]
+    assert result["onnx"]["passed"] and result["onnx"]["max_abs_diff"] < 1e-4
+    assert f"the {arch} trunk" in rows["int8-dynamic"]["note"]
+    shapes = result["prune"][0]["shapes"]
+    assert shapes["encoder.proj.1.weight"][0] == 128  # the embedding halved, the trunk whole
+    registry = ModelRegistry()
+    ref = registry.resolve(result["source"])
+    assert ref.params["hparams"]["arch"] == arch
+    adapter = adapter_for(ref)
+    options = SensorHeldOut.model_validate({"fleet": {"n_assets": 16, "min_life": 45, "max_life": 70, "seed": 1}})
+    target = adapter.prepare(ref, C.load_variant(ref, registry, adapter.build), options)
+    out = Path(result["report_dir"])
+    for variant in ("fp32", "int8-weight-only", "pruned-structured", "pruned-global"):
+        plain = C.dequantize_state(load_file(str(out / f"{variant}.safetensors")))
+        module = C.resize_to_state(adapter.build(ref.params), plain)
+        module.load_state_dict(plain)
+        module.eval()
+        assert C.score(target, module) == pytest.approx(rows[variant]["metric"], abs=1e-6), variant

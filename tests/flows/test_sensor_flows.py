@@ -152,6 +152,13 @@ def test_cmapss_train_file_alone_holds_out_engines(
     assert result["assets"] == {"train": 4, "val": 1, "test": 1}  # the 6 engines of the train file, split by engine
     assert result["rul"]["n"] == 4  # the held-out engine cut 4 times, as a test file would be
     assert "train file only: test engines held out of it" in Path(result["report_dir"], "report.md").read_text()
+    # the card: RMSE and the PHM08 score with bootstrap intervals over the test engines
+    from infra.registry import ModelRegistry
+
+    card = json.loads((Path(ModelRegistry().versions("rul-held-out")[-1].path) / "card.json").read_text())
+    phm = next(m for m in card["metrics"] if m["metric"] == "phm08")
+    assert phm["n"] == 4 and phm["low"] <= phm["value"] <= phm["high"]
+    assert card["data"]["test engines"] == 1 and "over test engines" in card["data"]["intervals"]
     assert "1 of 6 assets held out for test" in caplog.text  # and the run log says so
     assert "Traceback" not in out + err and " ERROR " not in out + err
 
@@ -187,3 +194,26 @@ def test_batch_scores_each_new_readings_file_once(tmp_path: Path, capsys: pytest
     assert main(batch) == 0
     again = _last_json(capsys.readouterr().out)
     assert again["new_files"] == 0 and again["seen_before"] == 3
+
+
+def test_cmapss_train_with_a_transformer_trunk(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--arch transformer`` pre-trains a transformer encoder, fine-tunes it, registers it (its
+    params say so) and scores with it, as the CNN does; ``--extra-archs tcn`` also pre-trains and
+    trains a TCN, and the network with the lower validation RMSE is the network candidate."""
+    from infra.registry import ModelRegistry
+
+    _write_cmapss(tmp_path)
+    src = ["--cmapss-dir", str(tmp_path), "--subset", "FD001"]
+    assert main(["train", *src, "--window", "10", "--arch", "transformer", "--extra-archs", "tcn",
+                 "--pretrain-epochs", "1", "--max-epochs", "1", "--members", "1", "--model", "rul-attn", "--json"]) == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["pretrained_from"] and result["rul"]["n"] == 2
+    registry = ModelRegistry()
+    ref = registry.versions("rul-attn")[-1]
+    nets = {a: ref.metrics[f"val/network-{a}/rmse"] for a in ("transformer", "tcn")}
+    best = min(nets, key=nets.get)
+    assert ref.params["hparams"]["arch"] == best  # the network's params, whichever candidate won
+    assert ref.metrics["val/cnn/rmse"] == pytest.approx(nets[best])
+    assert {v.params["hparams"]["arch"] for v in registry.versions("sensor-encoder")} == {"transformer", "tcn"}
+    assert main(["score", *src, "--model", "rul-attn", "--json"]) == 0
+    assert _last_json(capsys.readouterr().out)["assets_scored"] == 2

@@ -54,9 +54,10 @@ def jsonable(rows: pd.DataFrame) -> list[dict]:
             for r in rows.to_dict("records")]
 
 
-def train_tiny_sensor(home: HomeLayout, model: str = MODEL) -> TinySensor:
-    """Train a tiny CNN a few steps on all but two assets of a small fleet, register it as
-    champion and batch-score the two held back (``sensor score --data file``'s functions)."""
+def train_tiny_sensor(home: HomeLayout, model: str = MODEL, arch: str = "cnn") -> TinySensor:
+    """Train a tiny model (a CNN, or the ``arch`` trunk) a few steps on all but two assets of a
+    small fleet, register it as champion and batch-score the two held back (``sensor score
+    --data file``'s functions)."""
     torch.manual_seed(0)
     readings, events = generate_fleet(SyntheticFleetConfig(n_assets=8, min_life=40, max_life=60, fast_rate=4,
                                                            bad_reading_rate=0.0, seed=3))
@@ -69,7 +70,8 @@ def train_tiny_sensor(home: HomeLayout, model: str = MODEL) -> TinySensor:
     wcfg = WindowConfig(length=WINDOW, rul_cap=60.0, horizon=10, n_regimes=1)
     norm = P.fit_normalizer(grid, sorted(grid[S.ASSET].unique()), wcfg, cfg.op_prefix)
     ws = make_windows(grid, norm, length=wcfg.length, stride=2, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon)
-    net = SensorRULModel(n_channels=len(norm.channels_), channels=8, embedding_dim=16, rul_cap=wcfg.rul_cap)
+    net = SensorRULModel(n_channels=len(norm.channels_), channels=8, embedding_dim=16, rul_cap=wcfg.rul_cap,
+                         arch=arch)
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
     x = torch.as_tensor(ws.x, dtype=torch.float32)
     target = torch.as_tensor(np.nan_to_num(ws.rul, nan=wcfg.rul_cap) / wcfg.rul_cap, dtype=torch.float32)
