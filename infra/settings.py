@@ -508,13 +508,14 @@ class KbSettings(BaseSettings):
         default="process",
         description="Where an upload's ingest runs. process: as a rag-ingest Prefect flow run outside the API "
         "process, on the work pool of INDUSFLOW_KB_INGEST_DEPLOYMENT when the Prefect API (PREFECT_API_URL) has "
-        "that deployment, else in a child process of the API at lower CPU priority. thread: on a thread of the "
+        "that deployment and a worker polls its pool, else in a child process of the API at lower CPU priority. thread: on a thread of the "
         "API process (the former behaviour, kept for comparison).",
     )
     ingest_deployment: str = Field(
         default="rag-ingest/kb-upload-ingest",
         description="The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when "
-        "PREFECT_API_URL is set and the deployment is registered (python -m infra.deploy apply).",
+        "PREFECT_API_URL is set, the deployment is registered (python -m infra.deploy apply) and a worker polls "
+        "its pool.",
     )
     ingest_nice: int = Field(default=10, ge=0, le=19,
                              description="CPU niceness added to an ingest child process (the API keeps its own).")

@@ -43,6 +43,25 @@ def deployment_exists(name: str) -> bool:
     return True
 
 
+def deployment_served(name: str) -> bool:
+    """Whether the Prefect API knows deployment ``flow-name/deployment-name`` and a worker is
+    polling its work pool now (the pool is READY): a run sent there is picked up, where a
+    registered deployment whose pool has no worker would leave it scheduled for good."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import WorkPoolStatus
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            deployment = client.read_deployment_by_name(name)
+            if not deployment.work_pool_name:
+                return False
+            pool = client.read_work_pool(deployment.work_pool_name)
+        except ObjectNotFound:
+            return False
+    return pool.status == WorkPoolStatus.READY
+
+
 def dispatch(deployment: str, parameters: Mapping[str, Any], fallback: Callable[..., Any] | None = None,
              *, wait: bool = False) -> Dispatched:
     """Run ``deployment`` (``flow-name/deployment-name``) with ``parameters``.

@@ -516,15 +516,16 @@ class KbEngine:
 
     def deployment_ready(self) -> bool:
         """Whether jobs go to the configured deployment: a Prefect API is configured
-        (PREFECT_API_URL) and it has the deployment."""
+        (PREFECT_API_URL), it has the deployment and a worker polls its work pool (else a run
+        sent there would wait for good: the job runs in a child process instead)."""
         from prefect.settings import PREFECT_API_URL
 
         if not PREFECT_API_URL.value():
             return False
-        from tasks.dispatch import deployment_exists
+        from tasks.dispatch import deployment_served
 
         try:
-            return deployment_exists(self.settings.ingest_deployment)
+            return deployment_served(self.settings.ingest_deployment)
         except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
             log.warning("the Prefect API cannot say whether %s exists (%s): ingest in a child process",
                         self.settings.ingest_deployment, type(exc).__name__)

@@ -256,7 +256,7 @@ def test_with_a_prefect_server_the_job_is_the_deployment_run(tmp_path: Path, mon
         return SimpleNamespace(id=RUN_ID, name=kwargs["flow_run_name"])
 
     monkeypatch.setattr(prefect.deployments, "run_deployment", run_deployment)
-    monkeypatch.setattr(tasks.dispatch, "deployment_exists", lambda name: name == "rag-ingest/kb-upload-ingest")
+    monkeypatch.setattr(tasks.dispatch, "deployment_served", lambda name: name == "rag-ingest/kb-upload-ingest")
     engine = KbEngine({"legal": col}, home, KbSettings(collections="legal"), client=object(), embedder=None)
     with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
         try:
