@@ -27,7 +27,7 @@ def test_packaged_config_defines_every_vertical_job() -> None:
     flows = {d.flow for d in config.deployments}
     assert {"flows.fraud:fraud_train", "flows.fraud:fraud_batch_score", "flows.sensor:sensor_batch_score",
             "flows.sensor:sensor_train", "flows.rag:rag_ingest"} <= flows
-    on_demand = {"on-drift-adapt"}  # started by fraud-monitor, not by a clock
+    on_demand = {"on-drift-adapt", "kb-upload-ingest"}  # started by fraud-monitor and by the KB API, not by a clock
     assert all(d.cron for d in config.deployments if d.name not in on_demand)
     assert config.monitoring["fraud-monitor"].trigger == "fraud-adapt/on-drift-adapt"
     assert config.deployment("fraud-adapt", "on-drift-adapt").parameters["source"] == "accumulated"
