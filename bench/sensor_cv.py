@@ -16,7 +16,9 @@ the GBM.
 
 ``--arch cnn tcn transformer`` trains each encoder trunk (``ModelConfig.arch``) alike, as
 ``<arch>_pretrained`` / ``<arch>_scratch`` rows (``cnn_*`` as before); the ensemble row is
-the first arch's CNN with the GBM.
+the first arch's CNN with the GBM. With two trunks or more, ``mean(a+b+...)`` rows score the mean
+of every combination of two or more of a seed's models (trunks and the GBM), from the saved
+predictions: what averaging unlike trunks gains over the CNN + GBM pair.
 
 Prints a markdown table (mean ± std (min–max) over folds x seeds) and one JSON line;
 writes the validation curves (PNG) and the JSON beside them in ``--out-dir``.
@@ -69,6 +71,34 @@ def seed_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> 
             gbm = runs[(fold, "gbm")][0]
             out.append({**base, "model": "ensemble_seed_mean", **CV.rul_scores(
                 data, CV.ensemble(last, gbm["last"]), CV.ensemble(every, gbm["every"]))})
+    return out
+
+
+def trunk_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per fold, seed and combination of two or more of its models (``gbm`` and every
+    ``<arch>_<kind>`` variant) when the seed trained more than one trunk: the scores of their
+    mean prediction, named ``mean(a+b+...)``."""
+    import itertools
+
+    from solutions.sensor import crossval as CV
+
+    done = {(r["fold"], r["seed"]) for r in rows if r["model"] == "ensemble"}
+    runs: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+    for line in preds_file.read_text().splitlines():
+        record = json.loads(line)
+        if (record["fold"], record["seed"]) in done:
+            runs.setdefault((record["fold"], record["seed"]), {})[record["model"]] = record
+    out = []
+    for (fold, seed), models in sorted(runs.items()):
+        if len({name.split("_")[0] for name in models if name != "gbm"}) < 2:
+            continue
+        data = fold_data(fold)
+        base = {"fold": fold, "seed": seed, "test_engines": next(r["test_engines"] for r in rows if r["fold"] == fold)}
+        for k in range(2, len(models) + 1):
+            for combo in itertools.combinations(sorted(models), k):
+                last = CV.ensemble(*(models[m]["last"] for m in combo))
+                every = CV.ensemble(*(models[m]["every"] for m in combo))
+                out.append({**base, "model": f"mean({'+'.join(combo)})", **CV.rul_scores(data, last, every)})
     return out
 
 
@@ -213,7 +243,7 @@ def main() -> None:
             print(f"fold {fold} seed {seed}: {time.perf_counter() - t_fold:.0f} s", file=sys.stderr, flush=True)
 
     metrics = ("rmse", "phm08", "rmse_all_windows")
-    rows = [r for r in rows if not r["model"].endswith("_seed_mean")]
+    rows = [r for r in rows if not r["model"].endswith("_seed_mean") and not r["model"].startswith("mean(")]
     if preds_file.exists():
         def data_of(fold: int) -> Any:
             if fold in prepared:
@@ -221,7 +251,7 @@ def main() -> None:
             splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
             return CV.fold_data(grid, splits, cfg, wcfg, seed=fold).data
 
-        rows += seed_means(preds_file, data_of, rows)
+        rows += seed_means(preds_file, data_of, rows) + trunk_means(preds_file, data_of, rows)
     summary = CV.summarize(rows, metrics)
     table = CV.render_table(summary, metrics)
     png = plot_curves(curves, ft.smoothing, out_dir / "sensor_cv_val_curves.png") if curves else None
