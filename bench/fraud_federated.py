@@ -20,7 +20,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data")
     ap.add_argument("--columns", default="")
     ap.add_argument("--clients", type=int, nargs="+", default=[3])
@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--dp-batch-size", type=int, default=None, help="default: the flow's")
     ap.add_argument("--dp-lr", type=float, default=None, help="default: the flow's")
     ap.add_argument("--dp-max-grad-norm", type=float, default=None, help="default: the flow's")
+    ap.add_argument("--dp-local-epochs", type=int, default=None, help="default: the flow's")
     ap.add_argument("--no-compare", action="store_true", help="federated runs only (no pooled/alone/GBM)")
     ap.add_argument("--train-days", type=float)
     ap.add_argument("--val-days", type=float)
@@ -59,7 +60,8 @@ def main() -> None:
                                           ("server_momentum", args.server_momentum),
                                           ("keep_local_optimizer", args.keep_local_optimizer),
                                           ("dp_batch_size", args.dp_batch_size), ("dp_learning_rate", args.dp_lr),
-                                          ("dp_max_grad_norm", args.dp_max_grad_norm)) if v is not None}
+                                          ("dp_max_grad_norm", args.dp_max_grad_norm),
+                                          ("dp_local_epochs", args.dp_local_epochs)) if v is not None}
             fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
                                       **server)
             cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare, **extra)
@@ -68,6 +70,7 @@ def main() -> None:
                                 "server_momentum": fed.server_momentum,
                                 "keep_local_optimizer": fed.keep_local_optimizer, "dp_batch_size": fed.dp_batch_size,
                                 "dp_learning_rate": fed.dp_learning_rate, "dp_max_grad_norm": fed.dp_max_grad_norm,
+                                "epochs_per_round": fed.epochs_per_round(),
                                 "spent_epsilon": r.epsilon,
                                 "partial_rounds": r.partial_rounds, "metrics": r.metrics, "seconds": round(r.seconds, 1)})
             print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)

@@ -171,7 +171,7 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
                 "batch_size": fed.client_model(cfg.model).batch_size, "learning_rate": fed.client_model(cfg.model).lr,
                 "target_epsilon": fed.dp_epsilon, "accountant": "opacus RDP"} if eps else {"dp": False})
     partial = [r["round"] for r in outcome.rounds if r.get("phase") == "train" and r.get("partial")]
-    federation = {"clients": fed.clients, "rounds": fed.rounds, "local_epochs": fed.local_epochs,
+    federation = {"clients": fed.clients, "rounds": fed.rounds, "local_epochs": fed.epochs_per_round(),
                   "keep_local_optimizer": fed.keep_local_optimizer,
                   "strategy": ("FedAvg (weighted by train rows), moments round first"
                                if fed.server_learning_rate == 1.0 and fed.server_momentum == 0.0 else

@@ -312,7 +312,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     run_dir.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{fed.port or free_port()}"
     dp = (FD.DPSettings(epsilon=fed.dp_epsilon, delta=fed.dp_delta, max_grad_norm=fed.dp_max_grad_norm,
-                        rounds=fed.rounds, local_epochs=fed.local_epochs) if fed.dp_epsilon else None)
+                        rounds=fed.rounds, local_epochs=fed.epochs_per_round()) if fed.dp_epsilon else None)
     server = ServerSpec(address=address, clients=len(parts), min_clients=min(fed.needed(), len(parts)),
                         rounds=fed.rounds, round_timeout_s=fed.round_timeout_s,
                         connect_timeout_s=fed.connect_timeout_s, model=cfg.model, dp=dp is not None,
@@ -341,7 +341,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
         main = group.start("server", "solutions.fraud.flower_apps", ["server", str(run_dir / "server.json")], env)
         for part in parts:
             spec = ClientSpec(address=address, partition=part, bounds=bounds, delay_days=cfg.delay_days,
-                              model=fed.client_model(cfg.model), rounds=fed.rounds, local_epochs=fed.local_epochs, dp=dp,
+                              model=fed.client_model(cfg.model), rounds=fed.rounds, local_epochs=fed.epochs_per_round(), dp=dp,
                               fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir),
                               keep_local_optimizer=fed.keep_local_optimizer)
             path = run_dir / f"client-{part.bank}.json"

@@ -50,7 +50,10 @@ def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> 
     assert result.partial_rounds == [2]
     second = next(r for r in result.rounds if r.get("round") == 2)
     assert second["ok"] == 1 and second["failures"] == 1 and list(second["banks"]) == ["0"]
+    # the noise was set for every step the banks took (DP_LOCAL_EPOCHS per round): within budget
     assert result.epsilon is not None and 0 < result.epsilon["federation"] <= 8.05
+    fed = ModelRegistry().resolve("fraud-fed-crash:1").params["federation"]
+    assert fed["local_epochs"] == FD.DP_LOCAL_EPOCHS and fed["privacy"]["max_grad_norm"] == FD.DP_MAX_GRAD_NORM
     assert result.metrics["federated (union)"]["ap"] is not None
 
 

@@ -187,7 +187,13 @@ def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
     private = FD.FederationConfig(dp_epsilon=8, dp_batch_size=2048, dp_learning_rate=0.01)
     model = private.client_model(base)
     assert (model.batch_size, model.lr) == (2048, 0.01)
-    assert model.hidden == base.hidden and FD.FederationConfig(dp_epsilon=8).client_model(base) == base
+    assert model.hidden == base.hidden
+    defaults = FD.FederationConfig(dp_epsilon=8)
+    assert defaults.client_model(base) == base.model_copy(update={"lr": FD.DP_LEARNING_RATE})
+    assert FD.FederationConfig(dp_epsilon=8, dp_learning_rate=None).client_model(base) == base
+    # the DP epochs per round apply only under DP; None falls back to local_epochs
+    assert (FD.FederationConfig(local_epochs=2).epochs_per_round(), defaults.epochs_per_round()) == (2, FD.DP_LOCAL_EPOCHS)
+    assert FD.FederationConfig(dp_epsilon=8, local_epochs=2, dp_local_epochs=None).epochs_per_round() == 2
     state = FD.privacy_for(FD.DPSettings(epsilon=8, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1),
                            n_train=10_000, batch_size=model.batch_size)
     assert state.steps_per_epoch == 5 and state.sample_rate == 0.2
