@@ -189,8 +189,9 @@ def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
     assert (model.batch_size, model.lr) == (2048, 0.01)
     assert model.hidden == base.hidden
     defaults = FD.FederationConfig(dp_epsilon=8)
-    assert defaults.client_model(base) == base.model_copy(update={"lr": FD.DP_LEARNING_RATE})
-    assert FD.FederationConfig(dp_epsilon=8, dp_learning_rate=None).client_model(base) == base
+    assert defaults.client_model(base) == base.model_copy(update={"lr": FD.DP_LEARNING_RATE,
+                                                                  "batch_size": FD.DP_BATCH_SIZE})
+    assert FD.FederationConfig(dp_epsilon=8, dp_learning_rate=None, dp_batch_size=None).client_model(base) == base
     # the DP epochs per round apply only under DP; None falls back to local_epochs
     assert (FD.FederationConfig(local_epochs=2).epochs_per_round(), defaults.epochs_per_round()) == (2, FD.DP_LOCAL_EPOCHS)
     assert FD.FederationConfig(dp_epsilon=8, local_epochs=2, dp_local_epochs=None).epochs_per_round() == 2
