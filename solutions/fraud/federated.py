@@ -38,10 +38,10 @@ SMALL_MODEL = SequenceModelConfig(hidden=32, mlp_hidden=64, seq_len=8, batch_siz
 
 
 #: DP-SGD defaults, from bench/fraud_federated.py on the default synthetic data (3 banks, 12 rounds,
-#: ε = 8; AP 0.27-0.34 with the earlier defaults, 0.67 with these): clipping at 1.0 left fraud rows
-#: under-fitted (bench/fraud_dp_pooled.py: one bank, no noise, clipping alone cut AP from 0.79 to
-#: 0.57; at 10 it cost nothing); batches of 512 beat 256, 1,024 and 2,048; three epochs per round
-#: beat one.
+#: ε = 8; AP 0.27-0.36 with the earlier defaults, 0.67 with these): clipping at 1.0 left fraud rows
+#: under-fitted (bench/fraud_dp_pooled.py: one bank, no noise, clipping alone cut AP from 0.81 to
+#: 0.57; at 10 it cost almost nothing); batches of 512 beat 256, 1,024 and 2,048; three epochs per
+#: round beat one.
 DP_MAX_GRAD_NORM = 10.0
 DP_BATCH_SIZE = 512
 DP_LEARNING_RATE = 0.006

@@ -213,12 +213,12 @@ def page(browser: Any, kb_server: KbServer) -> Iterator[Any]:
     assert all(u.startswith((kb_server.url, "data:")) for u in requests), requests
 
 
-
 def eventually_starts(page: Any, selector: str, prefix: str) -> None:
     """Wait (Playwright's retrying assertion) until the element's text starts with ``prefix``:
     parts of the page fill in after their own request."""
     expect = pytest.importorskip("playwright.sync_api").expect
     expect(page.locator(selector)).to_have_text(re.compile("^" + re.escape(prefix)))
+
 
 def test_page_and_its_files_come_from_this_server(live_server: Any) -> None:
     """Without a browser: the page, its script and styles are package files served here."""
