@@ -34,14 +34,16 @@ def environment(updates: Mapping[str, str], removed: tuple[str, ...] = ()) -> It
 
 
 @contextmanager
-def serving(app: Any, join_s: float = 30) -> Iterator[str]:
-    """``app`` on a real uvicorn on 127.0.0.1 (a thread); yields its URL once it listens."""
+def serving(app: Any, join_s: float = 30, start_s: float = 20, **config: Any) -> Iterator[str]:
+    """``app`` on a real uvicorn on 127.0.0.1 (a thread; ``config``: more ``uvicorn.Config``
+    options); yields its URL once it listens."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
+                                           **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + start_s
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.02)

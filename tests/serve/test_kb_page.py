@@ -24,13 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from infra.home import HomeLayout
 from infra.serving.runtime import key_store
 from infra.settings import ServeSettings
-from tests.serve.fraud_helpers import free_port
-from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder, pdf_with_pages
+from tests.serve.kb_helpers import CLI_NAMES, CLI_REASONS, cli_folder, environment, pdf_with_pages, serving
 
 FACT = "The impeller of the P-200 feed pump must be inspected every 1,500 operating hours"
 DOCUMENT = f"""<!doctype html>
@@ -153,33 +151,19 @@ def kb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KbServer]:
     env = {"INDUSFLOW_KB_COLLECTIONS": "legal,medical,manuals",
            "INDUSFLOW_LLM_URL": f"http://127.0.0.1:{chat.server_port}/v1",
            "INDUSFLOW_LLM_MODEL": "paced-test", "HF_HUB_OFFLINE": "1", "INDUSFLOW_HOME": str(layout.root)}
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    client = open_client(uri=str(root / "milvus.db"))
-    embedder = LocalEmbedder()
-    app = create_app(ServeSettings(audit_salt="test-salt"), layout=layout,
-                     build_verticals=[lambda services: kb.build(services, client=client, embedder=embedder)])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", access_log=False,
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-        yield KbServer(f"http://127.0.0.1:{port}", layout, client, embedder)
+        with environment(env):
+            client = open_client(uri=str(root / "milvus.db"))
+            try:
+                embedder = LocalEmbedder()
+                app = create_app(ServeSettings(audit_salt="test-salt"), layout=layout, build_verticals=[
+                    lambda services: kb.build(services, client=client, embedder=embedder)])
+                with serving(app, join_s=20, start_s=30, lifespan="on") as url:
+                    yield KbServer(url, layout, client, embedder)
+            finally:
+                client.close()
     finally:
-        server.should_exit = True
-        thread.join(timeout=20)
         chat.shutdown()
-        client.close()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @pytest.fixture(scope="module")
