@@ -46,6 +46,7 @@ class FraudFederateResult(BaseModel):
     refused: dict[int, str]
     metrics: dict[str, dict[str, float | None]]
     epsilon: dict[str, float] | None
+    best_round: int | None = None  # the registered weights' round when chosen on validation (None: the last)
     report_dir: str
     seconds: float
 
@@ -128,13 +129,15 @@ def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.F
                 float((pooled_data.periods() == "train").sum()))
     weight = FD.federated_pos_weight(pos, neg - pos, cfg.model.negative_rate)
     pooled = FD.bank_setup(pooled_data, pre, cfg.model)
+    # the alternatives stop on validation as the federation does (its best round), else train every epoch
+    train = FD.train_best_val if fed.selects_best_round() else FD.train_local
     m = FD.initial_model(pre, cfg.model, weight)
-    FD.train_local(m, pooled, cfg.model, epochs, seed=cfg.model.seed)
+    train(m, pooled, cfg.model, epochs, seed=cfg.model.seed)
     out = {"pooled (all rows)": FD.ranking_metrics(*FD.bank_scores(m, pooled, "test"))}
     ys, ss = [], []
     for b in banks:
         alone = FD.initial_model(pre, cfg.model, weight)
-        FD.train_local(alone, b, cfg.model, epochs, seed=cfg.model.seed)
+        train(alone, b, cfg.model, epochs, seed=cfg.model.seed)
         y, s = FD.bank_scores(alone, b, "test")
         ys.append(y)
         ss.append(s)
@@ -179,7 +182,8 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
                                f"momentum {fed.server_momentum:g}), moments round first"),
                   "partition_by":
                   fed.partition_by or "hash(account_id)", "rows_per_client": evaluated["rows"],
-                  "partial_rounds": partial, "refused": outcome.refused, "privacy": privacy}
+                  "partial_rounds": partial, "refused": outcome.refused, "privacy": privacy,
+                  "registered_round": outcome.best_round or "last"}
     union = evaluated["metrics"]["federated (union)"]
     params = P.model_params(evaluated["model"], evaluated["preprocessor"], cfg.model, federation=federation,
                             threshold=0.5, split=cfg.split.model_dump())
@@ -218,6 +222,8 @@ def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: P
     lines += ["", "| round | banks ok | failures | partial | train loss | mean val AP | max ε |", "|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join("—" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
                                 for v in r.values()) + " |" for r in rows]
+    lines += ["", f"Registered: the global model of round {outcome.best_round}, the best mean validation AP."
+              if outcome.best_round is not None else "Registered: the global model of the last round."]
     if outcome.refused:
         lines += ["", "Refused banks:"] + [f"- bank {k}: {v}" for k, v in outcome.refused.items()]
     try:
@@ -275,4 +281,5 @@ def fraud_federate(
         partial_rounds=[r["round"] for r in outcome.rounds if r.get("phase") == "train" and r.get("partial")],
         rows_per_bank={str(p.bank): p.rows for p in parts}, refused=outcome.refused,
         metrics={k: {m: (None if math.isnan(x) else x) for m, x in v.items()} for k, v in evaluated["metrics"].items()},
-        epsilon=_epsilons(outcome.rounds), report_dir=str(out_dir), seconds=time.perf_counter() - started)
+        epsilon=_epsilons(outcome.rounds), best_round=outcome.best_round, report_dir=str(out_dir),
+        seconds=time.perf_counter() - started)

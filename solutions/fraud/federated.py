@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,11 @@ class FederationConfig(BaseModel):
     dp_local_epochs: int | None = Field(default=DP_LOCAL_EPOCHS, ge=1, description="Epochs each bank trains per "
                                         "round under DP-SGD (None: local_epochs). The noise is set for the whole "
                                         "budget, so more passes cost noise, not ε.")
+    best_round: bool = Field(
+        default=True, description="Keep the round whose global model scored the best validation AP (row-weighted "
+        "over the banks; early stopping for a federation), not the last one; the pooled and bank-alone comparisons "
+        "keep their best validation epoch alike. Under DP the last round is kept: the banks' validation scores are "
+        "not noised, so choosing by them would spend privacy the accountant does not count.")
     port: int = Field(default=0, ge=0, le=65535, description="Server port on 127.0.0.1 (0: a free one).")
 
     @model_validator(mode="after")
@@ -106,6 +112,10 @@ class FederationConfig(BaseModel):
         if self.dp_epsilon is not None and self.dp_local_epochs is not None:
             return self.dp_local_epochs
         return self.local_epochs
+
+    def selects_best_round(self) -> bool:
+        """Whether the federation keeps its best-validation round (never under DP)."""
+        return self.best_round and self.dp_epsilon is None
 
     def needed(self) -> int:
         """Fewest banks a round needs."""
@@ -427,11 +437,13 @@ class LocalFit:
 
 def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelConfig, epochs: int,
                 seed: int, privacy: PrivacyState | None = None,
-                optimizer_state: dict[str, Any] | None = None) -> LocalFit:
+                optimizer_state: dict[str, Any] | None = None,
+                on_epoch: Callable[[int], None] | None = None) -> LocalFit:
     """Train ``model`` in place on the bank's train period for ``epochs`` (AdamW, resumed from
     ``optimizer_state`` when given; with ``privacy``, Opacus DP-SGD: GRU -> DPGRU, per-sample
     clipping and noise, Poisson batches over every train row; the negative subsampling is off
-    since it depends on the labels). The returned fit holds the AdamW state."""
+    since it depends on the labels). ``on_epoch(epoch)`` is called after each epoch (from 1), with
+    torch's random state given back after it. The returned fit holds the AdamW state."""
     model.train()
     dm = bank.setup.datamodule
     if privacy is None:
@@ -453,7 +465,7 @@ def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelCo
             max_grad_norm=privacy.settings.max_grad_norm, poisson_sampling=True)
     total, count, steps = 0.0, 0, 0
     with seeded(seed):
-        for _ in range(epochs):
+        for epoch in range(1, epochs + 1):
             for batch in loader:
                 if not len(batch["y"]):
                     continue
@@ -465,6 +477,11 @@ def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelCo
                 total += float(loss.detach()) * len(logits)
                 count += len(logits)
                 steps += 1
+            if on_epoch is not None:
+                rng = torch.get_rng_state()
+                on_epoch(epoch)
+                torch.set_rng_state(rng)
+                model.train()
     if privacy is not None:
         plain_keys = model.state_dict().keys()
         trained = net._module.state_dict() if hasattr(net, "_module") else net.state_dict()
@@ -473,6 +490,26 @@ def train_local(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelCo
     return LocalFit(examples=bank.n_train(), loss=total / max(1, count), steps=steps,
                     epsilon=privacy.epsilon() if privacy is not None else None,
                     optimizer_state=(optimizer.original_optimizer if privacy is not None else optimizer).state_dict())
+
+
+def train_best_val(model: FraudSequenceModel, bank: BankSetup, cfg: SequenceModelConfig, epochs: int,
+                   seed: int) -> int:
+    """Train ``model`` as :func:`train_local` does (no DP) and leave it at the epoch with the best
+    validation AP (early stopping, as ``fraud train`` does); returns that epoch (0: the bank has
+    no validation row of both classes, and the last epoch is kept)."""
+    best: tuple[float, dict[str, torch.Tensor] | None, int] = (-math.inf, None, 0)
+
+    def keep_best(epoch: int) -> None:
+        nonlocal best
+        ap = ranking_metrics(*bank_scores(model, bank, "val"))["ap"]
+        if not math.isnan(ap) and ap > best[0]:
+            best = (ap, copy.deepcopy(model.state_dict()), epoch)
+
+    train_local(model, bank, cfg, epochs, seed=seed, on_epoch=keep_best)
+    if best[1] is not None:
+        model.load_state_dict(best[1])
+    model.eval()
+    return best[2]
 
 
 class _NonEmpty(torch.utils.data.Dataset):

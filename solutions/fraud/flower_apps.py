@@ -13,6 +13,7 @@ vocabularies, never rows); rounds 2.. train with FedAvg weighted by train rows.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -28,6 +29,7 @@ from solutions.fraud.config import SequenceModelConfig
 
 ROUNDS_FILE = "rounds.jsonl"
 FINAL_FILE = "global.npz"
+ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the best one is kept)
 SUMMARY_FILE = "federation.json"
 
 
@@ -196,6 +198,7 @@ def strategy_for(spec: ServerSpec):
             self.config: dict[str, Any] = {}
             self.banks: dict[int, dict[str, Any]] = {}
             self.current: dict[str, Any] = {}
+            self.evaluated: Any = None  # the global weights this round's banks evaluate
 
         def initialize_parameters(self, client_manager):
             deadline = time.monotonic() + spec.connect_timeout_s
@@ -249,13 +252,16 @@ def strategy_for(spec: ServerSpec):
                 return []
             clients = client_manager.sample(num_clients=max(spec.min_clients, client_manager.num_available()),
                                             min_num_clients=spec.min_clients)
+            self.evaluated = parameters
             return [(c, EvaluateIns(parameters, {**self.config})) for c in clients]
 
         def aggregate_evaluate(self, server_round, results, failures):
             if server_round > 1:
                 val = {int(r.metrics["bank"]): float(r.metrics["val_ap"]) for _, r in results}
-                self.current.update(val_ap=val, eval_failures=len(failures), seconds=time.time()
-                                    - self.current.pop("started", time.time()))
+                rows = {int(r.metrics["bank"]): r.num_examples for _, r in results}
+                np.savez(run_dir / ROUND_FILE.format(server_round - 1), *parameters_to_ndarrays(self.evaluated))
+                self.current.update(val_ap=val, val_rows=rows, eval_failures=len(failures),
+                                    seconds=time.time() - self.current.pop("started", time.time()))
                 self._write(self.current)
             return None, {}
 
@@ -285,9 +291,11 @@ def run_server(spec: ServerSpec) -> int:
 
 
 class FederationOutcome(BaseModel):
-    """What a finished federation leaves: the global weights' file, the rounds, the banks."""
+    """What a finished federation leaves: the global weights' file (the best validation round's,
+    or the last round's), the rounds, the banks."""
 
     weights: str | None
+    best_round: int | None = None  # the training round whose weights ``weights`` holds, when not the last
     preprocessor: dict[str, Any] | None
     rounds: list[dict[str, Any]]
     banks: dict[str, dict[str, Any]]
@@ -357,11 +365,38 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
                for p in run_dir.glob("refused-*.json")}
     summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).exists() else {}
     pre = run_dir / "preprocessor.json"
-    weights = run_dir / FINAL_FILE
-    return FederationOutcome(weights=str(weights) if weights.exists() else None,
+    rounds = read_rounds(run_dir)
+    chosen = best_round(rounds) if fed.selects_best_round() else None
+    weights = run_dir / (ROUND_FILE.format(chosen) if chosen is not None else FINAL_FILE)
+    if chosen is not None and not weights.exists():
+        weights, chosen = run_dir / FINAL_FILE, None
+    return FederationOutcome(weights=str(weights) if weights.exists() else None, best_round=chosen,
                              preprocessor=json.loads(pre.read_text()) if pre.exists() else None,
-                             rounds=read_rounds(run_dir), banks={str(k): v for k, v in summary.get("banks", {}).items()},
+                             rounds=rounds, banks={str(k): v for k, v in summary.get("banks", {}).items()},
                              exit_codes=codes, refused=refused)
+
+
+def best_round(rounds: list[dict[str, Any]]) -> int | None:
+    """The training round whose global model scored the best validation AP, averaged over the
+    banks that evaluated the last round (weighted by their validation rows), among the rounds
+    every one of those banks evaluated; banks without a finite AP (no fraud in their validation
+    days) are left out. ``None`` when no round was evaluated. A bank that crashed for good thus
+    does not pin the choice to the rounds before its crash."""
+    evaluated = [r for r in rounds if r.get("phase") == "train" and r.get("val_ap")]
+    if not evaluated:
+        return None
+    survivors = set(evaluated[-1]["val_ap"])
+    best, best_ap = None, -math.inf
+    for r in evaluated:
+        if not survivors <= set(r["val_ap"]):
+            continue
+        pairs = [(float(r["val_ap"][b]), float(r.get("val_rows", {}).get(b, 1))) for b in survivors]
+        pairs = [(ap, n) for ap, n in pairs if math.isfinite(ap) and n > 0]
+        if pairs:
+            ap = float(np.average([a for a, _ in pairs], weights=[n for _, n in pairs]))
+            if ap > best_ap:
+                best, best_ap = int(r["round"]), ap
+    return best
 
 
 def load_weights(path: str) -> list[np.ndarray]:

@@ -34,6 +34,11 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
     ref = registry.resolve("fraud-fed-e2e:1")
     fed = ref.params["federation"]
     assert fed["clients"] == 2 and fed["rounds"] == 2 and fed["privacy"] == {"dp": False}
+    # the registered weights are the best validation round's (early stopping), named in the lineage
+    assert result["best_round"] in (1, 2) and fed["registered_round"] == result["best_round"]
+    weighted = {r["round"]: sum(r["val_ap"][b] * r["val_rows"][b] for b in r["val_ap"]) / sum(r["val_rows"].values())
+                for r in train_rounds}
+    assert result["best_round"] == max(weighted, key=weighted.get), weighted
     assert sum(fed["rows_per_client"].values()) == sum(result["rows_per_bank"].values())
     card = (registry.version_dir(ref) if hasattr(registry, "version_dir") else __import__("pathlib").Path(ref.path))
     assert "WITHOUT differential privacy" in (card / "card.md").read_text()
@@ -52,6 +57,7 @@ def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> 
     assert second["ok"] == 1 and second["failures"] == 1 and list(second["banks"]) == ["0"]
     # the noise was set for every step the banks took (DP_LOCAL_EPOCHS per round): within budget
     assert result.epsilon is not None and 0 < result.epsilon["federation"] <= 8.05
+    assert result.best_round is None  # under DP the last round is kept (no choice by unnoised scores)
     fed = ModelRegistry().resolve("fraud-fed-crash:1").params["federation"]
     assert fed["local_epochs"] == FD.DP_LOCAL_EPOCHS and fed["privacy"]["max_grad_norm"] == FD.DP_MAX_GRAD_NORM
     assert result.metrics["federated (union)"]["ap"] is not None

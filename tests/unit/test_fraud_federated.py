@@ -103,7 +103,7 @@ def test_dp_sgd_trains_and_reports_the_accountants_epsilon(banks: list[FD.BankDa
 
 
 def test_weights_round_trip(banks: list[FD.BankData]) -> None:
-    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    pre, _, _ = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
     a = FD.initial_model(pre, CFG, 1.0)
     b = FD.initial_model(pre, CFG.model_copy(update={"seed": 5}), 1.0)
     FD.set_weights(b, FD.get_weights(a))
@@ -198,3 +198,51 @@ def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
     state = FD.privacy_for(FD.DPSettings(epsilon=8, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1),
                            n_train=10_000, batch_size=model.batch_size)
     assert state.steps_per_epoch == 5 and state.sample_rate == 0.2
+
+
+def test_train_best_val_keeps_the_best_validation_epoch(banks: list[FD.BankData]) -> None:
+    """Early stopping for the pooled and bank-alone comparisons: the model ends at the epoch whose
+    validation AP was highest, and the training's random stream is the one without the checks."""
+    pre, pos, neg = FD.merge_moments([FD.local_moments(b, CFG) for b in banks])
+    bank = FD.bank_setup(banks[0], pre, CFG)
+    weight = FD.federated_pos_weight(pos, neg, CFG.negative_rate)
+    seen: dict[int, tuple[float, list[np.ndarray]]] = {}
+
+    def record(model: FD.FraudSequenceModel) -> object:
+        def on_epoch(epoch: int) -> None:
+            seen[epoch] = (FD.ranking_metrics(*FD.bank_scores(model, bank, "val"))["ap"], FD.get_weights(model))
+        return on_epoch
+
+    traced = FD.initial_model(pre, CFG, weight)
+    FD.train_local(traced, bank, CFG, 4, seed=3, on_epoch=record(traced))
+    plain = FD.initial_model(pre, CFG, weight)
+    FD.train_local(plain, bank, CFG, 4, seed=3)
+    # the per-epoch check gives torch's random state back: the same training as without it
+    assert all(np.array_equal(a, b) for a, b in zip(FD.get_weights(traced), FD.get_weights(plain), strict=True))
+    best_epoch = max(seen, key=lambda e: seen[e][0])
+    model = FD.initial_model(pre, CFG, weight)
+    assert FD.train_best_val(model, bank, CFG, 4, seed=3) == best_epoch
+    assert all(np.array_equal(a, b) for a, b in zip(FD.get_weights(model), seen[best_epoch][1], strict=True))
+
+
+def test_the_best_round_is_judged_on_the_banks_of_the_last_round() -> None:
+    from solutions.fraud.flower_apps import best_round
+
+    def train(rnd: int, aps: dict[str, float], rows: int = 10) -> dict:
+        return {"round": rnd, "phase": "train", "val_ap": aps, "val_rows": {b: rows for b in aps}}
+
+    moments = {"round": 0, "phase": "moments"}
+    assert best_round([moments]) is None
+    # bank 2 crashed for good after round 1: rounds 2-3 are judged on banks 0 and 1 alone
+    crashed = [moments, train(1, {"0": 0.5, "1": 0.6, "2": 0.9}), train(2, {"0": 0.7, "1": 0.7}),
+               train(3, {"0": 0.6, "1": 0.65})]
+    assert best_round(crashed) == 2
+    # every bank back in round 3: round 2 (bank 2 missing) cannot be compared with it
+    back = [*crashed[:3], train(3, {"0": 0.6, "1": 0.65, "2": 0.1})]
+    assert best_round(back) == 1
+    # a bank without fraud in its validation days (AP NaN) is left out; rows weigh the banks
+    nan = [moments, train(1, {"0": 0.8, "1": float("nan")}), train(2, {"0": 0.9, "1": float("nan")})]
+    assert best_round(nan) == 2
+    weighted = [moments, {"round": 1, "phase": "train", "val_ap": {"0": 0.9, "1": 0.1}, "val_rows": {"0": 1, "1": 9}},
+                {"round": 2, "phase": "train", "val_ap": {"0": 0.2, "1": 0.3}, "val_rows": {"0": 1, "1": 9}}]
+    assert best_round(weighted) == 2
