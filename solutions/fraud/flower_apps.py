@@ -29,7 +29,7 @@ from solutions.fraud.config import SequenceModelConfig
 
 ROUNDS_FILE = "rounds.jsonl"
 FINAL_FILE = "global.npz"
-ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the best one is kept)
+ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the flow registers the best)
 SUMMARY_FILE = "federation.json"
 
 
