@@ -115,12 +115,25 @@ def evaluate_step(outcome: FA.FederationOutcome, parts: list[FD.BankPartition], 
     metrics = {"federated (union)": FD.ranking_metrics(y, s)}
     metrics.update({f"federated (bank {k})": FD.ranking_metrics(*v) for k, v in scored.items()})
     if cfg.compare:
-        metrics.update(_comparisons(banks, pre, cfg))
+        metrics.update(_comparisons(banks, pre, cfg, bounds))
     return {"model": model, "preprocessor": pre, "y": y, "s": s, "metrics": metrics,
             "rows": {str(b.data.bank): len(b.data.table) for b in banks}}
 
 
-def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.FederateConfig) -> dict[str, Any]:
+POOLING_NOTE_KEY = "pooled (shared features)"
+POOLING_NOTE = ("`pooled (all rows)` and `GBM pooled` train on every bank's rows with each bank's window features "
+                "computed from its own rows, as in the federation: their gap to the federated model is what federated "
+                "optimisation costs. The `(shared features)` rows compute the window features over all banks' rows, "
+                "so a terminal's risk counts every bank's frauds there: what a data-sharing agreement would give, "
+                "the upper bound.")
+
+
+def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.FederateConfig,
+                 bounds: TimeSplit) -> dict[str, Any]:
+    """Pooled training on every bank's rows with each bank's own window features (what the
+    federation's optimisation costs), the same with window features over all rows (what a
+    data-sharing agreement would give: the upper bound), each bank alone, and the pooled GBM on
+    either feature set."""
     fed = cfg.federation
     epochs = fed.rounds * fed.local_epochs
     pooled_data = FD.BankData(bank=-1, table=pd.concat([b.data.table for b in banks], ignore_index=True),
@@ -147,6 +160,17 @@ def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.F
     test = pooled_data.periods() == "test"
     out["GBM pooled"] = FD.ranking_metrics(pooled_data.table.loc[test, S.LABEL].to_numpy(),
                                            P.baseline_scores(gbm, pooled_data.features, "test"))
+    # data sharing: one table, window features over all of it, its own preprocessor
+    shared = FD.shared_bank([b.data for b in banks], bounds, cfg.delay_days)
+    shared_pre, pos, neg = FD.merge_moments([FD.local_moments(shared, cfg.model)])
+    m = FD.initial_model(shared_pre, cfg.model, FD.federated_pos_weight(pos, neg, cfg.model.negative_rate))
+    shared_setup = FD.bank_setup(shared, shared_pre, cfg.model)
+    train(m, shared_setup, cfg.model, epochs, seed=cfg.model.seed)
+    out["pooled (shared features)"] = FD.ranking_metrics(*FD.bank_scores(m, shared_setup, "test"))
+    gbm = P.fit_baseline(shared.features, shared.table[S.LABEL].to_numpy(), cfg.model.seed, 1)
+    test = shared.periods() == "test"
+    out["GBM pooled (shared features)"] = FD.ranking_metrics(shared.table.loc[test, S.LABEL].to_numpy(),
+                                                             P.baseline_scores(gbm, shared.features, "test"))
     return out
 
 
@@ -204,7 +228,7 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
         features=FC.feature_names(evaluated["preprocessor"].window_feature_names),
         metrics=intervals(evaluated["y"], evaluated["s"], ["pr_auc", "roc_auc"]),
         sections=[Section(title="Test period: federated vs alternatives", columns=["model", "ap", "roc_auc"],
-                          rows=comparison),
+                          rows=comparison, note=POOLING_NOTE if POOLING_NOTE_KEY in evaluated["metrics"] else None),
                   Section(title="Privacy", columns=["bank", "epsilon"],
                           rows=[[k, v] for k, v in (eps or {}).items()], note=dp_note),
                   Section(title="Rounds", columns=list(_round_rows(outcome.rounds)[0]) if _round_rows(outcome.rounds) else [],
@@ -218,6 +242,8 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
 def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: Path) -> str:
     lines = ["# Federated fraud training", "", "| model | test AP | test ROC-AUC |", "|---|---|---|"]
     lines += [f"| {k} | {v['ap']:.4f} | {v['roc_auc']:.4f} |" for k, v in evaluated["metrics"].items()]
+    if POOLING_NOTE_KEY in evaluated["metrics"]:
+        lines += ["", POOLING_NOTE]
     rows = _round_rows(outcome.rounds)
     lines += ["", "| round | banks ok | failures | partial | train loss | mean val AP | max ε |", "|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join("—" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))

@@ -266,6 +266,17 @@ def load_bank(part: BankPartition, bounds: TimeSplit, delay_days: float) -> Bank
     return BankData(bank=part.bank, table=table, features=features, sha256=digest)
 
 
+def shared_bank(banks: list[BankData], bounds: TimeSplit, delay_days: float) -> BankData:
+    """What a data-sharing agreement would give (the comparison's upper bound, never the
+    federation): every bank's rows in one table, in time (then transaction id) order, with window features computed
+    over all of them, so a terminal's risk counts the frauds every bank saw there (each bank's
+    own features count only its own)."""
+    table = pd.concat([b.table for b in banks], ignore_index=True)
+    table = table.sort_values([S.TIMESTAMP, S.TRANSACTION_ID], kind="stable").reset_index(drop=True)
+    features = P.build_features(table, assign_periods(table[S.TIMESTAMP], bounds), delay_days)
+    return BankData(bank=-1, table=table, features=features, sha256="")
+
+
 # ------------------------------------------------------------------------------------
 # one preprocessor for every bank, from shared moments (no rows leave a bank)
 

@@ -27,7 +27,8 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
     assert [r["round"] for r in train_rounds] == [1, 2] and not result["partial_rounds"]
     assert all(r["ok"] == 2 for r in train_rounds)
     assert set(result["rows_per_bank"]) == {"0", "1"}
-    for name in ("federated (union)", "federated (bank 0)", "pooled (all rows)", "bank 1 alone", "GBM pooled"):
+    for name in ("federated (union)", "federated (bank 0)", "pooled (all rows)", "bank 1 alone", "GBM pooled",
+                 "pooled (shared features)", "GBM pooled (shared features)"):
         assert 0 <= result["metrics"][name]["ap"] <= 1, name
     assert result["epsilon"] is None
     registry = ModelRegistry()
@@ -41,7 +42,8 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
     assert result["best_round"] == max(weighted, key=weighted.get), weighted
     assert sum(fed["rows_per_client"].values()) == sum(result["rows_per_bank"].values())
     card = (registry.version_dir(ref) if hasattr(registry, "version_dir") else __import__("pathlib").Path(ref.path))
-    assert "WITHOUT differential privacy" in (card / "card.md").read_text()
+    text = (card / "card.md").read_text()
+    assert "WITHOUT differential privacy" in text and "what a data-sharing agreement would give" in text
 
 
 def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> None:

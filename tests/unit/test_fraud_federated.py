@@ -246,3 +246,21 @@ def test_the_best_round_is_judged_on_the_banks_of_the_last_round() -> None:
     weighted = [moments, {"round": 1, "phase": "train", "val_ap": {"0": 0.9, "1": 0.1}, "val_rows": {"0": 1, "1": 9}},
                 {"round": 2, "phase": "train", "val_ap": {"0": 0.2, "1": 0.3}, "val_rows": {"0": 1, "1": 9}}]
     assert best_round(weighted) == 2
+
+
+def test_shared_features_count_every_banks_transactions_at_a_terminal(banks: list[FD.BankData],
+                                                                     table: pd.DataFrame) -> None:
+    bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
+    shared = FD.shared_bank(banks, bounds, 3)
+    assert len(shared.table) == sum(len(b.table) for b in banks) and shared.table[S.TIMESTAMP].is_monotonic_increasing
+    # the data-sharing features are the features of the whole table, not the banks' own ones glued together
+    whole = table.sort_values([S.TIMESTAMP, S.TRANSACTION_ID]).reset_index(drop=True)
+    whole_features = P.build_features(whole, shared.periods(), 3)
+    pd.testing.assert_frame_equal(shared.features, whole_features)
+    own = pd.concat([b.features.assign(_id=b.table[S.TRANSACTION_ID].to_numpy()) for b in banks]).set_index("_id")
+    joined = shared.features.assign(_id=shared.table[S.TRANSACTION_ID].to_numpy()).set_index("_id").loc[own.index]
+    # a terminal's 7-day transaction count sees both banks' rows: never fewer, more wherever both banks were there
+    assert (joined["term_nb_tx_7d"] >= own["term_nb_tx_7d"] - 1e-9).all()
+    assert (joined["term_nb_tx_7d"] > own["term_nb_tx_7d"] + 1e-9).mean() > 0.5
+    # the account features are the same: an account's rows are all in one bank
+    np.testing.assert_allclose(joined["cust_nb_tx_7d"], own["cust_nb_tx_7d"])
