@@ -71,7 +71,27 @@ def seed_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> 
             gbm = runs[(fold, "gbm")][0]
             out.append({**base, "model": "ensemble_seed_mean", **CV.rul_scores(
                 data, CV.ensemble(last, gbm["last"]), CV.ensemble(every, gbm["every"]))})
+            if all("val" in m for m in [*members, gbm]):
+                out.append({**base, **registered(data, members, gbm)})
     return out
+
+
+def registered(data: Any, members: list[dict[str, Any]], gbm: dict[str, Any]) -> dict[str, Any]:
+    """The ``registered`` row of one fold: the candidate ``sensor-train`` registers (the seed
+    ensemble of ``members`` CNNs, the GBM or their mean, whichever scores the lowest RUL RMSE
+    on the fold's validation windows) scored on the held-out engines, with its name."""
+    import numpy as np
+
+    from solutions.sensor import candidates as CA
+    from solutions.sensor import crossval as CV
+
+    cnn = {k: np.mean([m[k] for m in members], axis=0) for k in ("last", "every", "val")}
+    choice = CA.choose_on_validation(data.rul_val.rul, cnn["val"], np.asarray(gbm["val"]))
+    pick = {CA.CNN: (cnn["last"], cnn["every"]), CA.BASELINE: (np.asarray(gbm["last"]), np.asarray(gbm["every"])),
+            CA.ENSEMBLE: (CV.ensemble(cnn["last"], gbm["last"]), CV.ensemble(cnn["every"], gbm["every"]))}
+    last, every = pick[choice.winner]
+    return {"model": "registered", "chosen": choice.winner,
+            "val_rmse": {k: round(v, 3) for k, v in choice.val_rmse.items()}, **CV.rul_scores(data, last, every)}
 
 
 def trunk_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -118,6 +138,9 @@ def main() -> None:
                         help="Encoder trunks to train, each alike (ModelConfig.arch).")
     parser.add_argument("--stride", type=int, default=None, help="Override the training window stride.")
     parser.add_argument("--length", type=int, default=None, help="Override the window length.")
+    parser.add_argument("--val-cuts", type=int, default=None,
+                        help="Override WindowConfig.val_cuts: RUL validation (early stopping, the registered "
+                        "candidate) on the last window of N random cuts per validation engine (0: every window).")
     parser.add_argument("--pad-from", type=int, default=None,
                         help="Override the row the padded training windows start from (0: no padded windows).")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
@@ -159,6 +182,8 @@ def main() -> None:
         wcfg = wcfg.model_copy(update={"stride": args.stride})
     if args.length:
         wcfg = wcfg.model_copy(update={"length": args.length})
+    if args.val_cuts is not None:
+        wcfg = wcfg.model_copy(update={"val_cuts": args.val_cuts})
     if args.pad_from is not None:
         wcfg = wcfg.model_copy(update={"pad_from": args.pad_from or None})
     grid, _ = load_cmapss(Path(args.cmapss_dir), args.subset)
@@ -193,7 +218,8 @@ def main() -> None:
             splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
             fd = CV.fold_data(grid, splits, cfg, wcfg, seed=fold)
             gbm = E.fit_baseline(fd.data.train, fold)
-            gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x))
+            gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x),
+                        gbm.predict_rul(fd.data.rul_val.x))
             # pre-training sees the readings of the fold's training and validation engines, no labels
             encoders = {a: None if args.no_pretrained else pretrain_encoder(
                 grid, splits, fd.normalizer, arch_cfgs[a], wcfg, f"cv-pre-{fold}" + ("" if a == "cnn" else f"-{a}"))
@@ -210,7 +236,7 @@ def main() -> None:
                 print(f"budget of {args.budget_s:.0f} s spent: seed {seed} fold {fold} and later not run", file=sys.stderr)
                 break
             t_fold = time.perf_counter()
-            fd, (gbm_last, gbm_all), encoders = fold_inputs(fold)
+            fd, (gbm_last, gbm_all, gbm_val), encoders = fold_inputs(fold)
             data, n_ch = fd.data, len(fd.normalizer.channels_)
             base = {"fold": fold, "seed": seed, "test_engines": len(folds[fold])}
             fresh = [{**base, "model": "gbm", **CV.rul_scores(data, gbm_last, gbm_all)}]
@@ -221,7 +247,7 @@ def main() -> None:
                 variant = f"{arch}_{kind}"
                 run = train_cnn(data, n_ch, arch_cfgs[arch], wcfg, seed, f"cv-{fold}-{seed}-{variant}",
                                 encoders[arch] if kind == "pretrained" else None)
-                preds[variant] = (run.last, run.every)
+                preds[variant] = (run.last, run.every, run.val)
                 fresh.append({**base, "model": variant, **CV.rul_scores(data, run.last, run.every),
                               "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds})
                 curve = {"fold": fold, "seed": seed, "model": variant, "val_rmse": run.val_rmse,
@@ -229,9 +255,9 @@ def main() -> None:
                 curves.append(curve)
                 keep(curve, curves_file)
                 print(json.dumps(fresh[-1]), file=sys.stderr, flush=True)
-            for variant, (last, every) in ({"gbm": (gbm_last, gbm_all)} | preds).items():
+            for variant, (last, every, val) in ({"gbm": (gbm_last, gbm_all, gbm_val)} | preds).items():
                 keep({"fold": fold, "seed": seed, "model": variant, "last": np.round(last, 3).tolist(),
-                      "every": np.round(every, 3).tolist()}, preds_file)
+                      "every": np.round(every, 3).tolist(), "val": np.round(val, 3).tolist()}, preds_file)
             first = args.arch[0]
             cnn = preds.get(f"{first}_pretrained", preds[f"{first}_scratch"])
             fresh.append({**base, "model": "ensemble", **CV.rul_scores(
@@ -260,7 +286,8 @@ def main() -> None:
         "bench": "sensor_cv", "subset": args.subset, "engines": len(assets), "folds": args.folds,
         "runs_per_fold": {f: sorted(s for ff, s in done if ff == f) for f in sorted({f for f, _ in done})}, "protocol": {
             "test": f"last window of {wcfg.test_cuts} random cuts per held-out engine", "window": wcfg.length,
-            "pad_from": wcfg.pad_from,
+            "pad_from": wcfg.pad_from, "validation": (f"last window of {wcfg.val_cuts} random cuts per validation "
+                                                      "engine" if wcfg.val_cuts else "every validation window"),
             "train_stride": wcfg.stride, "rul_cap": wcfg.rul_cap, "val_fraction": cfg.split.val_fraction},
         "recipe": {"finetune": ft.model_dump(), "model": cfg.model.model_dump(), "pretrain": pcfg.model_dump()},
         "summary": {r["model"]: {m: round(float(r[f"{m}_mean"]), 3) for m in metrics}

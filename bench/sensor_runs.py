@@ -82,6 +82,7 @@ class CnnRun:
 
     last: np.ndarray  # RUL on the last window of each cut test unit
     every: np.ndarray  # RUL on every window of the test assets' trajectories
+    val: np.ndarray  # RUL on the RUL validation windows (``data.rul_val``: what the flow chooses on)
     val_rmse: list[float]
     best_epoch: int | None
     seconds: float
@@ -100,7 +101,7 @@ def train_cnn(data: Any, n_channels: int, config: Any, wcfg: Any, seed: int, run
     ft = config.finetune
     t0 = time.perf_counter()
     model = P.build_predictor(n_channels, config.model, wcfg, ft.lr, data.train.fail, ft, seed=seed)  # init follows the seed too
-    dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
+    dm = WindowDataModule((data.train.x, data.train.rul, data.train.fail), (data.rul_val.x, data.rul_val.rul, data.rul_val.fail),
                           ft.batch_size, ft.min_samples_per_epoch, seed)
     spec = TrainSpec(run_key=run_key, **{**P.train_spec_fields(config), "seed": seed})
     recorder = curve_recorder()
@@ -113,9 +114,10 @@ def train_cnn(data: Any, n_channels: int, config: Any, wcfg: Any, seed: int, run
         result = train_model(model, dm, spec, callbacks=[recorder])
     last, _ = predict(model, data.test_last.x)
     every, _ = predict(model, data.test_all.x)
+    val, _ = predict(model, data.rul_val.x)
     best = Path(result.best_checkpoint).stem if result.best_checkpoint else ""
     best_epoch = int(best.split("=")[-1]) + 1 if "=" in best else None
-    return CnnRun(last, every, recorder.val_rmse, best_epoch, round(time.perf_counter() - t0, 1))
+    return CnnRun(last, every, val, recorder.val_rmse, best_epoch, round(time.perf_counter() - t0, 1))
 
 
 def smoothed(values: list[float], weight: float | None) -> list[float]:

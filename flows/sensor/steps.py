@@ -164,8 +164,8 @@ def ensemble_step(members: list[SensorRULModel]) -> SensorRULEnsemble:
 @task(name="choose-network", cache_policy=NONE)
 def choose_network_step(models: dict[str, RULModel], data: P.SupervisedData) -> tuple[str, dict[str, float]]:
     """The encoder trunk whose network has the lowest validation RUL RMSE, and every trunk's."""
-    known = ~np.isnan(data.val.rul)
-    val = {arch: E.rmse(data.val.rul[known], predict(m, data.val.x)[0][known]) if known.any() else float("nan")
+    known = ~np.isnan(data.rul_val.rul)
+    val = {arch: E.rmse(data.rul_val.rul[known], predict(m, data.rul_val.x)[0][known]) if known.any() else float("nan")
            for arch, m in models.items()}
     best = CA.best_network(val)
     log.info("network trunks (val RUL RMSE) %s: the %s network is the network candidate", val, best)
@@ -204,9 +204,9 @@ def choose_candidate_step(model: RULModel, baseline: BaselineCandidate | None,
                           data: P.SupervisedData, networks: dict[str, float] | None = None) -> CA.SensorChoice:
     """CNN, GBM or their mean: the lowest validation RUL RMSE wins (the test assets only report);
     ``networks``: each trained trunk's validation RMSE, when several were (``model`` is the best)."""
-    cnn_val, _ = predict(model, data.val.x)
-    gbm_val = baseline.gbm.predict_rul(data.val.x) if baseline is not None else None
-    choice = CA.choose_on_validation(data.val.rul, cnn_val, gbm_val, networks)
+    cnn_val, _ = predict(model, data.rul_val.x)
+    gbm_val = baseline.gbm.predict_rul(data.rul_val.x) if baseline is not None else None
+    choice = CA.choose_on_validation(data.rul_val.rul, cnn_val, gbm_val, networks)
     log.info("candidates (val RUL RMSE) %s: registering the %s", choice.val_rmse, choice.winner)
     return choice
 

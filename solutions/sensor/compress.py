@@ -201,7 +201,7 @@ def prepare(ref: ModelRef, model: nn.Module, options: SensorHeldOut) -> Compress
     labelled = P.labelled_assets(grid, splits["train"], float(ref.params.get("label_fraction", 1.0)), ft.seed)
     data = P.supervised_windows(grid, splits, labelled, norm, wcfg, bad, split.seed)
     dm = WindowDataModule(
-        (data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
+        (data.train.x, data.train.rul, data.train.fail), (data.rul_val.x, data.rul_val.rul, data.rul_val.fail),
         ft.batch_size, ft.min_samples_per_epoch, ft.seed,
     )
     loss_fn, soft_loss = losses(hp)

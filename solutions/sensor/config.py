@@ -149,6 +149,13 @@ class WindowConfig(BaseModel):
     test_cuts: int = Field(
         default=4, ge=1, description="Synthetic test assets are cut before failure this many times (random cuts)."
     )
+    val_cuts: int = Field(
+        default=0, ge=0,
+        description="How validation scores RUL for early stopping and for choosing the registered candidate: 0, "
+        "every window of the validation assets; N, the last window of N random cuts of each failed validation asset "
+        "(as the test protocol and the C-MAPSS test file score). The failure-alert threshold is always calibrated on "
+        "every validation window.",
+    )
     rul_cap: float = Field(default=125.0, gt=0, description="Piecewise-linear RUL cap.")
     horizon: int = Field(default=30, ge=1, description="Failure within this many steps = positive.")
     n_regimes: int | Literal["auto"] = Field(

@@ -138,11 +138,20 @@ class SupervisedData:
     test_last: WindowSet  # last window of each cut test asset (RUL protocol)
     test_all: WindowSet  # every window of each failed test asset (alerts, trajectories)
     test_cut_grid: pd.DataFrame  # the cut test assets (to re-score another model on them)
+    #: last window of each random cut of the validation assets (``WindowConfig.val_cuts``); None: RUL
+    #: validation uses every validation window
+    val_cut: WindowSet | None = None
+
+    @property
+    def rul_val(self) -> WindowSet:
+        """The windows RUL validation scores (early stopping, the candidate choice): the cut
+        validation assets' last windows when ``val_cuts`` is set, else every validation window."""
+        return self.val_cut if self.val_cut is not None else self.val
 
     def window_counts(self) -> dict[str, int]:
         """Windows per part."""
         return {"train": len(self.train), "val": len(self.val), "test_last": len(self.test_last),
-                "test_all": len(self.test_all)}
+                "test_all": len(self.test_all)} | ({"val_cut": len(self.val_cut)} if self.val_cut is not None else {})
 
 
 def supervised_windows(
@@ -161,19 +170,24 @@ def supervised_windows(
                          **kw).labelled()
     val = make_windows(rows_of(grid, splits["val"]), normalizer, stride=max(stride, 2), pad_from=cfg.pad_from,
                        **kw).labelled()
+    val_cut = None
+    if cfg.val_cuts:  # a different stream of cuts from the test assets' (seed + 1)
+        cut_val = cut_test_assets(rows_of(grid, splits["val"]), splits["val"], min(cfg.length, TEST_MIN_STEPS),
+                                  seed + 1, cuts=cfg.val_cuts)
+        val_cut = make_windows(cut_val, normalizer, last_only=True, pad=True, **kw).labelled()
     test_grid = rows_of(grid, splits["test"])
     cut = cut_test_assets(test_grid, splits["test"], min(cfg.length, TEST_MIN_STEPS), seed, cuts=cfg.test_cuts)
     test_last = make_windows(cut, normalizer, last_only=True, pad=True, report=report, **kw).labelled()
     full = test_grid.loc[test_grid[S.SET] != "test"] if (test_grid[S.SET] != "test").any() else test_grid
     test_all = make_windows(full, normalizer, stride=1, **kw).labelled()
-    if len(train) == 0 or len(val) == 0 or len(test_last) == 0:
+    if len(train) == 0 or len(val) == 0 or len(test_last) == 0 or (val_cut is not None and len(val_cut) == 0):
         from infra.errors import DataValidationError
 
         raise DataValidationError(
             f"too few labelled windows (train {len(train)}, val {len(val)}, test {len(test_last)}) for windows "
             f"of {cfg.length} steps; use shorter windows or more assets"
         )
-    return SupervisedData(train, val, test_last, test_all, cut)
+    return SupervisedData(train, val, test_last, test_all, cut, val_cut)
 
 
 def pretrain_windows(grid: pd.DataFrame, splits: dict[str, list[str]], normalizer: RegimeNormalizer, cfg: WindowConfig, stride: int) -> tuple[WindowSet, WindowSet]:
@@ -350,7 +364,7 @@ def new_predictor(setup: SupervisedSetup, config: SensorConfig, wcfg: WindowConf
     if encoder_state is not None:
         model.load_encoder(encoder_state)
     dm = WindowDataModule(
-        (data.train.x, data.train.rul, data.train.fail), (data.val.x, data.val.rul, data.val.fail),
+        (data.train.x, data.train.rul, data.train.fail), (data.rul_val.x, data.rul_val.rul, data.rul_val.fail),
         ft.batch_size, ft.min_samples_per_epoch, ft.seed,
     )
     return model, dm

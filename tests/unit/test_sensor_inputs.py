@@ -79,3 +79,27 @@ def test_test_cuts_do_not_depend_on_a_longer_window() -> None:
         assert len(data.test_last) == 12 and data.test_last.x.shape[2] == length
     # the same cut units for both windows; the 50-step window left-pads the ones shorter than it
     assert cuts[50] == cuts[P.TEST_MIN_STEPS] and min(cuts[50]) >= P.TEST_MIN_STEPS and min(cuts[50]) < 50
+
+
+def test_val_cuts_score_the_last_window_of_random_cuts_and_feed_early_stopping() -> None:
+    rng = np.random.default_rng(4)
+    grid = pd.concat([_asset(f"e{i}", int(rng.integers(80, 120)), rng) for i in range(12)], ignore_index=True)
+    splits = {"train": [f"e{i}" for i in range(8)], "val": ["e8", "e9"], "test": ["e10", "e11"]}
+    plain = CV.fold_data(grid, splits, SensorConfig(), WindowConfig(length=30, stride=1, n_regimes=1), seed=3).data
+    assert plain.val_cut is None and plain.rul_val is plain.val
+    wcfg = WindowConfig(length=30, stride=1, n_regimes=1, val_cuts=5)
+    data = CV.fold_data(grid, splits, SensorConfig(), wcfg, seed=3).data
+    # 5 cuts of each of the 2 validation assets, one (last) window each; the truth is the RUL at the cut
+    assert len(data.val_cut) == 10 and data.rul_val is data.val_cut
+    assert sorted(set(data.val_cut.asset)) == [f"e{a}@{k}" for a in (8, 9) for k in range(1, 6)]
+    assert data.val_cut.rul.min() >= 1 and len(set(data.val_cut.rul.tolist())) > 2
+    # every validation window is still there for the failure-alert threshold; training and test are unchanged
+    np.testing.assert_array_equal(data.val.x, plain.val.x)
+    np.testing.assert_array_equal(data.test_last.x, plain.test_last.x)
+    np.testing.assert_array_equal(data.train.x, plain.train.x)
+    assert data.window_counts()["val_cut"] == 10
+    # the supervised model's datamodule early-stops on the cut windows
+    setup = P.SupervisedSetup(splits, splits["train"], CV.fold_data(grid, splits, SensorConfig(), wcfg).normalizer,
+                              data, None)  # type: ignore[arg-type]
+    _, dm = P.new_predictor(setup, SensorConfig(), wcfg)
+    assert len(dm.val_dataloader().dataset) == 10
