@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--dp-max-grad-norm", type=float, default=None, help="default: the flow's")
     ap.add_argument("--dp-local-epochs", type=int, default=None, help="default: the flow's")
     ap.add_argument("--no-compare", action="store_true", help="federated runs only (no pooled/alone/GBM)")
+    ap.add_argument("--share-terminal-stats", action="store_true",
+                    help="the banks share their terminals' daily counts (FederationConfig.share_terminal_stats)")
     ap.add_argument("--train-days", type=float)
     ap.add_argument("--val-days", type=float)
     ap.add_argument("--delay-days", type=float)
@@ -96,7 +98,7 @@ def main() -> None:
                                       ("dp_max_grad_norm", args.dp_max_grad_norm),
                                       ("dp_local_epochs", args.dp_local_epochs)) if v is not None}
         fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
-                                  **server)
+                                  share_terminal_stats=args.share_terminal_stats, **server)
         cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare,
                                 model=FD.SMALL_MODEL.model_copy(update={"seed": seed}), **extra)
         r = fraud_federate(data=args.data, columns=columns, config=cfg)
@@ -104,7 +106,7 @@ def main() -> None:
                             "server_momentum": fed.server_momentum,
                             "keep_local_optimizer": fed.keep_local_optimizer, "dp_batch_size": fed.dp_batch_size,
                             "dp_learning_rate": fed.dp_learning_rate, "dp_max_grad_norm": fed.dp_max_grad_norm,
-                            "epochs_per_round": fed.epochs_per_round(),
+                            "epochs_per_round": fed.epochs_per_round(), "share_terminal_stats": fed.share_terminal_stats,
                             "spent_epsilon": r.epsilon,
                             "partial_rounds": r.partial_rounds, "metrics": r.metrics, "seconds": round(r.seconds, 1)})
         print(json.dumps(out["runs"][-1]), file=sys.stderr, flush=True)

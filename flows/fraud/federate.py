@@ -105,8 +105,12 @@ def evaluate_step(outcome: FA.FederationOutcome, parts: list[FD.BankPartition], 
         raise RuntimeError("the federation finished no training round")
     pre = FD.FraudPreprocessor.from_dict(outcome.preprocessor)
     refused = set(outcome.refused)
-    banks = [FD.bank_setup(FD.load_bank(p, bounds, cfg.delay_days), pre, cfg.model)
-             for p in parts if p.bank not in refused]
+    def own(part: FD.BankPartition) -> FD.BankData:  # each bank's data as its process trained on it
+        data = FD.load_bank(part, bounds, cfg.delay_days)
+        return FD.with_shared_terminals(data, outcome.terminal_totals, cfg.delay_days) \
+            if outcome.terminal_totals is not None else data
+
+    banks = [FD.bank_setup(own(p), pre, cfg.model) for p in parts if p.bank not in refused]
     model = FD.initial_model(pre, cfg.model, 1.0)
     FD.set_weights(model, FA.load_weights(outcome.weights))
     scored = {b.data.bank: FD.bank_scores(model, b, "test") for b in banks}
@@ -121,8 +125,9 @@ def evaluate_step(outcome: FA.FederationOutcome, parts: list[FD.BankPartition], 
 
 
 POOLING_NOTE_KEY = "pooled (shared features)"
-POOLING_NOTE = ("`pooled (all rows)` and `GBM pooled` train on every bank's rows with each bank's window features "
-                "computed from its own rows, as in the federation: their gap to the federated model is what federated "
+POOLING_NOTE = ("`pooled (all rows)` and `GBM pooled` train on every bank's rows with the window features the "
+                "federation's banks trained on (each bank's own rows; with --share-terminal-stats, terminal features "
+                "from the banks' summed daily counts): their gap to the federated model is what federated "
                 "optimisation costs. The `(shared features)` rows compute the window features over all banks' rows, "
                 "so a terminal's risk counts every bank's frauds there: what a data-sharing agreement would give, "
                 "the upper bound.")
@@ -207,7 +212,8 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
                   "partition_by":
                   fed.partition_by or "hash(account_id)", "rows_per_client": evaluated["rows"],
                   "partial_rounds": partial, "refused": outcome.refused, "privacy": privacy,
-                  "registered_round": outcome.best_round or "last"}
+                  "registered_round": outcome.best_round or "last",
+                  "terminal_stats": "daily counts summed across banks" if fed.share_terminal_stats else "each bank's own"}
     union = evaluated["metrics"]["federated (union)"]
     params = P.model_params(evaluated["model"], evaluated["preprocessor"], cfg.model, federation=federation,
                             threshold=0.5, split=cfg.split.model_dump())
@@ -223,6 +229,10 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
                "over all rounds (RDP accountant); the moments round (feature means/variances, vocabularies, class "
                "counts) is not noised." if eps else
                "Trained WITHOUT differential privacy: the shared weight updates carry no formal privacy guarantee.")
+    if fed.share_terminal_stats:
+        dp_note += (" The banks shared each terminal's daily counts of transactions, known labels and frauds "
+                    "(summed by the server, not noised; no account, amount or time of day): the terminal window "
+                    "features count every bank's transactions.")
     card = build_card(
         registration.model, title="Federated " + FC.TITLE[0].lower() + FC.TITLE[1:], intended_use=FC.INTENDED_USE,
         features=FC.feature_names(evaluated["preprocessor"].window_feature_names),

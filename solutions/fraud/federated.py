@@ -92,6 +92,11 @@ class FederationConfig(BaseModel):
         "over the banks; early stopping for a federation), not the last one; the pooled and bank-alone comparisons "
         "keep their best validation epoch alike. Under DP the last round is kept: the banks' validation scores are "
         "not noised, so choosing by them would spend privacy the accountant does not count.")
+    share_terminal_stats: bool = Field(
+        default=False, description="Before the moments round, every bank shares each terminal's daily counts "
+        "(transactions, known labels, frauds; no account, amount or time of day) and the server sums them, so a "
+        "terminal's window features count every bank's transactions there in whole days, not only the bank's own. "
+        "The counts are not noised: DP covers the weight updates only, and the card says so.")
     port: int = Field(default=0, ge=0, le=65535, description="Server port on 127.0.0.1 (0: a free one).")
 
     @model_validator(mode="after")
@@ -275,6 +280,74 @@ def shared_bank(banks: list[BankData], bounds: TimeSplit, delay_days: float) -> 
     table = table.sort_values([S.TIMESTAMP, S.TRANSACTION_ID], kind="stable").reset_index(drop=True)
     features = P.build_features(table, assign_periods(table[S.TIMESTAMP], bounds), delay_days)
     return BankData(bank=-1, table=table, features=features, sha256="")
+
+
+# ------------------------------------------------------------------------------------
+# terminal statistics summed across banks (share_terminal_stats)
+
+_NS_PER_DAY = 86_400 * 10**9
+TERMINAL_COUNTS = ("n", "known", "fraud")
+
+
+def _days(timestamps: pd.Series) -> np.ndarray:
+    """Whole days since the epoch (UTC) of each timestamp."""
+    ns = pd.to_datetime(timestamps, utc=True).to_numpy(dtype="datetime64[ns]").astype("int64")
+    return ns // _NS_PER_DAY
+
+
+def terminal_day_counts(data: BankData) -> dict[str, list]:
+    """What a bank shares with ``share_terminal_stats``: per terminal and UTC day, its
+    transactions there, those with a known label and the frauds among them (no account, amount
+    or time of day), as JSON-ready columns."""
+    table = data.table
+    if S.TERMINAL_ID not in table:
+        return {"terminal": [], "day": [], **{k: [] for k in TERMINAL_COUNTS}}
+    label = pd.to_numeric(table[S.LABEL], errors="coerce")
+    frame = pd.DataFrame({"terminal": table[S.TERMINAL_ID].astype(str).to_numpy(), "day": _days(table[S.TIMESTAMP]),
+                          "n": 1, "known": label.notna().astype("int64").to_numpy(),
+                          "fraud": (label.fillna(0) > 0).astype("int64").to_numpy()})
+    counts = frame.groupby(["terminal", "day"], sort=True)[list(TERMINAL_COUNTS)].sum().reset_index()
+    return {col: counts[col].tolist() for col in counts.columns}
+
+
+def merge_terminal_counts(shared: list[dict[str, list]]) -> dict[str, list]:
+    """The banks' terminal day counts summed (what the server sends back)."""
+    frames = [pd.DataFrame(s) for s in shared if s.get("terminal")]
+    if not frames:
+        return {"terminal": [], "day": [], **{k: [] for k in TERMINAL_COUNTS}}
+    total = pd.concat(frames).groupby(["terminal", "day"], sort=True)[list(TERMINAL_COUNTS)].sum().reset_index()
+    return {col: total[col].tolist() for col in total.columns}
+
+
+def with_shared_terminals(data: BankData, totals: dict[str, list], delay_days: float) -> BankData:
+    """The bank's data with its terminal window features recomputed from the summed day counts:
+    ``term_nb_tx_{w}d`` counts every bank's transactions at the terminal in the ``w`` whole days
+    before the day of ``t - delay`` and ``term_risk_{w}d`` the share of frauds among those with a
+    known label (0 when none is), as the bank's own features do over ``[t - delay - w, t - delay)``."""
+    windows = sorted(int(c[len("term_nb_tx_"):-1]) for c in data.features.columns if c.startswith("term_nb_tx_"))
+    if not windows or not totals.get("terminal"):
+        return data
+    names = pd.Index(sorted(set(totals["terminal"])))
+    day0, day1 = int(min(totals["day"])), int(max(totals["day"]))
+    width = day1 - day0 + 1
+    cum = {}
+    t_idx, d_idx = names.get_indexer(totals["terminal"]), np.asarray(totals["day"], dtype="int64") - day0
+    for key in TERMINAL_COUNTS:
+        grid = np.zeros((len(names), width + 1))
+        grid[t_idx, d_idx + 1] = np.asarray(totals[key], dtype="float64")
+        cum[key] = np.cumsum(grid, axis=1)  # cum[:, j]: days day0 .. day0 + j - 1
+    table = data.table
+    rows = names.get_indexer(table[S.TERMINAL_ID].astype(str)) if S.TERMINAL_ID in table else np.full(len(table), -1)
+    seen = rows >= 0
+    end = _days(table[S.TIMESTAMP] - pd.Timedelta(days=round(delay_days))) - day0  # day of t - delay, excluded
+    features = data.features.copy()
+    for w in windows:
+        hi, lo = np.clip(end, 0, width), np.clip(end - w, 0, width)
+        r = np.where(seen, rows, 0)
+        n, known, fraud = ((cum[k][r, hi] - cum[k][r, lo]) * seen for k in TERMINAL_COUNTS)
+        features[f"term_nb_tx_{w}d"] = n
+        features[f"term_risk_{w}d"] = np.divide(fraud, known, out=np.zeros(len(table)), where=known > 0)
+    return BankData(bank=data.bank, table=table, features=features, sha256=data.sha256)
 
 
 # ------------------------------------------------------------------------------------

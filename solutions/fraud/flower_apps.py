@@ -7,7 +7,9 @@ built app bundle. Here one server process and one process per bank are started d
 the compatibility entry points (``start_server`` / ``start_client`` over gRPC on 127.0.0.1),
 which 1.42 still ships (deprecated since 1.13): each process imports torch once, which matters
 on small machines. Round 1 is the moments round (each bank shares feature moments and
-vocabularies, never rows); rounds 2.. train with FedAvg weighted by train rows.
+vocabularies, never rows); rounds 2.. train with FedAvg weighted by train rows. With
+``share_terminal_stats`` a terminals round comes first: each bank shares its terminals' daily
+counts, the server sums them and sends the totals with the moments round.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ ROUNDS_FILE = "rounds.jsonl"
 FINAL_FILE = "global.npz"
 ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the flow registers the best)
 SUMMARY_FILE = "federation.json"
+TERMINALS_FILE = "terminal_totals.json"  # the summed terminal day counts (share_terminal_stats)
 
 
 class ClientFault(BaseModel):
@@ -59,6 +62,7 @@ class ClientSpec(BaseModel):
     fault: ClientFault = ClientFault()
     run_dir: str
     keep_local_optimizer: bool = False
+    share_terminal_stats: bool = False
 
 
 class ServerSpec(BaseModel):
@@ -77,6 +81,12 @@ class ServerSpec(BaseModel):
     run_dir: str
     server_learning_rate: float = 1.0
     server_momentum: float = 0.0
+    share_terminal_stats: bool = False
+
+    def setup_rounds(self) -> int:
+        """Flower rounds before the first training round: the moments round, after the
+        terminals round when terminal statistics are shared."""
+        return 2 if self.share_terminal_stats else 1
 
 
 # ------------------------------------------------------------------------------------
@@ -97,12 +107,12 @@ def run_client(spec: ClientSpec) -> int:
                                                                                  "error": str(exc)}))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    state: dict[str, Any] = {}
+    state: dict[str, Any] = {"data": data}
 
     def ensure(config: dict[str, Any]) -> tuple[Any, FD.BankSetup]:
         if "bank" not in state:
             pre = FD.FraudPreprocessor.from_dict(json.loads(config["preprocessor"]))
-            state["bank"] = FD.bank_setup(data, pre, spec.model)
+            state["bank"] = FD.bank_setup(state["data"], pre, spec.model)
             state["model"] = FD.initial_model(pre, spec.model, float(config["pos_weight"]))
             if spec.dp is not None:
                 state["privacy"] = FD.privacy_for(spec.dp, state["bank"].n_train(), spec.model.batch_size)
@@ -113,8 +123,13 @@ def run_client(spec: ClientSpec) -> int:
             return []
 
         def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+            if config.get("phase") == "terminals":
+                return [], 0, {"terminals": json.dumps(FD.terminal_day_counts(data)), "bank": data.bank}
             if config.get("phase") == "moments":
-                moments = FD.local_moments(data, spec.model)
+                if "terminal_totals" in config:  # the banks' summed terminal counts: recompute those features
+                    state["data"] = FD.with_shared_terminals(data, json.loads(config["terminal_totals"]),
+                                                             spec.delay_days)
+                moments = FD.local_moments(state["data"], spec.model)
                 return [], 0, {"moments": json.dumps(moments), "sha256": data.sha256,
                                "rows": json.dumps(data.rows()), "bank": data.bank}
             rnd = int(config["round"])
@@ -185,6 +200,7 @@ def strategy_for(spec: ServerSpec):
 
     run_dir = Path(spec.run_dir)
     log = run_dir / ROUNDS_FILE
+    setup = spec.setup_rounds()  # the Flower round that is the moments round
 
     class FederatedFraud(FedAvgM):
         """FedAvg (with FedAvgM's server step and momentum when set) after a moments round; every
@@ -199,6 +215,7 @@ def strategy_for(spec: ServerSpec):
             self.banks: dict[int, dict[str, Any]] = {}
             self.current: dict[str, Any] = {}
             self.evaluated: Any = None  # the global weights this round's banks evaluate
+            self.terminal_totals: str | None = None  # the summed terminal day counts (JSON), when shared
 
         def initialize_parameters(self, client_manager):
             deadline = time.monotonic() + spec.connect_timeout_s
@@ -210,14 +227,27 @@ def strategy_for(spec: ServerSpec):
             return ndarrays_to_parameters([])
 
         def configure_fit(self, server_round, parameters, client_manager):
-            config = {"phase": "moments"} if server_round == 1 else {**self.config, "round": server_round - 1}
+            if server_round < setup:
+                config = {"phase": "terminals"}
+            elif server_round == setup:
+                config = {"phase": "moments", **({"terminal_totals": self.terminal_totals}
+                                                 if self.terminal_totals is not None else {})}
+            else:
+                config = {**self.config, "round": server_round - setup}
             clients = client_manager.sample(num_clients=max(spec.min_clients, client_manager.num_available()),
                                             min_num_clients=spec.min_clients)
-            self.current = {"round": server_round - 1, "sampled": len(clients), "started": time.time()}
+            self.current = {"round": server_round - setup, "sampled": len(clients), "started": time.time()}
             return [(c, FitIns(parameters, config)) for c in clients]
 
         def aggregate_fit(self, server_round, results, failures):
-            if server_round == 1:
+            if server_round < setup:
+                shared = [json.loads(r.metrics["terminals"]) for _, r in results]
+                self.terminal_totals = json.dumps(FD.merge_terminal_counts(shared))
+                (run_dir / TERMINALS_FILE).write_text(self.terminal_totals)
+                self._write({"round": 0, "phase": "terminals", "banks": sorted(int(r.metrics["bank"]) for _, r in results),
+                             "failures": len(failures), "partial": len(results) < spec.clients})
+                return ndarrays_to_parameters([]), {}
+            if server_round == setup:
                 shared = [json.loads(r.metrics["moments"]) for _, r in results]
                 for _, r in results:
                     self.banks[int(r.metrics["bank"])] = {"sha256": r.metrics["sha256"],
@@ -235,7 +265,7 @@ def strategy_for(spec: ServerSpec):
                              "partial": len(results) < spec.clients})
                 return ndarrays_to_parameters(FD.get_weights(model)), {}
             # FedAvgM counts training rounds from 1 (its momentum starts there); ours start after the moments round
-            aggregated, _ = super().aggregate_fit(server_round - 1, results, failures)
+            aggregated, _ = super().aggregate_fit(server_round - setup, results, failures)
             per_bank = {int(r.metrics["bank"]): {k: v for k, v in r.metrics.items() if k != "bank"}
                         for _, r in results}
             self.current.update(phase="train", ok=len(results), failures=len(failures),
@@ -248,7 +278,7 @@ def strategy_for(spec: ServerSpec):
             return aggregated, {}
 
         def configure_evaluate(self, server_round, parameters, client_manager):
-            if server_round == 1:
+            if server_round <= setup:
                 return []
             clients = client_manager.sample(num_clients=max(spec.min_clients, client_manager.num_available()),
                                             min_num_clients=spec.min_clients)
@@ -256,10 +286,10 @@ def strategy_for(spec: ServerSpec):
             return [(c, EvaluateIns(parameters, {**self.config})) for c in clients]
 
         def aggregate_evaluate(self, server_round, results, failures):
-            if server_round > 1:
+            if server_round > setup:
                 val = {int(r.metrics["bank"]): float(r.metrics["val_ap"]) for _, r in results}
                 rows = {int(r.metrics["bank"]): r.num_examples for _, r in results}
-                np.savez(run_dir / ROUND_FILE.format(server_round - 1), *parameters_to_ndarrays(self.evaluated))
+                np.savez(run_dir / ROUND_FILE.format(server_round - setup), *parameters_to_ndarrays(self.evaluated))
                 self.current.update(val_ap=val, val_rows=rows, eval_failures=len(failures),
                                     seconds=time.time() - self.current.pop("started", time.time()))
                 self._write(self.current)
@@ -281,7 +311,7 @@ def run_server(spec: ServerSpec) -> int:
 
     strategy = strategy_for(spec)
     start_server(server_address=spec.address, strategy=strategy,
-                 config=ServerConfig(num_rounds=spec.rounds + 1, round_timeout=spec.round_timeout_s))
+                 config=ServerConfig(num_rounds=spec.rounds + spec.setup_rounds(), round_timeout=spec.round_timeout_s))
     Path(spec.run_dir, SUMMARY_FILE).write_text(json.dumps({"banks": strategy.banks}))
     return 0
 
@@ -301,6 +331,7 @@ class FederationOutcome(BaseModel):
     banks: dict[str, dict[str, Any]]
     exit_codes: dict[str, int | None]
     refused: dict[int, str]
+    terminal_totals: dict[str, list] | None = None  # the summed terminal day counts (share_terminal_stats)
 
 
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
@@ -325,7 +356,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
                         rounds=fed.rounds, round_timeout_s=fed.round_timeout_s,
                         connect_timeout_s=fed.connect_timeout_s, model=cfg.model, dp=dp is not None,
                         run_dir=str(run_dir), server_learning_rate=fed.server_learning_rate,
-                        server_momentum=fed.server_momentum)
+                        server_momentum=fed.server_momentum, share_terminal_stats=fed.share_terminal_stats)
     (run_dir / "server.json").write_text(server.model_dump_json())
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     seen = [0]
@@ -351,7 +382,8 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
             spec = ClientSpec(address=address, partition=part, bounds=bounds, delay_days=cfg.delay_days,
                               model=fed.client_model(cfg.model), rounds=fed.rounds, local_epochs=fed.epochs_per_round(), dp=dp,
                               fault=(faults or {}).get(part.bank, ClientFault()), run_dir=str(run_dir),
-                              keep_local_optimizer=fed.keep_local_optimizer)
+                              keep_local_optimizer=fed.keep_local_optimizer,
+                              share_terminal_stats=fed.share_terminal_stats)
             path = run_dir / f"client-{part.bank}.json"
             path.write_text(spec.model_dump_json())
             group.start(f"bank-{part.bank}", "solutions.fraud.flower_apps", ["client", str(path)], env)
@@ -364,7 +396,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     refused = {int(json.loads(p.read_text())["bank"]): json.loads(p.read_text())["error"]
                for p in run_dir.glob("refused-*.json")}
     summary = json.loads((run_dir / SUMMARY_FILE).read_text()) if (run_dir / SUMMARY_FILE).exists() else {}
-    pre = run_dir / "preprocessor.json"
+    pre, terminals = run_dir / "preprocessor.json", run_dir / TERMINALS_FILE
     rounds = read_rounds(run_dir)
     chosen = best_round(rounds) if fed.selects_best_round() else None
     weights = run_dir / (ROUND_FILE.format(chosen) if chosen is not None else FINAL_FILE)
@@ -373,7 +405,8 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     return FederationOutcome(weights=str(weights) if weights.exists() else None, best_round=chosen,
                              preprocessor=json.loads(pre.read_text()) if pre.exists() else None,
                              rounds=rounds, banks={str(k): v for k, v in summary.get("banks", {}).items()},
-                             exit_codes=codes, refused=refused)
+                             exit_codes=codes, refused=refused,
+                             terminal_totals=json.loads(terminals.read_text()) if terminals.exists() else None)
 
 
 def best_round(rounds: list[dict[str, Any]]) -> int | None:

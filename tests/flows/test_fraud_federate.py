@@ -35,6 +35,7 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
     ref = registry.resolve("fraud-fed-e2e:1")
     fed = ref.params["federation"]
     assert fed["clients"] == 2 and fed["rounds"] == 2 and fed["privacy"] == {"dp": False}
+    assert fed["terminal_stats"] == "each bank's own"
     # the registered weights are the best validation round's (early stopping), named in the lineage
     assert result["best_round"] in (1, 2) and fed["registered_round"] == result["best_round"]
     weighted = {r["round"]: sum(r["val_ap"][b] * r["val_rows"][b] for b in r["val_ap"]) / sum(r["val_rows"].values())
@@ -44,6 +45,24 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
     card = (registry.version_dir(ref) if hasattr(registry, "version_dir") else __import__("pathlib").Path(ref.path))
     text = (card / "card.md").read_text()
     assert "WITHOUT differential privacy" in text and "what a data-sharing agreement would give" in text
+
+
+def test_shared_terminal_statistics_come_before_the_moments_round(capsys: pytest.CaptureFixture) -> None:
+    code = main(["federate", *TINY, "--clients", "2", "--rounds", "2", "--share-terminal-stats",
+                 "--model", "fraud-fed-terminals", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    phases = [(r.get("phase"), r.get("round")) for r in result["rounds"]]
+    assert phases == [("terminals", 0), ("moments", 0), ("train", 1), ("train", 2)], phases
+    assert all(r["ok"] == 2 for r in result["rounds"] if r.get("phase") == "train")
+    registry = ModelRegistry()
+    ref = registry.resolve("fraud-fed-terminals:1")
+    assert ref.params["federation"]["terminal_stats"] == "daily counts summed across banks"
+    card = __import__("pathlib").Path(ref.path) / "card.md"
+    assert "shared each terminal's daily counts" in card.read_text()
+    # the orchestrator scored each bank's test days with the summed counts the banks trained on
+    assert 0 <= result["metrics"]["federated (union)"]["ap"] <= 1
 
 
 def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> None:

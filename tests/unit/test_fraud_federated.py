@@ -264,3 +264,31 @@ def test_shared_features_count_every_banks_transactions_at_a_terminal(banks: lis
     assert (joined["term_nb_tx_7d"] > own["term_nb_tx_7d"] + 1e-9).mean() > 0.5
     # the account features are the same: an account's rows are all in one bank
     np.testing.assert_allclose(joined["cust_nb_tx_7d"], own["cust_nb_tx_7d"])
+
+
+def test_terminal_counts_summed_across_banks_give_every_banks_transactions(banks: list[FD.BankData],
+                                                                          table: pd.DataFrame) -> None:
+    counts = [FD.terminal_day_counts(b) for b in banks]
+    assert set(counts[0]) == {"terminal", "day", "n", "known", "fraud"}  # no account, amount or time of day
+    totals = FD.merge_terminal_counts(counts)
+    assert sum(totals["n"]) == len(table) and sum(totals["fraud"]) == int(table[S.LABEL].sum())
+    bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
+    exact = FD.shared_bank(banks, bounds, 3)
+    exact_by_id = exact.features.assign(_id=exact.table[S.TRANSACTION_ID].to_numpy()).set_index("_id")
+    for bank in banks:
+        shared = FD.with_shared_terminals(bank, totals, 3)
+        assert shared.table is bank.table and list(shared.features.columns) == list(bank.features.columns)
+        other = [c for c in bank.features.columns if not c.startswith("term_")]
+        pd.testing.assert_frame_equal(shared.features[other], bank.features[other])  # only terminal columns change
+        ref = exact_by_id.loc[bank.table[S.TRANSACTION_ID].to_numpy()]
+        for w in (7, 30):  # whole days before the day of t - delay: close to the exact shared windows
+            col = f"term_nb_tx_{w}d"
+            assert np.corrcoef(shared.features[col], ref[col])[0, 1] > 0.98
+            assert np.corrcoef(bank.features[col], ref[col])[0, 1] < np.corrcoef(shared.features[col], ref[col])[0, 1]
+            assert shared.features[col].mean() > 1.5 * bank.features[col].mean()  # the other bank's rows count
+        risk = shared.features["term_risk_7d"]
+        assert ((risk >= 0) & (risk <= 1)).all()
+    # a bank never sees a label from after t - delay: a row's windows end before the day of t - delay
+    one = FD.with_shared_terminals(banks[0], FD.merge_terminal_counts([counts[0]]), 3)
+    early = banks[0].table[S.TIMESTAMP] < banks[0].table[S.TIMESTAMP].min() + pd.Timedelta(days=3)
+    assert early.any() and (one.features.loc[early.to_numpy(), ["term_nb_tx_1d", "term_nb_tx_30d"]] == 0).all().all()
