@@ -150,11 +150,12 @@ class WindowConfig(BaseModel):
         default=4, ge=1, description="Synthetic test assets are cut before failure this many times (random cuts)."
     )
     val_cuts: int = Field(
-        default=0, ge=0,
-        description="How validation scores RUL for early stopping and for choosing the registered candidate: 0, "
-        "every window of the validation assets; N, the last window of N random cuts of each failed validation asset "
-        "(as the test protocol and the C-MAPSS test file score). The failure-alert threshold is always calibrated on "
-        "every validation window.",
+        default=10, ge=0,
+        description="How validation scores RUL for early stopping and for choosing the registered candidate: N, the "
+        "last window of N random cuts of each failed validation asset, as the test protocol and the C-MAPSS test file "
+        "score; 0, every window of the validation assets. The failure-alert threshold is always calibrated on every "
+        "validation window. (C-MAPSS FD001 engine-split CV, 2 fold splits x 5 folds, 3 scratch CNNs + GBM: the "
+        "registered candidate's RMSE 11.69 / 12.21 with every window -> 11.54 / 11.87 with 10 cuts.)",
     )
     rul_cap: float = Field(default=125.0, gt=0, description="Piecewise-linear RUL cap.")
     horizon: int = Field(default=30, ge=1, description="Failure within this many steps = positive.")

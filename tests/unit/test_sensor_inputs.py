@@ -85,7 +85,8 @@ def test_val_cuts_score_the_last_window_of_random_cuts_and_feed_early_stopping()
     rng = np.random.default_rng(4)
     grid = pd.concat([_asset(f"e{i}", int(rng.integers(80, 120)), rng) for i in range(12)], ignore_index=True)
     splits = {"train": [f"e{i}" for i in range(8)], "val": ["e8", "e9"], "test": ["e10", "e11"]}
-    plain = CV.fold_data(grid, splits, SensorConfig(), WindowConfig(length=30, stride=1, n_regimes=1), seed=3).data
+    plain = CV.fold_data(grid, splits, SensorConfig(), WindowConfig(length=30, stride=1, n_regimes=1, val_cuts=0),
+                         seed=3).data
     assert plain.val_cut is None and plain.rul_val is plain.val
     wcfg = WindowConfig(length=30, stride=1, n_regimes=1, val_cuts=5)
     data = CV.fold_data(grid, splits, SensorConfig(), wcfg, seed=3).data
