@@ -2,8 +2,9 @@
 
 Plain functions, no Prefect and no Flower (the Flower apps in :mod:`solutions.fraud.flower_apps`
 call these): partitioning a table into banks, a bank's own data (validated, split on the
-shared time boundaries, window features from its own rows), the moments a bank shares to
-agree on one preprocessor, the local training loop (optionally DP-SGD through Opacus) and
+shared time boundaries, window features from its own rows), the terminal day counts banks
+may sum to compute terminal features over every bank's transactions, the moments a bank shares
+to agree on one preprocessor, the local training loop (optionally DP-SGD through Opacus) and
 its privacy accounting.
 """
 
