@@ -105,6 +105,7 @@ def evaluate_step(outcome: FA.FederationOutcome, parts: list[FD.BankPartition], 
         raise RuntimeError("the federation finished no training round")
     pre = FD.FraudPreprocessor.from_dict(outcome.preprocessor)
     refused = set(outcome.refused)
+
     def own(part: FD.BankPartition) -> FD.BankData:  # each bank's data as its process trained on it
         data = FD.load_bank(part, bounds, cfg.delay_days)
         return FD.with_shared_terminals(data, outcome.terminal_totals, cfg.delay_days) \
@@ -135,8 +136,8 @@ POOLING_NOTE = ("`pooled (all rows)` and `GBM pooled` train on every bank's rows
 
 def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.FederateConfig,
                  bounds: TimeSplit) -> dict[str, Any]:
-    """Pooled training on every bank's rows with each bank's own window features (what the
-    federation's optimisation costs), the same with window features over all rows (what a
+    """Pooled training on every bank's rows with the window features the banks trained on (what
+    the federation's optimisation costs), the same with window features over all rows (what a
     data-sharing agreement would give: the upper bound), each bank alone, and the pooled GBM on
     either feature set."""
     fed = cfg.federation

@@ -123,7 +123,9 @@ def run_client(spec: ClientSpec) -> int:
             return []
 
         def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
-            if config.get("phase") == "terminals":
+            if config.get("phase") == "terminals":  # only a bank whose own settings agree to share them
+                if not spec.share_terminal_stats:
+                    raise RuntimeError(f"bank {data.bank} was not configured to share terminal statistics")
                 return [], 0, {"terminals": json.dumps(FD.terminal_day_counts(data)), "bank": data.bank}
             if config.get("phase") == "moments":
                 if "terminal_totals" in config:  # the banks' summed terminal counts: recompute those features
