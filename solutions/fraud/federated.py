@@ -296,13 +296,17 @@ def _days(timestamps: pd.Series) -> np.ndarray:
     return ns // _NS_PER_DAY
 
 
+def _no_counts() -> dict[str, list]:
+    return {"terminal": [], "day": [], **{k: [] for k in TERMINAL_COUNTS}}
+
+
 def terminal_day_counts(data: BankData) -> dict[str, list]:
     """What a bank shares with ``share_terminal_stats``: per terminal and UTC day, its
     transactions there, those with a known label and the frauds among them (no account, amount
     or time of day), as JSON-ready columns."""
     table = data.table
     if S.TERMINAL_ID not in table:
-        return {"terminal": [], "day": [], **{k: [] for k in TERMINAL_COUNTS}}
+        return _no_counts()
     label = pd.to_numeric(table[S.LABEL], errors="coerce")
     frame = pd.DataFrame({"terminal": table[S.TERMINAL_ID].astype(str).to_numpy(), "day": _days(table[S.TIMESTAMP]),
                           "n": 1, "known": label.notna().astype("int64").to_numpy(),
@@ -315,7 +319,7 @@ def merge_terminal_counts(shared: list[dict[str, list]]) -> dict[str, list]:
     """The banks' terminal day counts summed (what the server sends back)."""
     frames = [pd.DataFrame(s) for s in shared if s.get("terminal")]
     if not frames:
-        return {"terminal": [], "day": [], **{k: [] for k in TERMINAL_COUNTS}}
+        return _no_counts()
     total = pd.concat(frames).groupby(["terminal", "day"], sort=True)[list(TERMINAL_COUNTS)].sum().reset_index()
     return {col: total[col].tolist() for col in total.columns}
 
