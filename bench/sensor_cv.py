@@ -90,8 +90,62 @@ def registered(data: Any, members: list[dict[str, Any]], gbm: dict[str, Any]) ->
     pick = {CA.CNN: (cnn["last"], cnn["every"]), CA.BASELINE: (np.asarray(gbm["last"]), np.asarray(gbm["every"])),
             CA.ENSEMBLE: (CV.ensemble(cnn["last"], gbm["last"]), CV.ensemble(cnn["every"], gbm["every"]))}
     last, every = pick[choice.winner]
-    return {"model": "registered", "chosen": choice.winner,
+    return {"model": "registered", "chosen": choice.winner, "val_estimate": round(choice.val_rmse[choice.winner], 3),
             "val_rmse": {k: round(v, 3) for k, v in choice.val_rmse.items()}, **CV.rul_scores(data, last, every)}
+
+
+def cross_fit_rows(fold: int, members: list[dict[str, Any]], base: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of one cross-fitted fold. ``members[i]``: member ``i``'s data (its own validation
+    block), CNN and GBM predictions (``cnn``/``gbm``: last, every, val). The CNN candidate is the
+    mean of the members' CNNs, the GBM candidate the mean of their GBMs; the choice between them and
+    their mean pools every member's out-of-fold validation predictions (each block scored by the
+    models that did not train on it), as ``registered`` does on one block."""
+    import numpy as np
+
+    from solutions.sensor import candidates as CA
+    from solutions.sensor import crossval as CV
+
+    data = members[0]["data"]
+    for m in members[1:]:  # one normaliser (train + validation assets are the same set) and the same cuts
+        assert np.array_equal(m["data"].test_last.rul, data.test_last.rul)
+    truth = np.concatenate([m["data"].rul_val.rul for m in members])
+    cnn_val = np.concatenate([m["cnn"][2] for m in members])
+    gbm_val = np.concatenate([m["gbm"][2] for m in members])
+    choice = CA.choose_on_validation(truth, cnn_val, gbm_val)
+    cnn = [CV.ensemble(*(m["cnn"][j] for m in members)) for j in (0, 1)]
+    gbm = [CV.ensemble(*(m["gbm"][j] for m in members)) for j in (0, 1)]
+    mean = [CV.ensemble(cnn[j], gbm[j]) for j in (0, 1)]
+    pick = {CA.CNN: cnn, CA.BASELINE: gbm, CA.ENSEMBLE: mean}[choice.winner]
+    engines = sorted({str(a).split("@")[0] for m in members for a in m["data"].rul_val.asset})  # cuts: <asset>@<k>
+    return [{**base, "model": "xfit_cnn_mean", **CV.rul_scores(data, *cnn)},
+            {**base, "model": "xfit_gbm_mean", **CV.rul_scores(data, *gbm)},
+            {**base, "model": "xfit_ensemble", **CV.rul_scores(data, *mean)},
+            {**base, "model": "xfit_registered", "chosen": choice.winner, "val_engines": len(engines),
+             "val_estimate": round(choice.val_rmse[choice.winner], 3),
+             "val_rmse": {k: round(v, 3) for k, v in choice.val_rmse.items()}, **CV.rul_scores(data, *pick)}]
+
+
+def estimate_check(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per protocol (rows with a ``val_estimate``): does the validation estimate predict the held-out
+    engines' RMSE? Mean estimate and mean held-out RMSE over folds, and the per-fold error of the
+    estimate (held-out minus estimate): its mean, spread and largest miss."""
+    import numpy as np
+
+    out = {}
+    for name in sorted({r["model"] for r in rows if "val_estimate" in r}):
+        pairs = [(r["val_estimate"], r["rmse"]) for r in rows if r["model"] == name and "val_estimate" in r]
+        est, test = np.array(pairs).T
+        diff = test - est
+        out[name] = {"folds": len(pairs), "estimate_mean": round(float(est.mean()), 3),
+                     "estimate_sd": round(float(est.std(ddof=1)), 3) if len(pairs) > 1 else None,
+                     "heldout_mean": round(float(test.mean()), 3),
+                     "heldout_sd": round(float(test.std(ddof=1)), 3) if len(pairs) > 1 else None,
+                     "error_mean": round(float(diff.mean()), 3),
+                     "error_sd": round(float(diff.std(ddof=1)), 3) if len(pairs) > 1 else None,
+                     "error_max_abs": round(float(np.abs(diff).max()), 3),
+                     "chosen": {c: sum(r.get("chosen") == c for r in rows if r["model"] == name)
+                                for c in sorted({r.get("chosen") for r in rows if r["model"] == name})}}
+    return out
 
 
 def trunk_means(preds_file: Path, fold_data: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -143,6 +197,10 @@ def main() -> None:
                         "candidate) on the last window of N random cuts per validation engine (0: every window).")
     parser.add_argument("--pad-from", type=int, default=None,
                         help="Override the row the padded training windows start from (0: no padded windows).")
+    parser.add_argument("--cross-fit", type=int, default=0, metavar="K",
+                        help="Cross-fit each fold instead of one split per seed: K CNNs (seeds 0..K-1) and K GBMs, "
+                        "member i validating (early stopping, the choice) on its own disjoint block of validation "
+                        "engines; the candidates are the members' means (rows xfit_*).")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
@@ -227,8 +285,47 @@ def main() -> None:
             prepared[fold] = (fd, gbm_pred, encoders)
         return prepared[fold]
 
+    for fold in range(len(folds)) if args.cross_fit and not args.summarize_only else []:
+        if (args.only_folds is not None and fold not in args.only_folds) or (fold, -1) in done:
+            continue
+        if args.budget_s and time.perf_counter() - started > args.budget_s:
+            print(f"budget of {args.budget_s:.0f} s spent: fold {fold} and later not run", file=sys.stderr)
+            break
+        t_fold = time.perf_counter()
+        first = args.arch[0]
+        members, fresh = [], []
+        base = {"fold": fold, "test_engines": len(folds[fold])}
+        encoder = None
+        for k, sp in enumerate(CV.cross_fit_splits(assets, folds[fold], cfg.split.val_fraction, args.cross_fit,
+                                                   seed=fold)):
+            fd = CV.fold_data(grid, sp, cfg, wcfg, seed=fold)
+            if encoder is None and not args.no_pretrained:  # every member's train + validation engines: one encoder
+                encoder = pretrain_encoder(grid, sp, fd.normalizer, arch_cfgs[first], wcfg, f"cv-xfit-pre-{fold}")
+            gbm = E.fit_baseline(fd.data.train, fold)
+            g = tuple(gbm.predict_rul(part.x) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
+            run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, k,
+                            f"cv-xfit-{fold}-{k}", encoder)
+            members.append({"data": fd.data, "cnn": (run.last, run.every, run.val), "gbm": g})
+            fresh += [{**base, "seed": k, "model": "xfit_member_cnn", **CV.rul_scores(fd.data, run.last, run.every),
+                       "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds},
+                      {**base, "seed": k, "model": "xfit_member_gbm", **CV.rul_scores(fd.data, g[0], g[1])}]
+            curve = {"fold": fold, "seed": k, "model": "xfit_member_cnn", "val_rmse": run.val_rmse,
+                     "best_epoch": run.best_epoch}
+            curves.append(curve)
+            keep(curve, curves_file)
+            print(json.dumps(fresh[-2]), file=sys.stderr, flush=True)
+        fresh += [{**r, "seed": -1} for r in cross_fit_rows(fold, members, base)]
+        fresh.append({**base, "seed": -1, "model": "ensemble", "note": "marks the fold done (--resume)",
+                      **{k: v for k, v in fresh[-2].items() if k in ("rmse", "phm08", "rmse_all_windows")}})
+        for row in fresh:
+            keep(row, runs_file)
+        rows.extend(fresh)
+        done.add((fold, -1))
+        print(json.dumps(fresh[-2]), file=sys.stderr, flush=True)
+        print(f"fold {fold} cross-fitted: {time.perf_counter() - t_fold:.0f} s", file=sys.stderr, flush=True)
+
     # seed by seed: every fold gets its first seed before any gets its second
-    for seed in [] if args.summarize_only else args.seeds:
+    for seed in [] if args.summarize_only or args.cross_fit else args.seeds:
         for fold in range(len(folds)):
             if (args.only_folds is not None and fold not in args.only_folds) or (fold, seed) in done:
                 continue
@@ -270,7 +367,7 @@ def main() -> None:
 
     metrics = ("rmse", "phm08", "rmse_all_windows")
     rows = [r for r in rows if not r["model"].endswith("_seed_mean") and not r["model"].startswith("mean(")]
-    if preds_file.exists():
+    if preds_file.exists() and not args.cross_fit:
         def data_of(fold: int) -> Any:
             if fold in prepared:
                 return prepared[fold][0].data
@@ -278,6 +375,8 @@ def main() -> None:
             return CV.fold_data(grid, splits, cfg, wcfg, seed=fold).data
 
         rows += seed_means(preds_file, data_of, rows) + trunk_means(preds_file, data_of, rows)
+    if args.cross_fit:
+        rows = [r for r in rows if not (r["model"] == "ensemble" and r.get("seed") == -1)]
     summary = CV.summarize(rows, metrics)
     table = CV.render_table(summary, metrics)
     png = plot_curves(curves, ft.smoothing, out_dir / "sensor_cv_val_curves.png") if curves else None
@@ -293,6 +392,7 @@ def main() -> None:
         "summary": {r["model"]: {m: round(float(r[f"{m}_mean"]), 3) for m in metrics}
                     | {f"{m}_std": CV.finite(r[f"{m}_std"]) for m in metrics} | {"runs": int(r["rmse_count"])}
                     for _, r in summary.iterrows()},
+        "estimate_check": estimate_check(rows), "cross_fit": args.cross_fit,
         "curves_png": str(png) if png else None, "seconds": round(time.perf_counter() - started, 1),
         "runs": rows,
     }

@@ -55,6 +55,26 @@ def fold_splits(assets: Iterable[str], held_out: Sequence[str], val_fraction: fl
     return {"train": sorted(rest[n_val:].tolist()), "val": sorted(rest[:n_val].tolist()), "test": sorted(test)}
 
 
+def cross_fit_splits(assets: Iterable[str], held_out: Sequence[str], val_fraction: float, k: int,
+                     seed: int = 0) -> list[dict[str, list[str]]]:
+    """``k`` train / validation / test splits of one fold whose validation assets are disjoint:
+    split ``i`` validates on the ``i``-th block of ``val_fraction`` of the non-held-out assets and
+    trains on the others, so ``k`` models validated each on its own block score ``k`` times as
+    many assets out of fold as one does. Split 0 is :func:`fold_splits`' split (same seed)."""
+    test = set(held_out)
+    rest = np.random.default_rng(seed + 15485863).permutation(sorted(set(map(str, assets)) - test))
+    n_val = max(1, round(val_fraction * len(rest)))
+    if k < 1 or len(rest) - k * n_val < 1:
+        raise DataValidationError(f"{len(rest)} assets outside the held-out fold cannot give {k} disjoint "
+                                  f"validation blocks of {n_val} and still leave assets to train on")
+    out = []
+    for i in range(k):
+        val = rest[i * n_val : (i + 1) * n_val]
+        out.append({"train": sorted(set(rest.tolist()) - set(val.tolist())), "val": sorted(val.tolist()),
+                    "test": sorted(test)})
+    return out
+
+
 @dataclass
 class FoldData:
     """One fold: its splits, the normaliser fitted on its training assets and its windows."""

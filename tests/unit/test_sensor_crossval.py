@@ -45,6 +45,21 @@ def test_folds_hold_out_every_asset_once() -> None:
     assert len(splits["val"]) == round(0.2 * (23 - len(folds[0])))
 
 
+def test_cross_fit_splits_validate_on_disjoint_blocks() -> None:
+    assets = [f"e{i}" for i in range(30)]
+    held_out = assets[:6]
+    splits = CV.cross_fit_splits(assets, held_out, val_fraction=0.2, k=3, seed=4)
+    rest = set(assets) - set(held_out)
+    vals = [set(s["val"]) for s in splits]
+    assert [len(v) for v in vals] == [5, 5, 5]  # round(0.2 * 24)
+    assert not vals[0] & vals[1] and not vals[0] & vals[2] and not vals[1] & vals[2]
+    for s, v in zip(splits, vals, strict=True):
+        assert s["test"] == sorted(held_out) and set(s["train"]) == rest - v
+    assert splits[0] == CV.fold_splits(assets, held_out, val_fraction=0.2, seed=4)  # the one-split protocol's
+    with pytest.raises(DataValidationError, match="disjoint validation blocks"):
+        CV.cross_fit_splits(assets, held_out, val_fraction=0.2, k=5, seed=4)  # 25 > 24 assets
+
+
 def test_fold_normaliser_never_sees_the_held_out_assets() -> None:
     grid = _grid()
     held_out = ["train-11", "train-12"]  # the shifted ones
