@@ -20,6 +20,13 @@ the first arch's CNN with the GBM. With two trunks or more, ``mean(a+b+...)`` ro
 of every combination of two or more of a seed's models (trunks and the GBM), from the saved
 predictions: what averaging unlike trunks gains over the CNN + GBM pair.
 
+``--cross-fit K`` trains each fold as ``sensor-train`` does by default (``FinetuneConfig.cross_fit``):
+K CNNs (seeds 0..K-1) and K GBMs, member i validating on its own disjoint block of validation
+engines and training on the others; the candidates are the members' means, and the choice pools
+every block's out-of-fold predictions (rows ``xfit_*``; ``xfit_registered`` is what the flow registers).
+``estimate_check`` in the JSON compares, per protocol, the chosen candidate's validation RMSE (the
+estimate) with its RMSE on the held-out engines, fold by fold.
+
 Prints a markdown table (mean ± std (min–max) over folds x seeds) and one JSON line;
 writes the validation curves (PNG) and the JSON beside them in ``--out-dir``.
 

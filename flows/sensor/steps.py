@@ -31,6 +31,7 @@ from solutions.sensor import data as D
 from solutions.sensor import evaluate as E
 from solutions.sensor import pipeline as P
 from solutions.sensor import scoring as SC
+from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.config import ModelConfig, SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
 from solutions.sensor.model import (
@@ -139,6 +140,51 @@ def supervised_setup_step(grid_ref: DatasetRef, config: SensorConfig, wcfg: Wind
     return P.supervised_setup(grid_ref.read(), config, wcfg, bad, norm)
 
 
+@task(name="prepare-validation-blocks", cache_policy=NONE)
+def validation_block_setups(grid_ref: DatasetRef, config: SensorConfig, wcfg: WindowConfig, bad: BadReadingReport,
+                            setup: P.SupervisedSetup) -> list[P.SupervisedSetup]:
+    """The setups of cross-fitting (``FinetuneConfig.cross_fit``): ``setup`` (validation block 0) and,
+    one per further member while the assets allow, the same data with the next block of assets
+    validating and the others training (same normaliser, same test assets); ``[setup]`` alone when
+    cross-fitting is off or there is one member."""
+    ft = config.finetune
+    if not ft.cross_fit or ft.members < 2:
+        return [setup]
+    grid = grid_ref.read()
+    blocks = P.validation_blocks(grid, config.split, ft.members)
+    if blocks < ft.members:
+        log.info("cross-fitting: the %d non-test assets give %d validation blocks for %d members",
+                 len(setup.splits["train"]) + len(setup.splits["val"]), blocks, ft.members)
+    setups = [setup] + [P.supervised_setup(grid, config, wcfg, bad, setup.normalizer, block=b) for b in range(1, blocks)]
+    log.info("cross-fitting: %d validation blocks, %d validation assets in all",
+             len(setups), sum(len(s.splits["val"]) for s in setups))
+    return setups
+
+
+@dataclass(frozen=True)
+class OutOfFold:
+    """Validation predictions where no model that made them trained on the asset: per block, the
+    truth and the network's prediction (the mean of the members validating on that block)."""
+
+    truth: np.ndarray
+    network: np.ndarray
+    assets: int
+
+    @classmethod
+    def of(cls, setups: list[P.SupervisedSetup], members: list[RULModel]) -> OutOfFold:
+        """Member ``i`` validated on block ``i % len(setups)`` (so never trained on it)."""
+        truth, preds = [], []
+        for b, s in enumerate(setups):
+            own = [m for i, m in enumerate(members) if i % len(setups) == b]
+            preds.append(np.mean([predict(m, s.data.rul_val.x)[0] for m in own], axis=0))
+            truth.append(s.data.rul_val.rul)
+        return cls(np.concatenate(truth), np.concatenate(preds), sum(len(s.splits["val"]) for s in setups))
+
+    def rmse(self, pred: np.ndarray) -> float:
+        known = ~np.isnan(self.truth)
+        return E.rmse(self.truth[known], pred[known]) if known.any() else float("nan")
+
+
 @task(name="build-predictor", cache_policy=NONE)
 def new_predictor_step(setup: P.SupervisedSetup, config: SensorConfig, wcfg: WindowConfig,
                        encoder: ModelRef | None) -> tuple[SensorRULModel, WindowDataModule]:
@@ -162,10 +208,13 @@ def ensemble_step(members: list[SensorRULModel]) -> SensorRULEnsemble:
 
 
 @task(name="choose-network", cache_policy=NONE)
-def choose_network_step(models: dict[str, RULModel], data: P.SupervisedData) -> tuple[str, dict[str, float]]:
-    """The encoder trunk whose network has the lowest validation RUL RMSE, and every trunk's."""
+def choose_network_step(models: dict[str, RULModel], data: P.SupervisedData,
+                        oof: Mapping[str, OutOfFold] | None = None) -> tuple[str, dict[str, float]]:
+    """The encoder trunk whose network has the lowest validation RUL RMSE, and every trunk's
+    (``oof``: each trunk's out-of-fold predictions, when cross-fitted)."""
     known = ~np.isnan(data.rul_val.rul)
-    val = {arch: E.rmse(data.rul_val.rul[known], predict(m, data.rul_val.x)[0][known]) if known.any() else float("nan")
+    val = {arch: (oof[arch].rmse(oof[arch].network) if oof is not None else
+                  E.rmse(data.rul_val.rul[known], predict(m, data.rul_val.x)[0][known]) if known.any() else float("nan"))
            for arch, m in models.items()}
     best = CA.best_network(val)
     log.info("network trunks (val RUL RMSE) %s: the %s network is the network candidate", val, best)
@@ -186,27 +235,47 @@ def baseline_step(data: P.SupervisedData, seed: int) -> E.TestPredictions:
 
 @dataclass(frozen=True)
 class BaselineCandidate:
-    """The GBM fitted on the training windows and its predictions on the test protocol."""
+    """The GBM fitted on the training windows and its predictions on the test protocol; when
+    cross-fitted, the mean of one GBM per validation block (``oof``: each block's GBM on its own
+    block, in :class:`OutOfFold` order)."""
 
     gbm: Any
     predictions: E.TestPredictions
+    oof: np.ndarray | None = None
 
 
 @task(name="fit-baseline", cache_policy=NONE)
-def baseline_candidate_step(data: P.SupervisedData, seed: int) -> BaselineCandidate:
-    """Fit the gradient-boosting baseline on the training windows; the model and its predictions."""
-    gbm = E.fit_baseline(data.train, seed)
-    return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data))
+def baseline_candidate_step(data: P.SupervisedData, seed: int,
+                            blocks: list[P.SupervisedSetup] | None = None) -> BaselineCandidate:
+    """Fit the gradient-boosting baseline on the training windows; the model and its predictions.
+    ``blocks`` (cross-fitting, two or more): one GBM per block's training windows, the candidate
+    their mean, and each block's GBM's predictions on its own validation block."""
+    if blocks is None or len(blocks) < 2:
+        gbm = E.fit_baseline(data.train, seed)
+        return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data))
+    fitted = [E.fit_baseline(b.data.train, seed) for b in blocks]
+    gbm = WindowGBM.bag(fitted)
+    oof = np.concatenate([g.predict_rul(b.data.rul_val.x) for g, b in zip(fitted, blocks, strict=True)])
+    log.info("GBM candidate: the mean of %d GBMs, one per validation block", len(fitted))
+    return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data), oof=oof)
 
 
 @task(name="choose-candidate", cache_policy=NONE)
 def choose_candidate_step(model: RULModel, baseline: BaselineCandidate | None,
-                          data: P.SupervisedData, networks: dict[str, float] | None = None) -> CA.SensorChoice:
+                          data: P.SupervisedData, networks: dict[str, float] | None = None,
+                          oof: OutOfFold | None = None) -> CA.SensorChoice:
     """CNN, GBM or their mean: the lowest validation RUL RMSE wins (the test assets only report);
-    ``networks``: each trained trunk's validation RMSE, when several were (``model`` is the best)."""
-    cnn_val, _ = predict(model, data.rul_val.x)
-    gbm_val = baseline.gbm.predict_rul(data.rul_val.x) if baseline is not None else None
-    choice = CA.choose_on_validation(data.rul_val.rul, cnn_val, gbm_val, networks)
+    ``networks``: each trained trunk's validation RMSE, when several were (``model`` is the best).
+    ``oof``: cross-fitted, the choice pools every block's out-of-fold predictions (the baseline's too)."""
+    if oof is not None:
+        gbm_oof = baseline.oof if baseline is not None else None
+        if baseline is not None and gbm_oof is None:
+            raise ValueError("cross-fitted validation needs the GBM's out-of-fold predictions")
+        choice = CA.choose_on_validation(oof.truth, oof.network, gbm_oof, networks, val_assets=oof.assets)
+    else:
+        cnn_val, _ = predict(model, data.rul_val.x)
+        gbm_val = baseline.gbm.predict_rul(data.rul_val.x) if baseline is not None else None
+        choice = CA.choose_on_validation(data.rul_val.rul, cnn_val, gbm_val, networks)
     log.info("candidates (val RUL RMSE) %s: registering the %s", choice.val_rmse, choice.winner)
     return choice
 

@@ -39,23 +39,27 @@ def _train_cnn(model: SensorRULModel, dm: WindowDataModule, spec: TrainSpec, pre
     return train_model_task(model, dm, spec), None
 
 
-def _train_network(grid_ref: DatasetRef, setup: P.SupervisedSetup, config: SensorConfig, wcfg: WindowConfig,
-                   encoder: ModelRef | None, fresh: bool) -> tuple[RULModel, TrainResult, FreezeReport | None, TrainSpec]:
+def _train_network(grid_ref: DatasetRef, blocks: list[P.SupervisedSetup], config: SensorConfig, wcfg: WindowConfig,
+                   encoder: ModelRef | None, fresh: bool,
+                   ) -> tuple[RULModel, TrainResult, FreezeReport | None, TrainSpec, st.OutOfFold | None]:
     """Train the network of ``config.model`` (its trunk) and, with ``members`` > 1, its seed
-    ensemble; the model, the first member's train result, freeze report and spec."""
-    model, dm = st.new_predictor_step(setup, config, wcfg, encoder)
+    ensemble, member ``i`` on the windows of validation block ``i % len(blocks)``; the model, the
+    first member's train result, freeze report and spec, and (cross-fitted: two blocks or more) the
+    members' out-of-fold validation predictions."""
+    model, dm = st.new_predictor_step(blocks[0], config, wcfg, encoder)
     spec = st.train_spec(grid_ref, encoder, config, wcfg, fresh)
     trained, freeze = _train_cnn(model, dm, spec, encoder is not None, config)
-    if config.finetune.members > 1:  # a seed ensemble: more CNNs on the same windows, from the next seeds
+    if config.finetune.members > 1:  # a seed ensemble: more CNNs from the next seeds (cross-fitted: other blocks)
         members = [model]
         for i in range(1, config.finetune.members):
             member_cfg = P.member_config(config, i)
-            member, member_dm = st.new_predictor_step(setup, member_cfg, wcfg, encoder)
+            member, member_dm = st.new_predictor_step(blocks[i % len(blocks)], member_cfg, wcfg, encoder)
             _train_cnn(member, member_dm, st.train_spec(grid_ref, encoder, member_cfg, wcfg, fresh),
                        encoder is not None, member_cfg)
             members.append(member)
-        return st.ensemble_step(members), trained, freeze, spec
-    return model, trained, freeze, spec
+        oof = st.OutOfFold.of(blocks, members) if len(blocks) > 1 else None
+        return st.ensemble_step(members), trained, freeze, spec, oof
+    return model, trained, freeze, spec, None
 
 
 @flow(name="sensor-train", log_prints=True)
@@ -85,31 +89,35 @@ def sensor_train(
         encoder = sensor_pretrain(source, config).model
     # -- labelled windows, model, training
     setup = st.supervised_setup_step(grid_ref, config, wcfg, bad, encoder)
-    model, trained, freeze, spec = _train_network(grid_ref, setup, config, wcfg, encoder, fresh)
+    blocks = st.validation_block_setups(grid_ref, config, wcfg, bad, setup)  # [setup] unless cross-fitting
+    model, trained, freeze, spec, oof = _train_network(grid_ref, blocks, config, wcfg, encoder, fresh)
     # -- other encoder trunks (extra_archs), each trained alike; the best on validation is the network
-    nets = {config.model.arch: (model, trained, freeze, spec, encoder)}
+    nets = {config.model.arch: (model, trained, freeze, spec, oof, encoder)}
     for arch in dict.fromkeys(a for a in config.extra_archs if a != config.model.arch):
         arch_cfg = config.model_copy(update={"model": config.model.model_copy(update={"arch": arch})})
         arch_encoder = st.find_encoder_step(config.encoder_name, grid_ref.content_hash, arch_cfg.model) \
             if ft.pretrained else None
         if ft.pretrained and arch_encoder is None:
             arch_encoder = sensor_pretrain(source, arch_cfg).model
-        nets[arch] = (*_train_network(grid_ref, setup, arch_cfg, wcfg, arch_encoder, fresh), arch_encoder)
+        nets[arch] = (*_train_network(grid_ref, blocks, arch_cfg, wcfg, arch_encoder, fresh), arch_encoder)
     network_val = None
     if len(nets) > 1:
-        best, network_val = st.choose_network_step({a: n[0] for a, n in nets.items()}, setup.data)
-        model, trained, freeze, spec, encoder = nets[best]
+        best, network_val = st.choose_network_step(
+            {a: n[0] for a, n in nets.items()}, setup.data,
+            {a: n[4] for a, n in nets.items()} if all(n[4] is not None for n in nets.values()) else None)
+        model, trained, freeze, spec, oof, encoder = nets[best]
     # -- evaluate the CNN and the baseline on the same test assets
     out_dir = home_layout().new_report("sensor-train")
     cnn_pred = st.predict_cnn_step(model, setup.data)
     cnn = st.evaluate_step("cnn", setup.data, cnn_pred, ft.alert_threshold, wcfg.horizon, out_dir)
-    baseline = st.baseline_candidate_step(setup.data, ft.seed) if config.baseline else None
+    baseline = st.baseline_candidate_step(setup.data, ft.seed, blocks if oof is not None else None) \
+        if config.baseline else None
     base_pred = baseline.predictions if baseline else None
     base = st.evaluate_step(E.BASELINE_NAME, setup.data, base_pred, None, wcfg.horizon, out_dir,
                             failure_name="baseline") if base_pred else None
     images = st.plot_rul_step(setup.data, cnn_pred, base_pred, out_dir)
     # -- the candidates compared on the validation assets; the winner is registered
-    choice = st.choose_candidate_step(model, baseline, setup.data, network_val)
+    choice = st.choose_candidate_step(model, baseline, setup.data, network_val, oof)
     candidates = {"cnn": cnn_pred, **({"baseline": base_pred} if base_pred else {})}
     if choice.winner == "ensemble":
         candidates["ensemble"] = st.ensemble_predictions(cnn_pred, base_pred)

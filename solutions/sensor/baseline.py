@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
@@ -48,14 +50,30 @@ class WindowGBM(BaseEstimator):
         self.constant_ = float(classes[0]) if len(classes) == 1 else None
         return self
 
+    @classmethod
+    def bag(cls, models: list[WindowGBM]) -> WindowGBM:
+        """One GBM whose predictions are the mean of ``models``' (fitted, e.g. each on another
+        block of assets): the first model with the others kept in ``bag_``."""
+        if not models:
+            raise ValueError("a bag needs at least one fitted GBM")
+        first = models[0]
+        out = cls(first.learning_rate, first.max_iter, first.random_state, first.n_threads)
+        out.regressor_, out.classifier_, out.constant_ = first.regressor_, first.classifier_, first.constant_
+        out.bag_ = [(m.regressor_, m.classifier_, m.constant_) for m in models[1:]]
+        return out
+
+    def _parts(self) -> list[tuple[Any, Any, float | None]]:
+        return [(self.regressor_, self.classifier_, self.constant_), *getattr(self, "bag_", [])]
+
     def predict_rul(self, x: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "regressor_")
+        f = window_summary_features(x)
         with threadpool_limits(self.n_threads):
-            return np.clip(self.regressor_.predict(window_summary_features(x)), 0, None)
+            return np.mean([np.clip(reg.predict(f), 0, None) for reg, _, _ in self._parts()], axis=0)
 
     def predict_fail_proba(self, x: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "regressor_")
-        if self.classifier_ is None:
-            return np.full(len(x), self.constant_)
+        f = window_summary_features(x) if any(c is not None for _, c, _ in self._parts()) else None
         with threadpool_limits(self.n_threads):
-            return self.classifier_.predict_proba(window_summary_features(x))[:, 1]
+            return np.mean([np.full(len(x), const, dtype="float64") if clf is None else clf.predict_proba(f)[:, 1]
+                            for _, clf, const in self._parts()], axis=0)

@@ -36,6 +36,8 @@ class SensorChoice:
     #: validation RUL RMSE of each encoder trunk trained (``SensorConfig.extra_archs``); the best
     #: of them is the ``cnn`` (network) candidate; empty when one trunk was trained
     networks: dict[str, float] = field(default_factory=dict)
+    #: validation assets the choice scored on, when cross-fitted (every block's, out of fold); None: one block
+    val_assets: int | None = None
 
     @property
     def kind(self) -> str:
@@ -43,9 +45,10 @@ class SensorChoice:
         return KINDS[self.winner]
 
     def metrics(self) -> dict[str, float]:
-        """``val/<candidate>/rmse`` of every candidate."""
+        """``val/<candidate>/rmse`` of every candidate (and ``val/assets`` when cross-fitted)."""
         return {f"val/{k}/rmse": v for k, v in self.val_rmse.items()} | {
-            f"val/network-{k}/rmse": v for k, v in self.networks.items()}
+            f"val/network-{k}/rmse": v for k, v in self.networks.items()} | (
+            {"val/assets": float(self.val_assets)} if self.val_assets is not None else {})
 
     def render(self) -> str:
         """Markdown table of the candidates (validation decides, test reports)."""
@@ -53,8 +56,10 @@ class SensorChoice:
         best = best_network(self.networks) if self.networks else None
         rows += [f"| network trunk {k} | {v:.3f} | {'the network candidate' if k == best else ''} |"
                  for k, v in self.networks.items()]
+        how = (f"Cross-fitted: {self.val_assets} validation assets in disjoint blocks, each scored by models "
+               "that did not train on it.\n\n" if self.val_assets is not None else "")
         return "\n".join(["## Candidates (chosen on validation; the test assets only report)", "",
-                          "| candidate | val RUL RMSE | |", "|---|---|---|", *rows]) + "\n"
+                          how + "| candidate | val RUL RMSE | |", "|---|---|---|", *rows]) + "\n"
 
 
 def best_network(val_rmse: dict[str, float]) -> str:
@@ -68,7 +73,7 @@ def best_network(val_rmse: dict[str, float]) -> str:
 
 
 def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.ndarray | None,
-                         networks: dict[str, float] | None = None) -> SensorChoice:
+                         networks: dict[str, float] | None = None, val_assets: int | None = None) -> SensorChoice:
     """Lowest validation RUL RMSE wins (on a tie the simpler, listed first); ``networks``: the
     trunks' validation RMSE when several were trained (reported; ``cnn_val`` is the best's)."""
     known = ~np.isnan(rul_val)
@@ -81,7 +86,7 @@ def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.n
     for name, value in val.items():
         if np.isfinite(value) and (not np.isfinite(val[winner]) or value < val[winner]):
             winner = name
-    return SensorChoice(winner=winner, val_rmse=val, networks=dict(networks or {}))
+    return SensorChoice(winner=winner, val_rmse=val, networks=dict(networks or {}), val_assets=val_assets)
 
 
 def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:
@@ -89,12 +94,23 @@ def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:
     files = {RUL_FILE: save_estimator(gbm.regressor_, folder / RUL_FILE)}
     if gbm.classifier_ is not None:
         files[FAIL_FILE] = save_estimator(gbm.classifier_, folder / FAIL_FILE)
+    for i, (reg, clf, _) in enumerate(getattr(gbm, "bag_", []), start=1):  # a bag's other members
+        files[_bag_file(RUL_FILE, i)] = save_estimator(reg, folder / _bag_file(RUL_FILE, i))
+        if clf is not None:
+            files[_bag_file(FAIL_FILE, i)] = save_estimator(clf, folder / _bag_file(FAIL_FILE, i))
     return files
+
+
+def _bag_file(name: str, member: int) -> str:
+    stem, ext = name.rsplit(".", 1)
+    return f"{stem}-{member}.{ext}"
 
 
 def baseline_params(gbm: WindowGBM) -> dict[str, Any]:
     """JSON parameters of a registered GBM (the constant failure label when one class was seen)."""
-    return {"baseline": {"architecture": "WindowGBM", "constant_fail": gbm.constant_, "n_threads": gbm.n_threads}}
+    bag = getattr(gbm, "bag_", [])
+    return {"baseline": {"architecture": "WindowGBM", "constant_fail": gbm.constant_, "n_threads": gbm.n_threads,
+                         "members": 1 + len(bag), "constant_fail_members": [const for _, _, const in bag]}}
 
 
 def load_baseline(ref: ModelRef) -> WindowGBM | None:
@@ -107,4 +123,12 @@ def load_baseline(ref: ModelRef) -> WindowGBM | None:
     fail = ref.file(FAIL_FILE)
     gbm.classifier_ = load_estimator(fail) if fail.exists() else None
     gbm.constant_ = info.get("constant_fail")
+    constants = info.get("constant_fail_members") or []
+    bag = []
+    for i in range(1, int(info.get("members") or 1)):  # a bag: the mean of its members' predictions
+        fail_i = ref.file(_bag_file(FAIL_FILE, i))
+        bag.append((load_estimator(ref.file(_bag_file(RUL_FILE, i))), load_estimator(fail_i) if fail_i.exists() else None,
+                    constants[i - 1] if i - 1 < len(constants) else None))
+    if bag:
+        gbm.bag_ = bag
     return gbm

@@ -264,6 +264,16 @@ class FinetuneConfig(BaseModel):
         "engine-split CV, 2 fold splits x 5 folds: one CNN RMSE 12.10, the mean of 3 11.87; sensor train on FD001 "
         "1:17 -> 1:56 on 2 cores).",
     )
+    cross_fit: bool = Field(
+        default=True,
+        description="Cross-fitting, on by default (off: every member validates on the same assets). Member i "
+        "validates (early stopping) on its own disjoint block of validation assets and trains on "
+        "the others, a GBM is fitted per block (the GBM candidate is their mean), and the choice between the CNN, "
+        "the GBM and their mean pools every block's out-of-fold predictions: members x as many validation assets "
+        "(FD001 engine-split CV, 2 fold splits x 5 folds, 3 CNNs from scratch: the registered model 11.71 -> 11.52 "
+        "RMSE, and the validation estimate's bias 1.02 -> 0.28; bench/results/sensor_cv_cross_fit). Fewer blocks "
+        "when the assets cannot give one per member.",
+    )
 
 
 class SplitConfig(BaseModel):

@@ -493,7 +493,10 @@ class SensorRULEnsemble(L.LightningModule):
         """The ensemble of trained ``models`` (same hyper-parameters; their weights are copied)."""
         first = dict(models[0].hparams)
         for i, m in enumerate(models[1:], start=1):
-            if dict(m.hparams) != first:
+            # the failure loss's class weight follows each member's training windows (cross-fitted
+            # members train on different assets); it plays no part in a prediction
+            if {k: v for k, v in dict(m.hparams).items() if k != "pos_weight"} != \
+                    {k: v for k, v in first.items() if k != "pos_weight"}:
                 raise ValueError(f"ensemble member {i} has other hyper-parameters than member 0")
         ensemble = cls(len(models), first)
         for target, source in zip(ensemble.members, models):

@@ -51,31 +51,48 @@ PROGRESSIVE_GROUPS = ("heads", "encoder.proj", "encoder.convs")
 TEST_MIN_STEPS = 30
 
 
-def split_assets(grid: pd.DataFrame, cfg: SplitConfig) -> dict[str, list[str]]:
-    """Assets per split (train/val/test), never rows.
-
-    C-MAPSS-style data whose ``set`` column marks test units keeps them as the test split
-    and draws validation units from the rest; otherwise assets are drawn at random.
-    """
+def _split_parts(grid: pd.DataFrame, cfg: SplitConfig) -> tuple[np.ndarray, np.ndarray, int]:
+    """The test assets, the others in their drawn order, and the validation block size."""
     first = grid.drop_duplicates(S.ASSET)
     assets = first[S.ASSET].to_numpy().astype(str)
     rng = np.random.default_rng(cfg.seed)
     if (first[S.SET] == "test").any():
         test = assets[(first[S.SET] == "test").to_numpy()]
         rest = rng.permutation(assets[(first[S.SET] != "test").to_numpy()])
-        n_val = max(1, round(cfg.val_fraction * len(rest)))
-        val, train = rest[:n_val], rest[n_val:]
-    else:
-        perm = rng.permutation(assets)
-        n_test = max(1, round(cfg.test_fraction * len(perm)))
-        n_val = max(1, round(cfg.val_fraction * len(perm)))
-        test, val, train = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+        return test, rest, max(1, round(cfg.val_fraction * len(rest)))
+    perm = rng.permutation(assets)
+    n_test = max(1, round(cfg.test_fraction * len(perm)))
+    return perm[:n_test], perm[n_test:], max(1, round(cfg.val_fraction * len(perm)))
+
+
+def validation_blocks(grid: pd.DataFrame, cfg: SplitConfig, wanted: int) -> int:
+    """How many disjoint validation blocks (of the configured size) the non-test assets give, at
+    most ``wanted``, each leaving assets to train on (:func:`split_assets`' ``block``)."""
+    _, rest, n_val = _split_parts(grid, cfg)
+    return max(1, min(int(wanted), (len(rest) - 1) // n_val))
+
+
+def split_assets(grid: pd.DataFrame, cfg: SplitConfig, block: int = 0) -> dict[str, list[str]]:
+    """Assets per split (train/val/test), never rows.
+
+    C-MAPSS-style data whose ``set`` column marks test units keeps them as the test split
+    and draws validation units from the rest; otherwise assets are drawn at random.
+    ``block``: which block of the drawn non-test assets validates (0: the first; block ``i``
+    trains on every other non-test asset, so the blocks' models cross-fit the validation).
+    """
+    test, rest, n_val = _split_parts(grid, cfg)
+    if block == 0 and not (grid[S.SET] == "test").any():
         log.info("no test units in the data: %d of %d assets held out for test and %d for validation "
-                 "(split by asset, seed %d)", n_test, len(perm), n_val, cfg.seed)
+                 "(split by asset, seed %d)", len(test), len(test) + len(rest), n_val, cfg.seed)
+    val = rest[block * n_val : (block + 1) * n_val]
+    train = rest[~np.isin(rest, val)]
+    if len(val) == 0:
+        raise ValueError(f"validation block {block} of {n_val} assets is past the {len(rest)} non-test assets")
     if len(train) == 0:
         from infra.errors import DataValidationError
 
-        raise DataValidationError(f"only {len(assets)} assets: too few to split into train, validation and test")
+        raise DataValidationError(
+            f"only {len(test) + len(rest)} assets: too few to split into train, validation and test")
     return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
 
 
@@ -341,14 +358,15 @@ class SupervisedSetup:
 
 
 def supervised_setup(grid: pd.DataFrame, config: SensorConfig, wcfg: WindowConfig, report: BadReadingReport,
-                     normalizer: RegimeNormalizer | None = None) -> SupervisedSetup:
+                     normalizer: RegimeNormalizer | None = None, block: int = 0) -> SupervisedSetup:
     """Splits, the labelled share of the training assets and the windows of every split.
 
     ``normalizer``: the pre-trained encoder's (fine-tuning); None fits one on train+val.
+    ``block``: the validation block (:func:`split_assets`).
     """
     ft = config.finetune
     report = report.model_copy(deep=True)
-    splits = split_assets(grid, config.split)
+    splits = split_assets(grid, config.split, block)
     norm = normalizer or fit_normalizer(grid, splits["train"] + splits["val"], wcfg, config.align.op_prefix, config.split.seed)
     labelled = labelled_assets(grid, splits["train"], ft.label_fraction, ft.seed)
     data = supervised_windows(grid, splits, labelled, norm, wcfg, report, config.split.seed)

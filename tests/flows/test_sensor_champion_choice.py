@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from flows.sensor.cli import main
 from infra.registry import KIND_SKLEARN, ModelRegistry
-from solutions.sensor.candidates import RUL_FILE
+from solutions.sensor.candidates import RUL_FILE, load_baseline
 
 FLEET = ["--n-assets", "16", "--min-life", "45", "--max-life", "70", "--seed", "1"]
 # a CNN that cannot learn in one epoch at this learning rate: the GBM wins on validation
@@ -36,6 +36,11 @@ def test_baseline_winning_on_validation_is_registered_and_scored(tmp_path: Path,
     val = {k.split("/")[1]: v for k, v in ref.metrics.items() if k.startswith("val/") and k.endswith("/rmse")}
     assert set(val) == {"cnn", "baseline", "ensemble"} and val["baseline"] < min(val["cnn"], val["ensemble"])
     assert load_file(str(ref.weights_path)) == {} and ref.file(RUL_FILE).is_file()
+    # cross-fitted (the default): 3 validation blocks of 2 of the 13 non-test assets, one GBM per
+    # block, the registered GBM their mean (three skops regressors, reloaded as one bag)
+    assert ref.metrics["val/assets"] == 6 and ref.params["baseline"]["members"] == 3
+    assert ref.file("rul-1.skops").is_file() and ref.file("rul-2.skops").is_file()
+    assert len(load_baseline(ref).bag_) == 2
     assert not [p for p in Path(ref.path).iterdir() if p.suffix in {".pkl", ".pickle", ".joblib"}]
 
     # -- score: the GBM champion scores each asset's latest window

@@ -95,3 +95,51 @@ def test_scores_ensemble_and_table() -> None:
     assert "| cnn | 13.00 ± 1.41 (12.00–14.00) | 400.00 ± 141.42 (300.00–500.00) | 2 |" in table
     assert "| gbm | 13.00 (13.00–13.00) |" in table  # one run: no spread
     assert CV.finite(float("nan")) is None and CV.finite(1.23456) == 1.235
+
+
+def test_validation_blocks_of_the_flow_split_cross_fit_the_assets() -> None:
+    from solutions.sensor import pipeline as P
+    from solutions.sensor.config import SplitConfig
+
+    grid = _grid(n_assets=20)
+    cfg = SplitConfig(val_fraction=0.15, test_fraction=0.2, seed=3)
+    first = P.split_assets(grid, cfg)
+    assert P.split_assets(grid, cfg, block=0) == first
+    blocks = P.validation_blocks(grid, cfg, 3)
+    assert blocks == 3  # 16 non-test assets, blocks of 3
+    splits = [P.split_assets(grid, cfg, block=b) for b in range(blocks)]
+    vals = [set(s["val"]) for s in splits]
+    assert all(len(v) == 3 for v in vals) and len(set().union(*vals)) == 9  # disjoint
+    for s, v in zip(splits, vals, strict=True):
+        assert s["test"] == first["test"] and set(s["train"]) | v == set(first["train"]) | set(first["val"])
+        assert not set(s["train"]) & v
+    assert P.validation_blocks(grid, cfg, 10) == 5  # (16 - 1) // 3: each block leaves assets to train on
+    with pytest.raises(ValueError, match="past the 16 non-test assets"):
+        P.split_assets(grid, cfg, block=6)
+
+
+def test_a_bag_of_gbms_predicts_their_mean_and_survives_the_registry(tmp_path) -> None:
+    from infra.registry import KIND_SKLEARN, ModelRegistry
+    from solutions.sensor import candidates as CA
+    from solutions.sensor.baseline import WindowGBM
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 2, 8)).astype("float32")
+    rul = x[:, 0, -1] * 10 + 50
+    fail = (rul < 45).astype(int)
+    parts = [WindowGBM(max_iter=20, random_state=i).fit(x[i::3], rul[i::3], fail[i::3]) for i in range(3)]
+    bag = WindowGBM.bag(parts)
+    mean = np.mean([p.predict_rul(x) for p in parts], axis=0)
+    assert bag.predict_rul(x) == pytest.approx(mean)
+    assert bag.predict_fail_proba(x) == pytest.approx(np.mean([p.predict_fail_proba(x) for p in parts], axis=0))
+    assert not np.allclose(bag.predict_rul(x), parts[0].predict_rul(x))
+    # one GBM alone predicts as before (no bag)
+    assert WindowGBM.bag(parts[:1]).predict_rul(x) == pytest.approx(parts[0].predict_rul(x))
+
+    registry = ModelRegistry(tmp_path / "registry")
+    files = CA.baseline_files(bag, tmp_path / "files")
+    assert sorted(files) == ["fail-1.skops", "fail-2.skops", "fail.skops", "rul-1.skops", "rul-2.skops", "rul.skops"]
+    ref = registry.register("bag", {}, kind=KIND_SKLEARN, extra_files=files, params=CA.baseline_params(bag),
+                            metrics={"test/rmse": 1.0}, primary_metric="test/rmse", higher_is_better=False)
+    loaded = CA.load_baseline(registry.get("bag", ref.version))
+    assert loaded.predict_rul(x) == pytest.approx(mean) and len(loaded.bag_) == 2
