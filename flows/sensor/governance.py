@@ -89,9 +89,11 @@ def sensor_lineage(grid_ref: DatasetRef, source: SensorSource, config: SensorCon
 
 @task(name="write-model-card", cache_policy=NONE)
 def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P.SupervisedSetup,
-                winner: str, candidates: dict[str, E.TestPredictions], champion: ChampionCheck | None) -> str:
+                winner: str, candidates: dict[str, E.TestPredictions], champion: ChampionCheck | None,
+                validation: str | None = None) -> str:
     """The version's model card (``card.json`` + ``card.md`` in its folder, and an artifact): the
-    registered candidate's test metrics, compared with the run's other candidates and the champion."""
+    registered candidate's test metrics, compared with the run's other candidates and the champion;
+    ``validation``: what the candidate was chosen on."""
     data = setup.data
     y = data.test_last.rul
     registered = candidates[winner]
@@ -115,7 +117,8 @@ def sensor_card(registration: RegistrationResult, source: SensorSource, setup: P
         data={"input": source.describe(), "test units": len(y), "test engines": len(set(engines)),
               "metric windows": "last window of each cut test unit",
               "intervals": "bootstrap over test engines (a cut engine's units resampled together); "
-                           "phm08: the PHM08 score, summed over the test units"},
+                           "phm08: the PHM08 score, summed over the test units",
+              **({"candidate chosen on": validation} if validation else {})},
     )
     markdown = write_card(ModelRegistry(), registration.model, card)
     publish_card(markdown, registration.model.name)

@@ -141,7 +141,10 @@ def sensor_train(
         comparison=as_comparison(champion), recompare=recompare_with(config.model_name, setup.data, winner_pred),
         lineage=lineage, strict=strict,
     )
-    sensor_card(registration, source, setup, choice.winner, candidates, champion)
+    chosen_on = (f"{choice.val_assets} validation assets in {len(blocks)} disjoint blocks, each scored by the "
+                 "models that did not train on it (cross-fitted)" if choice.val_assets is not None else
+                 f"{len(setup.splits['val'])} validation assets")
+    sensor_card(registration, source, setup, choice.winner, candidates, champion, chosen_on)
     registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
     markdown = st.train_report_step(f"sensor-train: RUL, {source.describe()}", cnn, base, wcfg.horizon, setup.report,
                                     registration.decision, images, out_dir)

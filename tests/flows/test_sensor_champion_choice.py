@@ -41,6 +41,8 @@ def test_baseline_winning_on_validation_is_registered_and_scored(tmp_path: Path,
     assert ref.metrics["val/assets"] == 6 and ref.params["baseline"]["members"] == 3
     assert ref.file("rul-1.skops").is_file() and ref.file("rul-2.skops").is_file()
     assert len(load_baseline(ref).bag_) == 2
+    card = json.loads(ref.file("card.json").read_text())
+    assert card["data"]["candidate chosen on"].startswith("6 validation assets in 3 disjoint blocks")
     assert not [p for p in Path(ref.path).iterdir() if p.suffix in {".pkl", ".pickle", ".joblib"}]
 
     # -- score: the GBM champion scores each asset's latest window
