@@ -50,17 +50,6 @@ class SensorChoice:
             f"val/network-{k}/rmse": v for k, v in self.networks.items()} | (
             {"val/assets": float(self.val_assets)} if self.val_assets is not None else {})
 
-    def render(self) -> str:
-        """Markdown table of the candidates (validation decides, test reports)."""
-        rows = [f"| {k} | {v:.3f} | {'**registered**' if k == self.winner else ''} |" for k, v in self.val_rmse.items()]
-        best = best_network(self.networks) if self.networks else None
-        rows += [f"| network trunk {k} | {v:.3f} | {'the network candidate' if k == best else ''} |"
-                 for k, v in self.networks.items()]
-        how = (f"Cross-fitted: {self.val_assets} validation assets in disjoint blocks, each scored by models "
-               "that did not train on it.\n\n" if self.val_assets is not None else "")
-        return "\n".join(["## Candidates (chosen on validation; the test assets only report)", "",
-                          how + "| candidate | val RUL RMSE | |", "|---|---|---|", *rows]) + "\n"
-
 
 def best_network(val_rmse: dict[str, float]) -> str:
     """The encoder trunk with the lowest validation RUL RMSE (on a tie the one listed first: the

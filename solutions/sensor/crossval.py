@@ -44,35 +44,33 @@ def engine_folds(assets: Iterable[str], k: int, seed: int = 0) -> list[list[str]
 
 
 def fold_splits(assets: Iterable[str], held_out: Sequence[str], val_fraction: float, seed: int = 0,
-                ) -> dict[str, list[str]]:
+                block: int = 0) -> dict[str, list[str]]:
     """Train / validation / test assets of one fold: the held-out assets are the test split,
-    validation assets are drawn (by ``seed``) from the others."""
+    validation assets are drawn (by ``seed``) from the others; ``block``: which block of
+    ``val_fraction`` of the drawn assets validates (the others train)."""
     test = set(held_out)
     rest = np.random.default_rng(seed + 15485863).permutation(sorted(set(map(str, assets)) - test))
     n_val = max(1, round(val_fraction * len(rest)))
+    val = rest[block * n_val : (block + 1) * n_val]
     if len(rest) - n_val < 1:
         raise DataValidationError(f"only {len(rest)} assets outside the held-out fold: none left to train on")
-    return {"train": sorted(rest[n_val:].tolist()), "val": sorted(rest[:n_val].tolist()), "test": sorted(test)}
+    if len(val) < n_val:
+        raise ValueError(f"validation block {block} of {n_val} assets is past the {len(rest)} assets left")
+    return {"train": sorted(rest[~np.isin(rest, val)].tolist()), "val": sorted(val.tolist()), "test": sorted(test)}
 
 
 def cross_fit_splits(assets: Iterable[str], held_out: Sequence[str], val_fraction: float, k: int,
                      seed: int = 0) -> list[dict[str, list[str]]]:
     """``k`` train / validation / test splits of one fold whose validation assets are disjoint:
     split ``i`` validates on the ``i``-th block of ``val_fraction`` of the non-held-out assets and
-    trains on the others, so ``k`` models validated each on its own block score ``k`` times as
-    many assets out of fold as one does. Split 0 is :func:`fold_splits`' split (same seed)."""
-    test = set(held_out)
-    rest = np.random.default_rng(seed + 15485863).permutation(sorted(set(map(str, assets)) - test))
-    n_val = max(1, round(val_fraction * len(rest)))
-    if k < 1 or len(rest) - k * n_val < 1:
-        raise DataValidationError(f"{len(rest)} assets outside the held-out fold cannot give {k} disjoint "
+    trains on the others (:func:`fold_splits`' ``block``), so ``k`` models validated each on its own
+    block score ``k`` times as many assets out of fold as one does. Split 0 is :func:`fold_splits`' split."""
+    rest = len(set(map(str, assets)) - set(held_out))
+    n_val = max(1, round(val_fraction * rest))
+    if k < 1 or rest - k * n_val < 1:
+        raise DataValidationError(f"{rest} assets outside the held-out fold cannot give {k} disjoint "
                                   f"validation blocks of {n_val} and still leave assets to train on")
-    out = []
-    for i in range(k):
-        val = rest[i * n_val : (i + 1) * n_val]
-        out.append({"train": sorted(set(rest.tolist()) - set(val.tolist())), "val": sorted(val.tolist()),
-                    "test": sorted(test)})
-    return out
+    return [fold_splits(assets, held_out, val_fraction, seed, block=i) for i in range(k)]
 
 
 @dataclass
