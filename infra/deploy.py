@@ -67,7 +67,7 @@ def _schedules(spec: DeploymentSpec, config: DeployConfig) -> list[Any] | None:
 def _check_parameters(flow_obj: Any, spec: DeploymentSpec) -> None:
     try:
         flow_obj.validate_parameters(dict(spec.parameters))
-    except Exception as exc:  # Prefect raises ParameterTypeError / SignatureMismatchError
+    except Exception as exc:  # noqa: BLE001 - Prefect raises ParameterTypeError / SignatureMismatchError
         raise DeployError(f"deployment {spec.name}: parameters {spec.parameters} do not fit {spec.flow}: {exc}") from None
 
 

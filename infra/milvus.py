@@ -92,7 +92,7 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
         Path(target).expanduser().parent.mkdir(parents=True, exist_ok=True)
     try:
         return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - pymilvus raises many kinds; each is named, scrubbed
         raise VectorStoreError(f"cannot open Milvus at {shown_url(target) if '://' in target else target}: "
                                f"{scrub(str(exc), [token])}"[:500]) from None
 

@@ -150,7 +150,7 @@ def claim_cards(count: int, total: int, timeout_s: float | None = None, poll_s: 
     while True:
         held: list[tuple[int, Any]] = []
         for index in range(total):
-            handle = open(_lock_dir() / f"cuda-{index}.lock", "a")
+            handle = open(_lock_dir() / f"cuda-{index}.lock", "a")  # noqa: SIM115 - held while the GPU is
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

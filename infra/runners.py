@@ -24,7 +24,7 @@ import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from prefect.task_runners import TaskRunner
 
@@ -124,13 +124,13 @@ class ConfiguredTaskRunner(TaskRunner):
     def duplicate(self) -> ConfiguredTaskRunner:
         return type(self)()
 
-    def __enter__(self) -> ConfiguredTaskRunner:
+    def __enter__(self) -> Self:
         self._inner = make_task_runner()
         self._inner.__enter__()
         self._started = True
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         try:
             if self._inner is not None:
                 self._inner.__exit__(*exc_info)

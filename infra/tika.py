@@ -111,7 +111,7 @@ class TikaServer:
                 data, serverEndpoint=self.url, headers=headers, requestOptions={"timeout": self.timeout_s},
                 raw_response=True,
             )
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any client failure is named, scrubbed
             raise TikaParseError(f"tika server {shown_url(self.url)}: {type(exc).__name__}: "
                                  f"{scrub(str(exc))}"[:500]) from None
         if status == 422:  # Tika: unprocessable entity (encrypted or corrupt)

@@ -118,7 +118,7 @@ class PrivateNamesContract(Contract):
 
     source_packages = fields.ListField(subfield=fields.StringField())
 
-    def check(self, graph, verbose: bool) -> ContractCheck:  # noqa: ANN001 - grimp's ImportGraph
+    def check(self, graph, verbose: bool) -> ContractCheck:
         internal = tuple(str(p) for p in self.source_packages)
         found: list[Violation] = []
         for module in sorted(graph.modules):

@@ -10,7 +10,7 @@ from solutions.rag.results import AskResult
 
 
 @flow(name="rag-ask", log_prints=False)
-def rag_ask(question: str, params: AskParams = AskParams(), previous: list[str] | None = None) -> AskResult:
+def rag_ask(question: str, params: AskParams = AskParams(), previous: list[str] | None = None) -> AskResult:  # noqa: B008 - a frozen typed default renders a UI form
     """Retrieve the top-k chunks (dense, BM25 or hybrid, with metadata filters) and answer with
     numbered citations: through the configured chat-completions endpoint, or extractively.
     With ``stream`` the LLM's answer is printed as it is generated.

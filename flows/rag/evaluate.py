@@ -14,8 +14,8 @@ from tasks.evaluate import artifact_key, publish_eval_report_task
 
 
 @flow(name="rag-eval", log_prints=True)
-def rag_eval(data: str, collection: str | None = None, chunk: ChunkParams = ChunkParams(),
-             weights: HybridWeights = HybridWeights()) -> EvalResult:
+def rag_eval(data: str, collection: str | None = None, chunk: ChunkParams = ChunkParams(),  # noqa: B008 - a frozen typed default renders a UI form
+             weights: HybridWeights = HybridWeights()) -> EvalResult:  # noqa: B008 - a frozen typed default renders a UI form
     """Evaluate retrieval on a QA set (JSONL or SQuAD JSON): recall@1/5/10 and MRR@10 for dense,
     BM25 and hybrid side by side. SQuAD passages are ingested into their own collection first.
 

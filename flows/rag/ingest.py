@@ -18,7 +18,7 @@ from tasks.ingest import IngestResult, render_ingest, task_stages
 
 
 @flow(name="rag-ingest", log_prints=True, task_runner=ConfiguredTaskRunner())
-def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams(),
+def rag_ingest(sources: list[str] | None = None, params: IngestParams = IngestParams(),  # noqa: B008 - a frozen typed default renders a UI form
                job: str | None = None) -> IngestResult:
     """Parse documents with Apache Tika, redact personal data, chunk by tokens, embed and write
     them to Milvus (dense + BM25). Incremental: unchanged files are skipped, changed ones

@@ -151,7 +151,7 @@ class NegativeSubsampler(Sampler[int]):
         labels = np.nan_to_num(np.asarray(labels, dtype="float64"), nan=0.0)
         self.pos = np.flatnonzero(labels > 0.5)
         self.neg = np.flatnonzero(labels <= 0.5)
-        self.n_neg = max(1, int(round(rate * len(self.neg)))) if len(self.neg) else 0
+        self.n_neg = max(1, round(rate * len(self.neg))) if len(self.neg) else 0
         self.seed = seed
         self.epoch = 0
         self._epoch_set = False

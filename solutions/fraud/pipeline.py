@@ -96,7 +96,7 @@ def merge_accounts(transactions: pd.DataFrame, accounts: pd.DataFrame) -> pd.Dat
 
 def window_transformer(delay_days: float) -> WindowFeatures:
     """The window-feature transformer used by the baseline and as model context."""
-    return WindowFeatures(delay_days=int(round(delay_days)))
+    return WindowFeatures(delay_days=round(delay_days))
 
 
 def build_features(df: pd.DataFrame, periods: np.ndarray, delay_days: float) -> pd.DataFrame:

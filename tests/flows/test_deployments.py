@@ -9,8 +9,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from flows.fraud.cli import main
 from infra.deploy import build_deployments, ensure_gpu_limits
 from infra.deploy_config import load_deploy_config
@@ -121,7 +119,7 @@ def test_a_served_scoring_deployment_run_completes(tmp_path: Path) -> None:
     generate_transactions(n_accounts=60, n_terminals=30, n_days=4, seed=7).to_csv(inbox / "batch.csv", index=False)
 
     env = {**os.environ, "PREFECT_API_URL": _api_url(), "OMP_NUM_THREADS": "1"}
-    log_file = open(tmp_path / "serve.log", "w")
+    log_file = open(tmp_path / "serve.log", "w")  # noqa: SIM115 - the server writes to it until the test ends
     server = subprocess.Popen([sys.executable, "-m", "infra.deploy", "serve", "--only", "hourly-batch-score"],
                               cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
     try:

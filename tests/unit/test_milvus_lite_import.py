@@ -29,7 +29,7 @@ def test_once_imported_milvus_lite_never_warns_even_when_the_filter_is_dropped(t
         print("collections", client.list_collections())
         client.close()
     """)
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "pkg_resources" not in done.stderr
     assert "collections []" in done.stdout

@@ -117,7 +117,7 @@ def test_the_llm_abstains_when_it_cites_nothing_or_says_the_passages_do_not_answ
 
 
 def test_answer_or_abstain_gives_the_abstention_sentence_without_calling_the_llm(monkeypatch: pytest.MonkeyPatch) -> None:
-    import solutions.rag.answer as answer
+    from solutions.rag import answer
 
     monkeypatch.setattr(answer, "assess", lambda q, hits, emb, n, mode, probe: assess(q, hits, emb, n, mode, probe,
                                                                                      calibration=CAL))
