@@ -164,21 +164,28 @@ def validation_block_setups(grid_ref: DatasetRef, config: SensorConfig, wcfg: Wi
 @dataclass(frozen=True)
 class OutOfFold:
     """Validation predictions where no model that made them trained on the asset: per block, the
-    truth and the network's prediction (the mean of the members validating on that block)."""
+    truth and the network's prediction (the mean of the members validating on that block); the
+    RUL on the blocks' cut windows, P(failure) on every window of the blocks (``fail`` its 0/1
+    labels, ``network_prob`` the network's), which calibrate the failure-alert threshold."""
 
     truth: np.ndarray
     network: np.ndarray
     assets: int
+    fail: np.ndarray
+    network_prob: np.ndarray
 
     @classmethod
     def of(cls, setups: list[P.SupervisedSetup], members: list[RULModel]) -> OutOfFold:
         """Member ``i`` validated on block ``i % len(setups)`` (so never trained on it)."""
-        truth, preds = [], []
+        truth, preds, fail, probs = [], [], [], []
         for b, s in enumerate(setups):
             own = [m for i, m in enumerate(members) if i % len(setups) == b]
             preds.append(np.mean([predict(m, s.data.rul_val.x)[0] for m in own], axis=0))
             truth.append(s.data.rul_val.rul)
-        return cls(np.concatenate(truth), np.concatenate(preds), sum(len(s.splits["val"]) for s in setups))
+            probs.append(np.mean([predict(m, s.data.val.x)[1] for m in own], axis=0))
+            fail.append(E.fail_labels(s.data.val))
+        return cls(np.concatenate(truth), np.concatenate(preds), sum(len(s.splits["val"]) for s in setups),
+                   np.concatenate(fail), np.concatenate(probs))
 
     def rmse(self, pred: np.ndarray) -> float:
         known = ~np.isnan(self.truth)
@@ -242,6 +249,7 @@ class BaselineCandidate:
     gbm: Any
     predictions: E.TestPredictions
     oof: np.ndarray | None = None
+    oof_prob: np.ndarray | None = None
 
 
 @task(name="fit-baseline", cache_policy=NONE)
@@ -256,8 +264,23 @@ def baseline_candidate_step(data: P.SupervisedData, seed: int,
     fitted = [E.fit_baseline(b.data.train, seed) for b in blocks]
     gbm = WindowGBM.bag(fitted)
     oof = np.concatenate([g.predict_rul(b.data.rul_val.x) for g, b in zip(fitted, blocks, strict=True)])
+    oof_prob = np.concatenate([g.predict_fail_proba(b.data.val.x) for g, b in zip(fitted, blocks, strict=True)])
     log.info("GBM candidate: the mean of %d GBMs, one per validation block", len(fitted))
-    return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data), oof=oof)
+    return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data), oof=oof, oof_prob=oof_prob)
+
+
+def calibration_set(winner: str, oof: OutOfFold | None,
+                    baseline: BaselineCandidate | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """Cross-fitted: the failure labels and the out-of-fold P(failure) of candidate ``winner``
+    (``cnn``, ``baseline`` or ``ensemble``, the mean of the two) on every block's validation
+    windows, to calibrate its alert threshold on; None when not cross-fitted."""
+    if oof is None:
+        return None
+    if winner == CA.CNN:
+        return oof.fail, oof.network_prob
+    if baseline is None or baseline.oof_prob is None:
+        raise ValueError(f"the {winner} candidate's threshold needs the GBM's out-of-fold P(failure)")
+    return oof.fail, baseline.oof_prob if winner == CA.BASELINE else (oof.network_prob + baseline.oof_prob) / 2
 
 
 @task(name="choose-candidate", cache_policy=NONE)
@@ -320,16 +343,20 @@ class ModelEvaluation:
 
 @task(name="evaluate-predictions", cache_policy=NONE)
 def evaluate_step(name: str, data: P.SupervisedData, pred: E.TestPredictions, threshold: float | None,
-                  horizon: int, out_dir: Path, failure_name: str | None = None) -> ModelEvaluation:
+                  horizon: int, out_dir: Path, failure_name: str | None = None,
+                  calibrate: tuple[np.ndarray, np.ndarray] | None = None) -> ModelEvaluation:
     """RUL metrics on the last test windows; failure metrics at a threshold (max F1 on validation if None).
 
     ``failure_name`` names the failure report and its plot files (default: ``name``).
+    ``calibrate``: the (labels, P(failure)) the threshold is chosen on instead of the validation
+    windows' (cross-fitted: every block's, out of fold; :func:`calibration_set`).
     """
     rul = evaluate_regression(data.test_last.rul, pred.rul_last, name=name, split="test",
                               extra=E.rul_metrics(data.test_last, pred.rul_last))
-    yv, yt = E.fail_labels(data.val), E.fail_labels(data.test_all)
+    yv, pv = calibrate if calibrate is not None else (E.fail_labels(data.val), pred.prob_val)
+    yt = E.fail_labels(data.test_all)
     if threshold is None:
-        threshold = choose_threshold(yv, pred.prob_val, method="f1") if E.has_both_classes(yv) else 0.5
+        threshold = choose_threshold(yv, pv, method="f1") if E.has_both_classes(yv) else 0.5
     failure = None
     if E.has_both_classes(yt):
         failure = evaluate_binary(yt, pred.prob_all, name=failure_name or name, split="test", threshold=threshold,

@@ -109,12 +109,15 @@ def sensor_train(
     # -- evaluate the CNN and the baseline on the same test assets
     out_dir = home_layout().new_report("sensor-train")
     cnn_pred = st.predict_cnn_step(model, setup.data)
-    cnn = st.evaluate_step("cnn", setup.data, cnn_pred, ft.alert_threshold, wcfg.horizon, out_dir)
     baseline = st.baseline_candidate_step(setup.data, ft.seed, blocks if oof is not None else None) \
         if config.baseline else None
+    # thresholds: max F1 on validation; cross-fitted, on every block's out-of-fold P(failure)
+    cnn = st.evaluate_step("cnn", setup.data, cnn_pred, ft.alert_threshold, wcfg.horizon, out_dir,
+                           calibrate=st.calibration_set("cnn", oof, baseline))
     base_pred = baseline.predictions if baseline else None
     base = st.evaluate_step(E.BASELINE_NAME, setup.data, base_pred, None, wcfg.horizon, out_dir,
-                            failure_name="baseline") if base_pred else None
+                            failure_name="baseline", calibrate=st.calibration_set("baseline", oof, baseline)) \
+        if base_pred else None
     images = st.plot_rul_step(setup.data, cnn_pred, base_pred, out_dir)
     # -- the candidates compared on the validation assets; the winner is registered
     choice = st.choose_candidate_step(model, baseline, setup.data, network_val, oof)
@@ -123,7 +126,8 @@ def sensor_train(
         candidates["ensemble"] = st.ensemble_predictions(cnn_pred, base_pred)
     winner_pred = candidates[choice.winner]
     winner = {"cnn": cnn, "baseline": base}.get(choice.winner) or st.evaluate_step(
-        "ensemble", setup.data, winner_pred, None, wcfg.horizon, out_dir)
+        "ensemble", setup.data, winner_pred, None, wcfg.horizon, out_dir,
+        calibrate=st.calibration_set("ensemble", oof, baseline))
     winning = st.winner_registration_step(choice, model, baseline, out_dir)
     # -- register with lineage; the champion rule compares the champion re-scored on the same
     #    test cuts (compare-and-swap), then the model card
@@ -142,7 +146,8 @@ def sensor_train(
         lineage=lineage, strict=strict,
     )
     chosen_on = (f"{choice.val_assets} validation assets in {len(blocks)} disjoint blocks, each scored by the "
-                 "models that did not train on it (cross-fitted)" if choice.val_assets is not None else
+                 "models that did not train on it (cross-fitted); the alert threshold is calibrated on every "
+                 "window of those blocks, out of fold" if choice.val_assets is not None else
                  f"{len(setup.splits['val'])} validation assets")
     sensor_card(registration, source, setup, choice.winner, candidates, champion, chosen_on)
     registration = approval_gate_task(registration, strict=strict)  # a model that needs approval waits here
