@@ -313,6 +313,12 @@ def main() -> None:
             run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, k,
                             f"cv-xfit-{fold}-{k}", encoder)
             members.append({"data": fd.data, "cnn": (run.last, run.every, run.val), "gbm": g})
+            # each member's predictions and the truth they are scored on, for post-hoc analysis
+            keep({"fold": fold, "seed": k, "variant": "xfit", "truth_last": fd.data.test_last.rul.tolist(),
+                  "truth_val": fd.data.rul_val.rul.tolist(), "last": np.round(run.last, 3).tolist(),
+                  "val": np.round(run.val, 3).tolist(), "gbm_last": np.round(g[0], 3).tolist(),
+                  "gbm_val": np.round(g[2], 3).tolist(), "test_units": [str(a) for a in fd.data.test_last.asset]},
+                 preds_file)
             fresh += [{**base, "seed": k, "model": "xfit_member_cnn", **CV.rul_scores(fd.data, run.last, run.every),
                        "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds},
                       {**base, "seed": k, "model": "xfit_member_gbm", **CV.rul_scores(fd.data, g[0], g[1])}]
