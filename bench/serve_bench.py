@@ -150,8 +150,8 @@ BAD_KINDS = ("no_terminal", "lone_surrogate", "future_timestamp", "long_id", "li
              "bad_amount", "broken_json")
 
 
-def start_server(home: Path, batch_size: int, wait_ms: float,
-                 extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(home: Path, batch_size: int, wait_ms: float, extra_env: dict[str, str] | None = None,
+                 workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m flows.serve`` on a free loopback port, fraud only, limits out of the bench's way
     (``extra_env``: more settings, e.g. a challenger's, or the Redis URL of replicas sharing one
     state); returns the process and its URL."""
@@ -163,7 +163,7 @@ def start_server(home: Path, batch_size: int, wait_ms: float,
                 "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
                 "INDUSFLOW_SERVE_MAX_ROWS": "4096", **(extra_env or {})})
     url = f"http://127.0.0.1:{port}"
-    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port)], env=env, cwd=ROOT,
+    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port), "--workers", str(workers)], env=env, cwd=ROOT,
                         log=home / f"server-{port}.log", ready_url=f"{url}/readyz")
     return proc, url
 
@@ -223,6 +223,9 @@ def main() -> None:
     parser.add_argument("--load-seconds", type=float, default=60.0, help="length of the fixed-rate phase")
     parser.add_argument("--rate", type=float, default=200.0, help="requests/s of the fixed-rate phase")
     parser.add_argument("--quick", action="store_true", help="2 s phases and a 10 s fixed-rate phase")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="also serve with this many server processes (serve --workers N, one shared online "
+                             "state) and measure its 256-row phases beside the one-process server's")
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.load_seconds = 2.0, 10.0
@@ -269,6 +272,19 @@ def main() -> None:
                         rows_per_request=1, headers={"X-API-Key": key}))
             finally:
                 stop_server(proc)
+        if args.workers > 1:  # the same batching-on server in N processes, from an empty state
+            shutil.rmtree(HomeLayout(tmp).online_state(), ignore_errors=True)
+            proc, url = start_server(tmp, defaults.batch_max_size, defaults.batch_max_wait_ms, workers=args.workers)
+            try:
+                phases = {f"c{conc}_rows256": asyncio.run(closed_loop(
+                    f"{url}/v1/fraud/score", tx.feed(256, args.seconds + 0.5), concurrency=conc,
+                    seconds=args.seconds, rows_per_request=256, headers={"X-API-Key": key})) for conc in (1, 16, 64)}
+            finally:
+                stop_server(proc)
+            results[f"workers_{args.workers}"] = {
+                **phases, "rows_per_s_vs_one_process": {
+                    p: round(v["rows_per_s"] / results["batching_on"][p]["rows_per_s"], 2)
+                    if results["batching_on"][p]["rows_per_s"] else None for p, v in phases.items()}}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     on, off = results["batching_on"], results["batching_off"]
