@@ -75,8 +75,10 @@ def server_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", help="address to bind (default: INDUSFLOW_SERVE_HOST, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="TCP port (default: INDUSFLOW_SERVE_PORT, 8000)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes (default: 1; rate limits and feature state are shared "
-                        "between them only through Redis)")
+                        help="worker processes (default: 1; rate limits are shared between them only "
+                        "through Redis; the fraud feature state through its SQLite file or Redis, where "
+                        "one account's concurrent requests may be applied out of order and refused (409); "
+                        "the embedded Milvus Lite file needs one process)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="uvicorn log level (default: warning)")
     parser.add_argument("--access-log", action="store_true",
