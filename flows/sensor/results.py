@@ -51,7 +51,8 @@ class SensorTrainResult(BaseModel):
     failure: EvalReport | None
     baseline_failure: EvalReport | None
     alerts: dict[str, float] = Field(description="Lead time of the CNN's first alerts on failed test assets.")
-    threshold: float
+    threshold: float = Field(description="The CNN's failure-alert threshold (``failure``'s); the registered "
+                             "candidate's is ``model.params['threshold']``.")
     winner: str = Field(description="The candidate registered: lowest validation RUL RMSE (cnn, baseline, ensemble).")
     model: ModelRef
     promotion: PromotionDecision
