@@ -31,14 +31,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from solutions.sensor.candidates import BASELINE, CNN, ENSEMBLE, choose_on_validation
+from solutions.sensor.evaluate import rmse as rmse_of
 from solutions.sensor.metrics import phm08_score
 
 WEIGHTS = np.round(np.arange(0.0, 1.0001, 0.05), 2)
+#: sensor train's candidate names -> this script's
+NAMES = {CNN: "cnn", BASELINE: "gbm", ENSEMBLE: "mean"}
 
 
 def rmse(y: np.ndarray, p: np.ndarray) -> float:
+    """RMSE over the rows with a known truth."""
     known = ~np.isnan(y)
-    return float(np.sqrt(np.mean((p[known] - y[known]) ** 2)))
+    return rmse_of(y[known], p[known])
 
 
 def fold_rows(members: list[dict[str, Any]], k: int) -> dict[str, Any]:
@@ -55,9 +60,8 @@ def fold_rows(members: list[dict[str, Any]], k: int) -> dict[str, Any]:
     val_cnn = np.concatenate([m["val"] for m in use]).astype("float64")
     val_gbm = np.concatenate([m["gbm_val"] for m in use]).astype("float64")
     test = {"cnn": cnn, "gbm": gbm, "mean": (cnn + gbm) / 2}
-    val = {"cnn": val_cnn, "gbm": val_gbm, "mean": (val_cnn + val_gbm) / 2}
-    val_rmse = {name: rmse(val_truth, p) for name, p in val.items()}
-    chosen = min(val_rmse, key=val_rmse.get)  # ties: the first listed (the simpler)
+    choice = choose_on_validation(val_truth, val_cnn, val_gbm)  # sensor train's own choice
+    chosen = NAMES[choice.winner]
     by_weight = [rmse(val_truth, w * val_cnn + (1 - w) * val_gbm) for w in WEIGHTS]
     w = float(WEIGHTS[int(np.argmin(by_weight))])
     test["registered"] = test[chosen]
@@ -65,7 +69,7 @@ def fold_rows(members: list[dict[str, Any]], k: int) -> dict[str, Any]:
     out = {f"{name}_{k}": {"rmse": rmse(truth, p), "phm08": phm08_score(truth, p)} for name, p in test.items()}
     out[f"registered_{k}"]["chosen"] = chosen
     out[f"weighted_{k}"]["w"] = w
-    out[f"registered_{k}"]["estimate"] = val_rmse[chosen]
+    out[f"registered_{k}"]["estimate"] = choice.val_rmse[choice.winner]
     return out
 
 
