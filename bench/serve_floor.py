@@ -1,0 +1,207 @@
+"""What one 256-row fraud request costs, part by part, against 20,000 rows/s. Prints one JSON line.
+
+``bench/serve_bench.py`` measures the served rate; this bench says where a 256-row request's time
+goes and what rate the parts allow, on the same machine, model and request bodies:
+
+1. **HTTP floor**: a bare FastAPI route on uvicorn, with the server's own protocol class
+   (:class:`infra.serving.protocol.GuardedHttpProtocol`) and event loop, that parses the request
+   body and answers 256 results with orjson (no keys, state, model or audit), loaded by the same
+   closed-loop aiohttp clients at concurrency 1 and 16 (``bench/loadgen.py``). Its time per
+   request includes the client's, which shares the 2 cores.
+2. **In process**, medians per 256-row request over ``--requests`` new requests (after a warm-up):
+   validation (:func:`check_values` and :func:`fast_rows`), the state update (load and order
+   check, :meth:`apply`, the SQLite commit with the scores) and the model (its input tensors and
+   forward pass: :meth:`OnlineFraudModel.predict`).
+3. **Served**: ``python -m flows.serve`` (batching on, as ``serve_bench.py`` runs it) at
+   concurrency 1 with 256-row requests, for the side-by-side figure.
+
+From these it prints the rate the parts allow at concurrency 1 (256 rows over the HTTP floor plus
+the in-process parts; nothing else counted, so a ceiling), and the time per row the validation and
+state update would have to fit in for 20,000 rows/s once the HTTP floor and the model are paid.
+
+Usage: ``OMP_NUM_THREADS=1 python bench/serve_floor.py [--seconds 5] [--requests 250] [--no-served]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import closed_loop, free_port, spawn_server, stop_server
+
+ROWS = 256
+TARGET_ROWS_PER_S = 20_000
+
+
+def floor_app() -> Any:
+    """The bare route: parse the body, answer one result per row (the served answer's shape)."""
+    import orjson
+
+    app = FastAPI()
+
+    @app.get("/readyz")
+    async def ready() -> dict[str, bool]:
+        return {"ready": True}
+
+    @app.post("/v1/fraud/score")
+    async def score(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        results = [{"transaction_id": str(row.get("transaction_id")), "score": 0.5, "flagged": False,
+                    "threshold": 0.5, "model": "floor", "model_version": 1} for row in body["transactions"]]
+        return Response(orjson.dumps({"model": "floor", "model_version": 1, "threshold": 0.5, "results": results}),
+                        media_type="application/json")
+
+    return app
+
+
+def serve_floor(port: int) -> None:
+    """Run :func:`floor_app` as ``flows.serve`` runs its app (same HTTP protocol class)."""
+    import uvicorn
+
+    from infra.serving.protocol import GuardedHttpProtocol
+
+    uvicorn.run("serve_floor:floor_app", factory=True, host="127.0.0.1", port=port, log_level="warning",
+                http=GuardedHttpProtocol, app_dir=str(Path(__file__).resolve().parent))
+
+
+def http_floor(tx: Any, seconds: float) -> dict[str, Any]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    log = Path(tempfile.mkdtemp(prefix="serve-floor-")) / "server.log"
+    proc = spawn_server([sys.executable, str(Path(__file__).resolve()), "--serve-floor", str(port)], env=env,
+                        cwd=ROOT, log=log, ready_url=f"{url}/readyz")
+    try:
+        return {f"c{conc}": asyncio.run(closed_loop(f"{url}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5),
+                                                    concurrency=conc, seconds=seconds, rows_per_request=ROWS))
+                for conc in (1, 16)}
+    finally:
+        stop_server(proc)
+        shutil.rmtree(log.parent, ignore_errors=True)
+
+
+def in_process(home: Path, tx: Any, n: int, warmup: int = 50) -> dict[str, float]:
+    """Median milliseconds per 256-row request of each part, as the server runs them."""
+    import torch
+    from serve_bench import MODEL
+
+    from infra.registry import ModelRegistry
+    from solutions.fraud import pipeline as P
+    from solutions.fraud.online import (
+        OnlineFraudModel,
+        OnlineFraudState,
+        check_values,
+        fast_rows,
+        open_state_store,
+    )
+
+    torch.set_num_threads(1)
+    registry = ModelRegistry(home / "registry")
+    ref = registry.get(MODEL)
+    net, pre, cfg = P.model_from_params(ref.params, registry.load_state_dict(ref))
+    net.eval()
+    model = OnlineFraudModel.from_registry(net, pre, cfg.seq_len, ref.name, ref.version, ref.params)
+    state = OnlineFraudState.for_model(open_state_store(home / "floor-state"), history_len=255)
+    parts: dict[str, list[float]] = {k: [] for k in ("validate", "load_check", "apply", "model", "commit")}
+    try:
+        for i in range(warmup + n):
+            body = tx.body(ROWS)["transactions"]
+            t0 = time.perf_counter()
+            check_values(body)
+            rows = fast_rows(body)
+            assert rows is not None, "the bench's rows take the fast path"
+            t1 = time.perf_counter()
+            with state.update() as batch:
+                batch.load(rows.accounts, [])
+                batch.check(rows)
+                t2 = time.perf_counter()
+                inputs = batch.apply(rows, model.delay_days, keep=model.seq_len)
+                t3 = time.perf_counter()
+                scores = model.predict(inputs)
+                t4 = time.perf_counter()
+                batch.record_scores(scores.tolist(), model.version)
+            t5 = time.perf_counter()  # the journal written and committed on leaving the block
+            if i >= warmup:
+                for key, dt_s in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+                    parts[key].append(dt_s * 1000)
+    finally:
+        state.store.close()
+    return {k: round(statistics.median(v), 3) for k, v in parts.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per closed-loop phase")
+    parser.add_argument("--requests", type=int, default=250, help="in-process requests measured (after 50 warm-up)")
+    parser.add_argument("--no-served", action="store_true", help="skip the served flows.serve phase")
+    parser.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the bare server itself
+    args = parser.parse_args()
+    if args.serve_floor:
+        serve_floor(args.serve_floor)
+        return
+
+    from serve_bench import Transactions, register_model, start_server
+
+    from infra.serving.auth import KeyStore
+    from infra.settings import ServeSettings
+
+    load_before = os.getloadavg()[0]
+    tmp = Path(tempfile.mkdtemp(prefix="serve-floor-"))
+    try:
+        register_model(tmp)
+        gc.collect()
+        gc.freeze()  # the client's heap holds torch and the training run (see serve_bench.GcPauses)
+        floor = http_floor(Transactions(), args.seconds)
+        parts = in_process(tmp, Transactions(), args.requests)
+        served = None
+        if not args.no_served:
+            key, _ = KeyStore(tmp / "serving" / "keys.json").add("bench", ["admin"])
+            defaults = ServeSettings()
+            proc, url = start_server(tmp, defaults.batch_max_size, defaults.batch_max_wait_ms)
+            try:
+                served = asyncio.run(closed_loop(f"{url}/v1/fraud/score", Transactions().feed(ROWS, args.seconds + 0.5),
+                                                 concurrency=1, seconds=args.seconds, rows_per_request=ROWS,
+                                                 headers={"X-API-Key": key}))
+            finally:
+                stop_server(proc)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    http_ms = 1000.0 / floor["c1"]["req_per_s"] if floor["c1"]["req_per_s"] else float("nan")
+    in_ms = sum(parts.values())
+    budget_ms = 1000.0 * ROWS / TARGET_ROWS_PER_S
+    left_ms = budget_ms - http_ms - parts["model"]
+    state_ms = parts["validate"] + parts["load_check"] + parts["apply"] + parts["commit"]
+    print(json.dumps({
+        "bench": "serve_floor", "cores": os.cpu_count(), "rows_per_request": ROWS,
+        "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
+        "http_floor": floor,
+        "in_process_ms_per_request": {**parts, "total": round(in_ms, 3)},
+        "served_c1": served,
+        "ceiling_c1_rows_per_s": round(ROWS / ((http_ms + in_ms) / 1000.0)),
+        "target": {"rows_per_s": TARGET_ROWS_PER_S, "ms_per_request": budget_ms,
+                   "http_floor_ms": round(http_ms, 3), "model_ms": parts["model"],
+                   "left_for_validation_and_state_ms": round(left_ms, 3),
+                   "validation_and_state_ms": round(state_ms, 3),
+                   "us_per_row_allowed": round(1000.0 * left_ms / ROWS, 2),
+                   "us_per_row_measured": round(1000.0 * state_ms / ROWS, 2)},
+    }))
+
+
+if __name__ == "__main__":
+    main()
