@@ -317,7 +317,12 @@ def main() -> None:
             keep({"fold": fold, "seed": k, "variant": "xfit", "truth_last": fd.data.test_last.rul.tolist(),
                   "truth_val": fd.data.rul_val.rul.tolist(), "last": np.round(run.last, 3).tolist(),
                   "val": np.round(run.val, 3).tolist(), "gbm_last": np.round(g[0], 3).tolist(),
-                  "gbm_val": np.round(g[2], 3).tolist(), "test_units": [str(a) for a in fd.data.test_last.asset]},
+                  "gbm_val": np.round(g[2], 3).tolist(), "test_units": [str(a) for a in fd.data.test_last.asset],
+                  # every window of the held-out engines (stride 1): a cut's earlier windows, for
+                  # analyses that combine a unit's last few windows
+                  "last_end_step": fd.data.test_last.end_step.tolist(), "every": np.round(run.every, 3).tolist(),
+                  "gbm_every": np.round(g[1], 3).tolist(), "every_asset": [str(a) for a in fd.data.test_all.asset],
+                  "every_end_step": fd.data.test_all.end_step.tolist()},
                  preds_file)
             fresh += [{**base, "seed": k, "model": "xfit_member_cnn", **CV.rul_scores(fd.data, run.last, run.every),
                        "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds},
