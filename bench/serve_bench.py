@@ -7,7 +7,8 @@ off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size, rows and
 from an empty online feature state. Closed-loop
 clients on 127.0.0.1 at concurrency 1, 16 and 64 send single-transaction and 256-row requests of
 new transactions (each account's transactions in time order); then a fixed-rate phase (200
-single-transaction requests/s for 60 s by default) on the batching-on server counts 5xx answers.
+single-transaction requests/s for 60 s by default) on the batching-on server counts 5xx answers
+and reports the server's own latencies beside the client's (from its audit log).
 
 Then two mixed phases (concurrency 16, 1-row and 256-row requests) where every tenth request is
 malformed in one of the ways a client can get it wrong (:data:`BAD_KINDS`): every valid one must
@@ -194,6 +195,20 @@ def run_phases(url: str, key: str, tx: Transactions, seconds: float) -> dict[str
     return out
 
 
+def server_latency(home: Path, since: str, endpoint: str = "/v1/fraud/score") -> dict[str, Any]:
+    """The server's own latency of ``endpoint`` requests audited at or after ``since`` (ISO, UTC),
+    from its audit log (rotated files included): p50/p99/max in ms. Beside the client's figures it
+    tells the server's part from the client's and the loopback's (both share the 2 cores)."""
+    folder = home / "serving"
+    lat = sorted(entry["latency_ms"] for path in sorted(folder.glob("audit.jsonl*"))
+                 for entry in map(json.loads, path.read_text().splitlines())
+                 if entry.get("endpoint") == endpoint and entry.get("time", "") >= since)
+    if not lat:
+        return {"requests": 0}
+    return {"requests": len(lat), "p50_ms": lat[len(lat) // 2], "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "max_ms": lat[-1]}
+
+
 class GcPauses:
     """The load generator's own full cyclic-GC collections during the phases. This process trains
     the model first (torch, Lightning and pandas stay on its heap): each full collection then
@@ -267,9 +282,11 @@ def main() -> None:
                         results[f"mixed_bad_c16_rows{rows}"] = asyncio.run(closed_loop(
                             f"{url}/v1/fraud/score", lambda i, r=rows: tx.mixed(i, r), concurrency=16,
                             seconds=args.seconds, rows_per_request=rows, headers={"X-API-Key": score_key}))
+                    since = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
                     results["fixed_rate"] = asyncio.run(fixed_rate(
                         f"{url}/v1/fraud/score", lambda i: tx.body(1), rate=args.rate, seconds=args.load_seconds,
                         rows_per_request=1, headers={"X-API-Key": key}))
+                    results["fixed_rate"]["server_side"] = server_latency(tmp, since)
             finally:
                 stop_server(proc)
         if args.workers > 1:  # the same batching-on server in N processes, from an empty state
