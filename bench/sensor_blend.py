@@ -73,7 +73,8 @@ def fold_rows(members: list[dict[str, Any]], k: int) -> dict[str, Any]:
     return out
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
+def load_folds(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """A cross-fitted run's saved predictions: per fold, its members' lines in seed order."""
     lines = [json.loads(line) for line in (run_dir / "sensor_cv_predictions.jsonl").read_text().splitlines()]
     lines = [r for r in lines if r.get("variant") == "xfit"]
     if not lines:
@@ -81,6 +82,11 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     folds: dict[int, list[dict[str, Any]]] = {}
     for r in sorted(lines, key=lambda r: (r["fold"], r["seed"])):
         folds.setdefault(r["fold"], []).append(r)
+    return folds
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    folds = load_folds(run_dir)
     most = min(len(m) for m in folds.values())
     per_fold = {fold: {} for fold in folds}
     for fold, members in folds.items():

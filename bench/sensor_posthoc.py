@@ -31,29 +31,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sensor_blend import load_folds, rmse
 
 from solutions.sensor.candidates import BASELINE, CNN, ENSEMBLE, choose_on_validation
-from solutions.sensor.evaluate import rmse as rmse_of
 
 #: the RUL cap of the protocol (bench/sensor_cv.py, FD001)
 CAP = 125.0
 MARGIN = 5.0
-
-
-def rmse(y: np.ndarray, p: np.ndarray) -> float:
-    known = ~np.isnan(y)
-    return rmse_of(y[known], p[known])
-
-
-def folds_of(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    lines = [json.loads(line) for line in (run_dir / "sensor_cv_predictions.jsonl").read_text().splitlines()]
-    lines = [r for r in lines if r.get("variant") == "xfit"]
-    if not lines:
-        raise SystemExit(f"{run_dir}: no cross-fitted predictions (run bench/sensor_cv.py --cross-fit K)")
-    folds: dict[int, list[dict[str, Any]]] = {}
-    for r in sorted(lines, key=lambda r: (r["fold"], r["seed"])):
-        folds.setdefault(r["fold"], []).append(r)
-    return folds
 
 
 def pooled_validation(members: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for run_dir in args.run_dir:
         per_fold = {fold: {**recalibrated(ms), **last_windows(ms, args.windows)}
-                    for fold, ms in folds_of(run_dir).items()}
+                    for fold, ms in load_folds(run_dir).items()}
         table = {}
         for name in next(iter(per_fold.values())):
             values = [per_fold[f][name] for f in sorted(per_fold)]
