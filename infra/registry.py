@@ -45,6 +45,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra import sealed
 from infra.errors import QualityGateError, RegistryError
 from infra.home import home_layout
 from infra.store import check_name, safe_join, write_json_atomic
@@ -473,10 +474,24 @@ class ModelRegistry:
         return self.get(name, aliases[CHAMPION]) if CHAMPION in aliases else None
 
     def load_state_dict(self, ref: ModelRef) -> dict[str, Any]:
-        """The version's tensors, read with safetensors (no pickle involved)."""
-        from safetensors.torch import load_file
+        """The version's tensors, read with safetensors (no pickle involved), decrypted in memory
+        when the registry is encrypted at rest (infra.sealed)."""
+        from safetensors.torch import load
 
-        return load_file(str(ref.weights_path))
+        return load(sealed.read_artifact(ref.weights_path))
+
+    def rotate_key(self, old: sealed.KeyWrapper, new: sealed.KeyWrapper) -> sealed.RotationReport:
+        """Rewrap every sealed version's data key from ``old`` to ``new`` (each model inside its lock);
+        no stored file changes. Versions already under ``new`` are skipped, so a broken run can be re-run."""
+        rewrapped = current = 0
+        models = []
+        for model_dir in sealed.iter_model_dirs(self.root):
+            with self._lock(model_dir.name):
+                done, already = sealed.rewrap_model(model_dir, old, new)
+            rewrapped, current = rewrapped + done, current + already
+            models.append(model_dir.name)
+        log.info("rewrapped %d data keys under %s (%d already were)", rewrapped, new.key_id, current)
+        return sealed.RotationReport(new_key=new.key_id, rewrapped=rewrapped, already_current=current, models=models)
 
     # -- writing -----------------------------------------------------------------------
     def register(
@@ -494,8 +509,9 @@ class ModelRegistry:
         tags: Mapping[str, str] | None = None,
         extra_files: Mapping[str, Path] | None = None,
     ) -> ModelRef:
-        """Write a new version; the folder appears atomically or not at all."""
-        from safetensors.torch import save_file
+        """Write a new version; the folder appears atomically or not at all. With a registry key
+        (``INDUSFLOW_REGISTRY_KEY``) the model artifacts are written sealed (infra.sealed)."""
+        from safetensors.torch import save
 
         if primary_metric not in metrics:
             raise ValueError(
@@ -503,15 +519,23 @@ class ModelRegistry:
             )
         json.dumps(dict(params))  # fail early, before writing, on non-JSON params
         tensors = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+        kek = sealed.configured_key()
         with self._lock(name):
             model_dir = self._model_dir(name)
             existing = self._versions(model_dir)
             version = (existing[-1] + 1) if existing else 1
             staging = Path(tempfile.mkdtemp(prefix=f".staging-{version}-", dir=model_dir))
             try:
-                save_file(tensors, str(staging / WEIGHTS_FILE))
+                key = sealed.new_version_key(model_dir, name, version, kek) if kek is not None else None
+                if key is None:
+                    sealed.forget_version_key(model_dir, version)  # a stale entry of a registration killed midway
+                sealed.write_artifact(staging / WEIGHTS_FILE, save(tensors), key)
                 for file_name, src in (extra_files or {}).items():
-                    shutil.copyfile(src, safe_join(staging, check_name(file_name, "file name")))
+                    target = safe_join(staging, check_name(file_name, "file name"))
+                    if key is not None and sealed.is_artifact(file_name):
+                        sealed.write_artifact(target, Path(src).read_bytes(), key)
+                    else:
+                        shutil.copyfile(src, target)
                 meta = {
                     "name": name,
                     "version": version,
@@ -530,6 +554,7 @@ class ModelRegistry:
                 os.rename(staging, model_dir / str(version))
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
+                sealed.forget_version_key(model_dir, version)
                 raise
         log.info("registered %s:%d (%s=%s)", name, version, primary_metric, metrics[primary_metric])
         return self.get(name, version)

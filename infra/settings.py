@@ -35,6 +35,12 @@ class CoreSettings(BaseSettings):
         "checkpoints, the model registry and reports.",
     )
     log_level: str = Field(default="INFO", description="Log level of the indusflow loggers.")
+    registry_key: str | None = Field(
+        default=None,
+        description="Encrypt model files at rest (weights, skops, ONNX) in the registry with AES-GCM under this "
+        "key-encryption key: file:PATH (32 random bytes, raw/hex/base64), env:NAME (a variable holding it) or "
+        "kms:module:factory (a KMS client with wrap/unwrap). Unset: off. See docs/encryption.md.",
+    )
 
     def resolved_home(self) -> Path:
         """The home folder, with ``~`` expanded and made absolute."""

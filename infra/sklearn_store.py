@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import RegistryError
+from infra.sealed import read_artifact
 
 #: Types a stored model may name beyond skops' own trusted defaults (the boosting trees'
 #: predictor, a plain container of numpy arrays).
@@ -31,17 +32,20 @@ def save_estimator(estimator: Any, path: Path) -> Path:
 
 
 def load_estimator(path: Path, trusted: tuple[str, ...] = TRUSTED_TYPES) -> Any:
-    """Rebuild an estimator from a skops file, refusing any type outside ``trusted``.
+    """Rebuild an estimator from a skops file of a registry version, refusing any type outside
+    ``trusted``; a sealed file is decrypted in memory (infra.sealed).
 
     Raises:
-        RegistryError: the file is missing or names a type that is not allowed.
+        RegistryError: the file is missing, cannot be opened (:class:`~infra.sealed.SealError`) or
+            names a type that is not allowed.
     """
     import skops.io as sio
 
     if not path.is_file():
         raise RegistryError(f"model file {path} is missing")
-    untrusted = sio.get_untrusted_types(file=path)
+    data = read_artifact(path)
+    untrusted = sio.get_untrusted_types(data=data)
     refused = sorted(set(untrusted) - set(trusted))
     if refused:
         raise RegistryError(f"{path} names types outside the allow-list, refused: {refused}")
-    return sio.load(path, trusted=list(trusted))
+    return sio.loads(data, trusted=list(trusted))

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import ReproductionError
 from infra.registry import ModelRef
+from infra.sealed import read_artifact
 from tasks.lineage import Lineage, environment_differences, read_lineage
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,11 @@ def reproduction_name(ref: ModelRef) -> str:
 
 
 def _sha256(path: Path) -> str | None:
+    """SHA-256 of a version's weights as they load (decrypted when sealed: two sealings of the same
+    tensors differ on disk)."""
     if not path.exists():
         return None
-    h = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return hashlib.sha256(read_artifact(path)).hexdigest()
 
 
 def compare_reproduction(original: ModelRef, reproduced: ModelRef, tolerance: float,

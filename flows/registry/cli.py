@@ -9,6 +9,7 @@ from flows.cli import Command, approval_commands, make_main
 
 VERIFY = "flows.registry.verify:registry_verify"
 CHALLENGER = "flows.registry.challenger:registry_challenger"
+ROTATE_KEY = "flows.registry.rotate_key:registry_rotate_key"
 
 
 def check_verify(kwargs: dict[str, Any]) -> None:
@@ -20,6 +21,13 @@ def check_verify(kwargs: dict[str, Any]) -> None:
         known = ModelRegistry().models()
         if model not in known:
             raise ValueError(f"--model: no registered model {model!r}; registered: {', '.join(known) or 'none'}")
+
+
+def check_rotate_key(kwargs: dict[str, Any]) -> None:
+    """Both keys can be read and differ (before any Prefect start)."""
+    from infra.sealed import rotation_keys
+
+    rotation_keys(kwargs["old_key"])
 
 
 def challenger_summary(move: Any) -> str:
@@ -44,6 +52,10 @@ COMMANDS = (
             check=check_verify, exit_code=lambda result: 0 if result.ok else 1),
     Command("challenger", CHALLENGER, challenger_summary, positional="model",
             help="point the challenger alias at NAME:VERSION (serving scores it in shadow or split), or --clear it"),
+    Command("rotate-key", ROTATE_KEY, lambda r: f"rewrapped {r.rewrapped} data keys under {r.new_key} "
+            f"({r.already_current} already were; models: {', '.join(r.models) or 'none'})",
+            help="rewrap the encrypted registry's data keys under the key INDUSFLOW_REGISTRY_KEY names now",
+            check=check_rotate_key),
     *approval_commands(),
 )
 

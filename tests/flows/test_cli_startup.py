@@ -76,6 +76,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.serve", "keys", "add", "--help"], 0, "usage:"),
         (["flows.serve", "--port", "70000"], 2, "not a TCP port"),
         (["flows.serve", "keys", "add", "x", "--scope", "fraud:scor"], 2, "fraud:score"),
+        (["flows.registry", "rotate-key", "--help"], 0, "usage:"),
+        (["flows.registry", "rotate-key", "--old-key", "file:/no/such/kek"], 2, "set INDUSFLOW_REGISTRY_KEY to the NEW"),
         (["infra.deploy", "--help"], 0, "usage:"),
         (["infra.deploy", "serve", "--help"], 0, "usage:"),
         (["infra.deploy", "run", "--bogus"], 2, "error:"),
@@ -127,7 +129,7 @@ def test_unknown_column_error_names_the_column_and_the_file(tmp_path: Path, caps
     assert "CUSTOMER_ID" in lines[0]  # the columns the file has
 
 
-ENTRYPOINT_MODULES = ("flows.fraud.cli", "flows.sensor.cli", "flows.rag.cli", "flows.compress.cli")
+ENTRYPOINT_MODULES = ("flows.fraud.cli", "flows.sensor.cli", "flows.rag.cli", "flows.compress.cli", "flows.registry.cli")
 
 
 @pytest.mark.parametrize("module", ENTRYPOINT_MODULES)
