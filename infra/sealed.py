@@ -26,7 +26,7 @@ import hashlib
 import importlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -279,6 +279,22 @@ def read_artifact(path: Path) -> bytes:
         raise SealError(f"model {name}:{version}: {file_name} is sealed but keys.json has no key for this version; "
                         "restore registry/" + f"{name}/{KEYRING_FILE} from a backup")
     return key.open(file_name, blob)
+
+
+def discard_plaintext(paths: Iterable[Path]) -> int:
+    """With a registry key, delete staged plaintext copies of model files (a trained GBM's skops, a
+    compress run's candidates): the registry holds the kept ones sealed. Returns how many went."""
+    if configured_key() is None:
+        return 0
+    gone = 0
+    for path in paths:
+        if is_artifact(path.name) and path.is_file() and not path.is_symlink():
+            with open(path, "rb") as handle:
+                sealed = handle.read(len(MAGIC)) == MAGIC
+            if not sealed:
+                path.unlink()
+                gone += 1
+    return gone
 
 
 # -- rotation ---------------------------------------------------------------------------

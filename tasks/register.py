@@ -13,6 +13,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry, PromotionDecision
+from infra.sealed import discard_plaintext
 from infra.settings import get_governance_settings
 from tasks.lineage import LINEAGE_FILE, Lineage, lineage_json, render_lineage
 
@@ -87,6 +88,7 @@ def register_model(
             kind=kind,
             extra_files=extra,
         )
+    discard_plaintext(Path(p) for p in (extra_files or {}).values())  # sealed in the registry now
     decision = registry.promote(ref, champion_value=champion_value, comparison=comparison, recompare=recompare,
                                 alpha=get_governance_settings().significance_alpha, strict=strict,
                                 decide_only=approval_required(name))

@@ -10,6 +10,7 @@ from flows.compress.adapters import adapter_for, options_for
 from flows.compress.params import CompressConfig
 from flows.compress.results import CompressResult
 from flows.compress.steps import (
+    discard_plain_candidates,
     distill_stage,
     evaluate_original,
     int8_stage,
@@ -79,6 +80,7 @@ def model_compress(
         variants = {name: v for stage in stages for name, v in stage.variants.items()}
         variant = register_variant(ref, target, chosen, variants[chosen.name], bench.base, config, out_dir)
         refresh_parent_card_task(variant)  # the parent's model card lists its variants
+    discard_plain_candidates(out_dir)  # an encrypted registry: no plaintext weights left in the report folder
     result = CompressResult(
         source=ref.spec, primary_metric=ref.primary_metric, higher_is_better=ref.higher_is_better,
         original_metric=bench.base, tolerance=config.tolerance, data_note=target.data_note, candidates=rows,

@@ -19,6 +19,7 @@ from flows.compress.results import CompressResult, render_candidates
 from infra.compression import CompressTarget, ModelAdapter
 from infra.registry import ModelRef, ModelRegistry
 from infra.resources import TrainerArgs
+from infra.sealed import discard_plaintext
 from infra.store import stable_hash
 from tasks.evaluate import artifact_key, publish_eval_report_task
 from tasks.train import TrainSpec, train_model_task
@@ -187,6 +188,16 @@ def register_variant(ref: ModelRef, target: CompressTarget, chosen: C.Candidate,
         data_hash=ref.data_hash, parent=ref.spec, kind=variant.kind,
         tags={"compression": chosen.name, "source": ref.spec}, extra_files=extra,
     )
+
+
+@task(name="discard-plain-candidates", cache_policy=NONE)
+def discard_plain_candidates(out_dir: Path) -> int:
+    """On an encrypted registry, delete the candidates' plaintext weight and ONNX files once measured
+    (the registered variant is sealed in the registry); the report keeps their sizes."""
+    gone = discard_plaintext(sorted(out_dir.rglob("*")))
+    if gone:
+        log.info("removed %d plaintext candidate files from %s (the registry is encrypted)", gone, out_dir)
+    return gone
 
 
 @task(name="publish-compress-report", cache_policy=NONE)
