@@ -476,8 +476,10 @@ class ModelRegistry:
     def load_state_dict(self, ref: ModelRef) -> dict[str, Any]:
         """The version's tensors, read with safetensors (no pickle involved), decrypted in memory
         when the registry is encrypted at rest (infra.sealed)."""
-        from safetensors.torch import load
+        from safetensors.torch import load, load_file
 
+        if sealed.stored_plain(ref.weights_path):
+            return load_file(str(ref.weights_path))
         return load(sealed.read_artifact(ref.weights_path))
 
     def rotate_key(self, old: sealed.KeyWrapper, new: sealed.KeyWrapper) -> sealed.RotationReport:

@@ -252,33 +252,47 @@ def version_key(model_dir: Path, name: str, version: int) -> VersionKey | None:
     return VersionKey(name, int(version), _unwrap(name, version, entry, kek))
 
 
+def stored_plain(path: Path) -> bool:
+    """Whether a file of a version folder is stored in plaintext and may be read as it is (the file's
+    version was not sealed): callers with a faster file reader (safetensors' ``load_file``) use it then.
+
+    Raises:
+        RegistryError: the file is missing.
+        SealError: the version was stored sealed and this model file is plaintext (replaced).
+    """
+    if not path.is_file():
+        raise RegistryError(f"model file {path} is missing")
+    with open(path, "rb") as handle:
+        if handle.read(len(MAGIC)) == MAGIC:
+            return False
+    folder = path.parent
+    if folder.name.isdigit() and is_artifact(path.name) and int(folder.name) in read_keyring(folder.parent):
+        raise SealError(f"model {folder.parent.name}:{folder.name} was stored encrypted but {path.name} is plaintext: "
+                        "the file was replaced outside the registry; restore it from a backup or register the model "
+                        "again")
+    return True
+
+
 def read_artifact(path: Path) -> bytes:
     """The plaintext bytes of a file stored in a version folder (``<root>/<name>/<version>/<file>``),
     decrypted in memory when it is sealed.
 
     Raises:
+        RegistryError: the file is missing.
         SealError: the file is sealed and the key is missing or wrong, or the file was altered; or the
             version was stored sealed and this file is not (replaced by a plaintext file).
     """
+    if stored_plain(path):
+        return path.read_bytes()
     folder = path.parent
-    if not path.is_file():
-        raise RegistryError(f"model file {path} is missing")
-    blob = path.read_bytes()
-    if not folder.name.isdigit():  # not in a version folder: a plain file (a model being written)
-        if blob.startswith(MAGIC):
-            raise SealError(f"{path} is sealed but is not in a registry version folder (<name>/<version>/)")
-        return blob
-    name, version, file_name = folder.parent.name, int(folder.name), path.name
-    key = version_key(folder.parent, name, version) if is_artifact(file_name) or blob.startswith(MAGIC) else None
-    if not blob.startswith(MAGIC):
-        if key is not None:
-            raise SealError(f"model {name}:{version} was stored encrypted but {file_name} is plaintext: the file "
-                            "was replaced outside the registry; restore it from a backup or register the model again")
-        return blob
+    if not folder.name.isdigit():
+        raise SealError(f"{path} is sealed but is not in a registry version folder (<name>/<version>/)")
+    name, version = folder.parent.name, int(folder.name)
+    key = version_key(folder.parent, name, version)
     if key is None:
-        raise SealError(f"model {name}:{version}: {file_name} is sealed but keys.json has no key for this version; "
-                        "restore registry/" + f"{name}/{KEYRING_FILE} from a backup")
-    return key.open(file_name, blob)
+        raise SealError(f"model {name}:{version}: {path.name} is sealed but keys.json has no key for this version; "
+                        f"restore registry/{name}/{KEYRING_FILE} from a backup")
+    return key.open(path.name, path.read_bytes())
 
 
 def discard_plaintext(paths: Iterable[Path]) -> int:

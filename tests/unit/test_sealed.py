@@ -192,3 +192,25 @@ class _FakeKms:
 
 def fake_kms() -> _FakeKms:
     return _FakeKms()
+
+
+def test_register_model_removes_staged_plaintext_model_files(tmp_path: Path, keyed: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.register import register_model
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    staged = save_estimator(HistGradientBoostingClassifier(max_iter=3).fit(np.eye(8), np.arange(8) % 2),
+                            tmp_path / "report" / SKLEARN_FILE)
+    notes = tmp_path / "report" / "notes.json"
+    notes.write_text("{}")
+    result = register_model("gbm", None, params={}, metrics={"auc": 0.5}, primary_metric="auc",
+                            kind="sklearn-skops", extra_files={SKLEARN_FILE: staged, "notes.json": notes})
+    assert not staged.exists() and notes.exists()  # the model file is sealed in the registry; documents stay
+    assert result.model.file(SKLEARN_FILE).read_bytes().startswith(MAGIC)
+    assert load_estimator(result.model.file(SKLEARN_FILE)).predict(np.eye(8)).shape == (8,)
+    monkeypatch.delenv("INDUSFLOW_REGISTRY_KEY")
+    kept = save_estimator(HistGradientBoostingClassifier(max_iter=3).fit(np.eye(8), np.arange(8) % 2),
+                          tmp_path / "plain" / SKLEARN_FILE)
+    register_model("gbm", None, params={}, metrics={"auc": 0.5}, primary_metric="auc", kind="sklearn-skops",
+                   extra_files={SKLEARN_FILE: kept})
+    assert kept.exists()  # off: nothing of the caller's is deleted
