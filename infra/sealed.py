@@ -13,7 +13,7 @@ comes from:
 Layout (see ``infra.registry``): each model artifact of a version (:data:`ARTIFACT_SUFFIXES`) is
 ``MAGIC + nonce + AES-GCM(data key, file bytes, aad = "<name>/<version>/<file>")``; the data keys
 sit in ``registry/<name>/keys.json`` (version -> KEK id + wrapped key), outside the version folders,
-so :func:`rotate_keys` rewraps them without touching a stored file (whose hash the trail keeps).
+so a key rotation (``ModelRegistry.rotate_key``) rewraps them without touching a stored file (whose hash the trail keeps).
 The associated data binds a file to its model, version and name: a file moved to another version,
 renamed, or altered by one bit fails authentication. Files are decrypted in memory only.
 """
@@ -230,14 +230,17 @@ def write_artifact(path: Path, data: bytes, key: VersionKey | None) -> None:
     path.write_bytes(key.seal(path.name, data) if key is not None else data)
 
 
-def _unwrap(name: str, version: int, entry: WrappedKey, kek: KeyWrapper) -> bytes:
+def _unwrap(name: str, version: int, entry: WrappedKey, kek: KeyWrapper, named_by: str = SETTING) -> bytes:
     if entry.kek != kek.key_id:
-        raise SealError(f"model {name}:{version} is sealed under key {entry.kek}, but {SETTING} names key "
-                        f"{kek.key_id}: set {SETTING} to the key it was sealed with (after a rotate-key, the new one)")
+        raise SealError(f"model {name}:{version} is sealed under key {entry.kek}, but {named_by} names key "
+                        f"{kek.key_id}: set {named_by} to the key it was sealed with (after a rotate-key, the new one)")
     try:
         return kek.unwrap(base64.b64decode(entry.wrapped))
     except SealError as exc:
         raise SealError(f"model {name}:{version}: {exc}; its keys.json entry was altered or the key is wrong") from exc
+    except Exception as exc:  # a KMS client's own error: named by type only (its text may echo a request)
+        raise SealError(f"model {name}:{version}: the key service could not unwrap its data key "
+                        f"({type(exc).__name__}); check the KMS client and its permissions") from exc
 
 
 def version_key(model_dir: Path, name: str, version: int) -> VersionKey | None:
@@ -354,7 +357,7 @@ def rewrap_model(model_dir: Path, old: KeyWrapper, new: KeyWrapper) -> tuple[int
         if entry.kek == new.key_id:
             current += 1
             continue
-        data_key = _unwrap(model_dir.name, version, entry, old)
+        data_key = _unwrap(model_dir.name, version, entry, old, named_by="--old-key")
         keys[version] = WrappedKey(kek=new.key_id, wrapped=base64.b64encode(new.wrap(data_key)).decode())
         done += 1
     if done:

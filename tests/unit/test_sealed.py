@@ -150,6 +150,11 @@ def test_rotation_rewraps_without_touching_files(tmp_path: Path, keyed: Path,
     monkeypatch.setenv("INDUSFLOW_REGISTRY_KEY", f"file:{keyed}")  # the old KEK no longer opens anything
     with pytest.raises(SealError, match="is sealed under key local:"):
         reg.load_state_dict(refs[0])
+    stranger = key_from_reference(f"file:{_kek_file(tmp_path, 'stranger.hex')}")
+    with pytest.raises(SealError, match="m:1 is sealed under key .*but --old-key names key"):
+        reg.rotate_key(stranger, key_from_reference(f"file:{keyed}"))  # a wrong old key changes nothing
+    monkeypatch.setenv("INDUSFLOW_REGISTRY_KEY", f"file:{new}")
+    assert torch.equal(reg.load_state_dict(refs[1])["w"], _weights()["w"])
 
 
 def test_env_and_kms_key_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
