@@ -195,7 +195,7 @@ class VersionKey:
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-        body = blob[len(MAGIC):]
+        body = memoryview(blob)[len(MAGIC):]  # views, not copies: a model file can be large
         try:
             return AESGCM(self.data_key).decrypt(body[:NONCE_BYTES], body[NONCE_BYTES:],
                                                  _aad(self.name, self.version, file_name))
