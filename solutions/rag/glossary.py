@@ -47,6 +47,8 @@ FIELDS = ("term", "synonyms", "abbreviations")
 CSV_SEPARATOR = "|"
 #: A glossary larger than this is refused (it is read on every question's first use).
 MAX_BYTES = 2_000_000
+_LATIN = "0-9A-Za-z\u00c0-\u024f"
+_NOT_LATIN_BEFORE, _NOT_LATIN_AFTER = f"(?<![{_LATIN}])", f"(?![{_LATIN}])"
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af]")
 
 
@@ -115,7 +117,9 @@ def _pattern(form: str) -> re.Pattern[str]:
     if _CJK.search(form):
         return re.compile(re.escape(form), re.IGNORECASE)
     flags = 0 if _is_acronym(form) else re.IGNORECASE
-    return re.compile(r"(?<![\w])" + re.escape(form) + r"(?![\w])", flags)
+    # a word boundary of Latin text: CJK characters count as \w in Python, and a Latin name sits
+    # right against them in a Chinese question ("Manis javanica的天敌")
+    return re.compile(_NOT_LATIN_BEFORE + re.escape(form) + _NOT_LATIN_AFTER, flags)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,8 @@ def test_latin_forms_match_whole_words_and_acronyms_only_in_capitals() -> None:
     assert g.matches("the admin said mi casa") == []  # 'MI' is an acronym: capitals only
     assert g.matches("AMIGO and NDAs") == []  # whole words only
     assert medical().expand("What is an MI?").query == "What is an MI? myocardial infarction heart attack"
+    # a Latin form right against Chinese text is a whole word (CJK characters are \w to Python)
+    assert [m.matched for m in g.matches("NDA的期限是多久？heart attack是什么")] == ["NDA", "heart attack"]
 
 
 def test_forms_already_in_the_question_are_not_added_again() -> None:
