@@ -151,6 +151,7 @@ class KbEngine:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._last_exit: dict[str, str] = {}
         self._glossaries = GlossaryCache()
+        self._glossary_lock = threading.Lock()  # not the init lock: the first read loads jieba's dictionary
 
     # -- shared resources, loaded on first use
     def client(self) -> Any:
@@ -198,7 +199,7 @@ class KbEngine:
     def glossary(self, col: KbCollection) -> Glossary | None:
         """The collection's glossary (:mod:`solutions.rag.glossary`), re-read when its file
         changes; None when it has none. Raises GlossaryError when its file is bad."""
-        with self._init_lock:
+        with self._glossary_lock:
             return self._glossaries.get(glossary_path(col.name, self.layout))
 
     def expansion(self, col: KbCollection, query: str) -> Expansion:

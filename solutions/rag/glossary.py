@@ -385,7 +385,10 @@ class GlossaryCache:
         """The glossary in ``path`` (None: None). Raises :class:`GlossaryError` for a bad file."""
         if path is None:
             return None
-        stat = path.stat()
+        try:
+            stat = path.stat()
+        except FileNotFoundError:  # replaced by an upload in another format just now
+            return None
         stamp = (stat.st_size, stat.st_mtime_ns)
         known = self._known.get(path)
         if known is not None and known[0] == stamp:
