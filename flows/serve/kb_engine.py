@@ -54,7 +54,15 @@ from infra.store import write_json_atomic
 from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
 from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
-from solutions.rag.glossary import Expansion, Glossary, GlossaryCache, GlossaryError, expand, glossary_path
+from solutions.rag.glossary import (
+    Expansion,
+    Glossary,
+    GlossaryCache,
+    GlossaryError,
+    expand,
+    glossary_path,
+    in_passage_words,
+)
 from solutions.rag.ingest import DocumentRules, document_rules
 from solutions.rag.library import (
     ACTIVE,
@@ -245,6 +253,8 @@ class KbEngine:
         """
         question = redact_text(question)
         hits = self.search(col, question, top_k=top_k, mode=mode)
+        # a glossary term asked by another name: the answer step reads the passages' name for it
+        question = in_passage_words(self.expansion(col, question), [str(h.fields.get("text", "")) for h in hits])
         chat = self.chat()
         client = self.client()
         lexical = bool(hits) and mode != "dense"  # the support check's BM25 probe (solutions.rag.support)

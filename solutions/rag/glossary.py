@@ -175,6 +175,22 @@ class Glossary:
         return [form for e in self.entries for form in e.forms]
 
 
+def in_passage_words(expansion: Expansion, passages: Sequence[str]) -> str:
+    """The question with each matched form replaced by the entry's first form that the
+    ``passages`` use (unchanged where they use the question's own form or none of the entry's):
+    the question in the documents' words, for the answer step (its support check and the
+    sentences an extractive answer picks count the question's terms found in the passages)."""
+    text = " ".join(passages).lower()
+    question = expansion.question
+    for match in expansion.matches:
+        if match.matched.lower() in text:
+            continue
+        used = next((form for form in match.added if form.lower() in text), None)
+        if used is not None:
+            question = _pattern(match.matched).sub(lambda _m, u=used: u, question)
+    return question
+
+
 def expand(glossary: Glossary | None, question: str) -> Expansion:
     """:meth:`Glossary.expand`, or the question unchanged when there is no glossary."""
     return glossary.expand(question) if glossary is not None else Expansion(question=question, query=question)

@@ -12,6 +12,7 @@ from solutions.rag.glossary import (
     collection_glossary,
     expand,
     glossary_path,
+    in_passage_words,
     parse_glossary,
     save_glossary,
 )
@@ -78,6 +79,13 @@ def test_the_longest_form_wins_an_overlap() -> None:
                        "x.yaml")
     assert [m.term for m in g.matches("北京大学在哪里")] == ["北京大学"]
     assert [m.term for m in g.matches("北京大学和北京")] == ["北京大学", "北京"]
+
+
+def test_the_answer_step_reads_the_question_in_the_passages_words() -> None:
+    e = medical().expand("心梗和MI有何不同？")
+    assert in_passage_words(e, ["急性心肌梗塞是……", "Myocardial infarction is ..."]) == "心肌梗塞和myocardial infarction有何不同？"
+    assert in_passage_words(e, ["心梗与心肌梗死"]) == "心梗和MI有何不同？"  # the passage uses the question's form
+    assert in_passage_words(e, ["天气"]) == "心梗和MI有何不同？"
 
 
 def test_no_glossary_or_no_match_leaves_the_question() -> None:
