@@ -7,6 +7,13 @@ embedder see (:meth:`Glossary.expand`), the answer reports which entries matched
 client-side jieba (extractive answers, the support check) learns every form as a word
 (:func:`teach_jieba`).
 
+Milvus's own BM25 analyzer (jieba, server side, fixed when a collection is created) does not
+learn the glossary: Milvus Lite 2.5.1 refuses a jieba tokenizer with a user dictionary
+(``{"tokenizer": {"type": "jieba", "dict": [...]}}``: "tokenizer name should be string", and every
+insert then fails), so ingest analyses text as before. Expansion makes up for it: the added form
+is cut by the same analyzer as the passages that use it. Milvus servers from 2.5.x document the
+``dict`` option; passing the glossary to :func:`infra.milvus.ensure_collection` there is left to do.
+
 One file per collection, ``<home>/rag/glossary/<collection>.yaml`` (or ``.csv``), written by
 hand or uploaded through the API (``PUT /v1/kb/collections/{name}/glossary``). YAML::
 
