@@ -168,13 +168,11 @@ def metrics(ranks: list[int | None]) -> dict[str, float]:
 def run_set(name: str, passages: list, questions: list, embedder: Any, client: Any) -> dict:
     """Ingest ``passages`` with ``embedder``, retrieve for every question; the dense and BM25 lists
     (``DEPTH`` deep, as plain ``[id, score, path, start, end]``) plus the set's figures."""
-    from infra.embeddings import encode_queries
     from solutions.rag.config import ChunkParams, HybridWeights, RedactionParams
     from solutions.rag.ingest import document_rules
     from solutions.rag.weights import corpus_weights
     from tasks.chunk import embedder_window
     from tasks.ingest import ingest_texts, text_documents
-    from tasks.retrieve import bm25_search, dense_search
 
     timed = TimedEmbedder(embedder)
     off = RedactionParams(email=False, cn_id=False, bank_card=False, mobile=False)  # offsets stay those of the text
@@ -184,6 +182,20 @@ def run_set(name: str, passages: list, questions: list, embedder: Any, client: A
                            embedder=timed)
     client.load_collection(collection)
     texts = [q for _, q, _, _ in questions]
+    auto = corpus_weights(embedder, texts, HybridWeights())
+    return {"passages": len(passages), "questions": questions, "collection": collection, "chunks": rows,
+            "chunk_tokens": rules.chunk_tokens,
+            "chunk_overlap": rules.chunk_overlap,
+            "embed_chunks_per_s": round(timed.texts / max(timed.seconds, 1e-9), 2), "hybrid_weights": auto,
+            **retrieved_lists(client, collection, embedder, texts)}
+
+
+def retrieved_lists(client: Any, collection: str, embedder: Any, texts: list[str]) -> dict:
+    """The dense and BM25 lists of ``texts`` (``DEPTH`` deep, as plain ``[id, score, path, start,
+    end]``) and the queries encoded per second."""
+    from infra.embeddings import encode_queries
+    from tasks.retrieve import bm25_search, dense_search
+
     t = time.perf_counter()
     qvec = encode_queries(embedder, texts, batch_size=64)
     q_s = time.perf_counter() - t
@@ -191,12 +203,8 @@ def run_set(name: str, passages: list, questions: list, embedder: Any, client: A
     for s in range(0, len(texts), 64):
         dense += dense_search(client, collection, qvec[s : s + 64], DEPTH)
         sparse += bm25_search(client, collection, texts[s : s + 64], DEPTH)
-    auto = corpus_weights(embedder, texts, HybridWeights())
     plain = lambda hits: [[h.id, h.score, *(h.fields[f] for f in LIST_FIELDS)] for h in hits]
-    return {"passages": len(passages), "questions": questions, "chunks": rows, "chunk_tokens": rules.chunk_tokens,
-            "chunk_overlap": rules.chunk_overlap,
-            "embed_chunks_per_s": round(timed.texts / max(timed.seconds, 1e-9), 2),
-            "query_per_s": round(len(texts) / max(q_s, 1e-9), 1), "hybrid_weights": auto,
+    return {"query_per_s": round(len(texts) / max(q_s, 1e-9), 1),
             "dense": [plain(h) for h in dense], "bm25": [plain(h) for h in sparse]}
 
 

@@ -111,6 +111,11 @@ class HomeLayout:
         """Votes on knowledge-base answers (one redacted JSONL file per collection, mode 0600)."""
         return self._area("rag", "feedback")
 
+    def kb_glossaries(self) -> Path:
+        """Glossaries of the knowledge-base collections (``<collection>.yaml`` or ``.csv``): outside
+        every watched folder, so none is ingested as a document."""
+        return self._area("rag", "glossary")
+
     def kb_inbox(self, collection: str) -> Path:
         """The watched folder of a knowledge-base collection: ``inbox/docs`` for ``default``, else ``inbox/kb/<name>``."""
         if collection == "default":

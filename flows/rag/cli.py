@@ -45,6 +45,8 @@ def _ask_summary(r: AskResult) -> str:
     lines = [""] if r.streamed else [r.answer, ""]  # a streamed answer is on the console already
     if r.retrieval_question:
         lines.insert(0, f"(searched for: {r.retrieval_question})")
+    for m in r.glossary:  # the glossary entries that widened the query
+        lines.insert(0, f"(glossary: {m.matched} = {m.term}; also searched for {', '.join(m.added)})")
     for c in r.citations:
         where = f"chunk {c.chunk_index}" + (f", page {c.page}" if c.page else "")
         lines.append(f"[{c.number}] {c.path} ({where}, chars {c.start_char}-{c.end_char})")

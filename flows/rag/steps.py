@@ -26,6 +26,7 @@ from solutions.rag.collections import DEFAULT, milvus_collection, watched_folder
 from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.conversation import Turn, standalone_question
 from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_configs, retriever_scores
+from solutions.rag.glossary import collection_glossary, expand, in_passage_words
 from solutions.rag.ingest import document_rules
 from solutions.rag.results import AskResult, EvalResult
 from solutions.rag.support import content_query
@@ -88,7 +89,10 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
     embedder, the LLM nor the result. With ``params.stream`` the LLM's answer is written to
     ``out`` (default: stdout) as it comes. With ``previous`` questions (the conversation, oldest
     first) a follow-up is resolved against them first (:func:`solutions.rag.conversation.standalone_question`)
-    and retrieval and the answer use the standalone question.
+    and retrieval and the answer use the standalone question. With ``params.glossary`` the
+    collection's glossary adds the other forms of each term the question names to the query BM25
+    and the embedder see (:mod:`solutions.rag.glossary`), the answer step reads the question in
+    the passages' words, and the result lists the entries matched.
     """
     started = time.perf_counter()
     asked = redact_text(question)
@@ -102,21 +106,25 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
     if not client.has_collection(collection):
         raise VectorStoreError(f"collection {collection!r} does not exist: run `python -m flows.rag ingest` first")
     client.load_collection(collection)
+    expansion = expand(collection_glossary(params.collection or DEFAULT) if params.glossary else None, question)
     weights = query_weights(embedder, question, params.weights) if params.mode == "hybrid" else {}
-    vectors = encode_queries(embedder, [question]) if params.mode != "bm25" else None
+    vectors = encode_queries(embedder, [expansion.query]) if params.mode != "bm25" else None
     expr = build_filter(content_type=params.content_type, path_prefix=params.path_prefix, language=params.language,
                         created_from=params.created_from, created_to=params.created_to)
-    hits = retrieve(client, collection, [question], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
+    hits = retrieve(client, collection, [expansion.query], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
                     weights=weights, fusion=params.weights.fusion, rrf_k=params.weights.rrf_k)[0]
     stream_to = (out or sys.stdout) if params.stream else None
-    text, kind, support = answer_or_abstain(question, hits, chat,
+    worded = in_passage_words(expansion, [str(h.fields.get("text", "")) for h in hits])  # 心梗 -> 心肌梗死
+    text, kind, support = answer_or_abstain(worded, hits, chat,
                                             collection=params.collection or DEFAULT,
                                             embedder=embedder.name if params.mode != "bm25" else None,
                                             n_chunks=row_count(client, collection), mode=params.mode,
-                                            content_bm25=best_bm25(client, collection, content_query(question), expr)
+                                            content_bm25=best_bm25(client, collection, content_query(worded), expr)
                                             if params.mode != "dense" else None, stream_to=stream_to)
     result = ask_result(question, params.mode, weights, (text, kind), hits, streamed=params.stream,
                         seconds=round(time.perf_counter() - started, 3), support=support)
+    if expansion.matches:
+        result = result.model_copy(update={"glossary": list(expansion.matches)})
     if question.strip() == asked.strip():
         return result
     return result.model_copy(update={"question": asked, "retrieval_question": question})

@@ -44,6 +44,7 @@ from solutions.rag.collections import KbCollection, configured_collections
 from solutions.rag.conversation import MAX_TURNS, Turn, standalone_question
 from solutions.rag.evidence import highlight_spans
 from solutions.rag.feedback import CitedPassage, append_feedback, feedback_path, feedback_record
+from solutions.rag.glossary import GlossaryError, GlossaryMatch, save_glossary
 from solutions.rag.library import IngestJob, UploadRefused, error_text
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
 from tasks.documents import archive_members
@@ -150,6 +151,8 @@ class SearchResponse(BaseModel):
     collection: str
     retriever: str
     passages: list[PassageOut]
+    glossary: list[GlossaryMatch] = Field(default_factory=list, description="The collection's glossary entries the "
+                                          "query matched; their other forms were added to the query.")
 
 
 class AskResponse(BaseModel):
@@ -163,6 +166,8 @@ class AskResponse(BaseModel):
     citations: list[PassageOut] = Field(description="Every retrieved passage, numbered; 'cited' marks those the answer cites.")
     retrieval_question: str = Field(default="", description="The question retrieval used (redacted) when it is not "
                                     "the question itself: a follow-up resolved against the earlier turns (history).")
+    glossary: list[GlossaryMatch] = Field(default_factory=list, description="The collection's glossary entries the "
+                                          "question matched; their other forms were added to the query.")
 
 
 def sse(event: str, data: dict[str, Any]) -> bytes:
@@ -280,7 +285,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
         return SearchResponse(collection=col.name, retriever=body.retriever,
-                              passages=passages_out(hits, names_in(col)))
+                              passages=passages_out(hits, names_in(col)), glossary=matched(col, body.query))
 
     @router.post(f"{PREFIX}/ask", response_model=AskResponse,
                  responses={200: {"content": {"text/event-stream": {}},
@@ -308,13 +313,17 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
                            support=support.probability, reason=support.reason,
                            citations=passages_out(hits, names_in(col), cited, text),
-                           retrieval_question=shown(body, asked))
+                           retrieval_question=shown(body, asked), glossary=matched(col, asked))
 
     def resolved(body: AskRequest) -> str:
         """The question retrieval uses (redacted): a follow-up resolved against the history."""
         if not body.history:
             return redact_text(body.question)
         return standalone_question(body.question, [Turn(t.question, t.answer) for t in body.history], engine.chat())
+
+    def matched(col: KbCollection, query: str) -> list[GlossaryMatch]:
+        """The glossary entries ``query`` matched (what the engine's search expanded it with)."""
+        return list(engine.expansion(col, query).matches)
 
     def shown(body: AskRequest, asked: str) -> str:
         """``retrieval_question`` of a response: empty when it is the question itself."""
@@ -358,7 +367,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                     yield sse("citations", {"citations": [c.model_dump() for c in citations]})
                     yield sse("done", {"mode": mode, "answer": text, "answered": support.answered,
                                        "support": support.probability, "reason": support.reason,
-                                       "retrieval_question": shown(body, asked)})
+                                       "retrieval_question": shown(body, asked),
+                                       "glossary": [m.model_dump() for m in matched(col, asked)]})
                     return
         finally:
             if not worker.done():
@@ -452,8 +462,68 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         annotate_audit(request, collection=col.name, chunks_removed=removed)
         return {"deleted": doc.name, "chunks_removed": removed, "file_removed": doc.in_folder}
 
+    add_glossary_routes(router, engine, allowed)
     add_evidence_routes(router, engine, collections)
     return Vertical("kb", router, [], on_stop=engine.close)
+
+
+# ------------------------------------------------------------------------------------
+# glossary: the terms, synonyms and abbreviations a collection's questions are expanded with
+
+
+GLOSSARY_FORMATS = {"application/yaml": "yaml", "application/x-yaml": "yaml", "text/yaml": "yaml",
+                    "text/x-yaml": "yaml", "text/csv": "csv"}
+
+
+def glossary_refused(exc: GlossaryError) -> HTTPException:
+    """422 naming the glossary file and, for each problem, its line and what is wrong."""
+    return HTTPException(422, {"message": str(exc), "file": exc.source,
+                               "problems": [{"line": line, "problem": what} for line, what in exc.problems]})
+
+
+def add_glossary_routes(router: APIRouter, engine: KbEngine,
+                        allowed: Callable[..., KbCollection]) -> None:
+    """``PUT .../collections/{c}/glossary`` (scope ``kb:<c>:write``): a YAML or CSV glossary,
+    checked before it replaces the old one (422 naming each bad line); ``GET`` (``kb:<c>:read``):
+    its entries (:mod:`solutions.rag.glossary`)."""
+
+    @router.put(f"{PREFIX}/collections/{{collection}}/glossary",
+                openapi_extra={"requestBody": {"required": True, "content": {
+                    "application/yaml": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}}})
+    async def put_glossary(collection: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:
+        """Replace the collection's glossary (body: YAML ``terms: [{term, synonyms, abbreviations}]``
+        with ``Content-Type: application/yaml``, or CSV ``term,synonyms,abbreviations`` with
+        ``text/csv``; several forms in a CSV cell separated by ``|``). Questions are expanded with
+        it from the next one on."""
+        col = allowed(principal, collection, write=True)
+        kind = GLOSSARY_FORMATS.get(request.headers.get("content-type", "").split(";")[0].strip().lower())
+        if kind is None:
+            raise HTTPException(415, "send the glossary as application/yaml or text/csv")
+        try:
+            text = (await request.body()).decode("utf-8")
+        except UnicodeDecodeError:
+            raise HTTPException(422, "the glossary is not UTF-8 text") from None
+        try:
+            glossary = await run_in_threadpool(save_glossary, col.name, text, kind, engine.layout)
+        except GlossaryError as exc:
+            raise glossary_refused(exc) from None
+        annotate_audit(request, collection=col.name, terms=len(glossary.entries))
+        return {"collection": col.name, "terms": len(glossary.entries), "format": kind}
+
+    @router.get(f"{PREFIX}/collections/{{collection}}/glossary")
+    async def get_glossary(collection: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:
+        """The collection's glossary entries (404 when it has none; 422 when its file is bad)."""
+        col = allowed(principal, collection, read=True)
+        try:
+            glossary = await run_in_threadpool(engine.glossary, col)
+        except GlossaryError as exc:
+            raise glossary_refused(exc) from None
+        if glossary is None:
+            raise HTTPException(404, f"collection {col.name!r} has no glossary")
+        annotate_audit(request, collection=col.name, terms=len(glossary.entries))
+        return {"collection": col.name, "file": glossary.source,
+                "terms": [{"term": e.term, "synonyms": list(e.synonyms), "abbreviations": list(e.abbreviations)}
+                          for e in glossary.entries]}
 
 
 # ------------------------------------------------------------------------------------

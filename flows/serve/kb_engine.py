@@ -54,6 +54,15 @@ from infra.store import write_json_atomic
 from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
 from solutions.rag.collections import KbCollection
 from solutions.rag.config import HybridWeights, IngestParams
+from solutions.rag.glossary import (
+    Expansion,
+    Glossary,
+    GlossaryCache,
+    GlossaryError,
+    expand,
+    glossary_path,
+    in_passage_words,
+)
 from solutions.rag.ingest import DocumentRules, document_rules
 from solutions.rag.library import (
     ACTIVE,
@@ -149,6 +158,8 @@ class KbEngine:
         self._closed = False
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._last_exit: dict[str, str] = {}
+        self._glossaries = GlossaryCache()
+        self._glossary_lock = threading.Lock()  # not the init lock: the first read loads jieba's dictionary
 
     # -- shared resources, loaded on first use
     def client(self) -> Any:
@@ -193,9 +204,28 @@ class KbEngine:
             self._client = None
 
     # -- retrieval and answers
+    def glossary(self, col: KbCollection) -> Glossary | None:
+        """The collection's glossary (:mod:`solutions.rag.glossary`), re-read when its file
+        changes; None when it has none. Raises GlossaryError when its file is bad."""
+        with self._glossary_lock:
+            return self._glossaries.get(glossary_path(col.name, self.layout))
+
+    def expansion(self, col: KbCollection, query: str) -> Expansion:
+        """``query`` (redacted) and the query retrieval uses: with the other forms of each
+        glossary term it names. A bad glossary file is logged and left out (its upload route
+        refuses bad files; ``GET .../glossary`` names the bad lines of one edited by hand)."""
+        try:
+            glossary = self.glossary(col)
+        except GlossaryError as exc:
+            log.error("the glossary of collection %s is not used: %s", col.name, exc)
+            glossary = None
+        return expand(glossary, redact_text(query))
+
     def search(self, col: KbCollection, query: str, *, top_k: int, mode: Mode) -> list[Retrieved]:
-        """The ``top_k`` chunks of ``col`` for ``query`` (redacted first, as the stored chunks are)."""
-        query = redact_text(query)
+        """The ``top_k`` chunks of ``col`` for ``query`` (redacted first, as the stored chunks are;
+        expanded with the collection's glossary)."""
+        expansion = self.expansion(col, query)
+        query = expansion.question
         client = self.client()
         if not client.has_collection(col.milvus):
             return []
@@ -203,8 +233,8 @@ class KbEngine:
         embedder = self.embedder()
         hybrid = HybridWeights()
         weights = query_weights(embedder, query, hybrid) if mode == "hybrid" else {}
-        vectors = encode_queries(embedder, [query]) if mode != "bm25" else None
-        return retrieve(client, col.milvus, [query], vectors, mode=mode, top_k=top_k, weights=weights,
+        vectors = encode_queries(embedder, [expansion.query]) if mode != "bm25" else None
+        return retrieve(client, col.milvus, [expansion.query], vectors, mode=mode, top_k=top_k, weights=weights,
                         fusion=hybrid.fusion, rrf_k=hybrid.rrf_k)[0]
 
     def chat(self) -> ChatClient | None:
@@ -223,6 +253,8 @@ class KbEngine:
         """
         question = redact_text(question)
         hits = self.search(col, question, top_k=top_k, mode=mode)
+        # a glossary term asked by another name: the answer step reads the passages' name for it
+        question = in_passage_words(self.expansion(col, question), [str(h.fields.get("text", "")) for h in hits])
         chat = self.chat()
         client = self.client()
         lexical = bool(hits) and mode != "dense"  # the support check's BM25 probe (solutions.rag.support)

@@ -122,6 +122,8 @@ class AskParams(BaseModel):
     created_from: str | None = Field(default=None, description="ISO date: documents created on/after.")
     created_to: str | None = Field(default=None, description="ISO date: documents created on/before.")
     llm: bool = Field(default=True, description="Use the configured chat endpoint when there is one.")
+    glossary: bool = Field(default=True, description="Expand the question with the collection's glossary "
+                           "(<home>/rag/glossary/<collection>.yaml or .csv) when it has one.")
     stream: bool = Field(default=False, description="Print the LLM answer to stdout as it is generated.")
 
     @field_validator("collection")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.embeddings import CoverageReport
+from solutions.rag.glossary import GlossaryMatch
 from solutions.rag.support import Support
 
 
@@ -61,6 +62,8 @@ class AskResult(BaseModel):
     support: Support | None = Field(default=None, description="The support decision behind 'answered'.")
     retrieval_question: str = Field(default="", description="The question retrieval used when it is not the "
                                     "question itself: a follow-up resolved against the earlier questions.")
+    glossary: list[GlossaryMatch] = Field(default_factory=list, description="The collection's glossary entries "
+                                          "the question matched; their other forms were added to the query.")
 
 
 class RetrieverScores(BaseModel):
