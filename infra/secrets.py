@@ -8,6 +8,8 @@ log, an artifact or a job variable.
   when an echo shows them escaped: JSON-escaped (``\\/``, ``\\uXXXX``), URL-encoded (either
   hex case, ``+`` for a space) or base64 (standard or URL-safe, padded or not, also inside a
   longer encoded value such as a ``Basic`` credential).
+- :class:`UpstreamError` is what those clients raise: its message (for logs) is scrubbed, its
+  :meth:`~UpstreamError.public_text` (for API callers) names the service and its status only.
 - :func:`http_error_text` is what every HTTP client of the project puts into its exceptions:
   the status and a short, scrubbed excerpt of the body.
 - :func:`url_credentials` tells whether a value carries credentials in a URL (``apply`` refuses
@@ -19,12 +21,47 @@ log, an artifact or a job variable.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
+import html.entities
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from infra.errors import IndusflowError
+
 MASK = "***"
+
+
+class UpstreamError(IndusflowError):
+    """A failure of a service this process calls (an LLM, embeddings, Tika or Milvus server).
+
+    Its message is for logs (scrubbed, with an excerpt of what the service answered); an API
+    caller sees :meth:`public_text` only: the service and its status, never its body, which may
+    echo the request (the key included) in an encoding no scrubber foresaw.
+
+    Attributes:
+        status: the service's HTTP status when it answered one, else None.
+        upstream: whether the message quotes the service (False for a local failure of the same
+            kind, e.g. an embedding model that cannot be loaded: its message is shown as is).
+    """
+
+    service = "an upstream service"
+
+    def __init__(self, message: str, status: int | None = None, *, upstream: bool = True) -> None:
+        super().__init__(message)
+        self.status = status
+        self.upstream = upstream
+
+    def public_text(self) -> str:
+        """What an API caller may see."""
+        if not self.upstream:
+            return " ".join(str(self).split())
+        if self.status is not None:
+            return f"{self.service} answered HTTP {self.status}"
+        return f"{self.service} failed"
 _MIN_SECRET = 4  # shorter "secrets" would mask ordinary words
 
 _AUTH = re.compile(r"(?i)\b(authorization|proxy-authorization)(\"?\s*[:=]\s*\"?)(?:(bearer|basic|token|apikey)\s+)?"
@@ -59,20 +96,38 @@ def _hex_class(byte: int) -> str:
     return "".join(f"[{d.upper()}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02x}")
 
 
+@functools.cache
+def _html_names() -> dict[str, tuple[str, ...]]:
+    """Each character's named HTML entities (``&sol;`` for ``/``), with and without the ``;``."""
+    names: dict[str, list[str]] = {}
+    for name, char in html.entities.html5.items():
+        if len(char) == 1:
+            names.setdefault(char, []).append(name)
+    return {char: tuple(sorted(found, key=len, reverse=True)) for char, found in names.items()}
+
+
+def _char_forms(ch: str) -> list[str]:
+    """The patterns one character of a secret may take in an echo: itself, JSON-escaped
+    (``\\/``, ``\\uXXXX``), URL-encoded once or more (``%2F``, ``%252F``, either hex case, ``+``
+    for a space), an HTML entity (``&#47;``, ``&#x2F;``, ``&sol;``, its ``&`` also as ``\\u0026``)."""
+    amp = r"(?:&|\\u0026)"
+    hex_digits = "".join(f"[{d.upper()}{d.lower()}]" if d.isalpha() else d for d in f"{ord(ch):x}")
+    options = [re.escape(ch), "".join(f"%(?:25)*{_hex_class(b)}" for b in ch.encode("utf-8")),
+               rf"{amp}#0*{ord(ch)};?", rf"{amp}#[xX]0*{hex_digits};?"]
+    options += [amp + re.escape(name) for name in _html_names().get(ch, ())]
+    if len(ch.encode("utf-16-be")) == 2:
+        options.append(r"\\u" + "".join(_hex_class(b) for b in ch.encode("utf-16-be")))
+    if ch in '/"\\':
+        options.append(re.escape("\\" + ch))
+    if ch == " ":
+        options.append(r"\+|%(?:25)*2[Bb]")
+    return options
+
+
+@functools.lru_cache(maxsize=64)
 def _escaped_pattern(secret: str) -> re.Pattern[str]:
-    """``secret`` with any of its characters JSON-escaped (``\\/``, ``\\uXXXX``) or URL-encoded
-    (``%XX`` in either case, ``+`` for a space), in any mix."""
-    parts = []
-    for ch in secret:
-        options = [re.escape(ch), "".join(f"%{_hex_class(b)}" for b in ch.encode("utf-8"))]
-        if len(ch.encode("utf-16-be")) == 2:
-            options.append(r"\\u" + "".join(_hex_class(b) for b in ch.encode("utf-16-be")))
-        if ch in '/"\\':
-            options.append(re.escape("\\" + ch))
-        if ch == " ":
-            options.append(r"\+")
-        parts.append("(?:" + "|".join(options) + ")")
-    return re.compile("".join(parts))
+    """``secret`` with any of its characters escaped as :func:`_char_forms` says, in any mix."""
+    return re.compile("".join("(?:" + "|".join(_char_forms(ch)) + ")" for ch in secret))
 
 
 def secret_forms(secret: str) -> set[str]:
@@ -84,11 +139,37 @@ def secret_forms(secret: str) -> set[str]:
     return {f for f in forms if len(f) >= _MIN_SECRET}
 
 
+def configured_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The secret values this process is configured with (every ``SecretStr`` setting of
+    :mod:`infra.settings` set in ``environ``, default ``os.environ``), with the password and a
+    token-like user name of a URL one: :func:`scrub` removes them from any text, whoever calls it."""
+    env = os.environ if environ is None else environ
+    found: list[str | None] = []
+    for name in _secret_names():
+        value = env.get(name)
+        if not value:
+            continue
+        found.append(value)
+        if "://" in value:
+            with contextlib.suppress(ValueError):
+                parts = urlsplit(value)
+                found += [parts.password, parts.username if len(parts.username or "") >= 16 else None]
+    return [v for v in found if v and len(v) >= _MIN_SECRET]
+
+
+@functools.cache
+def _secret_names() -> frozenset[str]:
+    from infra.settings import secret_variables
+
+    return secret_variables()
+
+
 def scrub(text: str, known: Iterable[str | None] = ()) -> str:
-    """``text`` with every credential replaced by ``***`` (see the module docstring)."""
+    """``text`` with every credential replaced by ``***`` (see the module docstring): the values
+    in ``known`` and those this process is configured with (:func:`configured_secrets`)."""
     if not text:
         return text
-    secrets = sorted({s for s in known if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
+    secrets = sorted({s for s in [*known, *configured_secrets()] if s and len(s) >= _MIN_SECRET}, key=len, reverse=True)
     for secret in secrets:
         text = _escaped_pattern(secret).sub(MASK, text.replace(secret, MASK))
     for form in sorted(set().union(*(secret_forms(s) for s in secrets)), key=len, reverse=True):

@@ -34,7 +34,6 @@ from starlette.concurrency import run_in_threadpool
 from flows.serve.kb_engine import KbEngine
 from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from infra.embeddings import Embedder
-from infra.llm import LLMError
 from infra.pii import redact_text
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import ADMIN, Principal, require_any_scope
@@ -297,13 +296,10 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         if body.stream:
             return StreamingResponse(stream_answer(body, col, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        try:
-            asked = await run_in_threadpool(resolved, body)
-            text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, asked, top_k=body.top_k,
-                                                                       mode=body.retriever)
-        except LLMError as exc:  # the upstream status only: its body may echo the key in any encoding
-            log.error("kb ask failed: %s", exc)
-            raise HTTPException(502, exc.public_text()) from None
+        # an upstream's failure (UpstreamError) answers 502 with its status only (EXCEPTION_HANDLERS)
+        asked = await run_in_threadpool(resolved, body)
+        text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, asked, top_k=body.top_k,
+                                                                   mode=body.retriever)
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
         return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
                            support=support.probability, reason=support.reason,
@@ -347,8 +343,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 elif kind == "error":
                     log.error("kb ask stream failed: %s", type(data).__name__)
                     annotate_audit(request, failed=type(data).__name__)
-                    message = data.public_text() if isinstance(data, LLMError) else error_text(data)
-                    yield sse("error", {"message": message})
+                    yield sse("error", {"message": error_text(data)})
                     return
                 else:
                     text, mode, hits, cited, support, asked = data

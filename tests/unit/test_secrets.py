@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from infra.secrets import http_error_text, scrub, url_credentials
 
@@ -170,3 +172,72 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
     assert mode(tmp_path / "state" / "online.sqlite") == 0o600
     assert mode(tmp_path / "state" / "online.sqlite-wal") == 0o600
     assert mode(legacy) == 0o600  # a home from before is made private when the server opens it
+
+
+# ------------------------------------------------------------------------------------
+# every encoding an upstream may echo a key in (issue 46), generated
+
+_KEY_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/+=-_.:~ "
+
+
+def _html_named(ch: str) -> str:
+    import html.entities
+
+    names = [n for n, c in html.entities.html5.items() if c == ch and n.endswith(";")]
+    return f"&{names[0]}" if names else ch
+
+
+#: One character's encodings: as is, JSON, URL-encoded once/twice/either case, HTML decimal/hex/named.
+_CHAR_ENCODINGS = {
+    "raw": lambda c: c,
+    "json": lambda c: json.dumps(c)[1:-1] if c != "/" else "\\/",
+    "json-u": lambda c: f"\\u{ord(c):04x}",
+    "url": lambda c: "".join(f"%{b:02X}" for b in c.encode()),
+    "url-lower": lambda c: "".join(f"%{b:02x}" for b in c.encode()),
+    "url-twice": lambda c: "".join(f"%25{b:02X}" for b in c.encode()),
+    "html-dec": lambda c: f"&#{ord(c)};",
+    "html-hex": lambda c: f"&#x{ord(c):X};",
+    "html-hex-lower": lambda c: f"&#x{ord(c):x};",
+    "html-named": _html_named,
+}
+
+
+@st.composite
+def echoed_keys(draw) -> tuple[str, str]:
+    """A key and an upstream's echo of it: one whole-value encoding, or a mix of them per character."""
+    import base64
+    import html
+    from urllib.parse import quote, quote_plus
+
+    key = draw(st.text(alphabet=st.sampled_from(_KEY_CHARS), min_size=12, max_size=40).filter(lambda k: k.strip() == k))
+    whole = {"raw": key, "json": json.dumps(key)[1:-1], "url": quote(key, safe=""), "url-plus": quote_plus(key),
+             "url-twice": quote(quote(key, safe=""), safe=""), "html": html.escape(key),
+             "html-json": json.dumps(html.escape(key))[1:-1].replace("&", "\\u0026"),
+             "base64": base64.b64encode(key.encode()).decode(), "base64-url": base64.urlsafe_b64encode(key.encode()).decode(),
+             "base64-url-bare": base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")}
+    how = draw(st.sampled_from([*whole, "per-character"]))
+    if how != "per-character":
+        return key, whole[how]
+    names = st.sampled_from(sorted(_CHAR_ENCODINGS))
+    return key, "".join(_CHAR_ENCODINGS[draw(names)](ch) for ch in key)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(echoed=echoed_keys(), before=st.sampled_from(["", "bad key ", '{"auth": "', "<p>"]),
+       after=st.sampled_from(["", " rejected", '"}', "</p>"]))
+def test_a_known_key_is_scrubbed_in_every_encoding_an_upstream_may_echo(echoed: tuple[str, str], before: str,
+                                                                        after: str) -> None:
+    key, echo = echoed
+    clean = scrub(f"{before}{echo}{after}", [key])
+    assert echo not in clean and "***" in clean, (echo, clean)
+    assert clean.startswith(before) and clean.endswith(after), (echo, clean)
+
+
+def test_the_configured_secrets_are_scrubbed_without_being_named(monkeypatch) -> None:
+    from infra.secrets import configured_secrets
+
+    monkeypatch.setenv("INDUSFLOW_EMBED_API_KEY", "Em8/kZ2+qR7vW3/pL4nX")
+    monkeypatch.setenv("INDUSFLOW_SERVE_REDIS_URL", "redis://default:Redis-Pass-77@cache:6379/0")
+    assert {"Em8/kZ2+qR7vW3/pL4nX", "Redis-Pass-77"} <= set(configured_secrets())
+    clean = scrub("tika said: Em8&#x2F;kZ2&#43;qR7vW3%252FpL4nX and Redis-Pass-77")  # no known list given
+    assert "kZ2" not in clean and "Redis-Pass" not in clean and clean.startswith("tika said: ")
