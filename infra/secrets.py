@@ -270,3 +270,38 @@ def shareable_settings(environ: Mapping[str, str]) -> tuple[dict[str, str], list
             continue
         keep[key] = value
     return keep, refused
+
+
+#: What a child process that parses untrusted files inherits besides its own settings: the
+#: system's basics, Python's, Prefect's and the numeric and model libraries' variables.
+_CHILD_PREFIXES = ("PREFECT_", "PYTHON", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_", "MKL_", "OPENBLAS_",
+                   "TORCH", "CUDA_", "NVIDIA_", "LC_", "XDG_")
+_CHILD_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+                          "VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+                          "CURL_CA_BUNDLE", "NO_PROXY", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy",
+                          "https_proxy"})
+
+
+def child_environment(environ: Mapping[str, str], *, dropped: Iterable[str], secrets: Iterable[str] = ()
+                      ) -> dict[str, str]:
+    """The environment of a child process that handles untrusted input (an ingest parsing
+    uploads): the ``INDUSFLOW_*`` settings except those under the ``dropped`` prefixes (e.g. the
+    serving and LLM settings) and, of the secret ones, only the ``secrets`` named (the keys it needs
+    for its work); and the system's, Python's, Prefect's and the numeric libraries' variables
+    (:data:`_CHILD_NAMES`, :data:`_CHILD_PREFIXES`; named like a secret only for Prefect's API key).
+    Nothing else: no key of another service, no JWT secret, no cloud credential of the shell."""
+    from infra.settings import secret_variables
+
+    needed = set(secrets)
+    refused = secret_variables() - needed
+    dropped = tuple(dropped)
+
+    def wanted(name: str) -> bool:
+        secret_like = any(part in name for part in SECRET_NAME_PARTS)
+        if name.startswith("INDUSFLOW_"):
+            return name in needed or not (name.startswith(dropped) or name in refused or secret_like)
+        if name.startswith("PREFECT_"):
+            return True
+        return name in _CHILD_NAMES or (name.startswith(_CHILD_PREFIXES) and not secret_like)
+
+    return {name: value for name, value in environ.items() if wanted(name)}

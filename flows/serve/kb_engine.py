@@ -49,6 +49,7 @@ from infra.llm import ChatClient
 from infra.milvus import open_client, row_count, shared_uri
 from infra.pii import redact_path, redact_text, tag_key
 from infra.processes import process_alive
+from infra.secrets import child_environment
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
 from infra.store import write_json_atomic
 from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
@@ -85,6 +86,9 @@ from tasks.retrieve import Mode, Retrieved, best_bm25, retrieve
 log = logging.getLogger(__name__)
 
 JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB_ID
+#: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
+CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
+CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
 __all__ = ["DocumentStatus", "IngestJob", "KbEngine", "UploadRefused", "error_text", "safe_document_name"]
 
 
@@ -484,8 +488,11 @@ class KbEngine:
     def child_env(self) -> dict[str, str]:
         """The environment of an ingest child: this process's with this engine's home, plus the
         address of this process's Milvus Lite store (one process holds the file; the child
-        connects to its socket) and the model of an embedder handed to the engine."""
-        env = dict(os.environ)
+        connects to its socket) and the model of an embedder handed to the engine. The child parses
+        untrusted uploads: it gets the settings an ingest reads and the keys it needs (embeddings,
+        Milvus) only, never the serving secrets (JWT, audit salt, Redis) or the LLM key
+        (:func:`infra.secrets.child_environment`)."""
+        env = child_environment(os.environ, dropped=CHILD_DROPPED, secrets=CHILD_SECRETS)
         env["INDUSFLOW_HOME"] = str(self.layout.root)  # this engine's home (its job records, its folders)
         uri = shared_uri(self.client()) if not get_milvus_settings().uri else None
         if uri:
