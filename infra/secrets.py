@@ -24,11 +24,12 @@ import base64
 import contextlib
 import functools
 import html.entities
+import itertools
 import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from infra.errors import IndusflowError
 
@@ -207,26 +208,43 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
-#: Words that make a query-string parameter a credential (``?key=``, ``?auth=``, ``?access_token=``,
-#: ``?X-Amz-Signature=``): any word of its name, split at ``_``, ``-``, ``.`` and case changes.
+#: Words that make a query-string parameter or a path segment a credential (``?key=``, ``?auth=``,
+#: ``?code=``, ``?access_token=``, ``?X-Amz-Signature=``, ``/token/<value>``): any word of its name,
+#: split at ``_``, ``-``, ``.`` and case changes.
 _QUERY_SECRET_WORDS = frozenset({"key", "apikey", "auth", "authorization", "token", "secret", "password", "passwd",
-                                 "pwd", "pass", "credential", "credentials", "signature", "sig", "session", "jwt"})
+                                 "pwd", "pass", "credential", "credentials", "signature", "sig", "session", "jwt",
+                                 "code"})
+#: A path segment that looks like a key: long, and mixing upper case, lower case and digits (UUIDs
+#: and model names do not).
+_RANDOM_SEGMENT = re.compile(r"(?=[A-Za-z0-9_-]*[A-Z])(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{24,}")
+
+
+def _secret_words(name: str) -> bool:
+    words = re.split(r"[_.\-]+|(?<=[a-z])(?=[A-Z])", name)
+    return any(w.lower() in _QUERY_SECRET_WORDS for w in words if w)
 
 
 def _query_secret(query: str) -> bool:
-    for name, _ in parse_qsl(query, keep_blank_values=True):
-        words = re.split(r"[_.\-]+|(?<=[a-z])(?=[A-Z])", name)
-        if any(w.lower() in _QUERY_SECRET_WORDS for w in words if w):
-            return True
-    return bool(_PAIR.search(query))
+    return any(_secret_words(name) for name, _ in parse_qsl(query, keep_blank_values=True)) or bool(_PAIR.search(query))
+
+
+def _path_secret(path: str) -> bool:
+    """A key in a URL's path: a known key shape, a segment after one named like a credential
+    (``/key/<value>``), or a long random-looking segment."""
+    segments = [unquote(s) for s in path.split("/") if s]
+    if any(_KEY_SHAPES.search(s) or _RANDOM_SEGMENT.fullmatch(s) for s in segments):
+        return True
+    return any(_secret_words(name) and len(value) >= 8 and any(c.isdigit() for c in value)
+               for name, value in itertools.pairwise(segments))
 
 
 def url_credentials(value: str) -> str | None:
-    """What secret a value carries in a URL (``"password"``, ``"query"``), or None.
+    """What secret a value carries in a URL (``"password"``, ``"token"``, ``"query"``, ``"path"``), or None.
 
-    Any ``scheme://user:password@host`` (also inside a longer value such as a list of URLs) and
-    a query string with a credential-named parameter (``key``, ``auth``, ``token``, ``sig``, ...:
-    :data:`_QUERY_SECRET_WORDS`, or a ``...api_key``/``...secret``-style name) count.
+    Any ``scheme://user:password@host`` or ``scheme://token@host`` (also inside a longer value
+    such as a list of URLs), a query string with a credential-named parameter (``key``, ``auth``,
+    ``code``, ``token``, ``sig``, ...: :data:`_QUERY_SECRET_WORDS`, or a ``...api_key``/``...secret``-
+    style name) and a key in the path (:func:`_path_secret`) count.
     """
     for m in re.finditer(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s,;]+", value):
         url = m.group(0)
@@ -236,10 +254,12 @@ def url_credentials(value: str) -> str | None:
             return "malformed URL"
         if parts.password or re.match(r"[^/@]*:[^/@]*@", parts.netloc):
             return "password"
-        if parts.username and "@" in parts.netloc and len(parts.username) >= 16:
+        if "@" in parts.netloc:
             return "token"  # a bare token as the user name (https://<token>@host)
         if _query_secret(parts.query or ""):
             return "query"
+        if _path_secret(parts.path or ""):
+            return "path"
     return None
 
 

@@ -241,3 +241,21 @@ def test_the_configured_secrets_are_scrubbed_without_being_named(monkeypatch) ->
     assert {"Em8/kZ2+qR7vW3/pL4nX", "Redis-Pass-77"} <= set(configured_secrets())
     clean = scrub("tika said: Em8&#x2F;kZ2&#43;qR7vW3%252FpL4nX and Redis-Pass-77")  # no known list given
     assert "kZ2" not in clean and "Redis-Pass" not in clean and clean.startswith("tika said: ")
+
+
+@pytest.mark.parametrize(("url", "what"), [
+    ("https://llm.internal/v1/sk-live-abcdefghijklmnop/chat", "path"),  # a key shape in the path
+    ("https://hooks.example.com/services/T0AB12CD/B0XY34ZW/Qx7Lm2Np9Rs4Tv6Wy8Za1Bc3", "path"),  # a random segment
+    ("https://api.example.com/token/a1b2c3d4e5", "path"),  # the segment after one named like a credential
+    ("https://sso.example.com/callback?code=4f2a9c1e", "query"),  # an OAuth code
+    ("https://abc123token@tika.internal:9998", "token"),  # a short token as the user name
+])
+def test_keys_in_paths_codes_and_short_user_tokens_count_as_credentials(url: str, what: str) -> None:
+    assert url_credentials(url) == what  # main's code: None for each
+
+
+def test_urls_without_credentials_are_still_forwarded() -> None:
+    for fine in ("http://tika:9998/tika", "https://llm.internal/v1/models/Meta-Llama-3.1-8B-Instruct",
+                 "http://embed:8000/v1/9b2f8c1e-3d4a-4b5c-8d6e-7f8091a2b3c4", "https://sso.example.com/auth/callback",
+                 "http://127.0.0.1:8000/v1?model=e5"):
+        assert url_credentials(fine) is None, fine
