@@ -524,6 +524,11 @@ class KbSettings(BaseSettings):
         description="Times an ingest job is started when its process dies (a crash, kill -9, a server restart "
         "while it ran); it then fails with the reason. Ingest is incremental, so a re-run resumes.",
     )
+    ingest_timeout_s: float = Field(
+        default=3600.0, gt=0,
+        description="Time limit of an ingest job's child process: past it the child is stopped, the job fails "
+        "and the files it was working on are quarantined (timed_out) until they change.",
+    )
     request_timeout_s: float = Field(
         default=300.0, gt=0,
         description="Time limit of a knowledge-base request (search, ask and its stream, upload); the "

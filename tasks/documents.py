@@ -125,6 +125,8 @@ REASON_TEXT = {
     "archive_bomb": "archive bomb",
     "too_deep": "archives nested too deep",
     "unsafe_path": "unsafe name in an archive",
+    "unfinished": "its ingest stopped before it finished, twice (change the file to try again)",
+    "timed_out": "its ingest ran out of time (change the file to try again)",
 }
 
 

@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from flows.serve.kb_engine import KbEngine
+from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
 from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from infra.embeddings import Embedder
 from infra.pii import redact_text
@@ -42,7 +42,7 @@ from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
 from solutions.rag.conversation import MAX_TURNS, Turn, standalone_question
 from solutions.rag.evidence import highlight_spans
-from solutions.rag.feedback import CitedPassage, append_feedback, feedback_path, feedback_record
+from solutions.rag.feedback import CitedPassage, VoteBudget, VoteLimit, feedback_path, feedback_record
 from solutions.rag.library import IngestJob, UploadRefused, error_text
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
 from tasks.documents import archive_members
@@ -234,6 +234,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
 
     engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    votes = VoteBudget()  # bytes of votes per key and collection
     engine.recover()  # jobs a crashed or restarted server left queued or running
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
     services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
@@ -372,13 +373,18 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
 
     @router.post(f"{PREFIX}/feedback", status_code=201)
     async def feedback(body: FeedbackRequest, request: Request, principal: KbPrincipal) -> dict[str, Any]:
-        """Record a thumbs-up or -down on an answer (redacted, in the home; never the key). The
-        votes become an evaluation set with ``python -m flows.rag feedback-export``."""
+        """Record a thumbs-up or -down on an answer (redacted, in the home, with the key's id; never
+        its secret; bounded per vote and per key: 429 past the key's share). The votes become an
+        evaluation set with ``python -m flows.rag feedback-export`` (one vote per key and question)."""
         col = allowed(principal, body.collection, read=True)
         passages = await run_in_threadpool(cited_passages, col, body.chunk_ids)
         record = feedback_record(col.name, body.vote, body.question, body.answer, passages,
-                                 retrieval_question=body.retrieval_question, answered=body.answered, mode=body.mode)
-        await run_in_threadpool(append_feedback, feedback_path(services.layout.kb_feedback(), col.name), record)
+                                 retrieval_question=body.retrieval_question, answered=body.answered, mode=body.mode,
+                                 key_id=principal.key_id)
+        try:
+            await run_in_threadpool(votes.append, feedback_path(services.layout.kb_feedback(), col.name), record)
+        except VoteLimit as exc:
+            raise HTTPException(429, str(exc)) from None
         annotate_audit(request, collection=col.name, vote=body.vote, passages=len(passages))
         return {"recorded": True, "vote": body.vote, "passages": len(passages)}
 
@@ -390,7 +396,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         ``?collection=``) into a collection's watched folder and start its ingest; 202 with the
         job id to poll."""
         if collection is not None:  # known before the body is read: refuse early
-            allowed(principal, collection, write=True)
+            queue_room(allowed(principal, collection, write=True))
         try:
             parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
                                   lambda name: allowed(principal, name, write=True), query_collection=collection,
@@ -400,6 +406,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if staged.collection is None or not staged.files:
                 raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
             try:
+                queue_room(staged.collection)
                 written = await run_in_threadpool(staged.commit)
             except BaseException:
                 staged.discard()
@@ -413,6 +420,12 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                        job_id=job.job_id)
         return JSONResponse(job.public() | {"files": [{"name": n, "status": "queued"} for n in names]},
                             status_code=202)
+
+    def queue_room(col: KbCollection) -> None:
+        """429 while the collection's job queue is full."""
+        if engine.queue_full(col):
+            raise HTTPException(429, f"collection {col.name!r} already has {MAX_ACTIVE_JOBS} ingest jobs queued or "
+                                "running; upload again when one has finished", headers={"Retry-After": "30"})
 
     @router.get(f"{PREFIX}/jobs/{{job_id}}")
     async def get_job(job_id: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:

@@ -79,13 +79,23 @@ from tasks.catalog import FOLDER, document_names, load_roots
 from tasks.chunk import embedder_window
 from tasks.documents import reason_text
 from tasks.index import delete_sources, load_manifest
-from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
+from tasks.ingest import (
+    IngestResult,
+    load_quarantine_cache,
+    quarantine_cache_path,
+    quarantine_unfinished,
+    run_ingest,
+    source_key,
+)
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
 from tasks.retrieve import Mode, Retrieved, best_bm25, retrieve
 
 log = logging.getLogger(__name__)
 
 JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB_ID
+#: Jobs of one collection queued or running in this process; an upload beyond answers 429 (each
+#: job ingests the whole folder, so one waiting job already covers every file uploaded before it).
+MAX_ACTIVE_JOBS = 4
 #: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
 CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
 CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
@@ -453,7 +463,12 @@ class KbEngine:
                     self._wait_record(current, self._run_finished)
                 else:
                     proc = self._start_child(current)
-                    self._wait_record(current, lambda _job, p=proc: p.poll() is not None)
+                    deadline = time.monotonic() + self.settings.ingest_timeout_s
+                    self._wait_record(current, lambda _job, p=proc, d=deadline: p.poll() is not None
+                                      or time.monotonic() > d)
+                    if proc.poll() is None and time.monotonic() > deadline and not self._closed:
+                        self._time_out(job.job_id, proc)
+                        break
                     if proc.poll() is not None:
                         code = proc.returncode
                         self._last_exit[job.job_id] = (f"signal {-code}" if code < 0 else f"exit code {code}")
@@ -478,6 +493,27 @@ class KbEngine:
                 time.sleep(every_s)  # its last record write may land just after the exit
                 return
             time.sleep(every_s)
+
+    def _time_out(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
+        """Stop a child past the time limit (its whole process group), quarantine the files it was
+        working on until they change, and fail the job (it is not started again)."""
+        limit = self.settings.ingest_timeout_s
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        current = load_job(self.layout.kb_jobs(), job_id)
+        if current is None or not current.active:
+            return  # it finished as the limit passed
+        files = quarantine_unfinished(self.collections[current.collection].milvus,
+                                      detail=f"the ingest ran past {limit:g} s")
+        log.error("kb ingest job %s ran past %g s: stopped, %d file(s) quarantined", job_id, limit, files)
+        self._fail(current, f"the ingest ran past its time limit of {limit:g} s (INDUSFLOW_KB_INGEST_TIMEOUT_S); "
+                   f"{files} file(s) it was working on are quarantined until they change")
+
+    def queue_full(self, col: KbCollection) -> bool:
+        """Whether ``col`` already has :data:`MAX_ACTIVE_JOBS` jobs queued or running in this process."""
+        with self._jobs_lock:
+            return sum(1 for j in self._jobs.values() if j.collection == col.name and j.active) >= MAX_ACTIVE_JOBS
 
     def _fail(self, job: IngestJob, reason: str) -> None:
         job.state, job.error, job.finished_at = "failed", reason, now()

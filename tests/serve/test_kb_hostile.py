@@ -4,6 +4,9 @@ quarantined and not ingested again until it changes."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from pathlib import Path
 
 from infra.home import HomeLayout
@@ -36,3 +39,58 @@ def test_the_ingest_child_gets_no_serving_secret_and_no_llm_key(tmp_path: Path, 
     assert not any(v in "\n".join(env.values()) for v in secrets.values())
     assert {k: env.get(k) for k in needed} == needed
     assert env["INDUSFLOW_HOME"] == str(tmp_path / "home") and "PATH" in env
+
+
+def _wait(predicate, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_the_job_queue_of_a_collection_is_bounded(tmp_path: Path, monkeypatch) -> None:
+    from flows.serve.kb_engine import MAX_ACTIVE_JOBS
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    engine, col = _engine(HomeLayout(tmp_path / "home"), ingest_mode="thread")
+    release = threading.Event()
+
+    def slow_job(job) -> None:  # an ingest that takes its time
+        release.wait(30)
+        job.state = "done"
+
+    monkeypatch.setattr(engine, "run_job", slow_job)
+    try:
+        for _ in range(MAX_ACTIVE_JOBS):
+            assert not engine.queue_full(col)  # main's code had no bound: jobs queued without end
+            engine.submit(col, ["lease.txt"])
+        assert engine.queue_full(col)  # the upload route answers 429 (before reading the body when it can)
+        release.set()
+        _wait(lambda: not engine.queue_full(col))
+    finally:
+        release.set()
+        engine.close()
+
+
+def test_an_ingest_child_past_the_time_limit_is_stopped_and_its_files_quarantined(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    from infra.processes import process_alive
+    from tasks.ingest import load_quarantine_cache, quarantine_cache_path
+
+    home = HomeLayout(tmp_path / "home")
+    monkeypatch.setenv("INDUSFLOW_HOME", str(home.root))
+    monkeypatch.setenv("INDUSFLOW_MILVUS_URI", "http://127.0.0.1:9")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    engine, col = _engine(home, ingest_mode="process", ingest_timeout_s=1.0)
+    stuck = str(col.folder / "nested.zip")  # what a child was parsing when its time ran out
+    quarantine_cache_path(col.milvus).parent.mkdir(parents=True, exist_ok=True)
+    quarantine_cache_path(col.milvus).write_text(json.dumps({stuck: {"hash": "h", "items": [], "unfinished": 1}}))
+    try:
+        job = engine.submit(col, ["nested.zip"])
+        _wait(lambda: (j := engine.job(job.job_id)) is not None and not j.active)
+        done = engine.job(job.job_id)
+        assert done.state == "failed" and "INDUSFLOW_KB_INGEST_TIMEOUT_S" in done.error, done
+        assert done.pid is None or not process_alive(done.pid)
+        assert load_quarantine_cache(col.milvus)[stuck]["items"][0]["reason"] == "timed_out"
+    finally:
+        engine.close()
