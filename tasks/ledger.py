@@ -408,10 +408,20 @@ def check_still_regular(file: InboxFile) -> None:
     if os.path.islink(file.path):
         raise DataValidationError("became a symbolic link after the scan; not read", source=file.shown)
     folder = os.path.dirname(file.path) or "."
-    if not os.path.isdir(folder):
+    if not os.path.isdir(folder) or (not os.path.lexists(file.path) and _empty(folder)):
+        # no folder, or an empty one where the scan saw this file: the inbox volume is not mounted
+        # here (an empty mount point); a file deleted from a folder that holds others is the file's
         raise InfrastructureError(
             f"this worker cannot see the inbox folder of {file.shown_name!r}: is the inbox volume mounted on every "
             "worker of the pool? The file is released for the next run")
+
+
+def _empty(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return True
 
 
 def score_one(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> FileOutcome:
