@@ -66,7 +66,9 @@ def _eval_summary(r: EvalResult) -> str:
 
 
 def _feedback_summary(r: FeedbackExport) -> str:
-    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down); {r.questions} questions written to {r.out}\n"
+    keys = ", ".join(f"{k} {n}" for k, n in list(r.keys.items())[:10]) + (", ..." if len(r.keys) > 10 else "")
+    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down) by {len(r.keys)} keys ({keys}); "
+            f"{r.questions} questions written to {r.out}\n"
             f"  evaluate with: python -m flows.rag eval --data {r.out} --collection {r.collection}")
 
 
