@@ -444,6 +444,17 @@ def score_file_task(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -
     return score_one(score, file)
 
 
+def copy_owner_only(source: Path, target: Path) -> None:
+    """Copy ``source`` (never through a link) to ``target``, readable by its owner only from the
+    moment it exists, whatever the original's mode."""
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(src, "rb") as inp:
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(out, 0o600)  # a copy already there keeps its mode otherwise
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(inp, dst)
+
+
 def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     """Copy a bad file and its reason to ``<home>/quarantine/<ledger>/``; record it."""
     folder = home_layout().quarantine(ledger.name)
@@ -455,7 +466,7 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
         log.warning("not copying %s to quarantine: it is a symbolic link", file.shown)
     else:
         try:
-            shutil.copy2(file.path, target, follow_symlinks=False)
+            copy_owner_only(Path(file.path), target)
         except OSError as exc:  # the original stays where it is; the reason is what matters
             log.warning("could not copy %s to quarantine: %s", file.shown, redact_text(str(exc)))
     write_json_atomic(folder / f"{stem}.reason.json", {"path": file.shown, "sha256": file.sha256, "reason": reason})

@@ -259,3 +259,35 @@ def test_urls_without_credentials_are_still_forwarded() -> None:
                  "http://embed:8000/v1/9b2f8c1e-3d4a-4b5c-8d6e-7f8091a2b3c4", "https://sso.example.com/auth/callback",
                  "http://127.0.0.1:8000/v1?model=e5"):
         assert url_credentials(fine) is None, fine
+
+
+def test_the_milvus_lite_file_and_quarantine_copies_are_owner_only(tmp_path, monkeypatch) -> None:
+    """Issue 46: both were world-readable (0644 under a usual umask) on main's code."""
+    import os
+    import stat
+
+    import tasks.ledger as LG
+    from tasks.ledger import FileLedger, InboxFile
+
+    pytest.importorskip("milvus_lite")
+    from infra.milvus import open_client
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    bad = inbox / "bad.csv"
+    bad.write_text("not,a\nvalid file\n")
+    os.chmod(bad, 0o644)
+    old = os.umask(0o022)
+    try:
+        client = open_client(uri=str(tmp_path / "milvus" / "rag.db"))
+        client.create_collection("probe", dimension=4)
+        client.close()
+        file = InboxFile(path=str(bad), sha256="a" * 64, size=bad.stat().st_size, mtime_ns=bad.stat().st_mtime_ns)
+        LG.quarantine(file, "unreadable", FileLedger("perm", root=tmp_path / "ledgers"))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "home" / "quarantine").rglob("*")
+             if p.is_file()}
+    assert modes and set(modes.values()) == {0o600}, modes
+    assert stat.S_IMODE((tmp_path / "milvus" / "rag.db").stat().st_mode) == 0o600
