@@ -501,8 +501,9 @@ class KbSettings(BaseSettings):
     max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request (422 above).")
     max_upload_members: int = Field(
         default=1000, ge=0,
-        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together (422 "
-        "above; each archive's own limit still applies in the ingest).",
+        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together, the "
+        "members of a zip or tar nested in one counting too (422 above; the ingest caps each file's members, "
+        "nested ones included, at its own limit).",
     )
     ingest_mode: Literal["process", "thread"] = Field(
         default="process",
