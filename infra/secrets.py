@@ -128,16 +128,18 @@ def _char_forms(ch: str) -> list[str]:
 @functools.lru_cache(maxsize=64)
 def _escaped_pattern(secret: str) -> re.Pattern[str]:
     """``secret`` with any of its characters escaped as :func:`_char_forms` says, in any mix."""
-    return re.compile("".join("(?:" + "|".join(_char_forms(ch)) + ")" for ch in secret))
+    first = re.escape(secret[0]) + r"%&\\+"  # what any form of the first character starts with: a fast refusal
+    return re.compile(f"(?=[{first}])" + "".join("(?:" + "|".join(_char_forms(ch)) + ")" for ch in secret))
 
 
-def secret_forms(secret: str) -> set[str]:
+@functools.lru_cache(maxsize=64)
+def secret_forms(secret: str) -> frozenset[str]:
     """``secret`` and its base64 forms (the JSON-escaped and URL-encoded ones are matched by
     :func:`_escaped_pattern`)."""
     forms = {secret}
     if len(secret) >= _MIN_BASE64:
         forms |= _base64_forms(secret)
-    return {f for f in forms if len(f) >= _MIN_SECRET}
+    return frozenset(f for f in forms if len(f) >= _MIN_SECRET)
 
 
 def configured_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
