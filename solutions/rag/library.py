@@ -245,7 +245,9 @@ def error_text(exc: BaseException) -> str:
     :class:`infra.secrets.UpstreamError`), our own errors' messages (they name no secret and no
     personal data) or the exception type."""
     if isinstance(exc, UpstreamError):
-        return exc.public_text()
-    if isinstance(exc, IndusflowError | ValueError):
-        return redact_text(" ".join(str(exc).split()))[:500]
-    return f"internal error ({type(exc).__name__})"
+        text = exc.public_text()
+    elif isinstance(exc, IndusflowError | ValueError):
+        text = " ".join(str(exc).split())
+    else:
+        return f"internal error ({type(exc).__name__})"
+    return redact_text(text)[:500]
