@@ -35,6 +35,7 @@ from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
 from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from infra.embeddings import Embedder
 from infra.pii import redact_text
+from infra.secrets import UpstreamError
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import ADMIN, Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
@@ -342,7 +343,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 if kind == "token":
                     yield sse("token", {"text": data})
                 elif kind == "error":
-                    log.error("kb ask stream failed: %s", type(data).__name__)
+                    # an upstream's message (scrubbed) names what failed; any other is logged by its type only
+                    log.error("kb ask stream failed: %s", data if isinstance(data, UpstreamError) else type(data).__name__)
                     annotate_audit(request, failed=type(data).__name__)
                     yield sse("error", {"message": error_text(data)})
                     return
