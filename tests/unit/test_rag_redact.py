@@ -143,3 +143,5 @@ def test_slashes_keep_dates_and_fractions_as_they_are() -> None:
 
     for text in ("2024/1234/5678", "on 2023/12/31", "ratio 139/1234", "139/1234/56789", "0139/1234/5678"):
         assert redact_text(text) == text, text
+    # a path of numbers is still redacted name by name (a slash after a number ends it)
+    assert redact_text("/130 0000 0000/139 1234 5678") == "/[MOBILE]/[MOBILE]"
