@@ -446,8 +446,12 @@ class KbEngine:
             if not current.active:
                 break
             if (current.pid is not None or current.flow_run_id) and self.job_alive(current):
-                # adopted after a restart: its process (or run) still works on it
-                self._wait_record(current, lambda j: not self.job_alive(j))
+                # adopted after a restart: its process (or run) still works on it, within the time limit
+                deadline = time.monotonic() + self._time_left(current)
+                self._wait_record(current, lambda j, d=deadline: not self.job_alive(j) or time.monotonic() > d)
+                if current.how == "process" and current.pid and self.job_alive(current) and time.monotonic() > deadline:
+                    self._time_out(job.job_id, current.pid)
+                    break
                 self._last_exit.setdefault(job.job_id, "its process is gone")
                 continue
             if current.attempts >= self.settings.ingest_attempts:
@@ -467,7 +471,7 @@ class KbEngine:
                     self._wait_record(current, lambda _job, p=proc, d=deadline: p.poll() is not None
                                       or time.monotonic() > d)
                     if proc.poll() is None and time.monotonic() > deadline and not self._closed:
-                        self._time_out(job.job_id, proc)
+                        self._time_out(job.job_id, proc.pid, proc)
                         break
                     if proc.poll() is not None:
                         code = proc.returncode
@@ -494,13 +498,27 @@ class KbEngine:
                 return
             time.sleep(every_s)
 
-    def _time_out(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
-        """Stop a child past the time limit (its whole process group), quarantine the files it was
-        working on until they change, and fail the job (it is not started again)."""
+    def _time_left(self, job: IngestJob) -> float:
+        """Seconds an adopted job's child has left of the time limit (from its recorded start)."""
+        try:
+            started = dt.datetime.fromisoformat(job.started_at or "")
+        except ValueError:
+            return self.settings.ingest_timeout_s
+        return self.settings.ingest_timeout_s - (dt.datetime.now(dt.UTC) - started).total_seconds()
+
+    def _time_out(self, job_id: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """Stop a child past the time limit (its whole process group: it runs in a session of its
+        own), quarantine the files it was working on until they change, and fail the job (it is not
+        started again)."""
         limit = self.settings.ingest_timeout_s
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+            os.killpg(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.wait(timeout=60)
+        else:  # an adopted child (another process's): wait until it is gone
+            ends = time.monotonic() + 60
+            while process_alive(pid) and time.monotonic() < ends:
+                time.sleep(0.1)
         current = load_job(self.layout.kb_jobs(), job_id)
         if current is None or not current.active:
             return  # it finished as the limit passed

@@ -94,3 +94,35 @@ def test_an_ingest_child_past_the_time_limit_is_stopped_and_its_files_quarantine
         assert load_quarantine_cache(col.milvus)[stuck]["items"][0]["reason"] == "timed_out"
     finally:
         engine.close()
+
+
+def test_an_adopted_child_past_the_time_limit_is_stopped_too(tmp_path: Path, monkeypatch) -> None:
+    """After a restart the server adopts a child that still runs: the time limit counts from the
+    child's recorded start."""
+    import datetime as dt
+    import subprocess
+    import sys
+
+    from solutions.rag.library import IngestJob, save_job
+
+    home = HomeLayout(tmp_path / "home")
+    monkeypatch.setenv("INDUSFLOW_HOME", str(home.root))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    engine, _ = _engine(home, ingest_mode="process", ingest_timeout_s=60.0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "flows.rag.job"],
+                             start_new_session=True)
+    try:
+        started = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).isoformat(timespec="seconds")
+        job = IngestJob(job_id="0123456789abcdef", collection="legal", files=[{"name": "big.zip", "status": "running"}],
+                        state="running", how="process", pid=child.pid, started_at=started, attempts=1)
+        home.kb_jobs().mkdir(parents=True, exist_ok=True)
+        save_job(home.kb_jobs(), job)
+        assert [j.job_id for j in engine.recover()] == [job.job_id]
+        _wait(lambda: not engine.job(job.job_id).active, timeout_s=60)
+        assert child.wait(timeout=30) == -9  # main's code waited for it without end
+        assert "INDUSFLOW_KB_INGEST_TIMEOUT_S" in engine.job(job.job_id).error
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        engine.close()
