@@ -88,9 +88,12 @@ def _collection_name(kwargs: dict[str, Any]) -> None:
     from solutions.rag.collections import check_collection_name
 
     try:
-        check_collection_name(kwargs["collection"])
+        if "collection" in kwargs:  # else the flow's default
+            check_collection_name(kwargs["collection"])
     except ValueError as exc:
         raise ValueError(f"--collection: {exc}") from None
+    if kwargs.get("min_voters", 1) < 1:
+        raise ValueError("--min-voters: at least 1 (the keys that must have voted a question up)")
 
 
 def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,5 @@ def rag_feedback_export(collection: str = DEFAULT, out: str = "kb_feedback_eval.
         min_voters: The fewest keys that must have voted a question up (2 or more: no key alone
             puts a question into the set).
     """
-    if min_voters < 1:
-        raise ValueError("--min-voters: at least 1")
     return export_feedback(feedback_path(home_layout().kb_feedback(), collection), collection, Path(out).expanduser(),
                            min_voters=min_voters)
