@@ -24,8 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from infra.errors import IndusflowError
-from infra.secrets import http_error_text, scrub, shown_url
+from infra.secrets import UpstreamError, http_error_text, scrub, shown_url
 from infra.settings import (
     DEFAULT_EMBEDDING_MODEL,
     E5_EMBEDDING_MODEL,
@@ -37,8 +36,14 @@ from infra.store import stable_hash
 log = logging.getLogger(__name__)
 
 
-class EmbeddingError(IndusflowError):
-    """The embedding model could not be loaded or the endpoint failed."""
+class EmbeddingError(UpstreamError):
+    """The embedding model could not be loaded (``upstream=False``: its message is shown as is) or
+    the endpoint failed (an API caller sees its status only)."""
+
+    service = "the embeddings endpoint"
+
+    def __init__(self, message: str, status: int | None = None, *, upstream: bool = False) -> None:
+        super().__init__(message, status, upstream=upstream)
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -506,17 +511,18 @@ class OpenAIEmbedder:
             resp = client.post(self._url(), json={"model": self.settings.model, "input": batch})
         except httpx.HTTPError as exc:
             raise EmbeddingError(f"embeddings endpoint {where} could not be reached: {type(exc).__name__}: "
-                                 f"{scrub(str(exc), self._known())[:200]}") from None
+                                 f"{scrub(str(exc), self._known())[:200]}", upstream=True) from None
         if resp.status_code != 200:  # an endpoint echoing the request must not leak the key into logs
             raise EmbeddingError(f"embeddings endpoint {where} answered "
-                                 f"{http_error_text(resp.status_code, resp.text, self._known())}")
+                                 f"{http_error_text(resp.status_code, resp.text, self._known())}",
+                                 resp.status_code, upstream=True)
         try:
             data = sorted(resp.json()["data"], key=lambda d: d["index"])
             vectors = [[float(x) for x in d["embedding"]] for d in data]
         except (ValueError, KeyError, TypeError) as exc:
             raise EmbeddingError(f"embeddings endpoint {where} answered without an OpenAI 'data' list of "
-                                 f"{{index, embedding}} ({type(exc).__name__}: {scrub(str(exc), self._known())})"[:400]
-                                 ) from None
+                                 f"{{index, embedding}} ({type(exc).__name__}: {scrub(str(exc), self._known())})"[:400],
+                                 upstream=True) from None
         if len(vectors) != len(batch) or len({len(v) for v in vectors}) > 1 or not vectors[0]:
             raise EmbeddingError(f"embeddings endpoint {where} returned {len(vectors)} vectors of sizes "
                                  f"{sorted({len(v) for v in vectors})} for {len(batch)} texts")

@@ -12,30 +12,20 @@ from dataclasses import dataclass
 
 import httpx
 
-from infra.errors import IndusflowError
-from infra.secrets import http_error_text, scrub, shown_url
+from infra.secrets import UpstreamError, http_error_text, scrub, shown_url
 from infra.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 
 
-class LLMError(IndusflowError):
+class LLMError(UpstreamError):
     """The chat endpoint failed or answered something that is not a chat completion.
 
     Attributes:
         status: the endpoint's HTTP status when it answered one other than 200, else None.
     """
 
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-    def public_text(self) -> str:
-        """What an API caller may see: the endpoint's status code, never its body (which may echo
-        the request, the key included, in any encoding)."""
-        if self.status is not None:
-            return f"the language model endpoint answered HTTP {self.status}"
-        return "the language model endpoint failed"
+    service = "the language model endpoint"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ field computed by Milvus from the text (analyzer ``jieba``, which also splits La
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 from pathlib import Path
@@ -88,13 +89,25 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
     settings = settings or get_milvus_settings()
     target = uri or settings.uri or str(lite_path())
     token = settings.token.get_secret_value() if settings.token else ""
-    if "://" not in target and not target.startswith("unix:"):
+    lite = "://" not in target and not target.startswith("unix:")
+    if lite:
         Path(target).expanduser().parent.mkdir(parents=True, exist_ok=True)
     try:
-        return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
+        client = MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
     except Exception as exc:  # noqa: BLE001 - pymilvus raises many kinds; each is named, scrubbed
         raise VectorStoreError(f"cannot open Milvus at {shown_url(target) if '://' in target else target}: "
                                f"{scrub(str(exc), [token])}"[:500]) from None
+    if lite:
+        owner_only(Path(target).expanduser())
+    return client
+
+
+def owner_only(db: Path) -> None:
+    """Make a Milvus Lite file (the collections' text, redacted but private) and its lock file
+    readable by their owner only: Milvus Lite creates them with the process's umask."""
+    for path in (db, db.with_name(f".{db.name}.lock")):
+        with contextlib.suppress(FileNotFoundError):
+            path.chmod(0o600)
 
 
 def shared_uri(client: Any) -> str | None:

@@ -3,7 +3,8 @@
 Four kinds become typed placeholders: e-mail addresses, mainland China resident ID numbers
 (ISO 7064 check digit and a real birth date), bank card numbers (Luhn **and** a card-network
 prefix/length, or card words right before them) and Chinese mobile numbers. Digits may be
-full-width (``１３９…``), grouped (``110105 19900307 8879``, ``139.1234.5678``,
+full-width (``１３９…``) or of another script (Arabic-Indic ``١٣٩…``), grouped
+(``110105 19900307 8879``, ``139.1234.5678``, ``139/1234/5678``,
 ``+86 139 1234 5678``) or glued to letters (``RecordID4403…``). Look-alikes survive: 18-digit
 order numbers, EAN-13 barcodes, timestamps, landlines, version strings.
 
@@ -74,11 +75,11 @@ _CARD = re.compile(
     r"|(?<![0-9][ .-])(?:\d{4}(?P<s>[ -])\d{4}(?P=s)\d{4}(?P=s)\d{4}(?:(?P=s)?\d{1,3})?"
     r"|\d{4}(?P<a>[ -])\d{6}(?P=a)\d{5})(?![0-9])(?![ .-][0-9]))"
 )
-# 1[3-9]x xxxx xxxx contiguous or with one consistent separator (space, dot, dash), optionally
+# 1[3-9]x xxxx xxxx contiguous or with one consistent separator (space, dot, dash, slash), optionally
 # after +86 / 0086 / (+86)
 _MOBILE = re.compile(
     r"(?<![0-9])(?:(?:(?:\+|00)?86[ -]?|\(\+?86\)[ -]?)?1[3-9]\d{9}(?![0-9])"
-    r"|(?<![0-9][.-])(?:(?:\+|00)?86[ -]?|\(\+?86\)[ -]?)?1[3-9]\d(?P<s>[ .-])\d{4}(?P=s)\d{4}"
+    r"|(?<![0-9][.-])(?:(?:\+|00)?86[ -]?|\(\+?86\)[ -]?)?1[3-9]\d(?P<s>[ ./-])\d{4}(?P=s)\d{4}"
     r"(?![0-9])(?![.][0-9]))"
 )
 
@@ -95,16 +96,26 @@ _OTHER_WORDS = re.compile(
 CONTEXT_CHARS = 24
 
 
+@functools.cache
+def _fold_table() -> dict[int, str]:
+    """:data:`_FOLD` and every other decimal digit (Arabic-Indic ``٣``, Devanagari, ...) as ASCII."""
+    digits = {c: str(unicodedata.digit(chr(c))) for c in range(0x80, sys.maxunicode + 1)
+              if unicodedata.category(chr(c)) == "Nd"}
+    return digits | _FOLD
+
+
 def fold(text: str) -> str:
-    """``text`` with full-width digits and separators as ASCII (same length, same offsets)."""
-    return text.translate(_FOLD)
+    """``text`` with full-width digits and separators and every script's decimal digits as ASCII
+    (same length, same offsets)."""
+    return text if text.isascii() else text.translate(_fold_table())
 
 
 @functools.cache
 def _format_chars() -> re.Pattern[str]:
-    """Every Unicode format character (category Cf: zero-width space U+200B, soft hyphen U+00AD,
-    joiners, direction marks, BOM, tags): invisible, so they can split a value without showing."""
-    chars = "".join(chr(c) for c in range(0xA0, sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    """Every invisible character that can split a value without showing: Unicode format
+    characters (category Cf: zero-width space U+200B, soft hyphen U+00AD, joiners, direction
+    marks, BOM, tags) and combining marks (Mn, Me: an accent stacked on a digit)."""
+    chars = "".join(chr(c) for c in range(0xA0, sys.maxunicode + 1) if unicodedata.category(chr(c)) in ("Cf", "Mn", "Me"))
     return re.compile(f"[{re.escape(chars)}]")
 
 
@@ -361,7 +372,7 @@ class StreamRedactor:
             return True
         if not ch.isascii() and _format_chars().match(ch):
             return True  # may sit inside a value (find() strips it)
-        return ch in " .-" and i > 0 and fold(text[i - 1]).isdigit()
+        return ch in " ./-" and i > 0 and fold(text[i - 1]).isdigit()
 
     def feed(self, piece: str) -> str:
         """Add a piece; return the redacted text that is safe to show now."""
@@ -392,7 +403,8 @@ def fingerprint(kinds: Iterable[Kind] = KINDS) -> str:
         pattern, check = table[kind]
         parts.append(f"{kind}\x1f{pattern.pattern}\x1f{pattern.flags}\x1f{PLACEHOLDER[kind]}\x1f"
                      + inspect.getsource(check))
-    for fn in (cn_id_valid, luhn_valid, card_network, _context, find, _find_visible, _visible, _format_chars, fold):
+    for fn in (cn_id_valid, luhn_valid, card_network, _context, find, _find_visible, _visible, _format_chars, fold,
+               _fold_table):
         parts.append(inspect.getsource(fn))
     parts += [_CARD_WORDS.pattern, _OTHER_WORDS.pattern, str(CONTEXT_CHARS), repr(sorted(_FOLD.items()))]
     return hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:16]

@@ -507,8 +507,9 @@ class KbSettings(BaseSettings):
     max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request (422 above).")
     max_upload_members: int = Field(
         default=1000, ge=0,
-        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together (422 "
-        "above; each archive's own limit still applies in the ingest).",
+        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together, the "
+        "members of a zip or tar nested in one counting too (422 above; the ingest caps each file's members, "
+        "nested ones included, at its own limit).",
     )
     ingest_mode: Literal["process", "thread"] = Field(
         default="process",
@@ -529,6 +530,11 @@ class KbSettings(BaseSettings):
         default=2, ge=1,
         description="Times an ingest job is started when its process dies (a crash, kill -9, a server restart "
         "while it ran); it then fails with the reason. Ingest is incremental, so a re-run resumes.",
+    )
+    ingest_timeout_s: float = Field(
+        default=3600.0, gt=0,
+        description="Time limit of an ingest job's child process: past it the child is stopped, the job fails "
+        "and the files it was working on are quarantined (timed_out) until they change.",
     )
     request_timeout_s: float = Field(
         default=300.0, gt=0,

@@ -73,14 +73,25 @@ class Expansion:
 
 @dataclass
 class Budget:
-    """Bytes left to expand from one source file (shared by nested containers)."""
+    """Bytes and members left to expand from one source file, shared by all the containers nested
+    in it (a zip of zips of many members counts every member against one cap)."""
 
     left: int
+    members: int | None = None  # None: only each container's own max_members applies
 
     def take(self, n: int) -> bool:
         if n > self.left:
             return False
         self.left -= n
+        return True
+
+    def take_member(self) -> bool:
+        """False once the source's members are all taken."""
+        if self.members is None:
+            return True
+        if self.members <= 0:
+            return False
+        self.members -= 1
         return True
 
 
@@ -132,8 +143,9 @@ class _Collector:
         return safe if n == 1 else f"{safe}~{n}"
 
     def room(self) -> bool:
-        """False (and counts it) once max_members members were taken."""
-        if self.taken >= self.limits.max_members:
+        """False (and counts it) once max_members members were taken, from this container or from
+        all those of its source together."""
+        if self.taken >= self.limits.max_members or not self.budget.take_member():
             self.skipped += 1
             return False
         return True
@@ -167,7 +179,8 @@ class _Collector:
     def done(self) -> Expansion:
         if self.skipped:
             self.out.members.append(Member("", None, "too_large", f"{self.skipped} more members over the limit of "
-                                           f"{self.limits.max_members} per archive were skipped"))
+                                           f"{self.limits.max_members} per file (all its archives together) were "
+                                           "skipped"))
         return self.out
 
 

@@ -15,9 +15,10 @@ import datetime as dt
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -124,6 +125,8 @@ REASON_TEXT = {
     "archive_bomb": "archive bomb",
     "too_deep": "archives nested too deep",
     "unsafe_path": "unsafe name in an archive",
+    "unfinished": "its ingest stopped before it finished, twice (change the file to try again)",
+    "timed_out": "its ingest ran out of time (change the file to try again)",
 }
 
 
@@ -376,38 +379,71 @@ def _office_package(data: bytes) -> bool:
         return False
     return bool(names & {"[Content_Types].xml", "mimetype", "Index/Document.iwa", "index.xml"})
 
-def archive_members(path: Path, limit: int) -> int:
-    """How many members the archive at ``path`` lists in its directory (zip that is not an office
-    package, tar/tgz/tbz/txz, 7z), counting at most ``limit + 1``; 0 for any other file. Reads
-    directories only, never a member's content; archives nested inside count as one member each."""
+#: The most bytes of one nested archive read to count its members at upload (a member larger than
+#: this is counted as one: the ingest's own caps still apply to it).
+NESTED_COUNT_BYTES = 64 << 20
+
+
+def _is_archive(head: bytes) -> bool:
+    return (head[:4] == b"PK\x03\x04" or head[:6] == b"7z\xbc\xaf\x27\x1c" or head[:2] in (b"\x1f\x8b", b"BZ")
+            or head[:6] == b"\xfd7zXZ\x00" or head[257:262] == b"ustar")
+
+
+def archive_members(path: Path, limit: int, depth: int = 3) -> int:
+    """How many members the archive at ``path`` holds (zip that is not an office package,
+    tar/tgz/tbz/txz, 7z), counting at most ``limit + 1``; 0 for any other file. The members of
+    a zip or tar nested in a zip or tar count too, down to ``depth`` levels (each nested archive
+    read up to :data:`NESTED_COUNT_BYTES`); a 7z's entries count one each. Never writes a member."""
+    with open(path, "rb") as f:
+        return _count_members(f, limit, depth)
+
+
+def _count_members(f: Any, limit: int, depth: int) -> int:
     import tarfile
     import zipfile
 
-    with open(path, "rb") as f:
-        head = f.read(512)
+    head = f.read(512)
+    f.seek(0)
     try:
         if head[:4] == b"PK\x03\x04":
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-            if set(names[:2000]) & {"[Content_Types].xml", "mimetype", "Index/Document.iwa", "index.xml"}:
-                return 0
-            return min(len([n for n in names if not n.endswith("/")]), limit + 1)
+            with zipfile.ZipFile(f) as z:
+                infos = [i for i in z.infolist() if not i.is_dir()]
+                if {i.filename for i in infos[:2000]} & {"[Content_Types].xml", "mimetype", "Index/Document.iwa",
+                                                          "index.xml"}:
+                    return 0
+                return _count_nested(infos, lambda i: z.open(i), lambda i: i.file_size, limit, depth)
         if head[:6] == b"7z\xbc\xaf\x27\x1c":
             import py7zr
 
-            with py7zr.SevenZipFile(path) as z:
+            with py7zr.SevenZipFile(f) as z:
                 return min(sum(1 for e in z.list() if not e.is_directory), limit + 1)
         if head[:2] in (b"\x1f\x8b", b"BZ") or head[:6] == b"\xfd7zXZ\x00" or head[257:262] == b"ustar":
-            count = 0
-            with tarfile.open(path) as t:
-                for member in t:
-                    count += member.isfile()
-                    if count > limit:
-                        break
-            return count
+            with tarfile.open(fileobj=f) as t:
+                files = (m for m in t if m.isfile())
+                return _count_nested(files, t.extractfile, lambda m: m.size, limit, depth)
     except Exception:  # noqa: BLE001 - an unreadable directory: the ingest quarantines the file with its reason
         return 0
     return 0
+
+
+def _count_nested(members: Any, open_member: Callable[[Any], Any], size: Callable[[Any], int], limit: int,
+                  depth: int) -> int:
+    """Members counted one each, plus those of the zips and tars among them (at most ``limit + 1``)."""
+    import io
+
+    count = 0
+    for member in members:
+        count += 1
+        if count > limit:
+            return count
+        if depth <= 1 or size(member) > NESTED_COUNT_BYTES:
+            continue
+        with open_member(member) as handle:
+            head = handle.read(512)
+            if _is_archive(head):
+                inner = io.BytesIO(head + handle.read(NESTED_COUNT_BYTES))
+                count += _count_members(inner, limit - count, depth - 1)
+    return min(count, limit + 1)
 
 
 class _Walker:
@@ -419,7 +455,7 @@ class _Walker:
         self.settings = settings
         self.limits = limits
         self.source = source
-        self.budget = Budget(limits.max_total_bytes)
+        self.budget = Budget(limits.max_total_bytes, members=limits.max_members)
         self.ocr = ocr
 
     def parse(self, data: bytes, path: str, depth: int = 0) -> list[Item]:
@@ -517,7 +553,7 @@ class _Walker:
                 failures.append(Quarantined(f"{path}!/{name}", "too_deep",
                                             f"containers nested deeper than {self.limits.max_depth} levels"))
                 continue
-            if taken >= self.limits.max_members:
+            if taken >= self.limits.max_members or not self.budget.take_member():
                 skipped += 1
                 continue
             taken += 1
@@ -537,7 +573,8 @@ class _Walker:
                                    f"{path}!/{safe_member_name(rp[1:])}", self.source, self.settings))
         if skipped:
             failures.append(Quarantined(path, "too_large", f"{skipped} more members over the limit of "
-                                        f"{self.limits.max_members} per archive were skipped"))
+                                        f"{self.limits.max_members} per file (all its archives together) were "
+                                        "skipped"))
         return items + failures
 
 

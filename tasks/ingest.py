@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Self
@@ -150,23 +152,30 @@ class IngestResult(BaseModel):
 
 
 def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestStages,
+                   starting: Callable[[list[SourceFile]], None] = lambda batch: None,
                    **parse_kwargs: Any) -> Iterator[tuple[list[SourceFile], Any]]:
     """``(batch, parse result)`` in order; with ``stages.submit_parse`` the next batches are
-    parsed on the task runner while the current one is embedded and written."""
+    parsed on the task runner while the current one is embedded and written. ``starting`` is
+    called with each batch before its parse begins."""
     batches = [list(todo[i : i + batch_docs]) for i in range(0, len(todo), batch_docs)]
     if stages.submit_parse is None:
         for batch in batches:
+            starting(batch)
             yield batch, stages.parse(batch, **parse_kwargs)
         return
+
+    def submit(batch: list[SourceFile]) -> tuple[list[SourceFile], Any]:
+        starting(batch)
+        return batch, stages.submit_parse(batch, **parse_kwargs)
+
     waiting = iter(batches)
-    in_flight: deque[tuple[list[SourceFile], Any]] = deque()
-    for batch in itertools.islice(waiting, max(1, stages.parse_ahead)):
-        in_flight.append((batch, stages.submit_parse(batch, **parse_kwargs)))
+    in_flight: deque[tuple[list[SourceFile], Any]] = deque(map(submit, itertools.islice(waiting,
+                                                                                         max(1, stages.parse_ahead))))
     while in_flight:
         batch, future = in_flight.popleft()
         following = next(waiting, None)
         if following is not None:
-            in_flight.append((following, stages.submit_parse(following, **parse_kwargs)))
+            in_flight.append(submit(following))
         yield batch, future.result()
 
 
@@ -182,6 +191,98 @@ def quarantine_cache_path(collection: str) -> Path:
 def load_quarantine_cache(collection: str) -> dict[str, dict]:
     """The quarantine cache of ``collection`` (empty when missing or unreadable)."""
     return read_json_dict(quarantine_cache_path(collection))
+
+
+#: Runs that may stop (killed, crashed) while a file is being ingested before it is quarantined
+#: as ``unfinished``: one stop is forgiven (a restart, a killed child started again).
+UNFINISHED_RUNS = 2
+
+
+class QuarantineCache:
+    """The quarantine cache of one ingest run, shared by its parse and write threads.
+
+    Besides the quarantined items of each source it marks the files being ingested
+    (``unfinished``: how many runs started them): a mark still there when a run begins means
+    a run stopped (was killed, crashed, ran out of time) while working on that file. A file
+    marked by :data:`UNFINISHED_RUNS` runs, or by a run that ran out of time
+    (:func:`quarantine_unfinished`), is quarantined until it changes: later runs never parse a
+    file that stops them again and again.
+    """
+
+    def __init__(self, collection: str, entries: dict[str, dict]) -> None:
+        self.path = quarantine_cache_path(collection)
+        self.entries = entries
+        self._lock = threading.Lock()
+
+    def save(self) -> None:
+        with self._lock:
+            write_json_atomic(self.path, self.entries)
+
+    def stopped(self, source: str, source_hash: str) -> Quarantined | None:
+        """The quarantine of a file that stopped :data:`UNFINISHED_RUNS` runs (now recorded as such)."""
+        entry = self.entries.get(source, {})
+        runs = entry.get("unfinished", 0) if entry.get("hash") == source_hash else 0
+        if runs < UNFINISHED_RUNS:
+            return None
+        item = Quarantined(source, "unfinished", f"{runs} ingest runs stopped before this file was written")
+        self.entries[source] = {"hash": source_hash, "items": [item.__dict__]}
+        return item
+
+    def starting(self, sources: dict[str, str]) -> None:
+        """Mark ``sources`` (source -> hash) as being ingested, on disk before their parse begins."""
+        with self._lock:
+            for source, source_hash in sources.items():
+                entry = self.entries.get(source, {})
+                same = entry.get("hash") == source_hash
+                self.entries[source] = {"hash": source_hash, "items": entry.get("items", []) if same else [],
+                                        "unfinished": (entry.get("unfinished", 0) if same else 0) + 1}
+        self.save()
+
+    def parsed(self, source: str, source_hash: str, items: list[dict]) -> None:
+        """Record a source's quarantined items (its mark stays until it is written)."""
+        with self._lock:
+            marked = self.entries.get(source, {}).get("unfinished")
+            entry = {"hash": source_hash, "items": items} | ({"unfinished": marked} if marked else {})
+            if items or marked:
+                self.entries[source] = entry
+            else:
+                self.entries.pop(source, None)
+
+    @contextmanager
+    def run(self) -> Iterator[None]:
+        """The run's parse, embed and write stages: a run that fails with an error (an endpoint
+        down, not a file that stops the process) removes its marks: it did not stop on them."""
+        try:
+            yield
+        except Exception:
+            with self._lock:
+                for entry in self.entries.values():
+                    entry.pop("unfinished", None)
+                self.entries = {s: e for s, e in self.entries.items() if e.get("items")}
+            self.save()
+            raise
+
+    def written(self, source: str) -> None:
+        """The source is written: its mark goes (on disk with the next save)."""
+        with self._lock:
+            entry = self.entries.get(source)
+            if entry is not None:
+                entry.pop("unfinished", None)
+                if not entry.get("items"):
+                    self.entries.pop(source)
+
+
+def quarantine_unfinished(collection: str, reason: str = "timed_out", detail: str = "") -> int:
+    """Quarantine every file of ``collection`` a stopped run was working on (its ingest ran out of
+    time: what it was parsing or embedding is what took the time); how many."""
+    entries = load_quarantine_cache(collection)
+    marked = [s for s, e in entries.items() if e.get("unfinished")]
+    for source in marked:
+        entries[source] = {"hash": entries[source].get("hash"),
+                           "items": [Quarantined(source, reason, detail).__dict__]}
+    if marked:
+        write_json_atomic(quarantine_cache_path(collection), entries)
+    return len(marked)
 
 
 # ------------------------------------------------------------------------------------
@@ -446,14 +547,14 @@ def run_ingest(
     name = {f.path: redact_path(f.path, key) for f in files}
     exists = client.has_collection(collection)
     manifest = load_manifest(client, collection) if exists else {}
-    qcache = load_quarantine_cache(collection)
+    entries = load_quarantine_cache(collection)
     progress = IngestProgress()
     legacy = [s for s in manifest if redact_path(s, key) != s]
     if legacy:
         progress.written.deleted += delete_sources(client, collection, legacy)
         manifest = {s: st for s, st in manifest.items() if s not in legacy}
         log.info("removed the rows of %d sources stored under unredacted paths", len(legacy))
-    qcache = {s: v for s, v in qcache.items() if redact_path(s, key) == s}
+    qcache = QuarantineCache(collection, {s: v for s, v in entries.items() if redact_path(s, key) == s})
     todo: list[SourceFile] = []
     quarantined: list[Quarantined] = []
     unchanged = 0
@@ -464,12 +565,16 @@ def run_ingest(
     for f in files:
         h = hashes[name[f.path]]
         state = manifest.get(name[f.path])
-        cached = qcache.get(name[f.path], {})
+        cached = qcache.entries.get(name[f.path], {})
         if state is not None and state.complete(h):
             unchanged += 1  # an archive may hold documents and quarantined members side by side
+            qcache.written(name[f.path])  # a mark left by a run that stopped just after writing it
             if cached.get("hash") == h:
                 quarantined.extend(Quarantined(**q) for q in cached["items"])
-        elif state is None and cached.get("hash") == h:
+        elif (stopped := qcache.stopped(name[f.path], h)) is not None:
+            unchanged += 1
+            quarantined.append(stopped)
+        elif state is None and cached.get("hash") == h and not cached.get("unfinished"):
             unchanged += 1
             quarantined.extend(Quarantined(**q) for q in cached["items"])
         else:
@@ -481,15 +586,17 @@ def run_ingest(
                   description=f"Ingest into {collection}: % of the {len(todo)} new or changed files written")
 
     def written(source: str) -> None:
+        qcache.written(source)
         meter.advance()
         if on_source_written:
             on_source_written(source)
 
     pipeline = EmbedWritePipeline(client, collection, embedder, stages, progress, show_progress=show_progress,
                                   on_source_written=written)
-    with meter, pipeline:
-        for batch, result in parsed_batches(todo, batch_docs, stages, settings=tika_settings,
-                                            max_archive_members=max_archive_members):
+    with qcache.run(), meter, pipeline:
+        for batch, result in parsed_batches(todo, batch_docs, stages,
+                                            lambda b: qcache.starting({name[f.path]: hashes[name[f.path]] for f in b}),
+                                            settings=tika_settings, max_archive_members=max_archive_members):
             parsed += len(result.documents)
             quarantined.extend(result.quarantined)
             by_source: dict[str, list[ParsedDocument]] = {name[f.path]: [] for f in batch}
@@ -497,12 +604,9 @@ def run_ingest(
                 by_source[doc.source].append(doc)
             for f in batch:
                 src = name[f.path]
-                items = [q.__dict__ for q in result.quarantined if q.path == src or q.path.startswith(src + "!/")]
-                if items:
-                    qcache[src] = {"hash": hashes[src], "items": items}
-                else:
-                    qcache.pop(src, None)
-            write_json_atomic(quarantine_cache_path(collection), qcache)
+                qcache.parsed(src, hashes[src], [q.__dict__ for q in result.quarantined
+                                                 if q.path == src or q.path.startswith(src + "!/")])
+            qcache.save()
             ocr_items.extend(record_ocr(ocr_ledger, collection, batch, name, hashes, result.documents))
             groups = [(name[f.path], hashes[name[f.path]], by_source[name[f.path]]) for f in batch]
             pipeline.submit(prepare_documents(embedder, groups, rules, progress))
@@ -513,12 +617,12 @@ def run_ingest(
         if gone:
             progress.written.deleted += delete_sources(client, collection, gone)
             pruned = len(gone)
-        for s in [s for s in qcache if _under(s, roots) and s not in hashes]:
-            qcache.pop(s)
-        write_json_atomic(quarantine_cache_path(collection), qcache)
+        for s in [s for s in qcache.entries if _under(s, roots) and s not in hashes]:
+            qcache.entries.pop(s)
         for s in [s for s in ocr_ledger if _under(s, roots) and s not in hashes]:
             ocr_ledger.pop(s)
         save_ocr_ledger(collection, ocr_ledger)
+    qcache.save()
     reasons = Counter(q.reason for q in quarantined)
     return IngestResult(
         collection=collection, files=len(files), unchanged=unchanged, processed=len(todo), parsed=parsed,

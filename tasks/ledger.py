@@ -408,10 +408,20 @@ def check_still_regular(file: InboxFile) -> None:
     if os.path.islink(file.path):
         raise DataValidationError("became a symbolic link after the scan; not read", source=file.shown)
     folder = os.path.dirname(file.path) or "."
-    if not os.path.isdir(folder):
+    if not os.path.isdir(folder) or (not os.path.lexists(file.path) and _empty(folder)):
+        # no folder, or an empty one where the scan saw this file: the inbox volume is not mounted
+        # here (an empty mount point); a file deleted from a folder that holds others is the file's
         raise InfrastructureError(
             f"this worker cannot see the inbox folder of {file.shown_name!r}: is the inbox volume mounted on every "
             "worker of the pool? The file is released for the next run")
+
+
+def _empty(folder: str) -> bool:
+    try:
+        with os.scandir(folder) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return True
 
 
 def score_one(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -> FileOutcome:
@@ -434,6 +444,17 @@ def score_file_task(score: Callable[[InboxFile], ScoredFile], file: InboxFile) -
     return score_one(score, file)
 
 
+def copy_owner_only(source: Path, target: Path) -> None:
+    """Copy ``source`` (never through a link) to ``target``, readable by its owner only from the
+    moment it exists, whatever the original's mode."""
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(src, "rb") as inp:
+        out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(out, 0o600)  # a copy already there keeps its mode otherwise
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(inp, dst)
+
+
 def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
     """Copy a bad file and its reason to ``<home>/quarantine/<ledger>/``; record it."""
     folder = home_layout().quarantine(ledger.name)
@@ -445,7 +466,7 @@ def quarantine(file: InboxFile, reason: str, ledger: FileLedger) -> LedgerEntry:
         log.warning("not copying %s to quarantine: it is a symbolic link", file.shown)
     else:
         try:
-            shutil.copy2(file.path, target, follow_symlinks=False)
+            copy_owner_only(Path(file.path), target)
         except OSError as exc:  # the original stays where it is; the reason is what matters
             log.warning("could not copy %s to quarantine: %s", file.shown, redact_text(str(exc)))
     write_json_atomic(folder / f"{stem}.reason.json", {"path": file.shown, "sha256": file.sha256, "reason": reason})

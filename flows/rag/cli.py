@@ -68,7 +68,9 @@ def _eval_summary(r: EvalResult) -> str:
 
 
 def _feedback_summary(r: FeedbackExport) -> str:
-    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down); {r.questions} questions written to {r.out}\n"
+    keys = ", ".join(f"{k} {n}" for k, n in list(r.keys.items())[:10]) + (", ..." if len(r.keys) > 10 else "")
+    return (f"{r.collection}: {r.votes} votes ({r.up} up, {r.down} down) by {len(r.keys)} keys ({keys}); "
+            f"{r.questions} questions written to {r.out}\n"
             f"  evaluate with: python -m flows.rag eval --data {r.out} --collection {r.collection}")
 
 
@@ -88,9 +90,12 @@ def _collection_name(kwargs: dict[str, Any]) -> None:
     from solutions.rag.collections import check_collection_name
 
     try:
-        check_collection_name(kwargs["collection"])
+        if "collection" in kwargs:  # else the flow's default
+            check_collection_name(kwargs["collection"])
     except ValueError as exc:
         raise ValueError(f"--collection: {exc}") from None
+    if kwargs.get("min_voters", 1) < 1:
+        raise ValueError("--min-voters: at least 1 (the keys that must have voted a question up)")
 
 
 def _redacted_question(kwargs: dict[str, Any]) -> dict[str, Any]:

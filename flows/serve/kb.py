@@ -31,11 +31,11 @@ from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from flows.serve.kb_engine import KbEngine
+from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
 from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
 from infra.embeddings import Embedder
-from infra.llm import LLMError
 from infra.pii import redact_text
+from infra.secrets import UpstreamError
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import ADMIN, Principal, require_any_scope
 from infra.serving.runtime import RouteLimits, Services, Vertical
@@ -43,7 +43,7 @@ from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
 from solutions.rag.conversation import MAX_TURNS, Turn, standalone_question
 from solutions.rag.evidence import highlight_spans
-from solutions.rag.feedback import CitedPassage, append_feedback, feedback_path, feedback_record
+from solutions.rag.feedback import CitedPassage, VoteBudget, VoteLimit, feedback_path, feedback_record
 from solutions.rag.glossary import GlossaryError, GlossaryMatch, save_glossary
 from solutions.rag.library import IngestJob, UploadRefused, error_text
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
@@ -240,6 +240,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
 
     engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    votes = VoteBudget()  # bytes of votes per key and collection
     engine.recover()  # jobs a crashed or restarted server left queued or running
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
     services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
@@ -302,13 +303,10 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         if body.stream:
             return StreamingResponse(stream_answer(body, col, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        try:
-            asked = await run_in_threadpool(resolved, body)
-            text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, asked, top_k=body.top_k,
-                                                                       mode=body.retriever)
-        except LLMError as exc:  # the upstream status only: its body may echo the key in any encoding
-            log.error("kb ask failed: %s", exc)
-            raise HTTPException(502, exc.public_text()) from None
+        # an upstream's failure (UpstreamError) answers 502 with its status only (EXCEPTION_HANDLERS)
+        asked = await run_in_threadpool(resolved, body)
+        text, kind, hits, cited, support = await run_in_threadpool(engine.answer, col, asked, top_k=body.top_k,
+                                                                   mode=body.retriever)
         annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
         return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
                            support=support.probability, reason=support.reason,
@@ -354,10 +352,10 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                 if kind == "token":
                     yield sse("token", {"text": data})
                 elif kind == "error":
-                    log.error("kb ask stream failed: %s", type(data).__name__)
+                    # an upstream's message (scrubbed) names what failed; any other is logged by its type only
+                    log.error("kb ask stream failed: %s", data if isinstance(data, UpstreamError) else type(data).__name__)
                     annotate_audit(request, failed=type(data).__name__)
-                    message = data.public_text() if isinstance(data, LLMError) else error_text(data)
-                    yield sse("error", {"message": message})
+                    yield sse("error", {"message": error_text(data)})
                     return
                 else:
                     text, mode, hits, cited, support, asked = data
@@ -387,13 +385,18 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
 
     @router.post(f"{PREFIX}/feedback", status_code=201)
     async def feedback(body: FeedbackRequest, request: Request, principal: KbPrincipal) -> dict[str, Any]:
-        """Record a thumbs-up or -down on an answer (redacted, in the home; never the key). The
-        votes become an evaluation set with ``python -m flows.rag feedback-export``."""
+        """Record a thumbs-up or -down on an answer (redacted, in the home, with the key's id; never
+        its secret; bounded per vote and per key: 429 past the key's share). The votes become an
+        evaluation set with ``python -m flows.rag feedback-export`` (one vote per key and question)."""
         col = allowed(principal, body.collection, read=True)
         passages = await run_in_threadpool(cited_passages, col, body.chunk_ids)
         record = feedback_record(col.name, body.vote, body.question, body.answer, passages,
-                                 retrieval_question=body.retrieval_question, answered=body.answered, mode=body.mode)
-        await run_in_threadpool(append_feedback, feedback_path(services.layout.kb_feedback(), col.name), record)
+                                 retrieval_question=body.retrieval_question, answered=body.answered, mode=body.mode,
+                                 key_id=principal.key_id)
+        try:
+            await run_in_threadpool(votes.append, feedback_path(services.layout.kb_feedback(), col.name), record)
+        except VoteLimit as exc:
+            raise HTTPException(429, str(exc)) from None
         annotate_audit(request, collection=col.name, vote=body.vote, passages=len(passages))
         return {"recorded": True, "vote": body.vote, "passages": len(passages)}
 
@@ -405,7 +408,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         ``?collection=``) into a collection's watched folder and start its ingest; 202 with the
         job id to poll."""
         if collection is not None:  # known before the body is read: refuse early
-            allowed(principal, collection, write=True)
+            queue_room(allowed(principal, collection, write=True))
         try:
             parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
                                   lambda name: allowed(principal, name, write=True), query_collection=collection,
@@ -415,6 +418,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             if staged.collection is None or not staged.files:
                 raise UploadRefused(f"the form holds no {FILES_FIELD!r}")
             try:
+                queue_room(staged.collection)
                 written = await run_in_threadpool(staged.commit)
             except BaseException:
                 staged.discard()
@@ -428,6 +432,12 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
                        job_id=job.job_id)
         return JSONResponse(job.public() | {"files": [{"name": n, "status": "queued"} for n in names]},
                             status_code=202)
+
+    def queue_room(col: KbCollection) -> None:
+        """429 while the collection's job queue is full."""
+        if engine.queue_full(col):
+            raise HTTPException(429, f"collection {col.name!r} already has {MAX_ACTIVE_JOBS} ingest jobs queued or "
+                                "running; upload again when one has finished", headers={"Retry-After": "30"})
 
     @router.get(f"{PREFIX}/jobs/{{job_id}}")
     async def get_job(job_id: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:

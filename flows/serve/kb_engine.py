@@ -49,6 +49,7 @@ from infra.llm import ChatClient
 from infra.milvus import open_client, row_count, shared_uri
 from infra.pii import redact_path, redact_text, tag_key
 from infra.processes import process_alive
+from infra.secrets import child_environment
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings, get_tika_settings
 from infra.store import write_json_atomic
 from solutions.rag.answer import ABSTAINED, answer_or_abstain, cited_numbers
@@ -87,13 +88,26 @@ from tasks.catalog import FOLDER, document_names, load_roots
 from tasks.chunk import embedder_window
 from tasks.documents import reason_text
 from tasks.index import delete_sources, load_manifest
-from tasks.ingest import IngestResult, load_quarantine_cache, quarantine_cache_path, run_ingest, source_key
+from tasks.ingest import (
+    IngestResult,
+    load_quarantine_cache,
+    quarantine_cache_path,
+    quarantine_unfinished,
+    run_ingest,
+    source_key,
+)
 from tasks.ocr import load_ocr_ledger, ocr_key, save_ocr_ledger
 from tasks.retrieve import Mode, Retrieved, best_bm25, retrieve
 
 log = logging.getLogger(__name__)
 
 JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB_ID
+#: Jobs of one collection queued or running in this process; an upload beyond answers 429 (each
+#: job ingests the whole folder, so one waiting job already covers every file uploaded before it).
+MAX_ACTIVE_JOBS = 4
+#: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
+CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
+CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
 __all__ = ["DocumentStatus", "IngestJob", "KbEngine", "UploadRefused", "error_text", "safe_document_name"]
 
 
@@ -464,8 +478,12 @@ class KbEngine:
             if not current.active:
                 break
             if (current.pid is not None or current.flow_run_id) and self.job_alive(current):
-                # adopted after a restart: its process (or run) still works on it
-                self._wait_record(current, lambda j: not self.job_alive(j))
+                # adopted after a restart: its process (or run) still works on it, within the time limit
+                deadline = time.monotonic() + self._time_left(current)
+                self._wait_record(current, lambda j, d=deadline: not self.job_alive(j) or time.monotonic() > d)
+                if current.how == "process" and current.pid and self.job_alive(current) and time.monotonic() > deadline:
+                    self._time_out(job.job_id, current.pid)
+                    break
                 self._last_exit.setdefault(job.job_id, "its process is gone")
                 continue
             if current.attempts >= self.settings.ingest_attempts:
@@ -481,7 +499,12 @@ class KbEngine:
                     self._wait_record(current, self._run_finished)
                 else:
                     proc = self._start_child(current)
-                    self._wait_record(current, lambda _job, p=proc: p.poll() is not None)
+                    deadline = time.monotonic() + self.settings.ingest_timeout_s
+                    self._wait_record(current, lambda _job, p=proc, d=deadline: p.poll() is not None
+                                      or time.monotonic() > d)
+                    if proc.poll() is None and time.monotonic() > deadline and not self._closed:
+                        self._time_out(job.job_id, proc.pid, proc)
+                        break
                     if proc.poll() is not None:
                         code = proc.returncode
                         self._last_exit[job.job_id] = (f"signal {-code}" if code < 0 else f"exit code {code}")
@@ -507,6 +530,41 @@ class KbEngine:
                 return
             time.sleep(every_s)
 
+    def _time_left(self, job: IngestJob) -> float:
+        """Seconds an adopted job's child has left of the time limit (from its recorded start)."""
+        try:
+            started = dt.datetime.fromisoformat(job.started_at or "")
+        except ValueError:
+            return self.settings.ingest_timeout_s
+        return self.settings.ingest_timeout_s - (dt.datetime.now(dt.UTC) - started).total_seconds()
+
+    def _time_out(self, job_id: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+        """Stop a child past the time limit (its whole process group: it runs in a session of its
+        own), quarantine the files it was working on until they change, and fail the job (it is not
+        started again)."""
+        limit = self.settings.ingest_timeout_s
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        if proc is not None:
+            proc.wait(timeout=60)
+        else:  # an adopted child (another process's): wait until it is gone
+            ends = time.monotonic() + 60
+            while process_alive(pid) and time.monotonic() < ends:
+                time.sleep(0.1)
+        current = load_job(self.layout.kb_jobs(), job_id)
+        if current is None or not current.active:
+            return  # it finished as the limit passed
+        files = quarantine_unfinished(self.collections[current.collection].milvus,
+                                      detail=f"the ingest ran past {limit:g} s")
+        log.error("kb ingest job %s ran past %g s: stopped, %d file(s) quarantined", job_id, limit, files)
+        self._fail(current, f"the ingest ran past its time limit of {limit:g} s (INDUSFLOW_KB_INGEST_TIMEOUT_S); "
+                   f"{files} file(s) it was working on are quarantined until they change")
+
+    def queue_full(self, col: KbCollection) -> bool:
+        """Whether ``col`` already has :data:`MAX_ACTIVE_JOBS` jobs queued or running in this process."""
+        with self._jobs_lock:
+            return sum(1 for j in self._jobs.values() if j.collection == col.name and j.active) >= MAX_ACTIVE_JOBS
+
     def _fail(self, job: IngestJob, reason: str) -> None:
         job.state, job.error, job.finished_at = "failed", reason, now()
         for f in job.files:
@@ -516,8 +574,11 @@ class KbEngine:
     def child_env(self) -> dict[str, str]:
         """The environment of an ingest child: this process's with this engine's home, plus the
         address of this process's Milvus Lite store (one process holds the file; the child
-        connects to its socket) and the model of an embedder handed to the engine."""
-        env = dict(os.environ)
+        connects to its socket) and the model of an embedder handed to the engine. The child parses
+        untrusted uploads: it gets the settings an ingest reads and the keys it needs (embeddings,
+        Milvus) only, never the serving secrets (JWT, audit salt, Redis) or the LLM key
+        (:func:`infra.secrets.child_environment`)."""
+        env = child_environment(os.environ, dropped=CHILD_DROPPED, secrets=CHILD_SECRETS)
         env["INDUSFLOW_HOME"] = str(self.layout.root)  # this engine's home (its job records, its folders)
         uri = shared_uri(self.client()) if not get_milvus_settings().uri else None
         if uri:

@@ -27,6 +27,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from infra.errors import DataValidationError
+from infra.secrets import UpstreamError
 from infra.serving.auth import client_address
 from infra.serving.breaker import BreakerOpen
 from infra.serving.runtime import Services
@@ -193,6 +194,13 @@ async def malformed_form_handler(request: Request, exc: Exception) -> JSONRespon
     return JSONResponse({"detail": f"malformed multipart/form-data body: {exc}"}, status_code=400)
 
 
+async def upstream_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """502 naming the failed service and its status; its (scrubbed) message goes to the log only."""
+    assert isinstance(exc, UpstreamError)
+    log.error("%s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": exc.public_text()}, status_code=502)
+
+
 def _form_errors() -> dict[type[Exception], Callable[[Request, Exception], Awaitable[JSONResponse]]]:
     try:
         from python_multipart.exceptions import FormParserError
@@ -205,5 +213,6 @@ EXCEPTION_HANDLERS: dict[type[Exception], Callable[[Request, Exception], Awaitab
     BreakerOpen: breaker_open_handler,
     ModelNotReady: not_ready_handler,
     DataValidationError: invalid_data_handler,
+    UpstreamError: upstream_error_handler,
     **_form_errors(),
 }

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from infra.errors import IndusflowError
 from infra.pii import redact_path, redact_text
+from infra.secrets import UpstreamError
 
 MAX_NAME_BYTES = 200
 MAX_RAW_NAME_BYTES = 1024  # a longer name sent by a client is refused, not redacted
@@ -240,8 +241,13 @@ def recorded_jobs(folder: Path) -> Iterator[IngestJob]:
 
 
 def error_text(exc: BaseException) -> str:
-    """What a caller may see of a failure: our own errors' messages (they name no secret and no
+    """What a caller may see of a failure: an upstream service's name and status (never its body:
+    :class:`infra.secrets.UpstreamError`), our own errors' messages (they name no secret and no
     personal data) or the exception type."""
-    if isinstance(exc, IndusflowError | ValueError):
-        return redact_text(" ".join(str(exc).split()))[:500]
-    return f"internal error ({type(exc).__name__})"
+    if isinstance(exc, UpstreamError):
+        text = exc.public_text()
+    elif isinstance(exc, IndusflowError | ValueError):
+        text = " ".join(str(exc).split())
+    else:
+        return f"internal error ({type(exc).__name__})"
+    return redact_text(text)[:500]

@@ -136,6 +136,7 @@ def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
         (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
         (["feedback-export", "--collection", "../x"], "--collection: collection name"),
+        (["feedback-export", "--min-voters", "0"], "--min-voters: at least 1"),
     ]
 
 

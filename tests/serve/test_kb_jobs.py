@@ -186,11 +186,20 @@ def _zip(n: int) -> bytes:
     return buf.getvalue()
 
 
+def _zip_of_zips(outer: int, inner: int) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for i in range(outer):
+            z.writestr(f"part-{i}.zip", _zip(inner))
+    return buf.getvalue()
+
+
 @pytest.mark.parametrize(("files", "status", "setting"), [
     ([(f"f{i}.txt", b"text") for i in range(4)], 422, "INDUSFLOW_KB_MAX_UPLOAD_FILES"),
     ([("a.txt", b"a" * 12_000), ("b.txt", b"b" * 12_000)], 413, "INDUSFLOW_KB_MAX_UPLOAD_BYTES"),
     ([("one.zip", _zip(3)), ("two.zip", _zip(3))], 422, "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS"),
-], ids=["files", "bytes", "members"])
+    ([("nested.zip", _zip_of_zips(2, 3))], 422, "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS"),  # 2 + 6 > 5 (main: 2)
+], ids=["files", "bytes", "members", "nested members"])
 def test_per_upload_caps_refuse_naming_the_setting(srv: Srv, files: list[tuple[str, bytes]], status: int,
                                                    setting: str) -> None:
     folder = srv.home.kb_inbox("legal")

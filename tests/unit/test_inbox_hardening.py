@@ -94,6 +94,7 @@ def test_far_future_timestamps_are_a_validation_error_not_out_of_bounds(tmp_path
 
 
 def test_content_errors_quarantine_machine_errors_fail_for_retry(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("x")  # a missing file in an empty folder is a volume not mounted here
     f = InboxFile(path=str(tmp_path / "x.csv"), sha256="0" * 64, size=1)
 
     def content(_: InboxFile) -> ScoredFile:
@@ -243,5 +244,10 @@ def test_a_worker_that_does_not_see_the_inbox_releases_the_file(tmp_path: Path) 
     unseen = seen.model_copy(update={"path": str(tmp_path / "not-mounted" / "good.csv")})
     with pytest.raises(InfrastructureError, match="cannot see the inbox folder"):
         score_one(score, unseen)
+    (tmp_path / "empty-mount-point").mkdir()  # the volume is not mounted on this worker (issue 46)
+    unmounted = seen.model_copy(update={"path": str(tmp_path / "empty-mount-point" / "good.csv")})
+    with pytest.raises(InfrastructureError, match="cannot see the inbox folder"):
+        score_one(score, unmounted)  # main's code quarantined the good file as unreadable
+    (inbox / "other.csv").write_text("a\n2\n")
     (inbox / "good.csv").unlink()
     assert score_one(score, seen).status == "quarantined"

@@ -59,6 +59,7 @@ def test_recently_modified_files_wait(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_quarantined_other_errors_raise(tmp_path: Path) -> None:
+    (tmp_path / "x.csv").write_text("x")  # a missing file in an empty folder is a volume not mounted here
     f = InboxFile(path=str(tmp_path / "x.csv"), sha256="0" * 64, size=1)
 
     def bad(_: InboxFile) -> ScoredFile:

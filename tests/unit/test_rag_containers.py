@@ -187,3 +187,33 @@ def test_rmeta_listing_is_split_with_the_same_guards(tmp_path: Path) -> None:
     assert "text found in the image" in docs["report.docx"]  # embedded in a document: part of its text
     assert {q.path.removeprefix(root): q.reason for q in result.quarantined} == {
         "../evil.txt": "unsafe_path", "locked.pdf": "encrypted"}
+
+
+def _zip_of_zips(outer: int, inner: int, text: str = "note") -> bytes:
+    """A small zip of ``outer`` zips of ``inner`` text members each (issue 46: 5 x 999 in ~300 KB)."""
+    return _zip([(f"part{i}.zip", _zip([(f"n{j}.txt", f"{text} {i}-{j}\n".encode()) for j in range(inner)]))
+                 for i in range(outer)])
+
+
+def test_nested_members_count_against_one_cap_at_upload(tmp_path: Path) -> None:
+    import time
+
+    from tasks.documents import archive_members
+
+    path = tmp_path / "nested.zip"
+    path.write_bytes(_zip_of_zips(5, 999))
+    assert path.stat().st_size < 400_000
+    started = time.perf_counter()
+    assert archive_members(path, 1000) == 1001  # refused by a 1,000-member upload cap (main's code counted 5)
+    assert archive_members(path, 10_000) == 5 * 999 + 5  # every member, the 5 inner zips included
+    assert time.perf_counter() - started < 20
+
+
+def test_nested_members_count_against_one_cap_at_ingest(tmp_path: Path) -> None:
+    from tasks.documents import discover, parse_sources
+
+    text = "The depot log of the Brightwater warehouse records every pallet that leaves the loading dock."
+    (tmp_path / "nested.zip").write_bytes(_zip_of_zips(3, 40, text))
+    result = parse_sources(discover([tmp_path]), max_archive_members=30)
+    assert 20 <= len(result.documents) <= 30  # not 30 per inner zip (main's code: 90): 30 for the whole file
+    assert any(q.reason == "too_large" and "all its archives together" in q.detail for q in result.quarantined)

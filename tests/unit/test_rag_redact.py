@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from solutions.rag.redact import (
     RedactionConfig,
     bank_card_valid,
@@ -118,3 +120,28 @@ def test_values_split_by_invisible_format_characters_are_still_redacted() -> Non
     stream = StreamRedactor(hold=8)
     shown = "".join(stream.feed(ch) for ch in text) + stream.flush()
     assert shown == red
+
+
+@pytest.mark.parametrize("text", [
+    "call ١٣٩١٢٣٤٥٦٧٨ today",  # Arabic-Indic digits
+    "call ۱۳۹۱۲۳۴۵۶۷۸ today",  # Extended Arabic-Indic (Persian) digits
+    "call 139/1234/5678 today",  # slashes between the groups
+    "call 1\u03013912345678 today",  # a combining mark stacked on a digit
+    "call 139\u03021234\u03025678 today",
+])
+def test_digits_of_other_scripts_slashes_and_combining_marks_do_not_hide_a_mobile(text: str) -> None:
+    """Issue 46: each of these passed main's redactor untouched."""
+    from infra.pii import StreamRedactor, redact_text
+
+    assert redact_text(text) == "call [MOBILE] today", text
+    stream = StreamRedactor()
+    assert "".join(stream.feed(ch) for ch in text) + stream.flush() == "call [MOBILE] today"
+
+
+def test_slashes_keep_dates_and_fractions_as_they_are() -> None:
+    from infra.pii import redact_text
+
+    for text in ("2024/1234/5678", "on 2023/12/31", "ratio 139/1234", "139/1234/56789", "0139/1234/5678"):
+        assert redact_text(text) == text, text
+    # a path of numbers is still redacted name by name (a slash after a number ends it)
+    assert redact_text("/130 0000 0000/139 1234 5678") == "/[MOBILE]/[MOBILE]"

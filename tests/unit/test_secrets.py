@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from infra.secrets import http_error_text, scrub, url_credentials
 
@@ -170,3 +172,122 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
     assert mode(tmp_path / "state" / "online.sqlite") == 0o600
     assert mode(tmp_path / "state" / "online.sqlite-wal") == 0o600
     assert mode(legacy) == 0o600  # a home from before is made private when the server opens it
+
+
+# ------------------------------------------------------------------------------------
+# every encoding an upstream may echo a key in (issue 46), generated
+
+_KEY_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/+=-_.:~ "
+
+
+def _html_named(ch: str) -> str:
+    import html.entities
+
+    names = [n for n, c in html.entities.html5.items() if c == ch and n.endswith(";")]
+    return f"&{names[0]}" if names else ch
+
+
+#: One character's encodings: as is, JSON, URL-encoded once/twice/either case, HTML decimal/hex/named.
+_CHAR_ENCODINGS = {
+    "raw": lambda c: c,
+    "json": lambda c: json.dumps(c)[1:-1] if c != "/" else "\\/",
+    "json-u": lambda c: f"\\u{ord(c):04x}",
+    "url": lambda c: "".join(f"%{b:02X}" for b in c.encode()),
+    "url-lower": lambda c: "".join(f"%{b:02x}" for b in c.encode()),
+    "url-twice": lambda c: "".join(f"%25{b:02X}" for b in c.encode()),
+    "html-dec": lambda c: f"&#{ord(c)};",
+    "html-hex": lambda c: f"&#x{ord(c):X};",
+    "html-hex-lower": lambda c: f"&#x{ord(c):x};",
+    "html-named": _html_named,
+}
+
+
+@st.composite
+def echoed_keys(draw) -> tuple[str, str]:
+    """A key and an upstream's echo of it: one whole-value encoding, or a mix of them per character."""
+    import base64
+    import html
+    from urllib.parse import quote, quote_plus
+
+    key = draw(st.text(alphabet=st.sampled_from(_KEY_CHARS), min_size=12, max_size=40).filter(lambda k: k.strip() == k))
+    whole = {"raw": key, "json": json.dumps(key)[1:-1], "url": quote(key, safe=""), "url-plus": quote_plus(key),
+             "url-twice": quote(quote(key, safe=""), safe=""), "html": html.escape(key),
+             "html-json": json.dumps(html.escape(key))[1:-1].replace("&", "\\u0026"),
+             "base64": base64.b64encode(key.encode()).decode(), "base64-url": base64.urlsafe_b64encode(key.encode()).decode(),
+             "base64-url-bare": base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")}
+    how = draw(st.sampled_from([*whole, "per-character"]))
+    if how != "per-character":
+        return key, whole[how]
+    names = st.sampled_from(sorted(_CHAR_ENCODINGS))
+    return key, "".join(_CHAR_ENCODINGS[draw(names)](ch) for ch in key)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(echoed=echoed_keys(), before=st.sampled_from(["", "bad key ", '{"auth": "', "<p>"]),
+       after=st.sampled_from(["", " rejected", '"}', "</p>"]))
+def test_a_known_key_is_scrubbed_in_every_encoding_an_upstream_may_echo(echoed: tuple[str, str], before: str,
+                                                                        after: str) -> None:
+    key, echo = echoed
+    clean = scrub(f"{before}{echo}{after}", [key])
+    assert echo not in clean and "***" in clean, (echo, clean)
+    assert clean.startswith(before) and clean.endswith(after), (echo, clean)
+
+
+def test_the_configured_secrets_are_scrubbed_without_being_named(monkeypatch) -> None:
+    from infra.secrets import configured_secrets
+
+    monkeypatch.setenv("INDUSFLOW_EMBED_API_KEY", "Em8/kZ2+qR7vW3/pL4nX")
+    monkeypatch.setenv("INDUSFLOW_SERVE_REDIS_URL", "redis://default:Redis-Pass-77@cache:6379/0")
+    assert {"Em8/kZ2+qR7vW3/pL4nX", "Redis-Pass-77"} <= set(configured_secrets())
+    clean = scrub("tika said: Em8&#x2F;kZ2&#43;qR7vW3%252FpL4nX and Redis-Pass-77")  # no known list given
+    assert "kZ2" not in clean and "Redis-Pass" not in clean and clean.startswith("tika said: ")
+
+
+@pytest.mark.parametrize(("url", "what"), [
+    ("https://llm.internal/v1/sk-live-abcdefghijklmnop/chat", "path"),  # a key shape in the path
+    ("https://hooks.example.com/services/T0AB12CD/B0XY34ZW/Qx7Lm2Np9Rs4Tv6Wy8Za1Bc3", "path"),  # a random segment
+    ("https://api.example.com/token/a1b2c3d4e5", "path"),  # the segment after one named like a credential
+    ("https://sso.example.com/callback?code=4f2a9c1e", "query"),  # an OAuth code
+    ("https://abc123token@tika.internal:9998", "token"),  # a short token as the user name
+])
+def test_keys_in_paths_codes_and_short_user_tokens_count_as_credentials(url: str, what: str) -> None:
+    assert url_credentials(url) == what  # main's code: None for each
+
+
+def test_urls_without_credentials_are_still_forwarded() -> None:
+    for fine in ("http://tika:9998/tika", "https://llm.internal/v1/models/Meta-Llama-3.1-8B-Instruct",
+                 "http://embed:8000/v1/9b2f8c1e-3d4a-4b5c-8d6e-7f8091a2b3c4", "https://sso.example.com/auth/callback",
+                 "http://127.0.0.1:8000/v1?model=e5"):
+        assert url_credentials(fine) is None, fine
+
+
+def test_the_milvus_lite_file_and_quarantine_copies_are_owner_only(tmp_path, monkeypatch) -> None:
+    """Issue 46: both were world-readable (0644 under a usual umask) on main's code."""
+    import os
+    import stat
+
+    import tasks.ledger as LG
+    from tasks.ledger import FileLedger, InboxFile
+
+    pytest.importorskip("milvus_lite")
+    from infra.milvus import open_client
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    bad = inbox / "bad.csv"
+    bad.write_text("not,a\nvalid file\n")
+    os.chmod(bad, 0o644)
+    old = os.umask(0o022)
+    try:
+        client = open_client(uri=str(tmp_path / "milvus" / "rag.db"))
+        client.create_collection("probe", dimension=4)
+        client.close()
+        file = InboxFile(path=str(bad), sha256="a" * 64, size=bad.stat().st_size, mtime_ns=bad.stat().st_mtime_ns)
+        LG.quarantine(file, "unreadable", FileLedger("perm", root=tmp_path / "ledgers"))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "home" / "quarantine").rglob("*")
+             if p.is_file()}
+    assert modes and set(modes.values()) == {0o600}, modes
+    assert stat.S_IMODE((tmp_path / "milvus" / "rag.db").stat().st_mode) == 0o600
