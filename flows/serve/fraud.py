@@ -234,8 +234,11 @@ def build(services: Services) -> Vertical | None:
         from solutions.fraud.online import OnlineFraudState, open_state_store
 
         if "state" not in holder:
+            # late rows within the clock skew are accepted (OnlineFraudState's late_tolerance_s): a row
+            # dated up to the skew ahead cannot lock its account's real-time rows out
             holder["state"] = OnlineFraudState.for_model(
-                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
+                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN,
+                late_tolerance_s=services.settings.max_clock_skew_s)
         return holder["state"]
 
     max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
@@ -252,7 +255,7 @@ def build(services: Services) -> Vertical | None:
 
         with slot.breaker.guard():
             return score_requests_with_inputs(model, state(), requests, columns, max_time_ns=latest_time_ns(),
-                                              keep=keep)
+                                              keep=keep, max_amount=services.settings.fraud_max_amount)
 
     logged: set[tuple[int, int]] = set()  # (champion, challenger) versions that cannot be paired, warned once
 
@@ -381,7 +384,11 @@ def build(services: Services) -> Vertical | None:
         from solutions.fraud.online import OrderError  # loaded with the model by now
 
         [(ref, result)] = await batcher.submit([(body.transactions, body.columns)])
-        if isinstance(result, OrderError):
+        acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
+        if isinstance(result, OrderError):  # audited with the accounts it concerned, hashed
+            record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.transactions),
+                         decisions={"refused": len(body.transactions)},
+                         subjects=[row.get(acct_col) for row in body.transactions])
             raise HTTPException(status_code=409, detail=str(result))
         if isinstance(result, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
@@ -392,7 +399,6 @@ def build(services: Services) -> Vertical | None:
             raise result  # the model or the store failed on this request alone: the app's 5xx handlers
         threshold = float(ref.params.get("threshold", 0.5))
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
-        acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
         # the FraudScoreResponse document as plain dicts, serialised by orjson (building and
         # re-validating 256 pydantic models cost more than scoring the rows' features)
         results = [
