@@ -162,8 +162,10 @@ async def read_score_request(request: Request) -> FraudScoreRequest:
     try:
         return FraudScoreRequest.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)],
-                                     body=data) from None
+        # without the offending input: a value nested ~1,000 deep (orjson parses up to 1,024 levels)
+        # made the error handler's encoder recurse past the limit (a 500)
+        errors = exc.errors(include_url=False, include_input=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
 
 
 #: The OpenAPI request body of ``/v1/fraud/score`` (the route reads its body itself).

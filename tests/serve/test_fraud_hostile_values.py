@@ -163,3 +163,29 @@ def test_a_terminals_rows_are_bounded_in_count(tmp_path: Path) -> None:
     assert [r[2] for r in stored] == [f"t{i}" for i in range(250, 300)]  # the newest kept
     assert store.read(ACCOUNT, ["A0"])["A0"]["n"] == 43
     store.close()
+
+
+def test_json_nested_about_a_thousand_deep_gets_a_4xx_on_every_fraud_route(tiny: tuple[HomeLayout, TinyFraud],
+                                                                         tmp_path: Path) -> None:
+    """Below orjson's 1,024 levels the body parses; the deep value then reached code that recursed."""
+    src, _ = tiny
+    home = _home(src, tmp_path / "home")
+    bodies = {}
+    for depth in (900, 990, 1000, 1020, 1100):
+        deep_list, deep_obj = b"[" * depth + b"]" * depth, b'{"a": ' * depth + b"1" + b"}" * depth
+        for name, deep in (("list", deep_list), ("object", deep_obj)):
+            bodies[f"{depth}-{name}-top"] = b'{"transactions": ' + deep + b"}"
+            bodies[f"{depth}-{name}-row"] = b'{"transactions": [' + deep + b"]}"
+            bodies[f"{depth}-{name}-value"] = b'{"transactions": [{"account_id": ' + deep + b"}]}"
+            bodies[f"{depth}-{name}-labels"] = b'{"labels": [{"label": ' + deep + b"}]}"
+            bodies[f"{depth}-{name}-columns"] = b'{"transactions": [{}], "columns": ' + deep + b"}"
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
+        key = api_key(home, "fraud:score", "fraud:label", "admin")
+        headers = {"X-API-Key": key, "content-type": "application/json"}
+        failures = []
+        for name, body in bodies.items():
+            for route in ("/v1/fraud/score", "/v1/fraud/labels", "/v1/fraud/state/reset"):
+                r = client.post(f"{server.url}{route}", content=body, headers=headers)
+                if not 400 <= r.status_code < 500:
+                    failures.append((route, name, r.status_code))
+        assert not failures, sorted({(r, n.split("-", 1)[1], c) for r, n, c in failures})
