@@ -34,6 +34,7 @@ from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import ADMIN, Principal, require_scope
 from infra.serving.batching import DynamicBatcher
+from infra.serving.breaker import USER_ERRORS
 from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
@@ -253,9 +254,11 @@ def build(services: Services) -> Vertical | None:
 
     def score_group(model: OnlineFraudModel, requests: list[list[dict[str, Any]]],
                     columns: dict[str, str] | None, keep: int | None) -> list[Any]:
-        from solutions.fraud.online import score_requests_with_inputs
+        from solutions.fraud.online import OrderError, score_requests_with_inputs
 
-        with slot.breaker.guard():
+        # a request's data error (a bad row, a row out of order, a damaged account entry) is the
+        # client's or that entry's: it is answered 4xx/409 and never counts against the model
+        with slot.breaker.guard(ignore=(*USER_ERRORS, OrderError)):
             return score_requests_with_inputs(model, state(), requests, columns, max_time_ns=latest_time_ns(),
                                               keep=keep, max_amount=services.settings.fraud_max_amount)
 

@@ -160,10 +160,10 @@ class OnlineStateStore(Protocol):
         True when no other writer committed since this store's own last commit (so what the
         caller kept in memory from before is still the stored state), else False."""
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         """The state of ``keys`` (absent keys are left out): an account as
         ``{"n", "sum", "terms", "seq", "recent": [row, ...]}``, a terminal as ``{"rows": [row, ...]}``
-        (rows in time order)."""
+        (rows in time order; with ``limit``, at most its newest ``limit``)."""
 
     def commit(self, journal: Journal) -> None:
         """Persist an update's changes."""
@@ -302,9 +302,11 @@ class SqliteStateStore:
                 raise
             self._generation = generation + 1 if self._committed else generation
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         unique = list(dict.fromkeys(keys))
+        if kind == TERMINAL and limit is not None:  # a terminal stored before its rows were capped: its newest
+            return self._read_terminals_newest(unique, limit)
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
@@ -322,6 +324,17 @@ class SqliteStateStore:
                         f"SELECT key, t, label, tx, rid FROM terminal_row WHERE key IN ({marks})", chunk):
                     trows.setdefault(k, []).append((t, label, tx, rid))
                 out.update({k: _terminal_doc(r) for k, r in trows.items()})
+        return out
+
+    def _read_terminals_newest(self, keys: list[str], limit: int) -> dict[str, dict[str, Any]]:
+        """Each terminal's newest ``limit`` rows (SQLite sorts; Python sees at most ``limit`` per key)."""
+        out: dict[str, dict[str, Any]] = {}
+        for k in keys:
+            rows = [(t, label, tx, rid) for t, label, tx, rid in self._conn.execute(
+                "SELECT t, label, tx, rid FROM terminal_row WHERE key = ? ORDER BY t DESC, rid DESC LIMIT ?",
+                (k, limit))]
+            if rows:
+                out[k] = _terminal_doc(rows)
         return out
 
     def _write(self, journal: Journal) -> None:
@@ -474,10 +487,12 @@ class RedisStateStore:
                 except self._errors.LockError:
                     pass  # it expired (and another writer may hold it now): theirs to release
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
+        if kind == TERMINAL and limit is not None:  # every row is fetched (a hash); the newest kept
+            return {k: {"rows": doc["rows"][-limit:]} for k, doc in self.read(kind, unique).items()}
         pipe = self._redis.pipeline(transaction=False)
         for k in unique:
             if kind == ACCOUNT:
@@ -1052,7 +1067,8 @@ class _Batch:
         need_a = [a for a in dict.fromkeys(accounts) if a not in cached_a]
         need_t = [t for t in dict.fromkeys(terminals) if t not in cached_t]
         got_a = self.state.store.read(ACCOUNT, need_a) if need_a else {}
-        got_t = self.state.store.read(TERMINAL, need_t) if need_t else {}
+        # a terminal's read is sized by its bound, even for one stored before the bound existed
+        got_t = self.state.store.read(TERMINAL, need_t, limit=self.state.max_terminal_rows) if need_t else {}
         for a in need_a:
             doc = got_a.get(a) or _new_account()
             if not _sound_account(doc):

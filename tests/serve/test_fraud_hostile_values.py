@@ -162,6 +162,12 @@ def test_a_terminals_rows_are_bounded_in_count(tmp_path: Path) -> None:
     assert len(stored) == 50
     assert [r[2] for r in stored] == [f"t{i}" for i in range(250, 300)]  # the newest kept
     assert store.read(ACCOUNT, ["A0"])["A0"]["n"] == 43
+    # a terminal stored before the cap (184k rows took 0.5-1.4 s to read): the read is sized by the bound
+    with store.exclusive():
+        store.commit(Journal(terminal_rows=[("OLD", [i * 10**9, None, f"o{i}", i]) for i in range(500)]))
+    with state.update() as batch:
+        batch.load([], ["OLD"])
+        assert [r[2] for r in batch.pending.terminals["OLD"]["rows"]] == [f"o{i}" for i in range(450, 500)]
     store.close()
 
 
