@@ -68,9 +68,12 @@ class FraudScoreRequest(BaseModel):
         min_length=1,
         description="One object per transaction: transaction_id, account_id, timestamp, amount (required), "
         "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional, and only "
-        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids "
-        "and categories: strings or numbers of at most 128 characters; timestamps at most "
-        "INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC).",
+        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids: "
+        "strings, or integers (read as their decimal text: 5 and \"5\" are one account); floats and booleans are "
+        "refused. Ids and categories at most 128 characters; amount 0 to INDUSFLOW_SERVE_FRAUD_MAX_AMOUNT; "
+        "timestamps at most INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC). "
+        "A row up to that skew older than its account's latest is accepted (scored right after it); an older one "
+        "gets 409.",
     )
     columns: dict[str, str] | None = Field(
         default=None, description="Column mapping canonical -> source name, as `fraud score --columns`.",
