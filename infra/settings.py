@@ -445,6 +445,11 @@ class ServeSettings(BaseSettings):
         "timestamps: UTC or the server's local time, whichever is later); later ones get 422 (a future-dated "
         "row would make every later real one of its account 'older').",
     )
+    fraud_max_amount: float = Field(
+        default=1e9, gt=0, le=1e15,
+        description="Largest transaction amount /v1/fraud/score accepts (amounts are 0 to this; larger ones get "
+        "422): an account's running sum of bounded amounts cannot overflow.",
+    )
     fraud_model: str | None = Field(
         default="fraud-seq",
         description="Registered fraud model served at /v1/fraud/score (its champion). Empty: not served.",

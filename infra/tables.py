@@ -269,6 +269,9 @@ class ColumnSpec(BaseModel):
     required: bool = True
     nullable: bool = False
     min_value: float | None = None
+    #: Largest absolute value of a float/int column (None: any finite value). Bounds what a value
+    #: can do downstream: sums and means of bounded values cannot overflow to infinity.
+    max_abs: float | None = None
 
 
 class TableSchema(BaseModel):
@@ -333,6 +336,9 @@ def validate_table(df: pd.DataFrame, schema: TableSchema, source: str) -> pd.Dat
             _refuse_rows(col.isna(), "empty value(s) where none are allowed", source, spec.name)
         if spec.min_value is not None and spec.kind in {"float", "int"}:
             _refuse_rows(col < spec.min_value, f"value(s) below the minimum {spec.min_value}", source, spec.name)
+        if spec.max_abs is not None and spec.kind in {"float", "int"}:
+            _refuse_rows(col.abs() > spec.max_abs, f"value(s) beyond the bound |x| <= {spec.max_abs:g}", source,
+                         spec.name)
         out[spec.name] = col
     table = pd.DataFrame(out)
     if schema.label_column and schema.label_column in table:
@@ -381,6 +387,13 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         bad = present & mapped.isna()
         _refuse_rows(bad, "value(s) that are not a binary label (0/1, true/false)", source, spec.name)
         return mapped.astype("Int8") if spec.nullable else mapped.astype("int8")
+    if spec.kind == "id" and pd.api.types.is_float_dtype(raw):
+        # a numeric id column with a missing value is read as floats: 5.0 is id "5", as in a
+        # column without gaps (one account, however the file or request spells its number)
+        whole = raw.notna() & (raw == np.floor(raw))
+        text = raw.astype("string")
+        text[whole] = raw[whole].map(lambda v: str(int(v)))
+        return text
     # id, category, str: keep as strings (ids may be numeric in the file)
     return raw.astype("string")
 

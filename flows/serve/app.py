@@ -148,11 +148,15 @@ def create_app(settings: ServeSettings | None = None, *,
 
     @app.get("/readyz", tags=["probes"])
     async def readyz() -> JSONResponse:
-        """Readiness: 200 only when every served model has a version loaded (a challenger is listed
-        under ``challengers``, its version or null, and is not waited for)."""
+        """Readiness: 200 only when every served model has a version loaded and its circuit breaker
+        closed (a model whose breaker is open answers 503 to every call: a load balancer should send
+        its traffic elsewhere meanwhile). A challenger is listed under ``challengers``, its version or
+        null, and is not waited for."""
         models = {slot.name: slot.version for slot in services.slots if not slot.optional}
         waiting = {slot.name: slot.last_error or "loading" for slot in services.slots
                    if not slot.ready and not slot.optional}
+        waiting.update({slot.name: "circuit breaker open" for slot in services.slots
+                        if not slot.optional and slot.name not in waiting and slot.breaker.is_open})
         body: dict[str, object] = {"ready": not waiting, "models": models, "waiting": waiting}
         challengers = {slot.label: slot.version for slot in services.slots if slot.optional}
         if challengers:

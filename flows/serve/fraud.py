@@ -34,6 +34,7 @@ from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import ADMIN, Principal, require_scope
 from infra.serving.batching import DynamicBatcher
+from infra.serving.breaker import USER_ERRORS
 from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
@@ -67,9 +68,12 @@ class FraudScoreRequest(BaseModel):
         min_length=1,
         description="One object per transaction: transaction_id, account_id, timestamp, amount (required), "
         "terminal_id, channel, category, age, occupation, account_age_days (optional), label (optional, and only "
-        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids "
-        "and categories: strings or numbers of at most 128 characters; timestamps at most "
-        "INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC).",
+        "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids: "
+        "strings, or integers (read as their decimal text: 5 and \"5\" are one account); floats and booleans are "
+        "refused. Ids and categories at most 128 characters; amount 0 to INDUSFLOW_SERVE_FRAUD_MAX_AMOUNT; "
+        "timestamps at most INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC). "
+        "A row up to that skew older than its account's latest is accepted (scored right after it); an older one "
+        "gets 409.",
     )
     columns: dict[str, str] | None = Field(
         default=None, description="Column mapping canonical -> source name, as `fraud score --columns`.",
@@ -162,8 +166,10 @@ async def read_score_request(request: Request) -> FraudScoreRequest:
     try:
         return FraudScoreRequest.model_validate(data)
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)],
-                                     body=data) from None
+        # without the offending input: a value nested ~1,000 deep (orjson parses up to 1,024 levels)
+        # made the error handler's encoder recurse past the limit (a 500)
+        errors = exc.errors(include_url=False, include_input=False)
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors]) from None
 
 
 #: The OpenAPI request body of ``/v1/fraud/score`` (the route reads its body itself).
@@ -234,8 +240,11 @@ def build(services: Services) -> Vertical | None:
         from solutions.fraud.online import OnlineFraudState, open_state_store
 
         if "state" not in holder:
+            # late rows within the clock skew are accepted (OnlineFraudState's late_tolerance_s): a row
+            # dated up to the skew ahead cannot lock its account's real-time rows out
             holder["state"] = OnlineFraudState.for_model(
-                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN)
+                open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN,
+                late_tolerance_s=services.settings.max_clock_skew_s)
         return holder["state"]
 
     max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
@@ -248,11 +257,13 @@ def build(services: Services) -> Vertical | None:
 
     def score_group(model: OnlineFraudModel, requests: list[list[dict[str, Any]]],
                     columns: dict[str, str] | None, keep: int | None) -> list[Any]:
-        from solutions.fraud.online import score_requests_with_inputs
+        from solutions.fraud.online import OrderError, score_requests_with_inputs
 
-        with slot.breaker.guard():
+        # a request's data error (a bad row, a row out of order, a damaged account entry) is the
+        # client's or that entry's: it is answered 4xx/409 and never counts against the model
+        with slot.breaker.guard(ignore=(*USER_ERRORS, OrderError)):
             return score_requests_with_inputs(model, state(), requests, columns, max_time_ns=latest_time_ns(),
-                                              keep=keep)
+                                              keep=keep, max_amount=services.settings.fraud_max_amount)
 
     logged: set[tuple[int, int]] = set()  # (champion, challenger) versions that cannot be paired, warned once
 
@@ -381,7 +392,11 @@ def build(services: Services) -> Vertical | None:
         from solutions.fraud.online import OrderError  # loaded with the model by now
 
         [(ref, result)] = await batcher.submit([(body.transactions, body.columns)])
-        if isinstance(result, OrderError):
+        acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
+        if isinstance(result, OrderError):  # audited with the accounts it concerned, hashed
+            record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.transactions),
+                         decisions={"refused": len(body.transactions)},
+                         subjects=[row.get(acct_col) for row in body.transactions])
             raise HTTPException(status_code=409, detail=str(result))
         if isinstance(result, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
@@ -392,7 +407,6 @@ def build(services: Services) -> Vertical | None:
             raise result  # the model or the store failed on this request alone: the app's 5xx handlers
         threshold = float(ref.params.get("threshold", 0.5))
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
-        acct_col = (body.columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
         # the FraudScoreResponse document as plain dicts, serialised by orjson (building and
         # re-validating 256 pydantic models cost more than scoring the rows' features)
         results = [

@@ -62,6 +62,13 @@ Retriever = Literal["hybrid", "dense", "bm25"]
 ChunkId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 #: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
 #: (or ``admin``); each route then checks the scope of the collection it is asked about.
+#: The routes that can wait long on an upstream (the LLM, the embedder, Milvus) and their caps: at
+#: most 12 requests of each in flight (24 of the 40 worker threads; the rest stay free for every
+#: other route: fraud labels, approvals, the collections list) and 4 per key (one client cannot
+#: take a route). 45 concurrent asks with an LLM taking 15 s answered labels and approvals 504.
+SLOW_ROUTES = ("ask", "search")
+SLOW_ROUTE_CONCURRENCY = 12
+SLOW_ROUTE_PER_KEY = 4
 KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
 
 
@@ -245,6 +252,9 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
     services.route_limits[f"{PREFIX}/documents"] = RouteLimits(
         max_body_bytes=settings.max_upload_bytes + MULTIPART_OVERHEAD, timeout_s=settings.request_timeout_s)
+    for slow in SLOW_ROUTES:  # each holds a worker thread while the LLM or the retriever works
+        services.route_limits[f"{PREFIX}/{slow}"] = RouteLimits(
+            timeout_s=settings.request_timeout_s, concurrency=SLOW_ROUTE_CONCURRENCY, per_key=SLOW_ROUTE_PER_KEY)
     router = APIRouter(tags=["knowledge base"])
 
     def names_in(col: KbCollection) -> Callable[[str, str], str]:

@@ -22,7 +22,9 @@ per-request timeout, and writes the audit line and the request metrics of every 
 A route whose scope depends on the request (the knowledge base's ``kb:<collection>:read``)
 declares ``Depends(require_any_scope("kb:"))`` and checks ``principal.allows(scope)`` itself; a
 vertical whose routes need a larger body or a longer time limit sets
-``services.route_limits[path_prefix] = RouteLimits(...)`` in ``build``, and one without a model
+``services.route_limits[path_prefix] = RouteLimits(...)`` in ``build`` (a slow route also caps its
+requests in flight, in all and per key, so it cannot take the worker threads every other route
+needs; the middleware authenticates every ``/v1/...`` request before its body is read), and one without a model
 version adds its audit fields with ``annotate_audit(request, collection=..., ...)``.
 ``Vertical(name, router, slots, on_start, on_stop)`` is mounted by ``flows.serve.app.create_app``;
 ``/readyz`` answers 200 only when every slot of every vertical has a model loaded.

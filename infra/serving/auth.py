@@ -268,6 +268,8 @@ class Authenticator:
         born = claims.get("iat", time.time())
         if not isinstance(born, int | float) or isinstance(born, bool):
             raise AuthError(401, "invalid bearer token: 'iat' must be a number")
+        if not isinstance(claims["exp"], int | float) or isinstance(claims["exp"], bool):  # PyJWT reads "123" too
+            raise AuthError(401, "invalid bearer token: 'exp' must be a number (RFC 7519 NumericDate)")
         if claims["exp"] - born > self.max_lifetime_s:
             raise AuthError(401, f"bearer token lives longer than this server accepts "
                                  f"({self.max_lifetime_s:g} s from issue to expiry)")
@@ -331,21 +333,35 @@ def require_any_scope(prefix: str) -> Callable[[Request], Any]:
     return dependency
 
 
-async def authorize(request: Request, allowed: Callable[[Principal], bool], scope: str, refusal: str) -> Principal:
-    """Authenticate the caller, check ``allowed(principal)`` (403 ``refusal`` if not) and count the
-    request against its rate limit (``scope`` labels the refusal metric)."""
-    services = request.app.state.serving
+#: Set on a request's state once its credential's rate limit counted it (the middleware counts the
+#: requests that end before any route dependency did: a 404, a malformed body).
+RATE_COUNTED = "rate_counted"
+AUTH_HEADERS = {"WWW-Authenticate": "Bearer, ApiKey"}
+
+
+async def authenticate_request(services: Any, request_scope: dict[str, Any], headers: Any) -> Principal:
+    """The caller of a request, or HTTPException: 401 (``WWW-Authenticate``) for a missing or bad
+    credential, counted against the client address's own limit (429 above it)."""
     try:
-        principal = services.auth.authenticate(
-            request.headers.get("x-api-key"), request.headers.get("authorization")
-        )
+        return services.auth.authenticate(headers.get("x-api-key"), headers.get("authorization"))
     except AuthError as exc:
         # requests without a valid credential count against their client address's own limit
-        await _count(services, f"unauthenticated:{client_address(request.scope)}",
-                     services.settings.unauthenticated_rate_limit, "unauthenticated")
-        raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": 'Bearer, ApiKey'}) from None
+        await count_request(services, f"unauthenticated:{client_address(request_scope)}",
+                            services.settings.unauthenticated_rate_limit, "unauthenticated")
+        raise HTTPException(exc.status, str(exc), headers=AUTH_HEADERS) from None
+
+
+async def authorize(request: Request, allowed: Callable[[Principal], bool], scope: str, refusal: str) -> Principal:
+    """Authenticate the caller (the middleware did, before the body was read, on the API's paths),
+    check ``allowed(principal)`` (403 ``refusal`` if not) and count the request against its rate
+    limit (``scope`` labels the refusal metric)."""
+    services = request.app.state.serving
+    principal = getattr(request.state, "principal", None)
+    if principal is None:
+        principal = await authenticate_request(services, request.scope, request.headers)
     request.state.principal = principal
-    await _count(services, principal.key_id, principal.rate_limit, scope)  # a refused scope counts too
+    setattr(request.state, RATE_COUNTED, True)
+    await count_request(services, principal.key_id, principal.rate_limit, scope)  # a refused scope counts too
     if not allowed(principal):
         raise HTTPException(403, refusal)
     return principal
@@ -357,7 +373,7 @@ def client_address(scope: dict[str, Any]) -> str:
     return str(client[0]) if client else "unknown"
 
 
-async def _count(services: Any, key: str, rate: str | None, label: str) -> None:
+async def count_request(services: Any, key: str, rate: str | None, label: str) -> None:
     """Count one request of ``key`` against ``rate``: 429 (``Retry-After``) over it, 503 when the
     counter store is down (refused, never unlimited)."""
     try:

@@ -20,7 +20,7 @@ from infra.serving.auth import Authenticator, KeyStore
 from infra.serving.breaker import CircuitBreaker
 from infra.serving.challenger import SCORES_DIR, ChallengerRoute, ScoreLog
 from infra.serving.metrics import ServingMetrics
-from infra.serving.quotas import RateLimiter
+from infra.serving.quotas import RateLimiter, RouteLimits
 from infra.serving.slot import ModelSlot
 from infra.settings import ServeSettings
 
@@ -34,20 +34,6 @@ SALT_FILE = "audit.salt"
 def key_store(layout: HomeLayout) -> KeyStore:
     """The API keys of a home (``<home>/serving/keys.json``)."""
     return KeyStore(layout.serving() / KEYS_FILE)
-
-
-@dataclass(frozen=True)
-class RouteLimits:
-    """Limits of the routes under one path prefix that differ from the server's defaults
-    (an upload route takes bigger bodies, a streamed answer takes longer).
-
-    Attributes:
-        max_body_bytes: largest request body (None: ``INDUSFLOW_SERVE_MAX_BODY_BYTES``).
-        timeout_s: per-request time limit (None: ``INDUSFLOW_SERVE_REQUEST_TIMEOUT_S``).
-    """
-
-    max_body_bytes: int | None = None
-    timeout_s: float | None = None
 
 
 @dataclass
@@ -89,14 +75,19 @@ class Services:
 
     def limits_for(self, path: str) -> tuple[int, float]:
         """``(max body bytes, timeout seconds)`` of a request path."""
-        body, timeout = self.settings.max_body_bytes, self.settings.request_timeout_s
-        best = -1
-        for prefix, limits in self.route_limits.items():
-            if path.startswith(prefix) and len(prefix) > best:
-                best = len(prefix)
-                body = limits.max_body_bytes if limits.max_body_bytes is not None else self.settings.max_body_bytes
-                timeout = limits.timeout_s if limits.timeout_s is not None else self.settings.request_timeout_s
+        _, limits = self.route_limits_for(path)
+        body = limits.max_body_bytes if limits.max_body_bytes is not None else self.settings.max_body_bytes
+        timeout = limits.timeout_s if limits.timeout_s is not None else self.settings.request_timeout_s
         return body, timeout
+
+    def route_limits_for(self, path: str) -> tuple[str, RouteLimits]:
+        """The prefix whose :class:`RouteLimits` apply to ``path`` (the longest that matches; ``""``
+        and no limits when none does) and those limits."""
+        best, found = "", RouteLimits()
+        for prefix, limits in self.route_limits.items():
+            if path.startswith(prefix) and len(prefix) > len(best):
+                best, found = prefix, limits
+        return best, found
 
     @classmethod
     def from_settings(cls, settings: ServeSettings, layout: HomeLayout,

@@ -67,6 +67,7 @@ __all__ = [
     "ACCOUNT",
     "MAX_ID_CHARS",
     "TERMINAL",
+    "DamagedState",
     "Journal",
     "OnlineFraudModel",
     "OnlineFraudState",
@@ -102,6 +103,12 @@ class OrderError(ValueError):
     """A transaction is older than the latest one already applied for its account."""
 
 
+class DamagedState(OrderError):
+    """The stored state of an account cannot be used (a running sum stored as null or infinite by a
+    version that did not bound amounts): that account's transactions are refused (409) until an
+    admin resets it; every other account scores as usual and the model's breaker counts nothing."""
+
+
 class StateConflict(RuntimeError):
     """Another writer committed to the shared store while an update ran without its lock (the lock
     expired); nothing of the update was written, and it can be computed again on the new state."""
@@ -112,7 +119,8 @@ class StateConflict(RuntimeError):
 #: documents: without a cap one client could grow a terminal's document (and so everyone's
 #: latency at that terminal) without bound.
 MAX_ID_CHARS = 128
-_CHECKED_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID, S.CHANNEL, S.CATEGORY, S.OCCUPATION)
+_ID_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID)
+_CHECKED_COLUMNS = (*_ID_COLUMNS, S.CHANNEL, S.CATEGORY, S.OCCUPATION)
 
 
 # ------------------------------------------------------------------------------------
@@ -152,10 +160,10 @@ class OnlineStateStore(Protocol):
         True when no other writer committed since this store's own last commit (so what the
         caller kept in memory from before is still the stored state), else False."""
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         """The state of ``keys`` (absent keys are left out): an account as
         ``{"n", "sum", "terms", "seq", "recent": [row, ...]}``, a terminal as ``{"rows": [row, ...]}``
-        (rows in time order)."""
+        (rows in time order; with ``limit``, at most its newest ``limit``)."""
 
     def commit(self, journal: Journal) -> None:
         """Persist an update's changes."""
@@ -294,9 +302,11 @@ class SqliteStateStore:
                 raise
             self._generation = generation + 1 if self._committed else generation
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         unique = list(dict.fromkeys(keys))
+        if kind == TERMINAL and limit is not None:  # a terminal stored before its rows were capped: its newest
+            return self._read_terminals_newest(unique, limit)
         for start in range(0, len(unique), 500):
             chunk = unique[start : start + 500]
             marks = ",".join("?" * len(chunk))
@@ -314,6 +324,17 @@ class SqliteStateStore:
                         f"SELECT key, t, label, tx, rid FROM terminal_row WHERE key IN ({marks})", chunk):
                     trows.setdefault(k, []).append((t, label, tx, rid))
                 out.update({k: _terminal_doc(r) for k, r in trows.items()})
+        return out
+
+    def _read_terminals_newest(self, keys: list[str], limit: int) -> dict[str, dict[str, Any]]:
+        """Each terminal's newest ``limit`` rows (SQLite sorts; Python sees at most ``limit`` per key)."""
+        out: dict[str, dict[str, Any]] = {}
+        for k in keys:
+            rows = [(t, label, tx, rid) for t, label, tx, rid in self._conn.execute(
+                "SELECT t, label, tx, rid FROM terminal_row WHERE key = ? ORDER BY t DESC, rid DESC LIMIT ?",
+                (k, limit))]
+            if rows:
+                out[k] = _terminal_doc(rows)
         return out
 
     def _write(self, journal: Journal) -> None:
@@ -466,10 +487,12 @@ class RedisStateStore:
                 except self._errors.LockError:
                     pass  # it expired (and another writer may hold it now): theirs to release
 
-    def read(self, kind: str, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
         unique = list(dict.fromkeys(keys))
         if not unique:
             return {}
+        if kind == TERMINAL and limit is not None:  # every row is fetched (a hash); the newest kept
+            return {k: {"rows": doc["rows"][-limit:]} for k, doc in self.read(kind, unique).items()}
         pipe = self._redis.pipeline(transaction=False)
         for k in unique:
             if kind == ACCOUNT:
@@ -574,26 +597,50 @@ def _not_utf8(value: str) -> bool:
     return False
 
 
-def check_values(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> None:
-    """Refuse id and category values that no store can hold or that would grow the state without bound.
+def check_values(records: Sequence[Mapping[str, Any]],
+                 columns: Mapping[str, str] | None = None) -> Sequence[Mapping[str, Any]]:
+    """Refuse id and category values that no store can hold or that would grow the state without bound,
+    and give every id one type: text.
 
     Each of transaction_id, account_id, terminal_id, channel, category and occupation (read
     through the column mapping) must be a scalar (not a list or an object), at most
-    :data:`MAX_ID_CHARS` characters, and valid Unicode text (no lone surrogate).
+    :data:`MAX_ID_CHARS` characters, and valid Unicode text (no lone surrogate). An id is a
+    string; an integer id is canonicalised to its decimal text (``5`` and ``"5"`` are one account,
+    as the batch path reads a numeric id column of a file), while a float (``5.0``) or a boolean
+    (``true``) id is refused: neither names one account unambiguously.
+
+    Returns:
+        ``records``, or a copy whose integer ids are strings.
 
     Raises:
         DataValidationError: naming the column and the rows (0-based) at fault.
     """
     mapping = dict(columns or {})
+    numeric: list[tuple[int, str]] = []  # (row, source column) of integer ids, made text below
     for canonical in _CHECKED_COLUMNS:
         src = mapping.get(canonical, canonical)
         bad: list[int] = []
         problem = ""
+        is_id = canonical in _ID_COLUMNS
         for i, rec in enumerate(records):
             value = rec.get(src)
-            if value is None or type(value) in (int, float, bool):
+            if value is None:
                 continue
-            if type(value) is not str:
+            kind = type(value)
+            if is_id and kind is int:
+                if len(str(value)) > MAX_ID_CHARS:
+                    bad.append(i)
+                    problem = problem or f"longer than {MAX_ID_CHARS} characters"
+                numeric.append((i, src))
+                continue
+            if is_id and kind in (float, bool):
+                bad.append(i)
+                problem = problem or (f"must be a string (or an integer), not a {'boolean' if kind is bool else 'float'}"
+                                      ": ids are text, so 5, 5.0 and true cannot name three accounts")
+                continue
+            if kind in (int, float, bool):
+                continue
+            if kind is not str:
                 bad.append(i)
                 problem = problem or f"must be a string or a number, not a {type(value).__name__}"
             elif len(value) > MAX_ID_CHARS:
@@ -604,14 +651,22 @@ def check_values(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str
                 problem = problem or "not valid Unicode text (a lone surrogate)"
         if bad:
             raise DataValidationError(f"{canonical} {problem}", source="request", column=canonical, rows=bad[:5])
+    if not numeric:
+        return records
+    out = [dict(rec) for rec in records]
+    for i, src in numeric:
+        out[i][src] = str(out[i][src])
+    return out
 
 
-def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> pd.DataFrame:
+def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None, *,
+                  max_amount: float = P.MAX_AMOUNT) -> pd.DataFrame:
     """Request rows -> a validated canonical frame, as the batch path validates a file.
 
     Args:
         records: one mapping per transaction (source column names).
         columns: the column mapping canonical -> source (as ``--columns`` of ``score``).
+        max_amount: the largest amount accepted (:func:`~solutions.fraud.pipeline.transaction_schema`).
 
     Raises:
         DataValidationError: naming the column and the rows (0-based) at fault, or rows of
@@ -619,7 +674,7 @@ def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, st
     """
     frame = pd.DataFrame.from_records(list(records))
     frame = S.ColumnMapping(dict(columns or {})).apply(frame)
-    schema = P.transaction_schema(for_scoring=True).model_copy(update={"min_rows": 1})
+    schema = P.transaction_schema(for_scoring=True, max_amount=max_amount).model_copy(update={"min_rows": 1})
     table = validate_table(frame, schema, source="request")
     ts = table[S.TIMESTAMP]
     prev = ts.groupby(table[S.ACCOUNT_ID], sort=False).shift(1)
@@ -751,14 +806,15 @@ def _fast_time(value: Any) -> tuple[int, int, int, int] | None:
     return (((days * 24 + hour) * 60 + minute) * 60 + second) * _NS_PER_S + frac, hour, minute, (days + 3) % 7
 
 
-def _fast_number(value: Any, nullable: bool) -> float | None:
-    """A finite int/float as float (NaN for a null where allowed); None: not for the fast path."""
+def _fast_number(value: Any, nullable: bool, bound: float) -> float | None:
+    """An int/float with ``|value| <= bound`` as float (NaN for a null where allowed); None: not for
+    the fast path."""
     kind = type(value)
     if kind is float:
-        if math.isfinite(value):
+        if -bound <= value <= bound:
             return value
         return math.nan if nullable and math.isnan(value) else None
-    if kind is int and -(2**53) < value < 2**53:
+    if kind is int and -(2**53) < value < 2**53 and -bound <= value <= bound:
         return float(value)
     if value is None or value is _MISSING:
         return math.nan if nullable else None
@@ -776,10 +832,11 @@ def _fast_label(value: Any) -> float | None:
     return None
 
 
-def fast_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None) -> Rows | None:
+def fast_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None, *,
+              max_amount: float = P.MAX_AMOUNT) -> Rows | None:
     """Request rows -> :class:`Rows` without pandas, or None when :func:`validate_rows` must decide.
 
-    For records it accepts, the result equals ``Rows.from_frame(validate_rows(records, columns))``;
+    For records it accepts, the result equals ``Rows.from_frame(validate_rows(records, columns, max_amount=...))``;
     anything it does not accept (a bad or unusual value, a missing column, a column mapping that
     renames onto a canonical name, rows of one account out of time order) returns None.
     """
@@ -819,10 +876,10 @@ def fast_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] |
         if type(tx) is not str or type(acct) is not str:
             return None
         when = _fast_time(rec.get(src_ts))
-        amount = _fast_number(rec.get(src_amount, _MISSING), nullable=False)
+        amount = _fast_number(rec.get(src_amount, _MISSING), nullable=False, bound=max_amount)
         label = _fast_label(rec.get(src_label, _MISSING))
-        age = _fast_number(rec.get(src_age, _MISSING), nullable=True)
-        acc_age = _fast_number(rec.get(src_acc_age, _MISSING), nullable=True)
+        age = _fast_number(rec.get(src_age, _MISSING), nullable=True, bound=P.MAX_STATIC)
+        acc_age = _fast_number(rec.get(src_acc_age, _MISSING), nullable=True, bound=P.MAX_STATIC)
         if when is None or amount is None or amount < 0 or label is None or age is None or acc_age is None:
             return None
         if last.get(acct, when[0]) > when[0]:
@@ -876,12 +933,27 @@ class OnlineFraudState:
             with more rows inside the longest window gets approximate window features).
         cache_accounts: most accounts kept in memory between updates.
         cache_terminals: most terminals kept in memory between updates.
+        max_terminal_rows: at most this many rows per terminal (its oldest dropped first): bounds a
+            terminal's state, and so the time every scorer spends reading it, whatever one client
+            writes to it (a terminal with more rows inside ``delay + max(window) + 1`` days gets
+            approximate terminal windows, as ``max_recent`` does for accounts).
+        late_tolerance_s: how much older than its account's latest row a row may be and still be
+            applied (the server passes its clock skew). Decision (issue 46): late rows within this
+            tolerance are ACCEPTED, not refused: such a row is applied to its account as if it came
+            right after the latest row (its account features at the latest row's time, gap 0; its
+            hour, weekday and terminal row keep its own time), because rows already scored cannot be
+            recomputed. So a row dated up to the skew ahead of the clock (which one key may send)
+            cannot lock an account: every real-time row is at most the skew older than it. Rows older
+            than that still get :class:`OrderError` (409). 0: strict order, as the batch path.
     """
 
     def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = (1, 7, 30),
                  history_len: int = 255, max_recent: int = 4096, cache_accounts: int = 50_000,
-                 cache_terminals: int = 10_000) -> None:
+                 cache_terminals: int = 10_000, max_terminal_rows: int = 20_000,
+                 late_tolerance_s: float = 0.0) -> None:
         self.store = store
+        self.max_terminal_rows = int(max_terminal_rows)
+        self.late_ns = int(late_tolerance_s * _NS_PER_S)
         self.windows_days = tuple(int(w) for w in windows_days)
         self.history_len = int(history_len)
         self.max_recent = max(int(max_recent), self.history_len)
@@ -934,8 +1006,28 @@ def _row_time(row: Sequence[Any]) -> int:
     return row[0]
 
 
+def _same_tx(row: AccountRow, tx: str, t: int, late_ns: int) -> bool:
+    """Whether stored account ``row`` is transaction ``tx`` dated ``t`` (a late row is stored at its
+    account's latest time then, at most ``late_ns`` after its own)."""
+    return len(row) > 5 and row[5] == tx and 0 <= row[0] - t <= late_ns
+
+
 def _new_account() -> dict[str, Any]:
     return {"n": 0, "sum": 0.0, "terms": [], "seq": 0, "recent": []}
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _sound_account(doc: Mapping[str, Any]) -> bool:
+    """Whether a stored account can be computed on: a whole count, a finite sum and finite (or NaN)
+    amounts in its rows. A version that did not bound amounts could store a running sum of ``inf``
+    (written as null); that entry alone is then refused (:class:`DamagedState`), never the route."""
+    n = doc.get("n")
+    if type(n) is not int or n < 0 or not _finite(doc.get("sum")) or not isinstance(doc.get("terms"), list):
+        return False
+    return all(type(r[1]) is float and not math.isinf(r[1]) or _finite(r[1]) for r in doc.get("recent", ()))
 
 
 class _Batch:
@@ -975,9 +1067,13 @@ class _Batch:
         need_a = [a for a in dict.fromkeys(accounts) if a not in cached_a]
         need_t = [t for t in dict.fromkeys(terminals) if t not in cached_t]
         got_a = self.state.store.read(ACCOUNT, need_a) if need_a else {}
-        got_t = self.state.store.read(TERMINAL, need_t) if need_t else {}
+        # a terminal's read is sized by its bound, even for one stored before the bound existed
+        got_t = self.state.store.read(TERMINAL, need_t, limit=self.state.max_terminal_rows) if need_t else {}
         for a in need_a:
-            cached_a[a] = got_a.get(a) or _new_account()
+            doc = got_a.get(a) or _new_account()
+            if not _sound_account(doc):
+                doc["damaged"] = True
+            cached_a[a] = doc
         for t in need_t:
             doc = got_t.get(t) or {"rows": []}
             doc["next"] = max((r[3] for r in doc["rows"]), default=-1) + 1
@@ -993,6 +1089,10 @@ class _Batch:
         again is answered from :meth:`replayed` before this check), or its transaction id appears
         twice in ``rows``."""
         rows = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
+        damaged = [i for i, acct in enumerate(rows.accounts) if self.pending.accounts[acct].get("damaged")]
+        if damaged:
+            raise DamagedState(f"row {damaged[0]}: the stored online state of this account is damaged (written "
+                               "before amounts were bounded); an admin can clear it with POST /v1/fraud/state/reset")
         seen: dict[str, int] = {}
         for i, tx in enumerate(rows.tx_ids):
             if tx is None:
@@ -1001,14 +1101,15 @@ class _Batch:
                 raise OrderError(f"rows {seen[tx]} and {i}: transaction {tx!r} appears twice in one request; "
                                  "it is not applied twice")
             seen[tx] = i
+        late_ns = self.state.late_ns
         for i, (acct, t, tx) in enumerate(zip(rows.accounts, rows.t_ns, rows.tx_ids, strict=True)):
             recent = self.pending.accounts[acct]["recent"]
-            if tx is not None and any(len(r) > 5 and r[5] == tx and r[0] == t for r in reversed(recent)):
+            if tx is not None and any(_same_tx(r, tx, t, late_ns) for r in reversed(recent)):
                 raise OrderError(f"row {i}: transaction {tx!r} was already scored; it is not applied twice")
-            if recent and t < recent[-1][0]:  # the message names no other transaction's time
+            if recent and t < recent[-1][0] - late_ns:  # the message names no other transaction or time
                 raise OrderError(
-                    f"row {i}: the transaction at {pd.Timestamp(t)} is older than the latest one "
-                    "already scored for its account; online scoring is order-based"
+                    f"row {i}: this transaction is older than the latest one already scored for its account "
+                    "by more than the tolerance; online scoring is order-based"
                 )
 
     def replayed(self, rows: Rows) -> list[tuple[float, int]] | None:
@@ -1016,12 +1117,13 @@ class _Batch:
         time and amount: a client sending a request again whose answer it lost, to this replica or
         another), the stored (score, version) of each row, in order; else None. Needs the rows'
         accounts loaded."""
-        if not len(rows) or any(tx is None for tx in rows.tx_ids):
+        if not len(rows) or any(tx is None for tx in rows.tx_ids) or any(
+                self.pending.accounts[a].get("damaged") for a in rows.accounts):
             return None
         out: list[tuple[float, int]] = []
         for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
             stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
-                           if len(r) > 5 and r[5] == tx and r[0] == t), None)
+                           if _same_tx(r, tx, t, self.state.late_ns)), None)
             if stored is None or len(stored) < 8 or not (stored[1] == amount or math.isnan(stored[1])
                                                           and math.isnan(amount)):
                 return None
@@ -1072,12 +1174,15 @@ class _Batch:
         hist = self.state.history_len if keep is None else min(self.state.history_len, max(int(keep) - 1, 0))
 
         out: list[RowInputs] = []
+        late_ns = self.state.late_ns
         for i, acct_id in enumerate(accounts):
-            t, amount = t_ns[i], amounts[i]
+            t_own, amount = t_ns[i], amounts[i]
             acct = self.pending.accounts[acct_id]
             recent: list[AccountRow] = acct["recent"]
-            if recent and t < recent[-1][0]:
+            if recent and t_own < recent[-1][0] - late_ns:
                 raise OrderError(f"row {i}: older than the latest transaction already scored for its account")
+            # a late row (within the tolerance) joins its account right after the latest row
+            t = max(t_own, recent[-1][0]) if recent else t_own
             # -- step features (solutions.fraud.sequences.step_features)
             amount_c = max(amount, 0.0) if not math.isnan(amount) else amount
             gap = (t - recent[-1][0]) / _NS_PER_S if recent else None
@@ -1121,9 +1226,9 @@ class _Batch:
             term_key = (term if term is not None else _NULL_TERMINAL) if has_terminal else None
             if term_key is not None:
                 times, n_known, n_pos = self._index(term_key)
-                hi = bisect.bisect_left(times, t - delay_ns)
+                hi = bisect.bisect_left(times, t_own - delay_ns)
                 for w, nb_key, risk_key in term_keys:
-                    lo = bisect.bisect_left(times, t - delay_ns - w * _NS_PER_DAY)
+                    lo = bisect.bisect_left(times, t_own - delay_ns - w * _NS_PER_DAY)
                     known = n_known[hi] - n_known[lo]
                     win[nb_key] = float(hi - lo)
                     win[risk_key] = (n_pos[hi] - n_pos[lo]) / known if known else 0.0
@@ -1160,12 +1265,12 @@ class _Batch:
                 trows = tdoc["rows"]
                 times, n_known, n_pos = self._index(term_key)
                 label = None if math.isnan(labels[i]) else float(labels[i])
-                pos = bisect.bisect_right(times, t)
-                trow = (t, label, tx_ids[i], tdoc["next"])
+                pos = bisect.bisect_right(times, t_own)
+                trow = (t_own, label, tx_ids[i], tdoc["next"])
                 tdoc["next"] += 1
                 trows.insert(pos, trow)
                 journal.terminal_rows.append((term_key, trow))
-                times.insert(pos, t)
+                times.insert(pos, t_own)
                 k, p = int(label is not None), int(label is not None and label > 0)
                 if pos == len(times) - 1:  # the usual case: the newest row of its terminal
                     n_known.append(n_known[-1] + k)
@@ -1174,7 +1279,7 @@ class _Batch:
                     n_known[pos + 1 :] = [n_known[pos] + k, *(c + k for c in n_known[pos + 1 :])]
                     n_pos[pos + 1 :] = [n_pos[pos] + p, *(c + p for c in n_pos[pos + 1 :])]
                 horizon = times[-1] - delay_ns - (wmax + 1) * _NS_PER_DAY
-                drop = bisect.bisect_left(times, horizon)
+                drop = max(bisect.bisect_left(times, horizon), len(times) - self.state.max_terminal_rows)
                 if drop:
                     journal.dropped += [(term_key, r[3]) for r in trows[:drop]]
                     del trows[:drop]
@@ -1216,7 +1321,7 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
     Raises:
         DataValidationError: a column is missing or a value cannot be read (names it).
     """
-    check_values(records, columns)
+    records = check_values(records, columns)
     frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
     table = validate_table(frame, label_schema(), source="request")
     t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
@@ -1464,6 +1569,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                                requests: Sequence[Sequence[Mapping[str, Any]]],
                                columns: Mapping[str, str] | None = None, *,
                                max_time_ns: int | None = None, keep: int | None = None,
+                               max_amount: float = P.MAX_AMOUNT,
                                ) -> list[ScoredRequest | Exception]:
     """Score several requests' rows in order with one model call.
 
@@ -1489,6 +1595,8 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
             account's latest and make every later real transaction of it "older". None: no bound.
         keep: steps per row kept in the inputs (default the model's ``seq_len``; more for a
             challenger with a longer sequence).
+        max_amount: the largest amount accepted (a request with a larger one gets a
+            :class:`DataValidationError`).
 
     Returns:
         Per request: its :class:`ScoredRequest` or the error that refused it.
@@ -1499,10 +1607,10 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     frames: list[Rows | Exception] = []
     for rows in requests:
         try:
-            check_values(rows, columns)
-            frame = fast_rows(rows, columns)
+            rows = check_values(rows, columns)
+            frame = fast_rows(rows, columns, max_amount=max_amount)
             if frame is None:
-                frame = Rows.from_frame(validate_rows(rows, columns))
+                frame = Rows.from_frame(validate_rows(rows, columns, max_amount=max_amount))
         except (DataValidationError, ValueError) as exc:
             frames.append(exc)
             continue

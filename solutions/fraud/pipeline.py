@@ -26,6 +26,14 @@ log = logging.getLogger(__name__)
 #: Bump when feature code changes, so stored feature tables are rebuilt.
 FEATURES_VERSION = "1"
 PERIOD = "period"
+#: Largest transaction amount accepted (amounts are >= 0), by default: a bound far above any real
+#: payment, low enough that an account's running sum of amounts cannot overflow to infinity (a sum
+#: of 1e308-sized amounts became ``inf``, was stored as null and broke every later score of the
+#: account). Serving takes its own from ``INDUSFLOW_SERVE_FRAUD_MAX_AMOUNT``.
+MAX_AMOUNT = 1e9
+#: Largest |age| and |account_age_days| accepted: finite and far beyond any real value (negative
+#: ones are clipped to 0 by the features, as before).
+MAX_STATIC = 1e6
 
 #: (column, kind, required, nullable) of the transactions table, for validation.
 TRANSACTION_COLUMNS: tuple[tuple[str, str, bool, bool], ...] = (
@@ -52,13 +60,19 @@ def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
     )
 
 
-def transaction_schema(for_scoring: bool = False) -> TableSchema:
-    """The validation schema of a transactions table (label optional when scoring)."""
+def transaction_schema(for_scoring: bool = False, max_amount: float = MAX_AMOUNT) -> TableSchema:
+    """The validation schema of a transactions table (label optional when scoring).
+
+    Every number is finite and bounded: ``0 <= amount <= max_amount``, ``|age|`` and
+    ``|account_age_days|`` at most :data:`MAX_STATIC`.
+    """
     columns = scoring_columns() if for_scoring else TRANSACTION_COLUMNS
+    bounds = {S.AMOUNT: max_amount, S.AGE: MAX_STATIC, S.ACCOUNT_AGE_DAYS: MAX_STATIC}
     return TableSchema(
         name="fraud-transactions-score" if for_scoring else "fraud-transactions",
         columns=tuple(
-            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None)
+            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None,
+                       max_abs=bounds.get(n))
             for n, k, r, nl in columns
         ),
         time_column=S.TIMESTAMP,

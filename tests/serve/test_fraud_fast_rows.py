@@ -78,6 +78,10 @@ def test_requests_the_general_path_refuses_are_left_to_it() -> None:
         ([{**GOOD, "amount": -1.0}], None),
         ([{**GOOD, "amount": "12,5"}], None),
         ([{**GOOD, "amount": float("inf")}], None),
+        ([{**GOOD, "amount": 1e308}], None),  # finite, but beyond the bound (sums would overflow)
+        ([{**GOOD, "amount": 10**9 + 1}], None),
+        ([{**GOOD, "age": 1e300}], None),
+        ([{**GOOD, "account_age_days": -2e6}], None),
         ([{**GOOD, "timestamp": "not a time"}], None),
         ([{**GOOD, "timestamp": "2025-02-30T00:00:00"}], None),
         ([{**GOOD, "account_id": None}], None),
