@@ -50,7 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from infra.errors import ApprovalError, QualityGateError, RegistryError
 from infra.home import home_layout
@@ -217,6 +217,7 @@ class TrailReport(BaseModel):
     unproven: list[str] = Field(default_factory=list, description="What could not be proven (no anchor, versions "
                                 "registered before file hashing).")
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def status(self) -> str:
         """``failed`` (a problem), ``unanchored`` (consistent, but nothing outside the folder pins it), or ``ok``."""

@@ -96,10 +96,11 @@ class GovernanceSettings(BaseSettings):
     bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
     approval_required: list[str] = Field(
         default_factory=list,
-        description="Registry models whose champion moves only after a second person approves (four eyes), "
-        "as a JSON list, e.g. [\"fraud-seq\"], or [\"*\"] for every model; added to the models "
-        "`approval: required` names in the deployment config. The registry's own policy of each model "
-        "(python -m flows.registry policy) names its approvers and is enforced on every alias move.",
+        description="Registry models whose alias moves must wait for a second person's signed approval, as a "
+        "JSON list, e.g. [\"fraud-seq\"], or [\"*\"] for every model (with the models `approval: required` "
+        "names in the deployment config). It can only ask: the model's registry policy (python -m "
+        "flows.registry policy) names the approvers and is enforced on every move; a model named here "
+        "without one fails.",
     )
     trail_anchors: list[str] = Field(
         default_factory=list,
