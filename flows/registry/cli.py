@@ -52,7 +52,7 @@ def keygen_summary(result: Any) -> str:
 
 
 def policy_summary(result: Any) -> str:
-    need = "needs" if result.approval_required else "does not need"
+    need = "need" if result.approval_required else "do not need"
     return (f"{result.model}: policy {result.seq} signed by {result.signed_by}; alias moves {need} approval by "
             f"one of {', '.join(result.approvers)}")
 

@@ -127,7 +127,7 @@ def test_unknown_column_error_names_the_column_and_the_file(tmp_path: Path, caps
     assert "CUSTOMER_ID" in lines[0]  # the columns the file has
 
 
-ENTRYPOINT_MODULES = ("flows.fraud.cli", "flows.sensor.cli", "flows.rag.cli", "flows.compress.cli")
+ENTRYPOINT_MODULES = ("flows.fraud.cli", "flows.sensor.cli", "flows.rag.cli", "flows.compress.cli", "flows.registry.cli")
 
 
 @pytest.mark.parametrize("module", ENTRYPOINT_MODULES)

@@ -82,3 +82,25 @@ def test_the_prefect_anchor_pins_the_head(monkeypatch: pytest.MonkeyPatch, capsy
         {"entries": 4, "last_sha256": hashlib.sha256(lines[-1].encode()).hexdigest()}))
     assert main(["verify", "--model", "trail-p"]) == 1
     assert "entry 2 is not the one anchor prefect saw: the trail was rewritten" in capsys.readouterr().out
+
+
+def test_keygen_and_policy_commands_enrol_approvers(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """``keygen`` writes a private key (0600) and prints the public key; ``policy`` signs the model's
+    policy with it; a second ``policy`` signed by a key the policy does not enrol is refused."""
+    registry = ModelRegistry()
+    registry.register("policy-m", {"w": torch.zeros(2)}, params={}, metrics={"test/auprc": 0.1},
+                      primary_metric="test/auprc")
+    keys = {}
+    for who in ("alice", "mallory"):
+        assert main(["keygen", who, "--out", str(tmp_path / f"{who}.pem"), "--json"]) == 0
+        keys[who] = _last_json(capsys.readouterr().out)["public_key"]
+        assert (tmp_path / f"{who}.pem").stat().st_mode & 0o777 == 0o600
+    assert main(["policy", "--model", "policy-m", "--approvers", f"alice:{keys['alice']}:alice",
+                 "--key", str(tmp_path / "alice.pem"), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "policy-m: policy 1 signed by alice; alias moves need approval by one of alice" in out
+    assert _last_json(out)["signed_by"] == "alice" and registry.policy("policy-m").approvers[0].accounts == ["alice"]
+    assert main(["policy", "--model", "policy-m", "--approvers", f"mallory:{keys['mallory']}",
+                 "--key", str(tmp_path / "mallory.pem"), "--no-approval-required"]) == 2
+    assert "no approver of the current policy" in capsys.readouterr().err
+    assert registry.policy("policy-m").approval_required
