@@ -46,9 +46,11 @@ class ApprovalListView(BaseModel):
 
 
 def principal_name(principal: Principal) -> str:
-    """How the trail names an API caller (the key, and the person it is bound to)."""
+    """How the trail names an API caller: the key, the person it is bound to, who made it."""
     name = principal.key_id if principal.key_id.startswith("jwt:") else f"api-key:{principal.key_id}"
-    return f"{name} ({principal.person})" if principal.person else name
+    about = "; ".join(part for part in (principal.person, principal.created_by and f"made by {principal.created_by}")
+                      if part)
+    return f"{name} ({about})" if about else name
 
 
 def may_approve(principal: Principal, model: str) -> bool:

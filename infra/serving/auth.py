@@ -68,12 +68,14 @@ class Principal:
         scopes: what it may call.
         rate_limit: its own rate limit (``N/minute``), or None for the server default.
         person: the person the key was bound to when it was made (None: not bound, or a JWT).
+        created_by: the OS account that made the key (None: a JWT, or a key made before it was recorded).
     """
 
     key_id: str
     scopes: frozenset[str]
     rate_limit: str | None = None
     person: str | None = None
+    created_by: str | None = None
 
     def allows(self, scope: str) -> bool:
         """True when the principal holds ``scope`` or ``admin``."""
@@ -254,7 +256,8 @@ class Authenticator:
             record = self.keys.verify(api_key.strip())
             if record is None:
                 raise AuthError(401, "invalid or revoked API key")
-            return Principal(record.key_id, frozenset(record.scopes), record.rate_limit, record.person)
+            return Principal(record.key_id, frozenset(record.scopes), record.rate_limit, record.person,
+                             record.created_by)
         if token is not None:
             return self._from_jwt(token)
         raise AuthError(401, "no credential: send X-API-Key or Authorization: Bearer <token>")

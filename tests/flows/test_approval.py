@@ -293,7 +293,7 @@ def test_the_serving_api_carries_only_signed_decisions(approval_env: Callable[[s
     registry = ModelRegistry()
     assert registry.get(name).version == 2
     approved = [e for e in registry.trail(name) if e["action"] == "approved"][-1]
-    assert approved["by"] == "bob" and approved["via"] == f"api-key:{bobs.key_id} (bob)"
+    assert approved["by"] == "bob" and approved["via"] == f"api-key:{bobs.key_id} (bob; made by {current_actor()})"
 
 
 def test_racing_decisions_one_wins_the_other_is_refused(approval_env: Callable[[str], dict[str, Person]]) -> None:
