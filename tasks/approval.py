@@ -56,7 +56,14 @@ from infra.registry import (
     PromotionDecision,
     current_actor,
 )
-from infra.registry_policy import DecisionStatement, SignedDecision, load_signing_key, now_iso, sign_decision
+from infra.registry_policy import (
+    DecisionStatement,
+    SignedDecision,
+    load_signing_key,
+    now_iso,
+    public_key_of,
+    sign_decision,
+)
 from infra.settings import get_governance_settings
 from infra.store import check_name, safe_join, write_json_atomic
 from tasks.register import RegistrationResult, render_promotion
@@ -429,8 +436,6 @@ def sign_for_request(run_id: str, *, approve: bool, reason: str, key_path: Path,
     request = find_request(run_id, registry)
     key = load_signing_key(key_path)
     policy = registry.policy(request.model)
-    from infra.registry_policy import public_key_of
-
     approver = policy.approver(public_key_of(key)) if policy is not None else None
     if approver is None:
         raise ApprovalError(f"the key in {key_path} is not enrolled as an approver of {request.model}",
