@@ -15,26 +15,33 @@ which applies the champion rule (beat the current champion on the primary metric
 Every move is appended to the alias history; a home written before the history existed
 keeps working (its first rollback has no earlier champion to return to).
 
-The history is a tamper-evident trail: each entry records who moved the alias (``by``: the
-``INDUSFLOW_GOVERNANCE_ACTOR`` of the process, else the OS user), when, why, from which version
-to which, and its evidence (SHA-256 of the version's ``meta.json`` and ``card.json``, and of the champion
-comparison the decision read), and carries ``prev``: the SHA-256 of the line before it. The head
-file holds the number of lines and the last line's hash. :meth:`ModelRegistry.verify_trail`
-recomputes the chain: an edited line breaks the next line's ``prev`` (or, for the last, the
-head), a removed line the same, and ``aliases.json`` must equal what the trail's last moves say.
-(An attacker who rewrites every later line and the head is not detected by the chain alone: the
-head hash is also printed in each promotion's artifact and card, outside the registry folder.)
+The history is a tamper-evident trail: each entry records who moved the alias (``by``: the OS
+account of the process, as the OS reports it, never an environment variable; and for an approved
+move the approver's signed decision), when, why, from which version to which, and its evidence
+(SHA-256 of the version's ``meta.json`` and ``card.json``, and of the champion comparison the
+decision read), and carries ``prev``: the SHA-256 of the line before it. A version's registration
+is an entry too (``register``: the SHA-256 of every file of the folder as stored), and so is each
+document written into it later (``document``: the card). The head file holds the number of
+lines and the last line's hash; every entry's hash is also sent to the configured anchors outside
+the registry folder (:mod:`infra.registry_anchor`). :meth:`ModelRegistry.verify_trail` recomputes
+the chain, re-hashes every version's files, compares ``aliases.json`` with the trail's last moves
+and the head with the anchors; without an anchor it says the trail is only "unanchored".
+
+The registry enforces each model's policy (:mod:`infra.registry_policy`) on every alias move,
+whatever process asks: a model whose policy requires approval moves an alias only with a decision
+signed by an enrolled approver who did not start the move.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
-import getpass
 import hashlib
 import json
 import logging
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
@@ -43,11 +50,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from infra import sealed
-from infra.errors import QualityGateError, RegistryError
+from infra.errors import ApprovalError, QualityGateError, RegistryError
 from infra.home import home_layout
+from infra.registry_anchor import (
+    check_anchor,
+    configured_anchors,
+    file_sha256,
+    publish_head,
+    version_file_hashes,
+)
+from infra.registry_policy import (
+    POLICY_FILE,
+    ModelPolicy,
+    SignedDecision,
+    SignedPolicy,
+    check_decision,
+    check_policy_change,
+    read_policy,
+    sha256_of,
+)
 from infra.store import check_name, safe_join, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -62,6 +86,8 @@ CHAMPION = "champion"
 CHALLENGER = "challenger"
 #: Trail entries that move no alias: the approval of a champion move (tasks.approval).
 TRAIL_EVENTS = ("approval-requested", "approved", "rejected", "approval-refused", "approval-expired")
+#: Trail entries about a version's files and the model's policy (no alias moves).
+REGISTER, DOCUMENT, POLICY = "register", "document", "policy"
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
 KIND_TORCH = "torch"
 KIND_SKLEARN = "sklearn-skops"  # a scikit-learn model in a skops file (infra.sklearn_store), no tensors
@@ -106,17 +132,22 @@ class ModelRef(BaseModel):
 
 
 class Approval(BaseModel):
-    """A second person's decision on a champion move (four eyes), as the trail records it."""
+    """A second person's decision on an alias move (four eyes), as the trail records it."""
 
     model_config = ConfigDict(frozen=True)
 
-    run_id: str = Field(description="The Prefect flow run that waited for the decision.")
-    requested_by: str = Field(description="Who started the run (the Prefect user, else the process's actor).")
-    decided_by: str | None = Field(default=None, description="Who approved or rejected (None: nobody, it expired).")
+    run_id: str | None = Field(description="The Prefect flow run that waited for the decision (None: none waited).")
+    requested_by: str = Field(description="Who started the run (the Prefect user, else the process's OS account).")
+    decided_by: str | None = Field(default=None, description="The enrolled approver whose key signed the decision "
+                                   "(None: nobody, it expired).")
     approved: bool
     reason: str
     requested_at: str
     decided_at: str
+    signed: SignedDecision | None = Field(default=None, description="The signed decision (checked by the registry "
+                                          "against the model's policy on the move).")
+    via: str | None = Field(default=None, description="The channel that carried it (an API key id, the CLI, the "
+                            "Prefect form).")
 
 
 class PromotionDecision(BaseModel):
@@ -148,16 +179,11 @@ class PromotionDecision(BaseModel):
 
 
 def current_actor() -> str:
-    """Who the trail names for a move made by this process: ``INDUSFLOW_GOVERNANCE_ACTOR`` (a
-    deployment or a service sets it to the run's user), else the OS user."""
-    from infra.settings import get_governance_settings
-
-    actor = (get_governance_settings().actor or "").strip()
-    if actor:
-        return actor
+    """Who the trail names for a move made by this process: its OS account, as the OS reports it
+    (``getpass`` would trust ``USER``/``LOGNAME``: an environment variable never names anyone)."""
     try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (a container's numeric user)
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # no passwd entry (a container's numeric user)
         return f"uid:{os.getuid()}"
 
 
@@ -184,8 +210,19 @@ class TrailReport(BaseModel):
     chained: int = Field(description="Entries with a hash link to the line before (or the first line).")
     unchained: int = Field(description="Lines written before the trail was hash-chained (not verifiable).")
     head_sha256: str | None
-    ok: bool
+    ok: bool = Field(description="No problem found (the chain, the files, the aliases, the policy, the anchors).")
     problems: list[TrailProblem]
+    files_checked: int = Field(default=0, description="Version files re-hashed against their trail entries.")
+    anchors: list[str] = Field(default_factory=list, description="The anchors the head was checked against.")
+    anchored: int = Field(default=0, description="Entries pinned by every anchor (0: none configured).")
+    unproven: list[str] = Field(default_factory=list, description="What could not be proven (no anchor, versions "
+                                "registered before file hashing).")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def status(self) -> str:
+        """``failed`` (a problem), ``unanchored`` (consistent, but nothing outside the folder pins it), or ``ok``."""
+        return "failed" if not self.ok else "unanchored" if not self.anchors else "ok"
 
 
 class ChampionComparison(BaseModel):
@@ -286,25 +323,122 @@ class ModelRegistry:
             os.fsync(handle.fileno())
         head = _sha256_text(line)
         write_json_atomic(self._model_dir(name) / TRAIL_HEAD_FILE, {"entries": len(lines) + 1, "last_sha256": head})
+        publish_head(name, len(lines) + 1, head)
         return head
+
+    # -- files and policy on the trail -------------------------------------------------
+    def _recorded_files(self, name: str, entries: list[dict[str, Any]] | None = None) -> dict[int, dict[str, str]]:
+        """Version -> file -> SHA-256, as the trail's ``register`` and ``document`` entries recorded them."""
+        out: dict[int, dict[str, str]] = {}
+        for e in entries if entries is not None else self.trail(name):
+            if e.get("action") == REGISTER:
+                out[int(e["version"])] = dict(e["files"])
+            elif e.get("action") == DOCUMENT and int(e["version"]) in out:
+                out[int(e["version"])][str(e["file"])] = str(e["sha256"])
+        return out
+
+    def version_files(self, name: str, version: int) -> dict[str, str]:
+        """The SHA-256 of each file of a version as the trail recorded them (what an approver signs);
+        RegistryError when the files on disk differ or the version was never registered on the trail."""
+        recorded = self._recorded_files(name).get(int(version))
+        if recorded is None:
+            raise RegistryError(f"{name}:{version} has no registration entry in its trail (registered before files "
+                                "were hashed, or written outside the registry): it cannot be approved")
+        stored = version_file_hashes(self._model_dir(name) / str(int(version)))
+        if stored != recorded:
+            differ = sorted(k for k in set(stored) | set(recorded) if stored.get(k) != recorded.get(k))
+            raise RegistryError(f"{name}:{version}: files {', '.join(differ)} differ from what the trail recorded "
+                                "(edited, added or removed outside the registry)")
+        return recorded
+
+    def _policy_unlocked(self, name: str) -> ModelPolicy | None:
+        """The model's policy once its file matches the trail's last ``policy`` entry (RegistryError if not)."""
+        signed = read_policy(self._model_dir(name))
+        recorded = [e for e in self.trail(name) if e.get("action") == POLICY]
+        want = recorded[-1]["policy_sha256"] if recorded else None
+        have = sha256_of(signed.policy) if signed is not None else None
+        if want != have:
+            raise RegistryError(f"{name}: {POLICY_FILE} does not match the policy its trail records "
+                                f"({'missing' if have is None else 'not on the trail' if want is None else 'replaced'}"
+                                "): it was changed outside the registry; no alias moves until it is restored")
+        return signed.policy if signed is not None else None
+
+    def policy(self, name: str) -> ModelPolicy | None:
+        """The model's approval policy (None: none was set)."""
+        with self._lock(name):
+            return self._policy_unlocked(name)
+
+    def set_policy(self, name: str, signed: SignedPolicy) -> str:
+        """Replace ``name``'s policy with ``signed`` (signed by an approver of the current policy, or of
+        itself for the first); the change is a trail entry. Returns the trail's new head."""
+        if signed.policy.model != name:
+            raise ApprovalError(f"the policy is for {signed.policy.model!r}, not {name!r}")
+        with self._lock(name):
+            current = self._policy_unlocked(name)
+            signer = check_policy_change(signed, current)
+            write_json_atomic(self._model_dir(name) / POLICY_FILE, signed.model_dump(mode="json"))
+            p = signed.policy
+            return self._append_trail(name, {
+                "action": POLICY, "policy_sha256": sha256_of(p), "policy_seq": p.seq, "signed_by": signer.person,
+                "signer_key": signed.public_key, "approval_required": p.approval_required,
+                "approvers": [a.person for a in p.approvers], "reason": f"policy {p.seq} signed by {signer.person}"})
+
+    def verify_decision(self, name: str, alias: str, version: int, signed: SignedDecision, *,
+                        initiators: list[str], run_id: str | None) -> str:
+        """The enrolled approver (person) whose signed decision holds for this move, without moving
+        anything (ApprovalError with its ``code`` otherwise: not enrolled, bad signature, another
+        move, too old, four eyes); what a waiting run and ``approve`` check before the move itself."""
+        with self._lock(name):
+            policy = self._policy_unlocked(name)
+            if policy is None:
+                raise ApprovalError(f"{name} has no approval policy: no approver is enrolled (python -m flows.registry "
+                                    "policy)", code="not_approver")
+            return check_decision(policy, signed, model=name, version=int(version), alias=alias,
+                                  files=self.version_files(name, version),
+                                  initiators=initiators, run_id=run_id).person
+
+    def _authorise(self, name: str, alias: str, version: int, approval: Approval | None, *,
+                   emergency: bool = False) -> dict[str, Any]:
+        """Check (inside the lock) that the policy allows this alias move; returns what the trail
+        entry records of the authority. ApprovalError (``code``) when it does not."""
+        policy = self._policy_unlocked(name)
+        if policy is None or not policy.approval_required:
+            return {}
+        if emergency and policy.emergency_rollback:
+            return {"emergency": True}
+        if approval is None or approval.signed is None or not approval.approved:
+            raise ApprovalError(f"{name}: moving {alias} to v{version} needs a decision signed by an approver of "
+                                f"its policy ({', '.join(a.person for a in policy.approvers)}); ask for it with a flow "
+                                "run (approve / the Prefect form)", code="unapproved")
+        signed = approval.signed
+        approver = check_decision(policy, signed, model=name, version=int(version), alias=alias,
+                                  files=self.version_files(name, version),
+                                  initiators=[approval.requested_by, current_actor()], run_id=approval.run_id)
+        if signed.statement.decision != "approve":
+            raise ApprovalError(f"{name}: the signed decision rejects the move", code="unapproved")
+        used = signed.sha256
+        if any(e.get("decision_sha256") == used for e in self.trail(name) if "alias" in e):
+            raise ApprovalError(f"{name}: this signed decision was already used for a move", code="replayed")
+        return {"decision_sha256": used, "approved_by": approver.person, "approver_key": signed.public_key}
 
     def _write_alias(self, name: str, aliases: dict[str, int], alias: str, version: int, action: str,
                      reason: str, comparison: Mapping[str, Any] | None = None,
-                     approval: Approval | None = None) -> str:
-        """Point ``alias`` at ``version`` and append the move to the trail (inside the lock);
-        returns the trail's new head."""
+                     approval: Approval | None = None, emergency: bool = False) -> str:
+        """Point ``alias`` at ``version`` and append the move to the trail (inside the lock), once the
+        model's policy allows it (:meth:`_authorise`); returns the trail's new head."""
+        authority = self._authorise(name, alias, version, approval, emergency=emergency)
         entry: dict[str, Any] = {"alias": alias, "version": int(version), "previous": aliases.get(alias),
                                  "action": action, "reason": reason,
-                                 "evidence": self._evidence(name, version, comparison)}
+                                 "evidence": self._evidence(name, version, comparison), **authority}
         if approval is not None:
-            entry["approval"] = approval.model_dump()
+            entry["approval"] = approval.model_dump(mode="json")
         head = self._append_trail(name, entry)
         aliases[alias] = int(version)
         write_json_atomic(self._model_dir(name) / "aliases.json", aliases)
         return head
 
     def record_event(self, name: str, action: str, *, candidate: int, champion: int | None, reason: str,
-                     by: str, run_id: str | None = None) -> str:
+                     by: str, run_id: str | None = None, extra: Mapping[str, Any] | None = None) -> str:
         """Append an event that moves no alias (``approval-requested``, ``approved``, ``rejected``,
         ``approval-refused``, ``approval-expired``) to ``name``'s trail; returns the new head.
 
@@ -316,7 +450,7 @@ class ModelRegistry:
             raise ValueError(f"unknown trail event {action!r}; known: {', '.join(TRAIL_EVENTS)}")
         with self._lock(name):
             self.get(name, candidate)
-            return self._append_trail(name, {"action": action, "candidate": int(candidate),
+            return self._append_trail(name, {**(extra or {}), "action": action, "candidate": int(candidate),
                                              "champion": champion, "reason": reason, "by": by, "run": run_id,
                                              "evidence": self._evidence(name, candidate, None)})
 
@@ -328,13 +462,24 @@ class ModelRegistry:
     def verify_trail(self, name: str) -> TrailReport:
         """Recompute ``name``'s trail: every ``prev`` link, the head file, and ``aliases.json``
         against the trail's last move of each alias (see the module docstring)."""
-        self._model_dir(name)  # checks the name
-        with self._lock(name):
+        model_dir = self._model_dir(name)  # checks the name
+        policy_problem = None
+        with self._lock(name) if model_dir.is_dir() else contextlib.nullcontext():
             lines = self._trail_lines(name)
-            head_path = self._model_dir(name) / TRAIL_HEAD_FILE
+            head_path = model_dir / TRAIL_HEAD_FILE
             head = json.loads(head_path.read_text()) if head_path.exists() else None
             aliases = self._aliases(name)
+            try:
+                self._policy_unlocked(name)
+            except RegistryError as exc:
+                policy_problem = str(exc)
+            except ValueError as exc:
+                policy_problem = f"{POLICY_FILE} cannot be read: {exc}"
+            stored = {v: version_file_hashes(model_dir / str(v)) for v in self._versions(model_dir)} \
+                if model_dir.is_dir() else {}
         problems: list[TrailProblem] = []
+        if policy_problem is not None:
+            problems.append(TrailProblem(line=None, problem=policy_problem))
         chained = unchained = 0
         last: dict[str, int | None] = {}
         for i, line in enumerate(lines):
@@ -382,9 +527,55 @@ class ModelRegistry:
                 problems.append(TrailProblem(line=None, problem=(
                     f"aliases.json has no {alias}, the trail's last move points it at v{version}: "
                     "the alias was removed outside the registry")))
+        entries = [e for e in (self._json_or_none(line) for line in lines) if isinstance(e, dict)]
+        file_problems, unproven = self._check_files(self._recorded_files(name, entries), stored)
+        problems += [TrailProblem(line=None, problem=p) for p in file_problems]
+        heads = [_sha256_text(line) for line in lines]
+        anchors = configured_anchors()
+        pinned = []
+        for anchor in anchors:
+            count, found = check_anchor(anchor, name, heads)
+            pinned.append(count)
+            problems += [TrailProblem(line=None, problem=p) for p in found]
+        if not anchors:
+            unproven.insert(0, "no anchor is configured (INDUSFLOW_GOVERNANCE_TRAIL_ANCHORS): the trail is only "
+                            "consistent with itself; a trail rewritten, re-chained or deleted as a whole is not "
+                            "detectable")
         return TrailReport(name=name, entries=len(lines), chained=chained, unchained=unchained,
-                           head_sha256=_sha256_text(lines[-1]) if lines else None, ok=not problems,
-                           problems=problems)
+                           head_sha256=heads[-1] if heads else None, ok=not problems,
+                           problems=problems, files_checked=sum(len(f) for f in stored.values()),
+                           anchors=[a.name for a in anchors], anchored=min(pinned) if pinned else 0,
+                           unproven=unproven)
+
+    @staticmethod
+    def _json_or_none(line: str) -> Any:
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            return None
+
+    @staticmethod
+    def _check_files(recorded: dict[int, dict[str, str]],
+                     stored: dict[int, dict[str, str]]) -> tuple[list[str], list[str]]:
+        """(problems, unproven) of the version folders on disk against their trail entries."""
+        problems, unproven = [], []
+        first = min(recorded) if recorded else None
+        for version, files in sorted(stored.items()):
+            want = recorded.get(version)
+            if want is None:
+                if first is None or version < first:
+                    unproven.append(f"v{version} was registered before files were hashed: its files are not proven")
+                else:
+                    problems.append(f"v{version}: the folder has no registration entry on the trail "
+                                    "(written or swapped in outside the registry)")
+                continue
+            differ = sorted(k for k in set(files) | set(want) if files.get(k) != want.get(k))
+            if differ:
+                problems.append(f"v{version}: {', '.join(differ)} differ from the trail's hashes "
+                                "(edited, added, removed, or the folder was swapped with another version's)")
+        for version in sorted(set(recorded) - set(stored)):
+            problems.append(f"v{version} is registered on the trail but its folder is gone")
+        return problems, unproven
 
     def _alias_stack(self, name: str, alias: str, current: int | None) -> list[int]:
         """The alias's versions, oldest first, as promotions pushed and rollbacks popped them;
@@ -405,13 +596,18 @@ class ModelRegistry:
         return stack
 
     # -- reading -----------------------------------------------------------------------
-    def alias_history(self, name: str, alias: str | None = CHAMPION) -> list[dict[str, Any]]:
-        """The recorded moves of ``alias`` (every alias with None), oldest first."""
+    def trail(self, name: str) -> list[dict[str, Any]]:
+        """Every entry of ``name``'s trail (moves, events, registrations, documents, policies), oldest first."""
         path = self._model_dir(name) / ALIAS_HISTORY_FILE
         if not path.exists():
             return []
-        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [e for e in entries if alias is None or e.get("alias") == alias]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def alias_history(self, name: str, alias: str | None = CHAMPION) -> list[dict[str, Any]]:
+        """The recorded moves of ``alias`` (with None: every alias's moves and the approval events),
+        oldest first."""
+        return [e for e in self.trail(name) if e.get("action") not in (REGISTER, DOCUMENT, POLICY)
+                and (alias is None or e.get("alias") == alias)]
 
     def models(self) -> list[str]:
         """Names of registered models."""
@@ -558,6 +754,8 @@ class ModelRegistry:
                 shutil.rmtree(staging, ignore_errors=True)
                 sealed.forget_version_key(model_dir, version)
                 raise
+            self._append_trail(name, {"action": REGISTER, "version": version, "reason": "registered",
+                                      "files": version_file_hashes(model_dir / str(version))})
         log.info("registered %s:%d (%s=%s)", name, version, primary_metric, metrics[primary_metric])
         return self.get(name, version)
 
@@ -568,21 +766,28 @@ class ModelRegistry:
             raise ValueError(f"{file_name} of a version is written once, at registration")
         folder = Path(self.get(ref.name, ref.version).path)
         target = safe_join(folder, check_name(file_name, "file name"))
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        with self._lock(ref.name):
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+            self._append_trail(ref.name, {"action": DOCUMENT, "version": ref.version, "file": target.name,
+                                          "sha256": file_sha256(target), "reason": f"{target.name} written"})
         return target
 
-    def set_alias(self, name: str, alias: str, version: int, reason: str = "set_alias") -> bool:
+    def set_alias(self, name: str, alias: str, version: int, reason: str = "set_alias",
+                  approval: Approval | None = None) -> bool:
         """Point an alias at a version (no quality gate: use :meth:`promote` for champion); the move
-        is on the trail with ``reason``. False when the alias already pointed there."""
+        is on the trail with ``reason``. A model whose policy requires approval needs ``approval``
+        (a signed decision for this alias and version). False when the alias already pointed there."""
         check_name(alias, "alias")
         with self._lock(name):
             self.get(name, version)
             aliases = self._aliases(name)
             if aliases.get(alias) == int(version):
                 return False
-            self._write_alias(name, aliases, alias, version, "set", reason)
+            if approval is not None:
+                reason += f"; approved by {approval.decided_by}: {approval.reason}"
+            self._write_alias(name, aliases, alias, version, "set", reason, approval=approval)
             return True
 
     def clear_alias(self, name: str, alias: str, reason: str = "clear_alias") -> int | None:
@@ -737,7 +942,8 @@ class ModelRegistry:
         return decision
 
     def rollback(self, name: str, alias: str = CHAMPION, *, note: str | None = None, decide_only: bool = False,
-                 approval: Approval | None = None, expect: tuple[int, int] | None = None) -> PromotionDecision:
+                 approval: Approval | None = None, expect: tuple[int, int] | None = None,
+                 emergency: bool = False) -> PromotionDecision:
         """Return ``alias`` to the version it pointed at before the current one (from the history).
 
         Args:
@@ -747,6 +953,8 @@ class ModelRegistry:
             approval: the approval this rollback got (recorded in the trail entry).
             expect: (from, to) versions the rollback must still be, checked inside the lock (an
                 approved rollback: the champion may have moved while it waited).
+            emergency: move at once where the model's policy allows emergency rollbacks
+                (recorded as such); otherwise a gated model needs ``approval``.
 
         Raises:
             RegistryError: the model is unknown, has no such alias, or no earlier version is
@@ -775,7 +983,8 @@ class ModelRegistry:
             if decide_only:
                 trail = self.trail_head(name)
             else:
-                trail = self._write_alias(name, aliases, alias, target.version, "rollback", reason, approval=approval)
+                trail = self._write_alias(name, aliases, alias, target.version, "rollback", reason, approval=approval,
+                                          emergency=emergency)
         log.info("%s@%s: %s%s", name, alias, reason, " (awaits approval)" if decide_only else "")
         return PromotionDecision(
             name=name, metric=target.primary_metric, candidate_version=target.version,

@@ -100,16 +100,20 @@ class GovernanceSettings(BaseSettings):
         default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
     )
     bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
-    actor: str | None = Field(
-        default=None, max_length=200,
-        description="Who the registry trail names for the alias moves this process makes (a deployment or "
-        "service sets it to the run's user). Unset: the OS user.",
-    )
     approval_required: list[str] = Field(
         default_factory=list,
-        description="Registry models whose champion moves only after a second person approves (four eyes), "
-        "as a JSON list, e.g. [\"fraud-seq\"], or [\"*\"] for every model; added to the models "
-        "`approval: required` names in the deployment config.",
+        description="Registry models whose alias moves must wait for a second person's signed approval, as a "
+        "JSON list, e.g. [\"fraud-seq\"], or [\"*\"] for every model (with the models `approval: required` "
+        "names in the deployment config). It can only ask: the model's registry policy (python -m "
+        "flows.registry policy) names the approvers and is enforced on every move; a model named here "
+        "without one fails.",
+    )
+    trail_anchors: list[str] = Field(
+        default_factory=list,
+        description="Where every registry trail entry's hash is also published, outside the registry folder, "
+        "as a JSON list: \"prefect\" (an artifact on the Prefect server) and/or absolute paths of append-only "
+        "files outside the home. `python -m flows.registry verify` checks the trail against them (none: "
+        "it reports the trail unanchored).",
     )
     approval_timeout_s: int = Field(
         default=86400, ge=1,

@@ -1,28 +1,29 @@
-"""Approval before promotion: a champion move that a second person approves (four eyes).
+"""Approval before an alias move: a decision signed by a second person (four eyes).
 
-A model needs approval when ``INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED`` names it (or ``"*"``), or
-the deployment config's ``approval:`` block says ``required``. The champion rule then only
-decides (:meth:`~infra.registry.ModelRegistry.promote` with ``decide_only``) and the flow writes
-the card; :func:`approval_gate` pauses the flow run (Prefect's ``pause_flow_run`` with the typed
-:class:`ApprovalInput`). The Prefect UI shows the comparison and the card (with its lineage) above
-a form (decision, reason, approver); the run resumes when the form is submitted, or when
-``python -m flows.<vertical> approve RUN`` or ``POST /v1/registry/approvals/RUN`` resumes it with
-the same input (Prefect's ``resume_flow_run``, as the UI does). Prefect validates the input
-against the form's schema. On approval the rule is applied again inside the registry lock (a
-champion that moved meanwhile is compared anew) and the move carries the approval.
+A model needs approval when its registry policy says so (:mod:`infra.registry_policy`: the
+approvers and their ed25519 public keys), and the registry refuses any alias move of such a model
+without a valid signed decision, whatever process asks. ``INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED``
+and the deployment config's ``approval:`` block can only add the requirement: a model they name
+with no policy fails with a message saying to enrol approvers. The champion rule then only decides
+(:meth:`~infra.registry.ModelRegistry.promote` with ``decide_only``) and :func:`approval_gate` pauses
+the flow run (Prefect's ``pause_flow_run`` with :class:`ApprovalInput`). The Prefect UI shows the
+comparison and the card (with its lineage) above a form whose one field is the signed decision;
+``python -m flows.<vertical> approve RUN --key PATH`` signs it with the approver's own key and
+resumes the run (Prefect's ``resume_flow_run``, as the UI does), and ``POST
+/v1/registry/approvals/RUN`` carries one signed elsewhere.
 
-Four eyes: the approver must differ from whoever started the run: the run's Prefect
-``created_by`` user where the server has users, else the starting process's actor
-(``INDUSFLOW_GOVERNANCE_ACTOR``, else the OS user). The CLI (the OS user or the actor setting)
-and the API (the token's subject) refuse such a decision before they resume the run. The UI form
-names the approver in a field: open-source Prefect has no users, so that name is what the person
-typed; a form naming the initiator is refused by the run itself, recorded, and the run pauses
-again. No decision within ``INDUSFLOW_GOVERNANCE_APPROVAL_TIMEOUT_S`` rejects the move and the
-run completes. Every request, refusal, decision and expiry is an entry of the registry trail.
+Identity comes from the signature alone: the run verifies it against the policy (an enrolled key,
+this model, version, alias, files and run, recent) and refuses a signer who is the initiator (the
+run's Prefect user where the server has users, else the OS account of the process that started
+it; a policy lists the accounts that are each approver). No name in a form, a run input or an
+environment variable is trusted. A refused decision is recorded and the run pauses again. No
+decision within ``INDUSFLOW_GOVERNANCE_APPROVAL_TIMEOUT_S`` rejects the move and the run completes.
+Two decisions racing for one run: the first claims it (compare-and-set), the second is refused
+as already decided. Every request, refusal, decision and expiry is an entry of the registry trail.
 
-While a run waits, ``registry/<name>/approvals/<run id>.json`` says who asked, for what, until
-when, and where the run's Prefect API is, so ``approve`` reaches a run that started its own
-temporary API (no server).
+While a run waits, ``registry/<name>/approvals/<run id>.json`` says who asked, for what (the files'
+hashes an approver signs), until when, and where the run's Prefect API is, so ``approve`` reaches
+a run that started its own temporary API (no server).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import datetime as dt
 import json
 import logging
 import math
+import os
 import re
 import time
 import uuid
@@ -44,14 +46,23 @@ from prefect.cache_policies import NONE
 from prefect.input import RunInput
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infra.errors import ApprovalError, QualityGateError
+from infra.errors import ApprovalError, QualityGateError, RegistryError
 from infra.registry import (
+    CHAMPION,
     Approval,
     ChampionComparison,
     ModelRef,
     ModelRegistry,
     PromotionDecision,
     current_actor,
+)
+from infra.registry_policy import (
+    DecisionStatement,
+    SignedDecision,
+    load_signing_key,
+    now_iso,
+    public_key_of,
+    sign_decision,
 )
 from infra.settings import get_governance_settings
 from infra.store import check_name, safe_join, write_json_atomic
@@ -65,13 +76,15 @@ Status = Literal["waiting", "approved", "rejected", "expired"]
 
 
 class ApprovalInput(RunInput):
-    """The approval form a paused run shows in the Prefect UI (and the input ``approve`` sends)."""
+    """The approval form a paused run shows in the Prefect UI (and the input ``approve`` sends): the
+    signed decision only; who decided is whoever's enrolled key signed it."""
 
-    decision: Literal["approve", "reject"] = Field(
-        description="approve: the candidate becomes the champion; reject: the champion stays.")
-    reason: str = Field(min_length=3, max_length=2000, description="Why: recorded in the registry trail.")
-    approver: str = Field(min_length=1, max_length=200,
-                          description="Your user name. It must differ from whoever started the run (four eyes).")
+    signed_decision: str = Field(
+        min_length=2, max_length=20_000,
+        description="The decision signed with your approver key, as JSON (python -m flows.registry sign RUN "
+        "--key PATH --reason ... prints it). It must not be signed by whoever started the run (four eyes).")
+    via: str | None = Field(default=None, max_length=200,
+                            description="The channel that carried it (set by the API: the key id); informative only.")
 
 
 class ApprovalSummary(BaseModel):
@@ -99,25 +112,35 @@ class ApprovalSummary(BaseModel):
 class ApprovalRequest(ApprovalSummary):
     """The whole request file: ``registry/<name>/approvals/<run id>.json``."""
 
+    alias: str = Field(default=CHAMPION, description="The alias the approved move points at the candidate.")
+    files: dict[str, str] = Field(default_factory=dict, description="SHA-256 of the candidate's files, as its "
+                                  "registration recorded them: what an approver signs.")
+
     flow_run_name: str
     flow_name: str
     api_url: str | None = Field(description="The Prefect API the run talks to (None: unknown).")
     refused: list[str] = Field(default_factory=list, description="Decisions refused (four eyes), oldest first.")
 
 
-def approval_required(name: str) -> bool:
-    """Whether ``name``'s champion moves only after approval (setting or deployment config)."""
+def approval_required(name: str, registry: ModelRegistry | None = None) -> bool:
+    """Whether ``name``'s alias moves wait for a signed approval: its registry policy says so.
+
+    Raises:
+        ApprovalError: the settings or the deployment config ask for approval of ``name`` but its
+            registry policy enrols no approver (nobody could approve: enrol them first).
+    """
     from infra.deploy_config import load_deploy_config
 
+    registry = registry or ModelRegistry()
+    policy = registry.policy(name) if name in registry.models() else None
+    if policy is not None:
+        return policy.approval_required
     listed = get_governance_settings().approval_required
-    if "*" in listed or name in listed:
-        return True
-    return load_deploy_config().approval.get(name) == "required"
-
-
-def same_principal(a: str, b: str) -> bool:
-    """Whether two principal names are the same person (case and spacing ignored)."""
-    return " ".join(a.split()).casefold() == " ".join(b.split()).casefold()
+    if "*" in listed or name in listed or load_deploy_config().approval.get(name) == "required":
+        raise ApprovalError(f"{name} needs approval (INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED or the deployment "
+                            "config) but its registry policy enrols no approver: enrol them with python -m "
+                            f"flows.registry policy --model {name} ...", code="no_policy")
+    return False
 
 
 def _now() -> dt.datetime:
@@ -208,17 +231,18 @@ def _api_url() -> str | None:
 def _cli_hint(flow_name: str, run_id: str) -> str:
     vertical = flow_name.split("-", 1)[0]
     module = f"flows.{vertical}" if vertical in ("fraud", "sensor") else "flows.registry"
-    return f'python -m {module} approve {run_id} --reason "..." (or --reject)'
+    return f'python -m {module} approve {run_id} --key YOUR_KEY.pem --reason "..." (or --reject)'
 
 
 def approval_markdown(ref: ModelRef, decision: PromotionDecision, hint: str, requested_by: str,
-                      expires: dt.datetime) -> str:
+                      expires: dt.datetime, alias: str = CHAMPION) -> str:
     """What the approver reads: the request, the comparison, then the card (with its lineage)."""
     card = Path(ref.path) / "card.md"
-    lines = [f"# Approve {ref.name} v{ref.version} as champion?", "",
-             (f"Requested by **{requested_by}**; a different person must decide (four eyes). "
-              f"Without a decision by {expires:%Y-%m-%d %H:%M} UTC the move is rejected."), "",
-             f"Decide here, or `{hint}`, or `POST /v1/registry/approvals/<run id>` (scope `registry:approve`).",
+    lines = [f"# Approve {ref.name} v{ref.version} as {alias}?", "",
+             (f"Requested by **{requested_by}**; an enrolled approver other than them must sign the decision "
+              f"(four eyes). Without a decision by {expires:%Y-%m-%d %H:%M} UTC the move is rejected."), "",
+             (f"Decide with `{hint}`, or paste the output of `python -m flows.registry sign` here, or "
+              "`POST /v1/registry/approvals/<run id>` with the signed decision."),
              "", render_promotion(decision)]
     lines += ["", card.read_text()] if card.is_file() else ["", "(No model card was written for this version.)"]
     return "\n".join(lines)
@@ -234,9 +258,28 @@ def _expire_pause(run_id: uuid.UUID) -> None:
         client.set_flow_run_state(run_id, Running(), force=True)
 
 
-def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDecision) -> Approval:
-    """Pause the current flow run until a second person approves or rejects ``ref`` as champion
-    (or the timeout rejects it); every step is recorded in the registry trail."""
+def parse_signed(text: str) -> SignedDecision:
+    """A signed decision from its JSON (ApprovalError ``invalid`` naming the problem)."""
+    try:
+        return SignedDecision.model_validate_json(text)
+    except ValidationError as exc:
+        raise ApprovalError("the signed decision is not valid: " + "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])) from None
+
+
+def _check_answer(registry: ModelRegistry, request: ApprovalRequest, answer: ApprovalInput,
+                  initiators: list[str]) -> tuple[SignedDecision, str]:
+    """The signed decision of a form and its verified signer (ApprovalError when it does not hold)."""
+    signed = parse_signed(answer.signed_decision)
+    signer = registry.verify_decision(request.model, request.alias, request.candidate_version, signed,
+                                      initiators=initiators, run_id=request.run_id)
+    return signed, signer
+
+
+def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDecision,
+                   alias: str = CHAMPION) -> Approval:
+    """Pause the current flow run until an enrolled approver other than its initiator signs a decision
+    on pointing ``alias`` at ``ref`` (or the timeout rejects it); every step is in the registry trail."""
     from prefect.context import FlowRunContext
     from prefect.exceptions import FlowPauseTimeout
     from prefect.flow_runs import pause_flow_run
@@ -245,29 +288,29 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
 
     context = FlowRunContext.get()
     if context is None or context.flow_run is None:
-        raise ApprovalError(f"{ref.spec} wins the champion rule, but {ref.name} needs approval before its champion "
-                            "moves: run it as a flow (the run pauses for the decision)", code="no_flow")
+        raise ApprovalError(f"{ref.spec} needs approval before {ref.name}@{alias} moves: run it as a flow (the run "
+                            "pauses for the decision)", code="no_flow")
     settings = get_governance_settings()
     run = context.flow_run
     run_id = str(run.id)
     requested_by = run_initiator(run)
+    initiators = [requested_by, current_actor()]
     started, deadline = _now(), time.monotonic() + settings.approval_timeout_s
     expires = started + dt.timedelta(seconds=settings.approval_timeout_s)
     hint = _cli_hint(context.flow.name, run_id)
     request = _write(registry, ApprovalRequest(
-        run_id=run_id, flow_run_name=run.name, flow_name=context.flow.name, model=ref.name,
+        run_id=run_id, flow_run_name=run.name, flow_name=context.flow.name, model=ref.name, alias=alias,
         candidate_version=ref.version, champion_version=decision.champion_version, metric=decision.metric,
         candidate_value=decision.candidate_value, champion_value=decision.champion_value, rule=decision.reason,
         requested_by=requested_by, requested_at=started.isoformat(), expires_at=expires.isoformat(),
-        api_url=_api_url()))
+        api_url=_api_url(), files=registry.version_files(ref.name, ref.version)))
     registry.record_event(ref.name, "approval-requested", candidate=ref.version, champion=decision.champion_version,
-                          reason=decision.reason, by=requested_by, run_id=run_id)
-    markdown = approval_markdown(ref, decision, hint, requested_by, expires)
+                          reason=decision.reason, by=requested_by, run_id=run_id, extra={"for_alias": alias})
+    markdown = approval_markdown(ref, decision, hint, requested_by, expires, alias)
     publish_eval_report(markdown, key=artifact_key(f"{ref.name}-approval"),
-                        description=f"{ref.spec} waits for approval as champion")
-    log.info("%s wins the champion rule and waits for approval (run %s, requested by %s): approve or reject "
-             "in the Prefect UI, or %s; rejected without a decision by %s UTC", ref.spec, run_id, requested_by,
-             hint, f"{expires:%Y-%m-%d %H:%M}")
+                        description=f"{ref.spec} waits for approval as {alias}")
+    log.info("%s waits for approval as %s (run %s, requested by %s): %s; rejected without a decision by %s UTC",
+             ref.spec, alias, run_id, requested_by, hint, f"{expires:%Y-%m-%d %H:%M}")
     form = ApprovalInput.with_initial_data(description=markdown)
     attempt = 0
     while True:
@@ -286,32 +329,39 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
                                   champion=decision.champion_version, reason=why, by=current_actor(), run_id=run_id)
             now = _now().isoformat()
             _write(registry, request.model_copy(update={"status": "expired", "decision_reason": why, "decided_at": now}))
-            log.info("%s: %s; the champion stays", ref.spec, why)
+            log.info("%s: %s; %s stays", ref.spec, why, alias)
             return Approval(run_id=run_id, requested_by=requested_by, decided_by=None, approved=False, reason=why,
                             requested_at=request.requested_at, decided_at=now)
-        approver = " ".join(answer.approver.split())
-        if same_principal(approver, requested_by):
-            why = f"four eyes: {requested_by} started this run, so a different person must decide (not {approver})"
+        try:
+            signed, signer = _check_answer(registry, request, answer, initiators)
+        except (ApprovalError, RegistryError) as exc:
+            why = f"refused: {exc}"
             registry.record_event(ref.name, "approval-refused", candidate=ref.version,
-                                  champion=decision.champion_version, reason=why, by=approver, run_id=run_id)
+                                  champion=decision.champion_version, reason=why, by="(unverified)", run_id=run_id,
+                                  extra={"via": answer.via})
             request = _write(registry, request.model_copy(update={"refused": [*request.refused, why]}))
-            log.warning("%s: a %s by %s was refused (%s); waiting again", ref.spec, answer.decision, approver, why)
+            log.warning("%s: a decision was refused (%s); waiting again", ref.spec, exc)
             attempt += 1
             continue
-        approved = answer.decision == "approve"
+        statement = signed.statement
+        approved = statement.decision == "approve"
         registry.record_event(ref.name, "approved" if approved else "rejected", candidate=ref.version,
-                              champion=decision.champion_version, reason=answer.reason, by=approver, run_id=run_id)
+                              champion=decision.champion_version, reason=statement.reason, by=signer, run_id=run_id,
+                              extra={"decision_sha256": signed.sha256, "signer_key": signed.public_key,
+                                     "via": answer.via})
         now = _now().isoformat()
         _write(registry, request.model_copy(update={
-            "status": "approved" if approved else "rejected", "decided_by": approver,
-            "decision_reason": answer.reason, "decided_at": now}))
-        log.info("%s %s by %s: %s", ref.spec, "approved" if approved else "rejected", approver, answer.reason)
-        return Approval(run_id=run_id, requested_by=requested_by, decided_by=approver, approved=approved,
-                        reason=answer.reason, requested_at=request.requested_at, decided_at=now)
+            "status": "approved" if approved else "rejected", "decided_by": signer,
+            "decision_reason": statement.reason, "decided_at": now}))
+        log.info("%s %s by %s: %s", ref.spec, "approved" if approved else "rejected", signer, statement.reason)
+        return Approval(run_id=run_id, requested_by=requested_by, decided_by=signer, approved=approved,
+                        reason=statement.reason, requested_at=request.requested_at, decided_at=now, signed=signed,
+                        via=answer.via)
 
 
 def approval_gate(registration: RegistrationResult, *, strict: bool = False, force: bool = False,
-                  move: Callable[[Approval], PromotionDecision] | None = None) -> RegistrationResult:
+                  move: Callable[[Approval], PromotionDecision] | None = None,
+                  alias: str = CHAMPION) -> RegistrationResult:
     """When the champion rule's win waits for approval (``decision.awaiting_approval``): pause for
     the decision, then move the champion (the rule applied again inside the lock) or record the
     rejection; refresh the version's card with the outcome. Other registrations pass through.
@@ -319,7 +369,8 @@ def approval_gate(registration: RegistrationResult, *, strict: bool = False, for
     Args:
         strict: raise :class:`~infra.errors.QualityGateError` when the move is rejected.
         force: a promotion by hand (the move ignores the metrics once approved).
-        move: makes the approved move instead of a promotion (a rollback); gets the approval.
+        move: makes the approved move instead of a promotion (a rollback, a challenger); gets the approval.
+        alias: the alias the approved move points at the candidate (what the approver signs).
     """
     decision = registration.decision
     if not decision.awaiting_approval:
@@ -329,7 +380,7 @@ def approval_gate(registration: RegistrationResult, *, strict: bool = False, for
 
     registry = ModelRegistry()
     ref = registration.model
-    approval = await_approval(registry, ref, decision)
+    approval = await_approval(registry, ref, decision, alias)
     if approval.approved and move is not None:
         final = move(approval)
     elif approval.approved:
@@ -377,15 +428,50 @@ def _prefect_api(url: str | None) -> Iterator[None]:
         yield
 
 
-def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: float = 60.0,
+def sign_for_request(run_id: str, *, approve: bool, reason: str, key_path: Path,
+                     registry: ModelRegistry | None = None) -> SignedDecision:
+    """The decision on the move run ``run_id`` waits for, signed with the approver's private key in
+    ``key_path``; the signer's name is the policy's person of that key."""
+    registry = registry or ModelRegistry()
+    request = find_request(run_id, registry)
+    key = load_signing_key(key_path)
+    policy = registry.policy(request.model)
+    approver = policy.approver(public_key_of(key)) if policy is not None else None
+    if approver is None:
+        raise ApprovalError(f"the key in {key_path} is not enrolled as an approver of {request.model}",
+                            code="not_approver")
+    try:
+        statement = DecisionStatement(model=request.model, version=request.candidate_version, alias=request.alias,
+                                      files=request.files, run_id=request.run_id,
+                                      decision="approve" if approve else "reject", reason=reason.strip(),
+                                      signer=approver.person, at=now_iso())
+    except ValidationError as exc:
+        raise ApprovalError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
+    return sign_decision(key, statement)
+
+
+def _claim(registry: ModelRegistry, request: ApprovalRequest) -> Path:
+    """Compare-and-set: the first decision on this attempt of the run creates its claim file; a
+    second one is refused as already decided (``code="decided"``)."""
+    path = _request_path(registry, request.model, request.run_id).with_suffix(f".claim-{len(request.refused)}")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        raise ApprovalError(f"run {request.run_id} ({request.model} v{request.candidate_version}): another decision "
+                            "was given a moment ago", code="decided") from None
+    return path
+
+
+def decide(run_id: str, *, signed: SignedDecision, via: str | None = None, wait_s: float = 60.0,
            registry: ModelRegistry | None = None) -> ApprovalRequest:
-    """Approve or reject the champion move run ``run_id`` waits for, as ``approver``: resumes the
-    paused run with the form's input (as the Prefect UI does) and waits up to ``wait_s`` for the
-    run to record the outcome. Returns the request as it then stands.
+    """Give the signed decision ``signed`` to the move run ``run_id`` waits for: checks it against the
+    model's policy (refusals recorded in the trail), claims the decision (the first of two racing
+    ones wins), resumes the paused run with it (as the Prefect UI does) and waits up to ``wait_s``
+    for the run to record the outcome. Returns the request as it then stands.
 
     Raises:
-        ApprovalError: no such waiting run, the approver started it (four eyes: the refusal is
-            recorded in the trail), an invalid reason, or a run whose Prefect API is gone.
+        ApprovalError: no such waiting run, a signature that does not hold or a signer who started
+            the run (``four_eyes``; recorded), already decided, or a run whose Prefect API is gone.
     """
     import httpx
     from prefect.exceptions import FlowPauseTimeout, NotPausedError, ObjectNotFound
@@ -393,21 +479,20 @@ def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: fl
 
     registry = registry or ModelRegistry()
     request = find_request(run_id, registry)
-    approver = " ".join(approver.split())
-    try:
-        answer = ApprovalInput(decision="approve" if approve else "reject", reason=reason.strip(), approver=approver)
-    except ValidationError as exc:
-        raise ApprovalError("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())) from None
     if request.status != "waiting":
         by = f" by {request.decided_by}" if request.decided_by else ""
         raise ApprovalError(f"run {request.run_id} ({request.model} v{request.candidate_version}) was already "
                             f"{request.status}{by} at {request.decided_at}", code="decided")
-    if same_principal(approver, request.requested_by):
-        why = (f"four eyes: {request.requested_by} started this run, so a different person must decide "
-               f"(not {approver})")
+    try:
+        registry.verify_decision(request.model, request.alias, request.candidate_version, signed,
+                                 initiators=[request.requested_by], run_id=request.run_id)
+    except ApprovalError as exc:
         registry.record_event(request.model, "approval-refused", candidate=request.candidate_version,
-                              champion=request.champion_version, reason=why, by=approver, run_id=request.run_id)
-        raise ApprovalError(f"run {request.run_id}: {why}", code="four_eyes")
+                              champion=request.champion_version, reason=f"refused: {exc}", by="(unverified)",
+                              run_id=request.run_id, extra={"via": via})
+        raise ApprovalError(f"run {request.run_id}: {exc}", code=exc.code) from None
+    claim = _claim(registry, request)
+    answer = ApprovalInput(signed_decision=signed.model_dump_json(), via=via)
     try:
         with _prefect_api(request.api_url):
             resume_flow_run(uuid.UUID(request.run_id), run_input=json.loads(answer.model_dump_json()))
@@ -419,7 +504,8 @@ def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: fl
                             "it a moment ago", code="decided") from None
     except FlowPauseTimeout:
         raise ApprovalError(f"run {request.run_id}: its wait for approval timed out", code="decided") from None
-    except RuntimeError as exc:  # a resume the server rejected (e.g. the input)
+    except RuntimeError as exc:  # a resume the server rejected (e.g. the input): the claim is released
+        claim.unlink(missing_ok=True)
         raise ApprovalError(f"run {request.run_id} cannot be resumed: {exc}") from None
     except (OSError, httpx.TransportError) as exc:  # connection refused, timed out: nobody serves that API
         raise ApprovalError(f"the Prefect API of run {request.run_id} ({request.api_url}) does not answer: the run "
@@ -435,4 +521,4 @@ def decide(run_id: str, *, approve: bool, reason: str, approver: str, wait_s: fl
 
 
 decide_task = task(decide, name="decide-approval", cache_policy=NONE,
-                   description="Approve or reject the champion move a paused run waits for (four eyes).")
+                   description="Give a signed decision to the alias move a paused run waits for (four eyes).")

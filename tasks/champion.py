@@ -10,6 +10,7 @@ process follows the alias, so the next requests are answered by the version move
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
@@ -20,11 +21,13 @@ from infra.registry import (
     CHALLENGER,
     CHAMPION,
     Approval,
+    ModelRef,
     ModelRegistry,
     PromotionDecision,
     TrailReport,
     parse_model_spec,
 )
+from infra.registry_policy import Approver
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ def promote_by_hand(spec: str, registry: ModelRegistry | None = None) -> Promoti
     registry = registry or ModelRegistry()
     name, version = version_spec(spec)
     ref = registry.get(name, version)
-    decision = registry.promote(ref, force=True, decide_only=approval_required(name))
+    decision = registry.promote(ref, force=True, decide_only=approval_required(name, registry))
     if decision.awaiting_approval:
         return approval_gate(RegistrationResult(model=ref, decision=decision), force=True).decision
     return decision
@@ -80,12 +83,12 @@ def rollback_champion(spec: str, registry: ModelRegistry | None = None, *, emerg
 
     registry = registry or ModelRegistry()
     name = bare_name(spec)
-    gated = approval_required(name)
+    gated = approval_required(name, registry)
     note = "; ".join(part for part in (
         "emergency (no approval asked)" if emergency and gated else "emergency" if emergency else None,
         reason.strip() if reason and reason.strip() else None) if part) or None
     if not gated or emergency:
-        return registry.rollback(name, note=note)
+        return registry.rollback(name, note=note, emergency=emergency)
     pending = registry.rollback(name, note=note, decide_only=True)
 
     def move(approval: Approval) -> PromotionDecision:
@@ -107,9 +110,16 @@ class TrailVerification(BaseModel):
 
 
 def verify_trails(model: str | None = None, registry: ModelRegistry | None = None) -> TrailVerification:
-    """Verify the registry trail of ``model`` (default: every registered model)."""
+    """Verify the registry trail of ``model`` (default: every registered model, and every model an
+    anchor file knows: one deleted from the registry as a whole is named)."""
+    from infra.registry_anchor import FileAnchor, configured_anchors
+
     registry = registry or ModelRegistry()
-    reports = [registry.verify_trail(name) for name in ([model] if model else registry.models())]
+    known = set(registry.models())
+    for anchor in configured_anchors():
+        if isinstance(anchor, FileAnchor):
+            known |= anchor.models()
+    reports = [registry.verify_trail(name) for name in ([model] if model else sorted(known))]
     for report in reports:
         if not report.ok:
             log.warning("registry trail of %s: %d problem(s), first: %s", report.name, len(report.problems),
@@ -136,7 +146,9 @@ def set_challenger(spec: str, *, alias: str = CHALLENGER, clear: bool = False, r
     (``clear``, with a bare ``NAME``); the move goes on the registry trail with ``reason``.
 
     A serving process configured with that alias (``INDUSFLOW_SERVE_FRAUD_CHALLENGER`` /
-    ``..._SENSOR_CHALLENGER``) loads it within one reload period; it never moves the champion.
+    ``..._SENSOR_CHALLENGER``) loads it within one reload period; it never moves the champion. A
+    model whose registry policy requires approval waits for a signed approval first (a split
+    challenger answers live traffic), inside a flow run; clearing needs none.
 
     Raises:
         RegistryError: the spec names no version (or, with ``clear``, names one), the alias is
@@ -157,9 +169,36 @@ def set_challenger(spec: str, *, alias: str = CHALLENGER, clear: bool = False, r
     aliases = registry.aliases(name)
     if aliases.get(CHAMPION) == ref.version:
         raise RegistryError(f"{ref.spec} is the champion; a challenger is another version")
-    changed = registry.set_alias(name, alias, ref.version, reason=why)
+    from tasks.approval import approval_required
+
+    if aliases.get(alias) != ref.version and approval_required(name, registry):
+        changed = _challenger_after_approval(registry, ref, alias, why)
+    else:
+        changed = registry.set_alias(name, alias, ref.version, reason=why)
     return ChallengerMove(name=name, alias=alias, version=ref.version, previous=aliases.get(alias), changed=changed,
                           champion_version=aliases.get(CHAMPION))
+
+
+def _challenger_after_approval(registry: ModelRegistry, ref: ModelRef, alias: str, why: str) -> bool:
+    """Point ``alias`` at ``ref`` once an approver signs it (inside a flow run: the run pauses)."""
+    from tasks.approval import approval_gate
+    from tasks.register import RegistrationResult
+
+    champion = registry.champion(ref.name)
+    pending = PromotionDecision(
+        name=ref.name, metric=ref.primary_metric, candidate_version=ref.version, candidate_value=ref.primary_value(),
+        champion_version=champion.version if champion else None,
+        champion_value=champion.primary_value() if champion else None, promoted=False,
+        reason=f"{alias} -> v{ref.version}: {why}", awaiting_approval=True, trail_sha256=registry.trail_head(ref.name))
+    moved: list[bool] = []
+
+    def move(approval: Approval) -> PromotionDecision:
+        moved.append(registry.set_alias(ref.name, alias, ref.version, reason=why, approval=approval))
+        return pending.model_copy(update={"promoted": True, "awaiting_approval": False, "approval": approval,
+                                          "reason": f"{pending.reason}; approved by {approval.decided_by}"})
+
+    approval_gate(RegistrationResult(model=ref, decision=pending), move=move, alias=alias)
+    return bool(moved and moved[0])
 
 
 def challenger_summary(move: ChallengerMove) -> str:
@@ -182,3 +221,47 @@ def champion_move_summary(decision: PromotionDecision) -> str:
     """One line for people: which version is champion now, and which was before."""
     before = f"v{decision.champion_version}" if decision.champion_version is not None else "none"
     return f"{decision.name}: champion {before} -> v{decision.candidate_version}: {decision.reason}"
+
+
+class PolicyChange(BaseModel):
+    """``registry-policy``: the policy now in force and the trail head after the change."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    seq: int
+    approval_required: bool
+    approvers: list[str]
+    signed_by: str
+    trail_sha256: str
+
+
+def parse_approver(text: str) -> Approver:
+    """``PERSON:PUBLIC_KEY[:ACCOUNT,ACCOUNT]`` as an :class:`~infra.registry_policy.Approver`."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0].strip() or not parts[1].strip():
+        raise ValueError(f"approver {text!r}: write PERSON:PUBLIC_KEY[:ACCOUNT,ACCOUNT] (the public key that "
+                         "python -m flows.registry keygen printed)")
+    accounts = [a.strip() for a in parts[2].split(",") if a.strip()] if len(parts) == 3 else []
+    return Approver(person=parts[0].strip(), public_key=parts[1].strip(), accounts=accounts)
+
+
+def set_policy(model: str, approvers: list[str], key_path: Path, *, approval_required: bool = True,
+               emergency_rollback: bool = True, registry: ModelRegistry | None = None) -> PolicyChange:
+    """Sign a new policy for ``model`` with the key in ``key_path`` and hand it to the registry."""
+    from infra.registry_policy import ModelPolicy, load_signing_key, sha256_of, sign_policy
+
+    registry = registry or ModelRegistry()
+    registry.get(model, "latest")  # the model exists
+    current = registry.policy(model)
+    policy = ModelPolicy(model=model, seq=current.seq + 1 if current else 1,
+                         previous_sha256=sha256_of(current) if current else None,
+                         approval_required=approval_required, approvers=[parse_approver(a) for a in approvers],
+                         emergency_rollback=emergency_rollback)
+    head = registry.set_policy(model, sign_policy(load_signing_key(key_path), policy))
+    signer = registry.trail(model)[-1]["signed_by"]
+    return PolicyChange(model=model, seq=policy.seq, approval_required=approval_required,
+                        approvers=[a.person for a in policy.approvers], signed_by=signer, trail_sha256=head)
+
+
+set_policy_task = task(set_policy, name="set-registry-policy", cache_policy=NONE)

@@ -10,6 +10,9 @@ from flows.cli import Command, approval_commands, make_main
 VERIFY = "flows.registry.verify:registry_verify"
 CHALLENGER = "flows.registry.challenger:registry_challenger"
 ROTATE_KEY = "flows.registry.rotate_key:registry_rotate_key"
+KEYGEN = "flows.registry.policy:registry_keygen"
+POLICY = "flows.registry.policy:registry_policy"
+SIGN = "flows.registry.approve:registry_sign"
 
 
 def check_verify(kwargs: dict[str, Any]) -> None:
@@ -37,14 +40,33 @@ def challenger_summary(move: Any) -> str:
 
 
 def verify_summary(result: Any) -> str:
+    """Per model: ok (consistent and anchored), unanchored (consistent with itself only) or FAILED,
+    then each problem and what could not be proven."""
     lines = []
     for r in result.reports:
-        state = "ok" if r.ok else "FAILED"
+        state = {"ok": "ok", "unanchored": "unanchored", "failed": "FAILED"}[r.status]
         extra = f", {r.unchained} written before the chain" if r.unchained else ""
         head = f", head {r.head_sha256[:16]}…" if r.head_sha256 else ""
-        lines.append(f"{r.name}: {state} ({r.entries} entries{extra}{head})")
+        pinned = f", {r.anchored} pinned by {', '.join(r.anchors)}" if r.anchors else ""
+        lines.append(f"{r.name}: {state} ({r.entries} entries, {r.files_checked} files re-hashed{pinned}{extra}{head})")
         lines += [f"  line {p.line}: {p.problem}" if p.line else f"  {p.problem}" for p in r.problems]
+        lines += [f"  not proven: {u}" for u in r.unproven]
     return "\n".join(lines) or "no registered model"
+
+
+def keygen_summary(result: Any) -> str:
+    return (f"private key of {result.person} written to {result.path} (keep it in your own account)\n"
+            f"enrol this public key: {result.person}:{result.public_key}")
+
+
+def policy_summary(result: Any) -> str:
+    need = "need" if result.approval_required else "do not need"
+    return (f"{result.model}: policy {result.seq} signed by {result.signed_by}; alias moves {need} approval by "
+            f"one of {', '.join(result.approvers)}")
+
+
+def sign_summary(result: Any) -> str:
+    return result.model_dump_json()
 
 
 COMMANDS = (
@@ -57,6 +79,12 @@ COMMANDS = (
             help="rewrap the encrypted registry's data keys under the key INDUSFLOW_REGISTRY_KEY names now",
             check=check_rotate_key),
     *approval_commands(),
+    Command("sign", SIGN, sign_summary, positional="run",
+            help="sign a decision on a waiting run with your key and print it (for the Prefect form or the API)"),
+    Command("keygen", KEYGEN, keygen_summary, positional="person",
+            help="make your approver signing key (ed25519) and print the public key to enrol"),
+    Command("policy", POLICY, policy_summary,
+            help="set who may approve a model's alias moves (signed by an approver; on the trail)"),
 )
 
 main = make_main(

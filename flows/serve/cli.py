@@ -39,8 +39,10 @@ Settings: INDUSFLOW_SERVE_* (README, Configuration); keys live hashed under <hom
 #: Every scope a route of the API checks (flows/serve/{fraud,sensor,app}.py; ``admin`` grants all):
 #: ``keys add`` refuses another, so a typo is caught when the key is made, not on its first 403.
 KNOWN_SCOPES = ("fraud:score", "fraud:label", "sensor:predict", "metrics:read", "registry:approve", "admin")
-#: Knowledge-base scopes name a collection: ``kb:<collection>:read`` or ``kb:<collection>:write``.
-KB_SCOPES = ("kb:<collection>:read", "kb:<collection>:write")
+#: Knowledge-base scopes name a collection: ``kb:<collection>:read``, ``:write`` or ``:source`` (original files).
+KB_SCOPES = ("kb:<collection>:read", "kb:<collection>:write", "kb:<collection>:source")
+#: Approval of one registry model's alias moves (flows/serve/registry.py).
+MODEL_SCOPES = ("registry:approve:<model>",)
 _KB_SCOPE = re.compile(r"^kb:(?P<collection>[^:]*):(?P<action>[^:]*)$")
 _COLLECTION = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
@@ -48,15 +50,16 @@ _COLLECTION = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 def check_known_scopes(scopes: Sequence[str]) -> None:
     """Each scope is one the API checks, or a knowledge-base scope on a well-formed collection
     name; ``UserError`` names the bad one and the known scopes."""
-    known = ", ".join(KNOWN_SCOPES + KB_SCOPES)
+    known = ", ".join(KNOWN_SCOPES + KB_SCOPES + MODEL_SCOPES)
     for scope in scopes:
-        if scope in KNOWN_SCOPES:
+        if scope in KNOWN_SCOPES or scope.startswith("registry:approve:"):  # the model name: check_scopes
             continue
         kb = _KB_SCOPE.match(scope)
         if kb is None:
             raise UserError(f"--scope {scope!r}: unknown scope; known scopes: {known}")
-        if kb["action"] not in ("read", "write"):
-            raise UserError(f"--scope {scope!r}: a knowledge-base scope ends in :read or :write ({', '.join(KB_SCOPES)})")
+        if kb["action"] not in ("read", "write", "source"):
+            raise UserError(f"--scope {scope!r}: a knowledge-base scope ends in :read, :write or :source "
+                            f"({', '.join(KB_SCOPES)})")
         if not _COLLECTION.match(kb["collection"]):
             raise UserError(f"--scope {scope!r}: collection {kb['collection']!r} is not a collection name "
                             "(a lower-case letter, then up to 39 lower-case letters, digits or _)")
@@ -94,7 +97,10 @@ def keys_parser() -> argparse.ArgumentParser:
     add.add_argument("name", help="who or what the key is for (a label, not a secret)")
     add.add_argument("--scope", dest="scopes", action="append", required=True, metavar="SCOPE",
                      help="a scope it grants (repeat): fraud:score, fraud:label, sensor:predict, metrics:read, registry:approve, "
-                     "kb:<collection>:read, kb:<collection>:write (knowledge base, e.g. kb:legal:read), admin")
+                     "registry:approve:<model>, kb:<collection>:read, kb:<collection>:write, kb:<collection>:source "
+                     "(knowledge base, e.g. kb:legal:read), admin")
+    add.add_argument("--person", help="bind the key to this person: the registry's approval route then carries "
+                     "only decisions this person signed")
     add.add_argument("--rate-limit", metavar="N/PERIOD",
                      help="its own rate limit, e.g. 100/minute (default: INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT)")
     add.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -107,7 +113,8 @@ def keys_parser() -> argparse.ArgumentParser:
 
 
 def _public(record: Any) -> dict[str, Any]:
-    return record.model_dump(include={"key_id", "name", "scopes", "rate_limit", "created_at", "revoked_at"})
+    return record.model_dump(include={"key_id", "name", "scopes", "rate_limit", "person", "created_by", "created_at",
+                                      "revoked_at"})
 
 
 def run_keys(argv: Sequence[str]) -> int:
@@ -126,7 +133,7 @@ def run_keys(argv: Sequence[str]) -> int:
     store = key_store(home_layout())
     if args.action == "add":
         try:
-            key, record = store.add(args.name, args.scopes, args.rate_limit)
+            key, record = store.add(args.name, args.scopes, args.rate_limit, person=args.person)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         print(f"API key {record.key_id} ({record.name}; scopes: {', '.join(record.scopes)}; "

@@ -453,8 +453,10 @@ def build(services: Services) -> Vertical | None:
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
         label_col = (body.columns or {}).get(S.LABEL, S.LABEL)
         known = [(str(r.get(id_col)), _label_value(r.get(label_col))) for r in body.labels]
-        known = [(tx, label) for tx, label in known if label is not None]
-        services.scores.record_labels(name, [tx for tx, _ in known], [label for _, label in known])
+        unscored = {str(tx) for tx in unknown}  # evidence only for transactions this server scored
+        known = [(tx, label) for tx, label in known if label is not None and tx not in unscored]
+        services.scores.record_labels(name, [tx for tx, _ in known], [label for _, label in known],
+                                      source=principal.key_id)
         ref = slot.current()[0] if slot.ready else None
         record_audit(request, model=name, model_version=ref.version if ref else 0, rows=len(body.labels),
                      decisions={"recorded": len(body.labels) - len(unknown), "unknown": len(unknown)})

@@ -9,7 +9,9 @@ verified with the HS256 secret or the RS256 public key of the settings (``exp`` 
 from the ``scope`` claim, space-separated, or a ``scopes`` list).
 
 Routes declare what they need with ``Depends(require_scope("fraud:score"))``; ``admin`` grants
-every scope.
+every scope. A key may be bound to a person when it is made (``keys add --person alice``): the
+registry's approval route then refuses a decision it carries unless that person signed it, and the
+trail names the key and its person beside the signer.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ _KEY_RE = re.compile(r"^ifk_([0-9a-f]{12})_([A-Za-z0-9_-]{20,})$")
 _SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*(:[a-z][a-z0-9_-]*)?$")
 #: A scope on one resource of an area: ``kb:<collection>:read`` / ``:write`` / ``:source`` (original files).
 _RESOURCE_SCOPE_RE = re.compile(r"^[a-z][a-z0-9_-]*:[a-z][a-z0-9_]{0,39}:(read|write|source)$")
+#: Approval of one registry model's alias moves: ``registry:approve:<model>``.
+_MODEL_SCOPE_RE = re.compile(r"^registry:approve:[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 
 
@@ -63,11 +67,15 @@ class Principal:
         key_id: the API key's id, or ``jwt:<hash of the subject>``; safe to log.
         scopes: what it may call.
         rate_limit: its own rate limit (``N/minute``), or None for the server default.
+        person: the person the key was bound to when it was made (None: not bound, or a JWT).
+        created_by: the OS account that made the key (None: a JWT, or a key made before it was recorded).
     """
 
     key_id: str
     scopes: frozenset[str]
     rate_limit: str | None = None
+    person: str | None = None
+    created_by: str | None = None
 
     def allows(self, scope: str) -> bool:
         """True when the principal holds ``scope`` or ``admin``."""
@@ -85,6 +93,8 @@ class ApiKeyRecord(BaseModel):
     sha256: str
     scopes: list[str]
     rate_limit: str | None = None
+    person: str | None = Field(default=None, description="The person the key is bound to (its holder).")
+    created_by: str | None = Field(default=None, description="The OS account that made the key.")
     created_at: str
     revoked_at: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
@@ -98,9 +108,10 @@ def check_scopes(scopes: Iterable[str]) -> list[str]:
     """Validated scope names (``fraud:score``, ``kb:legal:read``, ``admin``); ValueError names the bad one."""
     out = []
     for scope in scopes:
-        if not (_SCOPE_RE.match(scope) or _RESOURCE_SCOPE_RE.match(scope)):
+        if not (_SCOPE_RE.match(scope) or _RESOURCE_SCOPE_RE.match(scope) or _MODEL_SCOPE_RE.match(scope)):
             raise ValueError(f"scope {scope!r} is not of the form area:action (e.g. fraud:score), "
-                             "area:resource:read|write|source (e.g. kb:legal:read) or admin")
+                             "area:resource:read|write|source (e.g. kb:legal:read), registry:approve:<model> "
+                             "or admin")
         out.append(scope)
     if not out:
         raise ValueError("a key needs at least one scope (e.g. fraud:score, sensor:predict, admin)")
@@ -166,15 +177,21 @@ class KeyStore:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def add(self, name: str, scopes: Iterable[str], rate_limit: str | None = None) -> tuple[str, ApiKeyRecord]:
-        """Create a key; returns ``(key, record)`` — the key is not stored and cannot be shown again."""
+    def add(self, name: str, scopes: Iterable[str], rate_limit: str | None = None,
+            person: str | None = None) -> tuple[str, ApiKeyRecord]:
+        """Create a key (bound to ``person`` when given); returns ``(key, record)`` — the key is not
+        stored and cannot be shown again. The record names the OS account that made it."""
         if not _NAME_RE.match(name):
             raise ValueError(f"key name {name!r}: use 1-64 letters, digits, spaces, '.', '_' or '-'")
+        if person is not None and not _NAME_RE.match(person):
+            raise ValueError(f"person {person!r}: use 1-64 letters, digits, spaces, '.', '_' or '-'")
         scope_list = check_scopes(scopes)
         if rate_limit is not None:
             from infra.serving.quotas import parse_rate
 
             parse_rate(rate_limit)
+        from infra.registry import current_actor
+
         secret = secrets.token_urlsafe(32)
         salt = secrets.token_hex(16)
         with self._locked() as records:
@@ -183,7 +200,8 @@ class KeyStore:
                 key_id = secrets.token_hex(6)
             record = ApiKeyRecord(
                 key_id=key_id, name=name, salt=salt, sha256=_digest(salt, secret), scopes=scope_list,
-                rate_limit=rate_limit, created_at=dt.datetime.now(dt.UTC).isoformat(),
+                rate_limit=rate_limit, person=person, created_by=current_actor(),
+                created_at=dt.datetime.now(dt.UTC).isoformat(),
             )
             records[key_id] = record
         return f"{KEY_PREFIX}{key_id}_{secret}", record
@@ -238,7 +256,8 @@ class Authenticator:
             record = self.keys.verify(api_key.strip())
             if record is None:
                 raise AuthError(401, "invalid or revoked API key")
-            return Principal(record.key_id, frozenset(record.scopes), record.rate_limit)
+            return Principal(record.key_id, frozenset(record.scopes), record.rate_limit, record.person,
+                             record.created_by)
         if token is not None:
             return self._from_jwt(token)
         raise AuthError(401, "no credential: send X-API-Key or Authorization: Bearer <token>")

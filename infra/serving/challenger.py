@@ -181,11 +181,13 @@ class ScoreLog:
                 self.dropped += len(lines)
                 log.error("score log: %d line(s) not written to %s: %s", len(lines), path.name, exc)
 
-    def record_labels(self, model: str, ids: Sequence[str], labels: Sequence[int]) -> None:
-        """Queue labels that became known (``/v1/fraud/labels``): the evidence flows join them to the scores."""
+    def record_labels(self, model: str, ids: Sequence[str], labels: Sequence[int], source: str | None = None) -> None:
+        """Queue labels that became known (``/v1/fraud/labels``), with the key that sent them (``source``):
+        the evidence flows join them to the scores and count them per source."""
         if self.enabled and ids:
             self.record(ScoreRecord(model=model, version=0, role=LABEL_ROLE, ids=[str(i) for i in ids],
-                                    scores=[float(v) for v in labels], decided=[False] * len(ids)))
+                                    scores=[float(v) for v in labels], decided=[False] * len(ids),
+                                    extra={"source": [source] * len(ids)} if source else None))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Write what is queued and stop the writer."""

@@ -5,10 +5,10 @@ and the trail verifies."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from infra.registry import ModelRegistry
 from infra.serving.challenger import SCORES_DIR, ScoreLog, ScoreRecord
 from tasks.approval import approval_requests, decide
 from tasks.champion import set_challenger
+from tests.approvers import enrol, statement_for
 
 NAME = "evid-fraud"
 
@@ -36,7 +37,9 @@ def _served(n: int = 1200, seed: int = 0) -> None:
         scores = 1 / (1 + np.exp(-(lift * y + rng.normal(size=n))))
         log.record(ScoreRecord(model=NAME, version=version, role=role, ids=ids, scores=scores.tolist(),
                                decided=[role == "champion"] * n))
-    log.record_labels(NAME, ids, y.tolist())
+    half = n // 2  # two label sources (the chargeback feed and the fraud desk's key)
+    log.record_labels(NAME, ids[:half], y[:half].tolist(), source="k-chargebacks")
+    log.record_labels(NAME, ids[half:], y[half:].tolist(), source="k-fraud-desk")
     log.close()
 
 
@@ -47,7 +50,7 @@ def _paused(request: Any) -> bool:
 
 
 def test_a_better_challenger_is_recommended_and_its_promotion_waits_for_approval(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     registry = ModelRegistry()
     for value in (0.3, 0.2):
         ref = registry.register(NAME, torch.nn.Linear(2, 1).state_dict(), params={}, metrics={"test/auprc": value},
@@ -60,11 +63,11 @@ def test_a_better_challenger_is_recommended_and_its_promotion_waits_for_approval
     report = fraud_evidence(model=NAME)  # no --promote: a recommendation only
     assert report.recommendation == "promote" and report.promotion is None
     assert [v.version for v in report.versions] == [1, 2] and report.paired.p_value < 0.05
+    assert report.label_sources == {"k-chargebacks": 600, "k-fraud-desk": 600}
     assert registry.aliases(NAME)["champion"] == 1
 
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")
     monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED", json.dumps([NAME]))
+    people = enrol(registry, NAME, tmp_path / "keys")  # alice (this process: she starts the run) and bob
     out: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(model=NAME, promote=True)), daemon=True)
     thread.start()
@@ -73,7 +76,8 @@ def test_a_better_challenger_is_recommended_and_its_promotion_waits_for_approval
         assert time.monotonic() < deadline and thread.is_alive(), "the promotion did not wait for approval"
         time.sleep(0.3)
     assert registry.aliases(NAME)["champion"] == 1 and waiting[-1].candidate_version == 2
-    decide(waiting[-1].run_id, approve=True, reason="online evidence reviewed", approver="bob")
+    decide(waiting[-1].run_id, signed=statement_for(registry, NAME, 2, people["bob"], run_id=waiting[-1].run_id,
+                                                    reason="online evidence reviewed"))
     thread.join(120)
     result = out["result"]
     assert result.promotion is not None and result.promotion.promoted

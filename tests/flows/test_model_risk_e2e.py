@@ -3,16 +3,15 @@ and, shorter, on a sensor fleet whose failures come later:
 
 champion v1 (a GBM fitted before the pattern) serves on a real server, challenger v2 (refitted
 on data with the pattern) scores every request in shadow; the labels arrive through the API;
-the evidence flow recommends v2 with its interval; the approval is given through Prefect's
-``resume_flow_run`` with run input, as the UI form does, by a second principal after the first
-is refused; serving hot-reloads v2; an emergency rollback returns v1; the trail verifies, and
+the evidence flow recommends v2 with its interval; the approval is a decision signed with an
+enrolled approver's own key, given through Prefect's ``resume_flow_run`` with run input as the UI
+form does, by a second person after the initiator's own signed decision is refused; serving hot-reloads v2; an emergency rollback returns v1; the trail verifies, and
 verification fails after one byte of it is changed. The sensor test does the same with RULs
 judged by failure events from the failures inbox (the realised RMSE per version, drawn by asset).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -33,7 +32,7 @@ from flows.sensor.monitor import sensor_monitor
 from flows.serve import fraud as serve_fraud
 from infra.errors import ApprovalError
 from infra.home import HomeLayout, home_layout
-from infra.registry import ALIAS_HISTORY_FILE, KIND_SKLEARN, ModelRegistry
+from infra.registry import ALIAS_HISTORY_FILE, KIND_SKLEARN, ModelRegistry, current_actor
 from infra.serving.challenger import SCORES_DIR, read_score_log
 from infra.tables import assign_periods, time_split, validate_table
 from solutions.fraud import candidates as CA
@@ -49,6 +48,7 @@ from solutions.sensor.model import SensorRULModel
 from solutions.sensor.synthetic import generate_fleet
 from tasks.approval import approval_requests, decide
 from tasks.champion import rollback_champion, set_challenger
+from tests.approvers import Person, enrol, statement_for
 from tests.serve.fraud_helpers import MODEL, FraudServer, api_key, jsonable, post_scores
 from tests.serve.sensor_helpers import MODEL as SENSOR_MODEL
 from tests.serve.sensor_helpers import SensorServer
@@ -96,12 +96,20 @@ def _wait(predicate, what: str, timeout_s: float = 90.0) -> None:
         time.sleep(0.2)
 
 
+def _signed(registry: ModelRegistry, request: Any, who: Person, reason: str) -> Any:
+    return statement_for(registry, request.model, request.candidate_version, who, run_id=request.run_id, reason=reason)
+
+
 def _check_trail(registry: ModelRegistry, model: str, near: bytes, offset: int, byte: str) -> None:
-    """The trail holds the whole path in order and verifies; one byte changed (at ``near`` +
-    ``offset``) and it does not."""
+    """The trail holds the whole path in order (after the registrations and the policy) and
+    verifies; one byte changed (at ``near`` + ``offset``) and it does not."""
     path = registry.root / model / ALIAS_HISTORY_FILE
-    trail = [json.loads(line)["action"] for line in path.read_text().splitlines()]
-    assert trail == ["promote", "set", "approval-requested", "approval-refused", "approved", "force", "rollback"]
+    trail = [e["action"] for e in registry.trail(model)]
+    assert trail == ["register", "promote", "register", "set", "policy", "approval-requested", "approval-refused",
+                     "approved", "force", "rollback"]
+    approved = registry.trail(model)[-3]
+    assert approved["by"] == "bob" and approved["via"] is None  # the form carries no channel name
+    assert registry.trail(model)[-2]["approved_by"] == "bob" and registry.trail(model)[-1]["emergency"] is True
     assert registry.verify_trail(model).ok
     data = bytearray(path.read_bytes())
     data[data.index(near) + offset] = ord(byte)  # one byte
@@ -111,17 +119,17 @@ def _check_trail(registry: ModelRegistry, model: str, near: bytes, offset: int, 
 
 def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")  # who starts the runs
     monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED", json.dumps([MODEL]))
     layout = home_layout()
     records, served_from = _register_drift(tmp_path)
     registry = ModelRegistry()
     set_challenger(f"{MODEL}:2", registry=registry, reason="refitted on the new pattern; shadow first")
+    people = enrol(registry, MODEL, tmp_path / "keys")  # alice (who starts the runs here) and bob
     ts = pd.to_datetime(records[S.TIMESTAMP])
     history = records.loc[(ts < served_from).to_numpy()].to_dict("records")
     served = records.loc[(ts >= served_from).to_numpy()]
     key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+    desk = api_key(layout, serve_fraud.LABEL_SCOPE)  # a second label source: the fraud desk's key
 
     with FraudServer(layout) as server, httpx.Client() as client:
         [champion_slot] = [s for s in server.app.state.serving.slots if not s.optional]
@@ -134,12 +142,12 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
         for a in range(0, len(rows), CHUNK):
             answered += post_scores(client, server.url, key, rows[a : a + CHUNK])
         assert {r["model_version"] for r in answered} == {1}  # shadow: the champion answers
-        # the labels arrive later, through the API
+        # the labels arrive later, through the API, from two sources
         labels = served[[S.TRANSACTION_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL]].to_dict("records")
-        for a in range(0, len(labels), 1000):
+        for n, a in enumerate(range(0, len(labels), 500)):
             response = client.post(f"{server.url}/v1/fraud/labels", json={"labels": [jsonable(r) for r in
-                                                                                     labels[a : a + 1000]]},
-                                   headers={"X-API-Key": key}, timeout=30)
+                                                                                     labels[a : a + 500]]},
+                                   headers={"X-API-Key": (key, desk)[n % 2]}, timeout=30)
             assert response.status_code == 200, response.text
         ids = set(served[S.TRANSACTION_ID].astype(str))
 
@@ -152,24 +160,26 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
 
         # the evidence flow recommends v2 and asks for approval (alice started it)
         out: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(model=MODEL, promote=True)),
-                                  daemon=True)
+        # (the served days are replayed in seconds here, so the label-burst check gets a wide margin)
+        thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(
+            model=MODEL, promote=True, max_label_rate_ratio=1000.0)), daemon=True)
         thread.start()
         _wait(lambda: bool(w := [r for r in approval_requests("waiting") if r.model == MODEL]) and _paused(w[-1].run_id)
               or not thread.is_alive(), "the promotion did not wait for approval", timeout_s=180)
         [request] = [r for r in approval_requests("waiting") if r.model == MODEL]
-        assert (request.candidate_version, request.champion_version, request.requested_by) == (2, 1, "alice")
+        assert (request.candidate_version, request.champion_version, request.requested_by) == (2, 1, current_actor())
         with pytest.raises(ApprovalError, match="four eyes"):
-            decide(request.run_id, approve=True, reason="my own evidence", approver="alice")
+            decide(request.run_id, signed=_signed(registry, request, people["alice"], "my own evidence"))
         assert registry.aliases(MODEL)["champion"] == 1
-        # the UI form's path: Prefect's resume with run input, by a second person
-        resume_flow_run(uuid.UUID(request.run_id),
-                        run_input={"decision": "approve", "reason": "shadow evidence reviewed", "approver": "bob"})
+        # the UI form's path: Prefect's resume with run input, a decision signed by a second person
+        signed = _signed(registry, request, people["bob"], "shadow evidence reviewed")
+        resume_flow_run(uuid.UUID(request.run_id), run_input={"signed_decision": signed.model_dump_json()})
         thread.join(180)
         result = out["result"]
         assert result.recommendation == "promote", result.reason
         v1, v2 = result.versions
         assert v1.labelled == v2.labelled == len(ids) and v2.metric.value > v1.metric.value
+        assert len(result.label_sources) == 2 and sum(result.label_sources.values()) == len(ids)
         assert result.paired.p_value < 0.05 and result.paired.diff_low > 0
         assert result.promotion.promoted and result.promotion.approval.decided_by == "bob"
         # serving picks v2 up within a reload period
@@ -231,13 +241,12 @@ def _sensor_versions(home: HomeLayout) -> tuple[pd.DataFrame, pd.DataFrame, list
 def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "alice")
     monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED", json.dumps([SENSOR_MODEL]))
     home = home_layout()
     readings, events, served = _sensor_versions(home)
     registry = ModelRegistry()
     set_challenger(f"{SENSOR_MODEL}:2", registry=registry, reason="trained to convergence; shadow first")
+    people = enrol(registry, SENSOR_MODEL, tmp_path / "keys")
     ts = pd.to_datetime(readings[SS.TIMESTAMP])
     with SensorServer(home) as server, httpx.Client() as client:
         [champion_slot] = [s for s in server.app.state.serving.slots if not s.optional]
@@ -276,9 +285,9 @@ def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
               timeout_s=180)
         [request] = [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL]
         with pytest.raises(ApprovalError, match="four eyes"):
-            decide(request.run_id, approve=True, reason="mine", approver="alice")
-        resume_flow_run(uuid.UUID(request.run_id),
-                        run_input={"decision": "approve", "reason": "realised RUL error reviewed", "approver": "bob"})
+            decide(request.run_id, signed=_signed(registry, request, people["alice"], "mine"))
+        signed = _signed(registry, request, people["bob"], "realised RUL error reviewed")
+        resume_flow_run(uuid.UUID(request.run_id), run_input={"signed_decision": signed.model_dump_json()})
         thread.join(180)
         result = out["result"]
         print("sensor evidence:", result.reason)

@@ -79,6 +79,12 @@ def _json_field(name: str) -> Callable[[str], str]:
     return get
 
 
+def _public_key(out: str) -> str:
+    """The public key ``python -m flows.registry keygen`` prints to enrol."""
+    m = re.search(r"^enrol this public key: [^:]+:(\S+)$", out, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
 def _first_run_id(out: str) -> str:
     m = re.search(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\s.*\bwaiting\b", out, re.MULTILINE)
     return m.group(1) if m else ""
@@ -91,6 +97,8 @@ CAPTURES: list[tuple[str, dict[str, Callable[[str], str]]]] = [
     (r'keys add "legal team"', {"KEY": _last_line}),
     (r"-F files=@lease\.pdf", {"JOB_ID": _json_field("job_id")}),
     (r"-m flows\.\w+ approvals\b", {"RUN": _first_run_id}),
+    (r"registry keygen alice\b", {"ALICE_PUB": _public_key}),
+    (r"registry keygen bob\b", {"BOB_PUB": _public_key}),
 ]
 
 

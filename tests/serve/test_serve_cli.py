@@ -55,6 +55,22 @@ def test_keys_add_list_revoke(tmp_path, monkeypatch, capsys) -> None:
         assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and text in err[0], (argv, err)
 
 
+def test_keys_add_grants_every_documented_scope_and_binds_a_person(tmp_path, monkeypatch, capsys) -> None:
+    """``kb:<c>:source`` and ``registry:approve:<model>`` can be granted; ``--person`` binds the key,
+    and the record names the OS account that made it."""
+    from infra.registry import current_actor
+
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path))
+    assert main(["keys", "add", "validator", "--scope", "kb:legal:source", "--scope", "registry:approve:fraud-seq",
+                 "--person", "bob", "--json"]) == 0
+    added = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert added["scopes"] == ["kb:legal:source", "registry:approve:fraud-seq"]
+    assert (added["person"], added["created_by"]) == ("bob", current_actor())
+    assert key_store(HomeLayout(tmp_path)).verify(added["key"]).person == "bob"
+    assert main(["keys", "add", "x", "--scope", "kb:legal:delete"]) == 2
+    assert "read|write|source" in capsys.readouterr().err
+
+
 def test_server_command_binds_loopback(tmp_path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -122,3 +122,108 @@ def test_sensor_rul_evidence_is_judged_by_failures_and_resamples_whole_assets(tm
     assert short.recommendation == "insufficient" and "96 labelled predictions" in short.reason
     assert "8 assets; the rule needs 30 and 9 assets" in short.reason
     assert "| subjects |" in evidence_markdown(ev)
+
+
+# ------------------------------------------------------------------------------------
+# evidence you can defend: who sent the labels, and when
+
+
+def _served_pair(folder: Path, n: int = 3000, seed: int = 1) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """Champion v1 (good) and challenger v2 (no skill) scores of n transactions; returns the ids and
+    both versions' scores."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.1).astype(int)
+    ids = [f"tx{i}" for i in range(n)]
+    champion = 1 / (1 + np.exp(-(3.0 * y + rng.normal(size=n))))
+    challenger = rng.random(n)
+    log = ScoreLog(folder, flush_s=0.01)
+    for version, role, scores in ((1, "champion", champion), (2, "challenger", challenger)):
+        log.record(ScoreRecord(model="m", version=version, role=role, ids=ids, scores=scores.tolist(),
+                               decided=[role == "champion"] * n))
+    log.close()
+    return ids, champion, challenger
+
+
+def _registry(tmp_path: Path):
+    import torch
+
+    from infra.registry import ModelRegistry
+
+    registry = ModelRegistry(tmp_path / "registry")
+    for value in (0.5, 0.4):
+        ref = registry.register("m", {"w": torch.zeros(1)}, params={}, metrics={"auc": value}, primary_metric="auc")
+        if value == 0.5:
+            registry.promote(ref)
+    registry.set_alias("m", "challenger", 2)
+    return registry
+
+
+def test_labels_steered_by_one_key_do_not_recommend_the_worse_challenger(tmp_path: Path) -> None:
+    """The review's attack: a fraud:label key labels the champion's 20 lowest scores as fraud (and
+    280 others as genuine); the challenger then looks better. The labels all come from one key:
+    no recommendation."""
+    from tasks.online_evidence import online_evidence
+
+    scores = tmp_path / "scores"
+    ids, champion, challenger = _served_pair(scores)
+    steer = np.argsort(champion - challenger)  # lowest champion and highest challenger scores first
+    fraud, genuine = steer[:20], steer[-280:]
+    log = ScoreLog(scores, flush_s=0.01)
+    log.record_labels("m", [ids[i] for i in [*fraud, *genuine]], [1] * 20 + [0] * 280, source="k-attacker")
+    log.close()
+    rule = EvidenceRule(min_labels=200, min_positives=10)
+    ev = online_evidence("m", rule, registry=_registry(tmp_path), scores_dir=scores)
+    assert ev.recommendation == "insufficient", ev.reason
+    assert "one label source (k-attacker) sent 300 of the 300 judged labels" in ev.reason
+    assert ev.label_sources == {"k-attacker": 300}
+    assert "| k-attacker | 300 | 100% |" in evidence_markdown(ev)
+    blind = online_evidence("m", rule.model_copy(update={"max_source_share": 1.0}), registry=_registry(tmp_path / "b"),
+                            scores_dir=scores)
+    assert blind.recommendation == "promote", blind.reason  # what the steering achieved before sources counted
+    # the same labels from the monitor's label file and a second key: the comparison is made, and shows through
+    honest = ScoreLog(scores, flush_s=0.01)
+    honest.record_labels("m", [ids[i] for i in steer[20:320]], [0] * 300, source="k-chargebacks")
+    honest.close()
+    both = online_evidence("m", rule, registry=_registry(tmp_path / "again"), scores_dir=scores)
+    assert both.label_sources == {"k-attacker": 300, "k-chargebacks": 300}
+
+
+def test_labels_arriving_far_faster_than_scores_do_not_recommend(tmp_path: Path) -> None:
+    """Scores spread over an hour, labels from two keys all within a second: a burst."""
+    from tasks.online_evidence import collect_evidence, label_provenance
+
+    rng = np.random.default_rng(3)
+    n = 1200
+    y = (rng.random(n) < 0.15).astype(int)
+    start = pd.Timestamp("2026-12-01T10:00:00+00:00")
+    rows = []
+    for i in range(n):
+        at = (start + pd.Timedelta(seconds=3 * i)).isoformat()
+        rows.append({"at": at, "version": 1, "role": "champion", "id": f"t{i}", "score": float(rng.random()),
+                     "decided": True})
+        rows.append({"at": at, "version": 2, "role": "challenger", "id": f"t{i}",
+                     "score": float(y[i] + rng.normal(scale=0.3)), "decided": False})
+    burst = (start + pd.Timedelta(hours=1, minutes=1)).isoformat()
+    rows += [{"at": burst, "version": 0, "role": "label", "id": f"t{i}", "score": float(y[i]), "decided": False,
+              "source": "k-a" if i % 2 else "k-b"} for i in range(n)]
+    ev = collect_evidence("m", rows, read_labels(rows), EvidenceRule(), 1, 2, provenance=label_provenance(rows))
+    assert ev.recommendation == "insufficient" and "times faster than the transactions were scored" in ev.reason
+    relaxed = collect_evidence("m", rows, read_labels(rows), EvidenceRule(max_label_rate_ratio=1000), 1, 2,
+                               provenance=label_provenance(rows))
+    assert relaxed.recommendation == "promote", relaxed.reason
+
+
+def test_scoring_an_id_again_does_not_rewrite_its_evidence(tmp_path: Path) -> None:
+    """A fraud:score key sends a known transaction id again (under another account): the first
+    served score of that id stays the one judged."""
+    _log(tmp_path, 1500, (0.5, 2.5))
+    before = _evidence(tmp_path)
+    rows = read_score_log(tmp_path, "m")
+    labels = read_labels(rows)
+    frauds = [i for i, v in labels.items() if v == 1]
+    log = ScoreLog(tmp_path, flush_s=0.01)  # the champion re-scores every fraud at 0.99: it would look perfect
+    log.record(ScoreRecord(model="m", version=1, role="champion", ids=frauds, scores=[0.99] * len(frauds),
+                           decided=[True] * len(frauds)))
+    log.close()
+    after = _evidence(tmp_path)
+    assert after.versions[0].metric == before.versions[0].metric and after.recommendation == "promote"

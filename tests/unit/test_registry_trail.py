@@ -1,6 +1,6 @@
-"""The registry trail is tamper-evident: every alias move names who, why and its evidence, and is
-hash-chained to the one before; verify finds an edited, removed or appended line and an alias
-moved outside the registry."""
+"""The registry trail is tamper-evident: every alias move names who (the OS account, never an
+environment variable), why and its evidence, and is hash-chained to the one before; verify finds
+an edited, removed or appended line and an alias moved outside the registry."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.registry import ALIAS_HISTORY_FILE, TRAIL_HEAD_FILE, ModelRegistry
+from infra.registry import ALIAS_HISTORY_FILE, TRAIL_HEAD_FILE, ModelRegistry, current_actor
 
 
 def _home(tmp_path: Path) -> ModelRegistry:
     registry = ModelRegistry(tmp_path)
     refs = [registry.register("m", {"w": torch.full((1,), v)}, params={}, metrics={"auc": v}, primary_metric="auc")
             for v in (0.1, 0.2, 0.3)]
-    (Path(refs[1].path) / "card.json").write_text('{"card": 2}')
+    registry.write_version_file(refs[1], "card.json", '{"card": 2}')
     for ref in refs:
         registry.promote(ref)
     registry.rollback("m")  # -> v2
@@ -30,45 +30,60 @@ def _lines(tmp_path: Path) -> list[str]:
     return (tmp_path / "m" / ALIAS_HISTORY_FILE).read_text().splitlines()
 
 
+def _moves(tmp_path: Path) -> list[dict]:
+    """The trail's alias moves (not the registrations and documents)."""
+    return [e for e in map(json.loads, _lines(tmp_path)) if "alias" in e]
+
+
 def _write(tmp_path: Path, lines: list[str]) -> None:
     (tmp_path / "m" / ALIAS_HISTORY_FILE).write_text("".join(line + "\n" for line in lines))
 
 
 def test_every_move_names_who_why_and_its_evidence_chained_by_hash(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "validator-anna")
+    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_ACTOR", "validator-anna")  # names nobody any more
     registry = _home(tmp_path)
     entries = [json.loads(line) for line in _lines(tmp_path)]
-    assert [(e["action"], e["previous"], e["version"]) for e in entries] == [
+    assert [e["action"] for e in entries[:4]] == ["register", "register", "register", "document"]
+    moves = _moves(tmp_path)
+    assert [(e["action"], e["previous"], e["version"]) for e in moves] == [
         ("promote", None, 1), ("promote", 1, 2), ("promote", 2, 3), ("rollback", 3, 2), ("set", None, 3)]
-    assert all(e["by"] == "validator-anna" and e["seq"] == i for i, e in enumerate(entries, 1))
+    assert all(e["by"] == current_actor() != "validator-anna" for e in entries)
+    assert [e["seq"] for e in entries] == list(range(1, 10))
     meta = hashlib.sha256((tmp_path / "m" / "2" / "meta.json").read_bytes()).hexdigest()
-    assert entries[1]["evidence"]["meta_sha256"] == meta
-    assert entries[1]["evidence"]["card_sha256"] == hashlib.sha256(b'{"card": 2}').hexdigest()
-    assert "comparison_sha256" in entries[1]["evidence"] and "card_sha256" not in entries[0]["evidence"]
+    assert entries[1]["files"]["meta.json"] == meta and set(entries[1]["files"]) == {"meta.json", "weights.safetensors"}
+    assert entries[3]["file"] == "card.json" and entries[3]["sha256"] == hashlib.sha256(b'{"card": 2}').hexdigest()
+    assert moves[1]["evidence"]["meta_sha256"] == meta
+    assert moves[1]["evidence"]["card_sha256"] == hashlib.sha256(b'{"card": 2}').hexdigest()
+    assert "comparison_sha256" in moves[1]["evidence"] and "card_sha256" not in moves[0]["evidence"]
     lines = _lines(tmp_path)
     assert entries[0]["prev"] is None
-    assert all(entries[i]["prev"] == hashlib.sha256(lines[i - 1].encode()).hexdigest() for i in range(1, 5))
+    assert all(entries[i]["prev"] == hashlib.sha256(lines[i - 1].encode()).hexdigest() for i in range(1, 9))
     report = registry.verify_trail("m")
-    assert report.ok and report.entries == report.chained == 5 and report.unchained == 0 and not report.problems
+    assert report.ok and report.entries == report.chained == 9 and report.unchained == 0 and not report.problems
+    assert report.status == "unanchored" and report.files_checked == 7  # no anchor configured: never "ok"
     assert report.head_sha256 == registry.trail_head("m") == hashlib.sha256(lines[-1].encode()).hexdigest()
 
 
-def test_without_an_actor_the_os_user_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import getpass
+def test_the_os_account_is_named_whatever_the_environment_says(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import pwd
 
-    monkeypatch.delenv("INDUSFLOW_GOVERNANCE_ACTOR", raising=False)
+    monkeypatch.setenv("USER", "validator")  # getpass.getuser() would believe these
+    monkeypatch.setenv("LOGNAME", "validator")
     _home(tmp_path)
-    assert json.loads(_lines(tmp_path)[0])["by"] == getpass.getuser()
+    assert json.loads(_lines(tmp_path)[0])["by"] == pwd.getpwuid(os.getuid()).pw_name != "validator"
 
 
 def test_an_edited_line_is_found(tmp_path: Path) -> None:
     registry = _home(tmp_path)
     lines = _lines(tmp_path)
-    lines[1] = lines[1].replace("beats champion", "beats comfortably")  # a reworded reason
+    at = next(i for i, line in enumerate(lines) if "beats champion" in line)
+    lines[at] = lines[at].replace("beats champion", "beats comfortably")  # a reworded reason
     _write(tmp_path, lines)
     report = registry.verify_trail("m")
-    assert not report.ok and [p.line for p in report.problems] == [3]
+    assert not report.ok and [p.line for p in report.problems] == [at + 2]
     assert "edited or removed" in report.problems[0].problem
 
 
@@ -87,7 +102,7 @@ def test_the_last_line_removed_or_one_appended_by_hand_is_found_by_the_head(tmp_
     _write(tmp_path, lines[:-1])
     report = registry.verify_trail("m")
     assert not report.ok and any(TRAIL_HEAD_FILE in p.problem and p.line is None for p in report.problems)
-    forged = json.dumps({**json.loads(lines[-1]), "seq": 6, "prev": hashlib.sha256(lines[-1].encode()).hexdigest()},
+    forged = json.dumps({**json.loads(lines[-1]), "seq": len(lines) + 1, "prev": hashlib.sha256(lines[-1].encode()).hexdigest()},
                         sort_keys=True)
     _write(tmp_path, [*lines, forged])
     assert any(TRAIL_HEAD_FILE in p.problem for p in registry.verify_trail("m").problems)
@@ -147,8 +162,10 @@ def test_a_waiting_request_past_its_expiry_counts_as_expired(tmp_path: Path) -> 
     as expired and cannot be approved."""
     from infra.errors import ApprovalError
     from tasks.approval import ApprovalRequest, approval_requests, decide
+    from tests.approvers import enrol, statement_for
 
     registry = _home(tmp_path)
+    people = enrol(registry, "m", tmp_path / "keys")
     folder = tmp_path / "m" / "approvals"
     folder.mkdir()
     for run_id, expires in (("1111aaaa-0000-4000-8000-000000000001", "2000-01-01T00:00:00+00:00"),
@@ -156,16 +173,22 @@ def test_a_waiting_request_past_its_expiry_counts_as_expired(tmp_path: Path) -> 
         request = ApprovalRequest(run_id=run_id, flow_run_name="r", flow_name="fraud-train", model="m",
                                   candidate_version=3, champion_version=2, metric="auc", candidate_value=0.3,
                                   champion_value=0.2, rule="wins", requested_by="alice",
-                                  requested_at="2000-01-01T00:00:00+00:00", expires_at=expires, api_url=None)
+                                  requested_at="2000-01-01T00:00:00+00:00", expires_at=expires, api_url=None,
+                                  files=registry.version_files("m", 3))
         (folder / f"{run_id}.json").write_text(request.model_dump_json())
     assert [r.run_id[:4] for r in approval_requests("waiting", registry)] == ["2222"]
     assert [r.run_id[:4] for r in approval_requests("expired", registry)] == ["1111"]
+    def signed(who: str, run_id: str):
+        return statement_for(registry, "m", 3, people[who], run_id=run_id)
+
     with pytest.raises(ApprovalError, match="already expired"):
-        decide("1111aaaa", approve=True, reason="late approval", approver="bob", registry=registry)
-    with pytest.raises(ApprovalError, match="four eyes: alice started this run"):
-        decide("2222bbbb", approve=True, reason="my own", approver="ALICE", registry=registry)
+        decide("1111aaaa", signed=signed("bob", "1111aaaa-0000-4000-8000-000000000001"), registry=registry)
+    with pytest.raises(ApprovalError, match="four eyes: alice started this move") as refused:
+        decide("2222bbbb", signed=signed("alice", "2222bbbb-0000-4000-8000-000000000002"), registry=registry)
+    assert refused.value.code == "four_eyes"
+    assert json.loads(_lines(tmp_path)[-1])["action"] == "approval-refused"
     with pytest.raises(ApprovalError, match="not a flow run id"):
-        decide("../../etc", approve=True, reason="escape", approver="bob", registry=registry)
+        decide("../../etc", signed=signed("bob", "2222bbbb-0000-4000-8000-000000000002"), registry=registry)
 
 
 def test_an_approved_rollback_refuses_when_the_champion_moved_meanwhile(tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""The registry enforces each model's policy on every alias move, whatever process asks: no
+champion or challenger move of a gated model without a decision signed by an enrolled approver
+who did not start it; the policy itself is signed and on the trail; a policy file changed outside
+the registry stops every move."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.errors import ApprovalError, RegistryError
+from infra.registry import Approval, ModelRegistry
+from infra.registry_policy import Approver, ModelPolicy, sha256_of, sign_policy
+from tests.approvers import Person, enrol, person, statement_for
+
+
+def _gated(tmp_path: Path) -> tuple[ModelRegistry, dict[str, Person]]:
+    """v1 champion, v2 (better) and v3 registered, then a policy enrolling alice (this process's
+    account: she starts every move here) and bob."""
+    registry = ModelRegistry(tmp_path / "home")
+    for value in (0.1, 0.2, 0.3):
+        ref = registry.register("m", {"w": torch.full((2,), value)}, params={}, metrics={"auc": value},
+                                primary_metric="auc")
+        if value == 0.1:
+            registry.promote(ref)
+    return registry, enrol(registry, "m", tmp_path / "keys")
+
+
+def _approval(registry: ModelRegistry, who: Person, version: int = 2, alias: str = "champion",
+              **kw: str) -> Approval:
+    signed = statement_for(registry, "m", version, who, alias=alias, **kw)
+    return Approval(run_id=None, requested_by="alice", decided_by=who.name, approved=True, reason="r",
+                    requested_at="t0", decided_at="t1", signed=signed)
+
+
+def test_set_alias_and_promote_cannot_move_a_gated_champion_or_challenger(tmp_path: Path) -> None:
+    registry, _ = _gated(tmp_path)
+    with pytest.raises(ApprovalError, match="needs a decision signed by an approver"):
+        registry.set_alias("m", "champion", 2)
+    with pytest.raises(ApprovalError, match="needs a decision signed"):
+        registry.promote(registry.get("m", 2))  # the setting is unset: the registry's policy still holds
+    with pytest.raises(ApprovalError, match="needs a decision signed"):
+        registry.promote(registry.get("m", 2), force=True)
+    with pytest.raises(ApprovalError, match="needs a decision signed"):
+        registry.set_alias("m", "challenger", 3)
+    assert registry.aliases("m") == {"champion": 1}
+    pending = registry.promote(registry.get("m", 2), decide_only=True)
+    assert pending.awaiting_approval and not pending.promoted
+
+
+def test_a_decision_signed_by_a_second_enrolled_person_moves_it_once(tmp_path: Path) -> None:
+    registry, people = _gated(tmp_path)
+    approval = _approval(registry, people["bob"])
+    moved = registry.promote(registry.get("m", 2), approval=approval)
+    assert moved.promoted and registry.aliases("m")["champion"] == 2
+    last = registry.trail("m")[-1]
+    assert last["approved_by"] == "bob" and last["approver_key"] == people["bob"].public_key
+    assert last["decision_sha256"] == approval.signed.sha256 and last["by"]
+    registry.rollback("m", emergency=True)  # back to v1 at once: the policy allows emergency rollbacks
+    assert registry.trail("m")[-1]["emergency"] is True
+    with pytest.raises(ApprovalError, match="already used") as replayed:
+        registry.promote(registry.get("m", 2), approval=approval)
+    assert replayed.value.code == "replayed"
+    challenger = _approval(registry, people["bob"], version=3, alias="challenger")
+    assert registry.set_alias("m", "challenger", 3, approval=challenger)
+    assert registry.verify_trail("m").ok
+
+
+@pytest.mark.parametrize("case", ["initiator", "stranger", "other_version", "other_alias", "edited", "reject"])
+def test_decisions_that_do_not_hold_are_refused(tmp_path: Path, case: str) -> None:
+    registry, people = _gated(tmp_path)
+    if case == "initiator":  # alice signs her own move: four eyes
+        approval, code = _approval(registry, people["alice"]), "four_eyes"
+    elif case == "stranger":  # a key that anyone who can write the home could make
+        approval, code = _approval(registry, person(tmp_path / "keys", "mallory")), "not_approver"
+    elif case == "other_version":
+        approval, code = _approval(registry, people["bob"], version=3), "stale"
+    elif case == "other_alias":
+        approval, code = _approval(registry, people["bob"], alias="challenger"), "stale"
+    elif case == "edited":  # the statement changed after bob signed it
+        good = _approval(registry, people["bob"])
+        forged = good.signed.model_copy(update={"statement": good.signed.statement.model_copy(
+            update={"reason": "approved by the board"})})
+        approval, code = good.model_copy(update={"signed": forged}), "signature"
+    else:
+        approval, code = _approval(registry, people["bob"], decision="reject"), "unapproved"
+    with pytest.raises(ApprovalError) as refused:
+        registry.promote(registry.get("m", 2), approval=approval)
+    assert refused.value.code == code, str(refused.value)
+    assert registry.aliases("m") == {"champion": 1}
+
+
+def test_a_card_edited_after_the_decision_voids_it(tmp_path: Path) -> None:
+    registry, people = _gated(tmp_path)
+    approval = _approval(registry, people["bob"])
+    registry.write_version_file(registry.get("m", 2), "card.json", '{"auprc": 0.99}')
+    with pytest.raises(ApprovalError, match="differs in: files"):
+        registry.promote(registry.get("m", 2), approval=approval)
+
+
+def test_the_policy_is_signed_chained_and_on_the_trail(tmp_path: Path) -> None:
+    registry, people = _gated(tmp_path)
+    current = registry.policy("m")
+    assert current is not None and [a.person for a in current.approvers] == ["alice", "bob"]
+    mallory = person(tmp_path / "keys", "mallory")
+    grab = ModelPolicy(model="m", seq=2, previous_sha256=sha256_of(current), approval_required=False,
+                       approvers=[Approver(person="mallory", public_key=mallory.public_key)])
+    with pytest.raises(ApprovalError, match="no approver of the current policy"):
+        registry.set_policy("m", sign_policy(mallory.key(), grab))
+    change = grab.model_copy(update={"approvers": [*current.approvers,
+                                                   Approver(person="carol", public_key=mallory.public_key)],
+                                     "approval_required": True})
+    registry.set_policy("m", sign_policy(people["bob"].key(), change))
+    entry = registry.trail("m")[-1]
+    assert (entry["action"], entry["signed_by"], entry["policy_seq"]) == ("policy", "bob", 2)
+    with pytest.raises(ApprovalError, match="does not follow"):  # a replay of an older change
+        registry.set_policy("m", sign_policy(people["bob"].key(), change))
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_policy_file_changed_outside_the_registry_stops_every_move(tmp_path: Path, how: str) -> None:
+    registry, _ = _gated(tmp_path)
+    path = registry.root / "m" / "policy.json"
+    if how == "deleted":
+        path.unlink()
+    else:  # a self-signed policy that lets everything through
+        mallory = person(tmp_path / "keys", "mallory")
+        open_policy = ModelPolicy(model="m", seq=1, previous_sha256=None, approval_required=False,
+                                  approvers=[Approver(person="mallory", public_key=mallory.public_key)])
+        path.write_text(json.dumps(sign_policy(mallory.key(), open_policy).model_dump(mode="json")))
+    with pytest.raises(RegistryError, match="policy.json does not match"):
+        registry.set_alias("m", "champion", 2)
+    report = registry.verify_trail("m")
+    assert not report.ok and any("policy.json does not match" in p.problem for p in report.problems)
