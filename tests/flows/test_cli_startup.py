@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from flows.cli import check_commands, flow_doc, signature_from_source
@@ -47,6 +48,19 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
     readings = tmp / "readings.csv"
     readings.write_text("machine,ts,sensor,value\nm1,2025-01-01 10:00:00,temp,21.5\n")
     fraud_cols = ["--data", str(tx), "--columns", "account_id=NO_SUCH_COLUMN"]
+    # the Fraud Detection Handbook's format (../shared/data/fraud), a few rows of it
+    handbook = tmp / "handbook.csv"
+    handbook.write_text("TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT,TX_FRAUD\n"
+                        "0,2018-04-01 00:00:31,596,3156,57.16,0\n200,2018-04-01 02:09:22,819,1591,75.38,1\n")
+    swapped = ("transaction_id=TRANSACTION_ID,account_id=CUSTOMER_ID,terminal_id=TERMINAL_ID,"
+               "timestamp=TX_AMOUNT,amount=TX_DATETIME,label=TX_FRAUD")
+    no_amount = tmp / "no_amount.csv"  # canonical names already, no amount
+    no_amount.write_text("transaction_id,timestamp,account_id,terminal_id,label\n"
+                         "0,2018-04-01 00:00:31,596,3156,0\n200,2018-04-01 02:09:22,819,1591,1\n")
+    dated_amount = tmp / "dated_amount.parquet"  # amounts that are timestamps (a typed file)
+    pd.DataFrame({"transaction_id": ["0", "1"], "account_id": ["596", "819"], "label": [0, 1],
+                  "timestamp": pd.to_datetime(["2018-04-01 00:00:31", "2018-04-01 02:09:22"]),
+                  "amount": pd.to_datetime(["2018-04-01 00:00:31", "2018-04-01 02:09:22"])}).to_parquet(dated_amount)
     return [
         (["flows.fraud", "--help"], 0, "usage:"),
         *[(["flows.fraud", c, "--help"], 0, "usage:")
@@ -59,6 +73,16 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.fraud", "train", "--val-days", "20"], 2, "must be smaller than train_days"),
         (["flows.fraud", "tune", "--loss", "hinge"], 2, "invalid choice"),
         (["flows.fraud", "train", "--no-such-flag"], 2, "unrecognized arguments"),
+        (["flows.fraud", "train", "--max-epocs", "3"], 2, "--max-epocs 3; did you mean --max-epochs?"),
+        (["flows.fraud", "train", "--data", str(no_amount)], 2,
+         f"{no_amount}, column 'amount': missing required column(s) ['amount']"),
+        (["flows.fraud", "score", "--data", str(no_amount)], 2, "column 'amount': missing required"),
+        (["flows.fraud", "train", "--data", str(handbook), "--columns", swapped], 2,
+         ("column 'timestamp': 2 number(s) where timestamps are expected (first offending rows: [0, 1]); "
+          "row 0 of 'TX_AMOUNT' holds '57.16'")),
+        (["flows.fraud", "train", "--data", str(dated_amount)], 2,
+         ("column 'amount': 2 timestamp(s) where numbers are expected (first offending rows: [0, 1]); "
+          "row 0 of 'amount' holds '2018-04-01 00:00:31'")),
         (["flows.sensor", "--help"], 0, "usage:"),
         *[(["flows.sensor", c, "--help"], 0, "usage:")
           for c in ("pretrain", "train", "score", "batch", "monitor", "promote", "rollback", "reproduce")],
@@ -156,3 +180,4 @@ def test_signatures_read_from_source_match_the_flows(module: str) -> None:
             k: repr(v) for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
         }, command.flow
         assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
+
