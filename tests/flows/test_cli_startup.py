@@ -181,3 +181,35 @@ def test_signatures_read_from_source_match_the_flows(module: str) -> None:
         }, command.flow
         assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
 
+
+HOLDER = """
+import sys, time
+from infra.milvus import open_client
+client = open_client()
+print("holding", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_ask_names_the_process_that_holds_the_milvus_lite_file(tmp_path: Path) -> None:
+    """While another process (a running server, say) holds the Milvus Lite file, ``rag ask``
+    says which process holds it and what to do, before any flow run: exit 2, one line."""
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    env.pop("INDUSFLOW_MILVUS_URI", None)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "120"], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        report = tmp_path / "report.json"
+        proc = subprocess.run([sys.executable, "-c", WRAPPER, "flows.rag", str(report), "ask", "what is the policy?"],
+                              cwd=REPO, env=env, text=True, capture_output=True, timeout=120, check=False)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc.stdout + proc.stderr
+    db = tmp_path / "home" / "milvus" / "rag.db"
+    assert lines[0].startswith(f"error: the Milvus Lite file {db} is held by process {holder.pid} (python -c"), lines[0]
+    assert f"kill {holder.pid}" in lines[0] and "Ask that server instead" in lines[0]
+    assert json.loads(report.read_text())["heavy"] == []
