@@ -5,7 +5,6 @@ field computed by Milvus from the text (analyzer ``jieba``, which also splits La
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -94,9 +93,6 @@ def open_client(settings: MilvusSettings | None = None, uri: str | None = None) 
     try:
         return MilvusClient(uri=target, token=token) if token else MilvusClient(uri=target)
     except Exception as exc:  # noqa: BLE001 - pymilvus raises many kinds; each is named, scrubbed
-        held = lite_held(target)
-        if held is not None:  # the usual cause: another process holds the Lite file
-            raise held from None
         raise VectorStoreError(f"cannot open Milvus at {shown_url(target) if '://' in target else target}: "
                                f"{scrub(str(exc), [token])}"[:500]) from None
 
@@ -208,6 +204,8 @@ def lite_lock_file(db: Path) -> Path:
 def lite_holder(db: Path) -> int | None:
     """The id of another process holding the Milvus Lite file ``db``, from ``/proc/locks``; None
     when no other process holds it or the system does not say (not Linux)."""
+    import os
+
     try:
         st = lite_lock_file(db).stat()
         table = PROC_LOCKS.read_text()

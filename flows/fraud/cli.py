@@ -68,9 +68,9 @@ def _check_columns(kwargs: dict[str, Any], file: str | None = "data", *, for_sco
             raise ValueError(f"--columns: {exc}") from None
     if file and kwargs.get(file) is not None:
         from infra.tables import check_sample
-        from solutions.fraud.schema import transaction_schema
+        from solutions.fraud.schema import preflight_schema
 
-        check_sample(Path(kwargs[file]).expanduser(), transaction_schema(for_scoring), kwargs.get("columns"),
+        check_sample(Path(kwargs[file]).expanduser(), preflight_schema(for_scoring), kwargs.get("columns"),
                      kwargs.get("encoding"))
 
 

@@ -19,9 +19,6 @@ from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
 from solutions.fraud.features import WindowFeatureBaseline, WindowFeatures
 from solutions.fraud.model import FraudDataModule, FraudSequenceModel, predict_scores
-
-# the transactions schema lives in schema.py (no torch: the CLI's pre-flight reads it); kept here for callers
-from solutions.fraud.schema import TRANSACTION_COLUMNS, scoring_columns, transaction_schema  # noqa: F401
 from solutions.fraud.sequences import FraudPreprocessor
 
 log = logging.getLogger(__name__)
@@ -29,6 +26,46 @@ log = logging.getLogger(__name__)
 #: Bump when feature code changes, so stored feature tables are rebuilt.
 FEATURES_VERSION = "1"
 PERIOD = "period"
+
+#: (column, kind, required, nullable) of the transactions table, for validation.
+TRANSACTION_COLUMNS: tuple[tuple[str, str, bool, bool], ...] = (
+    (S.TRANSACTION_ID, "id", True, False),
+    (S.ACCOUNT_ID, "id", True, False),
+    (S.TIMESTAMP, "datetime", True, False),
+    (S.AMOUNT, "float", True, False),
+    (S.LABEL, "binary", True, False),
+    (S.TERMINAL_ID, "id", False, True),
+    (S.CATEGORY, "category", False, True),
+    (S.CHANNEL, "category", False, True),
+    (S.AGE, "float", False, True),
+    (S.OCCUPATION, "category", False, True),
+    (S.ACCOUNT_AGE_DAYS, "float", False, True),
+    (S.SCENARIO, "str", False, True),
+)
+
+
+def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
+    """Like :data:`TRANSACTION_COLUMNS` but the label is optional (unknown when scoring)."""
+    return tuple(
+        (name, kind, False, True) if name == S.LABEL else (name, kind, req, null)
+        for name, kind, req, null in TRANSACTION_COLUMNS
+    )
+
+
+def transaction_schema(for_scoring: bool = False) -> TableSchema:
+    """The validation schema of a transactions table (label optional when scoring)."""
+    columns = scoring_columns() if for_scoring else TRANSACTION_COLUMNS
+    return TableSchema(
+        name="fraud-transactions-score" if for_scoring else "fraud-transactions",
+        columns=tuple(
+            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == S.AMOUNT else None)
+            for n, k, r, nl in columns
+        ),
+        time_column=S.TIMESTAMP,
+        label_column=None if for_scoring else S.LABEL,
+        min_rows=2,
+    )
+
 
 def accounts_schema() -> TableSchema:
     """The validation schema of the optional accounts table (static attributes)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from infra.tables import ColumnSpec, TableSchema, check_column_mapping, describe_columns
+from infra.tables import ColumnKind, ColumnSpec, TableSchema, check_column_mapping, describe_columns
 
 TRANSACTION_ID = "transaction_id"
 ACCOUNT_ID = "account_id"
@@ -135,41 +135,18 @@ class ColumnMapping:
         return df.rename(columns=rename)
 
 
-#: (column, kind, required, nullable) of the transactions table, for validation.
-TRANSACTION_COLUMNS: tuple[tuple[str, str, bool, bool], ...] = (
-    (TRANSACTION_ID, "id", True, False),
-    (ACCOUNT_ID, "id", True, False),
-    (TIMESTAMP, "datetime", True, False),
-    (AMOUNT, "float", True, False),
-    (LABEL, "binary", True, False),
-    (TERMINAL_ID, "id", False, True),
-    (CATEGORY, "category", False, True),
-    (CHANNEL, "category", False, True),
-    (AGE, "float", False, True),
-    (OCCUPATION, "category", False, True),
-    (ACCOUNT_AGE_DAYS, "float", False, True),
-    (SCENARIO, "str", False, True),
-)
+#: The kind of each required column, as :func:`solutions.fraud.pipeline.transaction_schema` has
+#: it (a test keeps them equal): what the CLI checks in a file's first rows before any run,
+#: without importing the model code that module needs.
+REQUIRED_KINDS: dict[str, ColumnKind] = {
+    TRANSACTION_ID: "id", ACCOUNT_ID: "id", TIMESTAMP: "datetime", AMOUNT: "float", LABEL: "binary",
+}
 
 
-def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
-    """Like :data:`TRANSACTION_COLUMNS` but the label is optional (unknown when scoring)."""
-    return tuple(
-        (name, kind, False, True) if name == LABEL else (name, kind, req, null)
-        for name, kind, req, null in TRANSACTION_COLUMNS
-    )
-
-
-def transaction_schema(for_scoring: bool = False) -> TableSchema:
-    """The validation schema of a transactions table (label optional when scoring)."""
-    columns = scoring_columns() if for_scoring else TRANSACTION_COLUMNS
+def preflight_schema(for_scoring: bool = False) -> TableSchema:
+    """The required columns and their kinds (the label only when training), nothing else."""
     return TableSchema(
-        name="fraud-transactions-score" if for_scoring else "fraud-transactions",
-        columns=tuple(
-            ColumnSpec(name=n, kind=k, required=r, nullable=nl, min_value=0.0 if n == AMOUNT else None)
-            for n, k, r, nl in columns
-        ),
-        time_column=TIMESTAMP,
-        label_column=None if for_scoring else LABEL,
-        min_rows=2,
+        name="fraud-transactions-preflight",
+        columns=tuple(ColumnSpec(name=name, kind=kind) for name, kind in REQUIRED_KINDS.items()
+                      if not (for_scoring and name == LABEL)),
     )

@@ -213,3 +213,13 @@ def test_ask_names_the_process_that_holds_the_milvus_lite_file(tmp_path: Path) -
     assert lines[0].startswith(f"error: the Milvus Lite file {db} is held by process {holder.pid} (python -c"), lines[0]
     assert f"kill {holder.pid}" in lines[0] and "Ask that server instead" in lines[0]
     assert json.loads(report.read_text())["heavy"] == []
+
+
+@pytest.mark.parametrize("for_scoring", [False, True])
+def test_the_preflight_schema_is_the_required_part_of_the_validation_schema(for_scoring: bool) -> None:
+    """The CLI checks a file's first rows by the kinds the flow validates the whole file with."""
+    from solutions.fraud.pipeline import transaction_schema
+    from solutions.fraud.schema import preflight_schema
+
+    full = {c.name: c.kind for c in transaction_schema(for_scoring).columns if c.required}
+    assert {c.name: c.kind for c in preflight_schema(for_scoring).columns} == full
