@@ -455,13 +455,15 @@ def check_sample(path: Path, schema: TableSchema, columns: Mapping[str, str] | N
     try:
         validate_table(sample, schema.model_copy(update={"min_rows": 0, "label_column": None}), str(path))
     except DataValidationError as exc:
-        kinds = {spec.name: spec.kind for spec in schema.columns}
-        if not (exc.rows and kinds.get(exc.column or "") in SHOWN_KINDS):
+        if not exc.rows:
             raise
+        kinds = {spec.name: spec.kind for spec in schema.columns}
         row = exc.rows[0]
-        where = mapping.get(exc.column or "", exc.column)
-        shown = DataValidationError(
-            f"{exc}; row {row} of {where!r} holds {shown_value(sample[exc.column].iloc[row])!r}")
+        detail = f"; in the first {len(sample)} rows read before the run"
+        if kinds.get(exc.column or "") in SHOWN_KINDS:
+            where = mapping.get(exc.column or "", exc.column)
+            detail += f", row {row} of {where!r} holds {shown_value(sample[exc.column].iloc[row])!r}"
+        shown = DataValidationError(f"{exc}{detail}")
         shown.source, shown.column, shown.rows = exc.source, exc.column, exc.rows
         raise shown from None
 

@@ -79,10 +79,10 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.fraud", "score", "--data", str(no_amount)], 2, "column 'amount': missing required"),
         (["flows.fraud", "train", "--data", str(handbook), "--columns", swapped], 2,
          ("column 'timestamp': 2 number(s) where timestamps are expected (first offending rows: [0, 1]); "
-          "row 0 of 'TX_AMOUNT' holds '57.16'")),
+          "in the first 2 rows read before the run, row 0 of 'TX_AMOUNT' holds '57.16'")),
         (["flows.fraud", "train", "--data", str(dated_amount)], 2,
          ("column 'amount': 2 timestamp(s) where numbers are expected (first offending rows: [0, 1]); "
-          "row 0 of 'amount' holds '2018-04-01 00:00:31'")),
+          "in the first 2 rows read before the run, row 0 of 'amount' holds '2018-04-01 00:00:31'")),
         (["flows.sensor", "--help"], 0, "usage:"),
         *[(["flows.sensor", c, "--help"], 0, "usage:")
           for c in ("pretrain", "train", "score", "batch", "monitor", "promote", "rollback", "reproduce")],
