@@ -28,6 +28,7 @@ import argparse
 import ast
 import builtins
 import contextlib
+import difflib
 import functools
 import importlib
 import importlib.util
@@ -111,11 +112,35 @@ class UserError(IndusflowError):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one ``error:`` line (exit 2)."""
+    """argparse that reports a usage error as one ``error:`` line (exit 2), with the closest
+    known flag for each unrecognized one (Python 3.11's argparse has no ``suggest_on_error``)."""
 
     def error(self, message: str) -> typing.NoReturn:
-        sys.stderr.write(f"error: {message} (see {self.prog} --help)\n")
+        sys.stderr.write(f"error: {message}{self._did_you_mean(message)} (see {self.prog} --help)\n")
         raise SystemExit(2)
+
+    def _did_you_mean(self, message: str) -> str:
+        if not message.startswith(_UNRECOGNIZED):
+            return ""
+        known = self._flags()
+        hints = {}  # unknown flag -> the closest known one
+        for arg in message.removeprefix(_UNRECOGNIZED).split():
+            flag = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75) if flag.startswith("--") else []
+            if close:
+                hints[flag] = close[0]
+        if len(hints) > 1:
+            return "; did you mean " + ", ".join(f"{close} (for {flag})" for flag, close in hints.items()) + "?"
+        return "".join(f"; did you mean {close}?" for close in hints.values())
+
+    def _flags(self) -> list[str]:
+        """The long flags of this parser and of its built sub-commands."""
+        parsers = [self] + [p for a in self._actions if isinstance(a, argparse._SubParsersAction)
+                            for p in a.choices.values()]
+        return sorted({f for p in parsers for f in p._option_string_actions if f.startswith("--")})
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
 
 
 # ------------------------------------------------------------------------------------

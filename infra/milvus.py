@@ -200,3 +200,74 @@ def query_all(client: Any, name: str, fields: tuple[str, ...], expr: str = "", b
         last = page[-1]["id"]
         if len(page) < batch:
             return rows
+
+
+# ------------------------------------------------------------------------------------
+# who holds a Milvus Lite file
+
+#: Where Linux lists the file locks of every process (``POSIX ADVISORY WRITE <pid> <dev>:<inode> ...``).
+PROC_LOCKS = Path("/proc/locks")
+
+
+def lite_lock_file(db: Path) -> Path:
+    """The file milvus-lite locks while a process has ``db`` open (``.<name>.lock`` beside it)."""
+    return db.parent / f".{db.name}.lock"
+
+
+def lite_holder(db: Path) -> int | None:
+    """The id of another process holding the Milvus Lite file ``db``, from ``/proc/locks``; None
+    when no other process holds it or the system does not say (not Linux)."""
+    import os
+
+    try:
+        st = lite_lock_file(db).stat()
+        table = PROC_LOCKS.read_text()
+    except OSError:
+        return None
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) >= 6 and fields[1] != "->" and fields[5] == key and fields[4] != str(os.getpid()):
+            return int(fields[4])  # "->" lines are processes waiting for the lock (milvus-lite's own engine)
+    return None
+
+
+def describe_process(pid: int) -> str:
+    """``process <pid> (<its command line>)``, the command line cut to 120 characters."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cmd = " ".join(Path(a.decode(errors="replace")).name if i == 0 else a.decode(errors="replace")
+                       for i, a in enumerate(args) if a)
+    except OSError:
+        cmd = ""
+    return f"process {pid}" + (f" ({cmd[:120]})" if cmd else "")
+
+
+def lite_held(target: str) -> VectorStoreError | None:
+    """The error to raise when ``target`` is a Milvus Lite file another process holds: it names
+    the file, the process and what to do. None for a server URI or a free file."""
+    if "://" in target or target.startswith("unix:"):
+        return None
+    db = Path(target).expanduser()
+    pid = lite_holder(db)
+    if pid is None:
+        return None
+    holder = describe_process(pid)
+    ask = " (POST /v1/kb/ask with a kb key)" if "flows.serve" in holder else ""
+    return VectorStoreError(
+        f"the Milvus Lite file {db} is held by {holder}: one process opens a Lite file at a time. "
+        f"Ask that server instead{ask}, or stop it (kill {pid}) and retry; "
+        "or point both at a Milvus server (INDUSFLOW_MILVUS_URI=http://...)")
+
+
+def check_lite_free(settings: MilvusSettings | None = None) -> None:
+    """Pre-flight: the Milvus Lite file this process would open is not held by another process
+    (one process opens a Lite file at a time). Nothing to check for a Milvus server URI.
+
+    Raises:
+        VectorStoreError: naming the file, the process that holds it and what to do.
+    """
+    settings = settings or get_milvus_settings()
+    held = lite_held(settings.uri or str(lite_path()))
+    if held is not None:
+        raise held

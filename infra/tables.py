@@ -363,6 +363,8 @@ def _refuse_rows(mask: pd.Series, what: str, source: str, column: str) -> None:
 def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
     present = raw.notna()
     if spec.kind in {"float", "int"}:
+        if pd.api.types.is_datetime64_any_dtype(raw):  # else read as nanoseconds since 1970
+            _refuse_rows(present, "timestamp(s) where numbers are expected", source, spec.name)
         col = pd.to_numeric(raw, errors="coerce")
         bad = present & col.isna()
         if not bad.any():
@@ -371,6 +373,9 @@ def _coerce(raw: pd.Series, spec: ColumnSpec, source: str) -> pd.Series:
         return col.astype("float64") if spec.kind == "float" else col
     if spec.kind == "datetime":
         if pd.api.types.is_datetime64_any_dtype(raw):
+            col = raw
+        elif pd.api.types.is_numeric_dtype(raw):  # else read as nanoseconds since 1970
+            _refuse_rows(present, "number(s) where timestamps are expected", source, spec.name)
             col = raw
         else:
             col = pd.to_datetime(raw, errors="coerce", format="mixed")
@@ -413,6 +418,67 @@ def _to_binary(value: object) -> float:
     if text in _FALSE:
         return 0.0
     return np.nan
+
+
+# --------------------------------------------------------------------------------------
+# pre-flight: the header and the first rows, before any run starts
+
+#: How many rows after the header the pre-flight check reads.
+SAMPLE_ROWS = 1000
+#: Kinds whose offending value the pre-flight error shows (numbers and dates, no ids or text).
+SHOWN_KINDS = {"float", "int", "datetime"}
+
+
+def read_sample(path: Path, encoding: str | None = None, rows: int = SAMPLE_ROWS) -> pd.DataFrame:
+    """The header and the first ``rows`` rows of a CSV or Parquet file, by the content rules
+    and errors of :func:`read_table`."""
+    if not path.is_file():
+        raise DataValidationError("file not found", source=str(path))
+
+    def parquet_head(p: Path) -> pd.DataFrame:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(p)
+        batch = next(parquet.iter_batches(batch_size=rows), None)
+        return (pa.Table.from_batches([batch]) if batch is not None else parquet.schema_arrow.empty_table()).to_pandas()
+
+    return _read_by_content(path, encoding, parquet_head,
+                            lambda p, enc: pd.read_csv(p, nrows=rows, low_memory=False, encoding=enc))
+
+
+def shown_value(value: object, limit: int = 40) -> str:
+    """A number or a timestamp of a file, printable, on one line and cut to ``limit`` characters."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def check_sample(path: Path, schema: TableSchema, columns: Mapping[str, str] | None = None,
+                 encoding: str | None = None, rows: int = SAMPLE_ROWS) -> None:
+    """Pre-flight: the file (through the canonical -> source ``columns`` mapping) has the
+    schema's required columns, and its first ``rows`` rows read as the schema's kinds.
+
+    Raises:
+        DataValidationError: as :func:`validate_table` names the file, the column and the
+            rows; for a number or a timestamp also the file's column, the row and its value.
+    """
+    mapping = dict(columns or {})
+    check_mapped_columns(path, mapping, encoding)
+    sample = read_sample(path, encoding, rows).rename(columns={src: canon for canon, src in mapping.items()})
+    try:
+        validate_table(sample, schema.model_copy(update={"min_rows": 0, "label_column": None}), str(path))
+    except DataValidationError as exc:
+        if not exc.rows:
+            raise
+        kinds = {spec.name: spec.kind for spec in schema.columns}
+        row = exc.rows[0]
+        detail = f"; in the first {len(sample)} rows read before the run"
+        if kinds.get(exc.column or "") in SHOWN_KINDS:
+            where = mapping.get(exc.column or "", exc.column)
+            detail += f", row {row} of {where!r} holds {shown_value(sample[exc.column].iloc[row])!r}"
+        shown = DataValidationError(f"{exc}{detail}")
+        shown.source, shown.column, shown.rows = exc.source, exc.column, exc.rows
+        raise shown from None
 
 
 # --------------------------------------------------------------------------------------

@@ -56,21 +56,22 @@ def _check_files(kwargs: dict[str, Any], *names: str) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: no such file: {value}")
 
 
-def _check_columns(kwargs: dict[str, Any], file: str | None = "data") -> None:
-    """The mapping names canonical columns, and the ``file`` parameter's header (read
-    without its rows) has every mapped source column."""
-    if not kwargs.get("columns"):
-        return
-    from solutions.fraud.schema import ColumnMapping
+def _check_columns(kwargs: dict[str, Any], file: str | None = "data", *, for_scoring: bool = False) -> None:
+    """The mapping names canonical columns, and the ``file`` parameter's header and first
+    rows (read without the rest) have every required column, of its kind."""
+    if kwargs.get("columns"):
+        from solutions.fraud.schema import ColumnMapping
 
-    try:
-        ColumnMapping(dict(kwargs["columns"]))
-    except ValueError as exc:
-        raise ValueError(f"--columns: {exc}") from None
+        try:
+            ColumnMapping(dict(kwargs["columns"]))
+        except ValueError as exc:
+            raise ValueError(f"--columns: {exc}") from None
     if file and kwargs.get(file) is not None:
-        from infra.tables import check_mapped_columns
+        from infra.tables import check_sample
+        from solutions.fraud.schema import preflight_schema
 
-        check_mapped_columns(Path(kwargs[file]).expanduser(), kwargs["columns"], kwargs.get("encoding"))
+        check_sample(Path(kwargs[file]).expanduser(), preflight_schema(for_scoring), kwargs.get("columns"),
+                     kwargs.get("encoding"))
 
 
 def _check_since(kwargs: dict[str, Any]) -> None:
@@ -104,10 +105,11 @@ def _check_model(kwargs: dict[str, Any], flow: Any, *, registered: bool) -> None
         ModelRegistry().resolve(spec)  # RegistryError names the registered models
 
 
-def check_train(kwargs: dict[str, Any]) -> None:
-    """Input files exist and the column mapping names canonical columns."""
+def check_train(kwargs: dict[str, Any], *, for_scoring: bool = False) -> None:
+    """Input files exist, the column mapping names canonical columns and the data file's
+    first rows have the required columns, of their kinds (the label only when training)."""
     _check_files(kwargs, "data", "accounts")
-    _check_columns(kwargs)
+    _check_columns(kwargs, for_scoring=for_scoring)
 
 
 def check_tune(kwargs: dict[str, Any]) -> None:
@@ -131,7 +133,7 @@ def check_adapt(kwargs: dict[str, Any]) -> None:
 def check_score(kwargs: dict[str, Any]) -> None:
     """Files exist, mapping and ``--since`` are valid, the model is registered."""
     _check_encoding(kwargs)
-    check_train(kwargs)
+    check_train(kwargs, for_scoring=True)
     _check_since(kwargs)
     _check_model(kwargs, SCORE, registered=True)
 

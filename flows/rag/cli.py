@@ -74,16 +74,25 @@ def _feedback_summary(r: FeedbackExport) -> str:
             f"  evaluate with: python -m flows.rag eval --data {r.out} --collection {r.collection}")
 
 
+def _milvus_free(kwargs: dict[str, Any]) -> None:
+    """The Milvus Lite file is not held by another process (a running server, say)."""
+    from infra.milvus import check_lite_free
+
+    check_lite_free()
+
+
 def _sources_exist(kwargs: dict[str, Any]) -> None:
     missing = [s for s in kwargs.get("sources") or [] if not Path(s).expanduser().exists()]
     if missing:
         raise ValueError(f"source not found: {', '.join(redact_path(m) for m in missing)}")
+    _milvus_free(kwargs)
 
 
 def _data_exists(kwargs: dict[str, Any]) -> None:
     path = Path(kwargs["data"]).expanduser()
     if not path.is_file():
         raise ValueError(f"--data: QA file not found: {kwargs['data']}")
+    _milvus_free(kwargs)
 
 
 def _collection_name(kwargs: dict[str, Any]) -> None:
@@ -123,6 +132,7 @@ COMMANDS = [
     Command(
         "ask", ASK, _ask_summary, help="answer a question with citations", positional="question",
         flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()}, prepare=_redacted_question,
+        check=_milvus_free,
     ),
     Command(
         "eval", EVAL, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",

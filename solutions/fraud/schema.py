@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from infra.tables import check_column_mapping, describe_columns
+from infra.tables import ColumnKind, ColumnSpec, TableSchema, check_column_mapping, describe_columns
 
 TRANSACTION_ID = "transaction_id"
 ACCOUNT_ID = "account_id"
@@ -133,3 +133,20 @@ class ColumnMapping:
                 )
         rename = {source: canonical for canonical, source in self.columns.items()}
         return df.rename(columns=rename)
+
+
+#: The kind of each required column, as :func:`solutions.fraud.pipeline.transaction_schema` has
+#: it (a test keeps them equal): what the CLI checks in a file's first rows before any run,
+#: without importing the model code that module needs.
+REQUIRED_KINDS: dict[str, ColumnKind] = {
+    TRANSACTION_ID: "id", ACCOUNT_ID: "id", TIMESTAMP: "datetime", AMOUNT: "float", LABEL: "binary",
+}
+
+
+def preflight_schema(for_scoring: bool = False) -> TableSchema:
+    """The required columns and their kinds (the label only when training), nothing else."""
+    return TableSchema(
+        name="fraud-transactions-preflight",
+        columns=tuple(ColumnSpec(name=name, kind=kind) for name, kind in REQUIRED_KINDS.items()
+                      if not (for_scoring and name == LABEL)),
+    )

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from flows.cli import check_commands, flow_doc, signature_from_source
@@ -47,6 +48,19 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
     readings = tmp / "readings.csv"
     readings.write_text("machine,ts,sensor,value\nm1,2025-01-01 10:00:00,temp,21.5\n")
     fraud_cols = ["--data", str(tx), "--columns", "account_id=NO_SUCH_COLUMN"]
+    # the Fraud Detection Handbook's format (../shared/data/fraud), a few rows of it
+    handbook = tmp / "handbook.csv"
+    handbook.write_text("TRANSACTION_ID,TX_DATETIME,CUSTOMER_ID,TERMINAL_ID,TX_AMOUNT,TX_FRAUD\n"
+                        "0,2018-04-01 00:00:31,596,3156,57.16,0\n200,2018-04-01 02:09:22,819,1591,75.38,1\n")
+    swapped = ("transaction_id=TRANSACTION_ID,account_id=CUSTOMER_ID,terminal_id=TERMINAL_ID,"
+               "timestamp=TX_AMOUNT,amount=TX_DATETIME,label=TX_FRAUD")
+    no_amount = tmp / "no_amount.csv"  # canonical names already, no amount
+    no_amount.write_text("transaction_id,timestamp,account_id,terminal_id,label\n"
+                         "0,2018-04-01 00:00:31,596,3156,0\n200,2018-04-01 02:09:22,819,1591,1\n")
+    dated_amount = tmp / "dated_amount.parquet"  # amounts that are timestamps (a typed file)
+    pd.DataFrame({"transaction_id": ["0", "1"], "account_id": ["596", "819"], "label": [0, 1],
+                  "timestamp": pd.to_datetime(["2018-04-01 00:00:31", "2018-04-01 02:09:22"]),
+                  "amount": pd.to_datetime(["2018-04-01 00:00:31", "2018-04-01 02:09:22"])}).to_parquet(dated_amount)
     return [
         (["flows.fraud", "--help"], 0, "usage:"),
         *[(["flows.fraud", c, "--help"], 0, "usage:")
@@ -59,6 +73,16 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.fraud", "train", "--val-days", "20"], 2, "must be smaller than train_days"),
         (["flows.fraud", "tune", "--loss", "hinge"], 2, "invalid choice"),
         (["flows.fraud", "train", "--no-such-flag"], 2, "unrecognized arguments"),
+        (["flows.fraud", "train", "--max-epocs", "3"], 2, "--max-epocs 3; did you mean --max-epochs?"),
+        (["flows.fraud", "train", "--data", str(no_amount)], 2,
+         f"{no_amount}, column 'amount': missing required column(s) ['amount']"),
+        (["flows.fraud", "score", "--data", str(no_amount)], 2, "column 'amount': missing required"),
+        (["flows.fraud", "train", "--data", str(handbook), "--columns", swapped], 2,
+         ("column 'timestamp': 2 number(s) where timestamps are expected (first offending rows: [0, 1]); "
+          "in the first 2 rows read before the run, row 0 of 'TX_AMOUNT' holds '57.16'")),
+        (["flows.fraud", "train", "--data", str(dated_amount)], 2,
+         ("column 'amount': 2 timestamp(s) where numbers are expected (first offending rows: [0, 1]); "
+          "in the first 2 rows read before the run, row 0 of 'amount' holds '2018-04-01 00:00:31'")),
         (["flows.sensor", "--help"], 0, "usage:"),
         *[(["flows.sensor", c, "--help"], 0, "usage:")
           for c in ("pretrain", "train", "score", "batch", "monitor", "promote", "rollback", "reproduce")],
@@ -158,3 +182,46 @@ def test_signatures_read_from_source_match_the_flows(module: str) -> None:
             k: repr(v) for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
         }, command.flow
         assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
+
+
+HOLDER = """
+import sys, time
+from infra.milvus import open_client
+client = open_client()
+print("holding", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_ask_names_the_process_that_holds_the_milvus_lite_file(tmp_path: Path) -> None:
+    """While another process (a running server, say) holds the Milvus Lite file, ``rag ask``
+    says which process holds it and what to do, before any flow run: exit 2, one line."""
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    env.pop("INDUSFLOW_MILVUS_URI", None)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, "120"], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        report = tmp_path / "report.json"
+        proc = subprocess.run([sys.executable, "-c", WRAPPER, "flows.rag", str(report), "ask", "what is the policy?"],
+                              cwd=REPO, env=env, text=True, capture_output=True, timeout=120, check=False)
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc.stdout + proc.stderr
+    db = tmp_path / "home" / "milvus" / "rag.db"
+    assert lines[0].startswith(f"error: the Milvus Lite file {db} is held by process {holder.pid} (python -c"), lines[0]
+    assert f"kill {holder.pid}" in lines[0] and "Ask that server instead" in lines[0]
+    assert json.loads(report.read_text())["heavy"] == []
+
+
+@pytest.mark.parametrize("for_scoring", [False, True])
+def test_the_preflight_schema_is_the_required_part_of_the_validation_schema(for_scoring: bool) -> None:
+    """The CLI checks a file's first rows by the kinds the flow validates the whole file with."""
+    from solutions.fraud.pipeline import transaction_schema
+    from solutions.fraud.schema import preflight_schema
+
+    full = {c.name: c.kind for c in transaction_schema(for_scoring).columns if c.required}
+    assert {c.name: c.kind for c in preflight_schema(for_scoring).columns} == full
