@@ -35,38 +35,13 @@ MAX_AMOUNT = 1e9
 #: ones are clipped to 0 by the features, as before).
 MAX_STATIC = 1e6
 
-#: (column, kind, required, nullable) of the transactions table, for validation.
-TRANSACTION_COLUMNS: tuple[tuple[str, str, bool, bool], ...] = (
-    (S.TRANSACTION_ID, "id", True, False),
-    (S.ACCOUNT_ID, "id", True, False),
-    (S.TIMESTAMP, "datetime", True, False),
-    (S.AMOUNT, "float", True, False),
-    (S.LABEL, "binary", True, False),
-    (S.TERMINAL_ID, "id", False, True),
-    (S.CATEGORY, "category", False, True),
-    (S.CHANNEL, "category", False, True),
-    (S.AGE, "float", False, True),
-    (S.OCCUPATION, "category", False, True),
-    (S.ACCOUNT_AGE_DAYS, "float", False, True),
-    (S.SCENARIO, "str", False, True),
-)
-
-
-def scoring_columns() -> tuple[tuple[str, str, bool, bool], ...]:
-    """Like :data:`TRANSACTION_COLUMNS` but the label is optional (unknown when scoring)."""
-    return tuple(
-        (name, kind, False, True) if name == S.LABEL else (name, kind, req, null)
-        for name, kind, req, null in TRANSACTION_COLUMNS
-    )
-
-
 def transaction_schema(for_scoring: bool = False, max_amount: float = MAX_AMOUNT) -> TableSchema:
     """The validation schema of a transactions table (label optional when scoring).
 
     Every number is finite and bounded: ``0 <= amount <= max_amount``, ``|age|`` and
     ``|account_age_days|`` at most :data:`MAX_STATIC`.
     """
-    columns = scoring_columns() if for_scoring else TRANSACTION_COLUMNS
+    columns = S.transaction_columns(for_scoring)
     bounds = {S.AMOUNT: max_amount, S.AGE: MAX_STATIC, S.ACCOUNT_AGE_DAYS: MAX_STATIC}
     return TableSchema(
         name="fraud-transactions-score" if for_scoring else "fraud-transactions",

@@ -135,18 +135,36 @@ class ColumnMapping:
         return df.rename(columns=rename)
 
 
-#: The kind of each required column, as :func:`solutions.fraud.pipeline.transaction_schema` has
-#: it (a test keeps them equal): what the CLI checks in a file's first rows before any run,
-#: without importing the model code that module needs.
-REQUIRED_KINDS: dict[str, ColumnKind] = {
-    TRANSACTION_ID: "id", ACCOUNT_ID: "id", TIMESTAMP: "datetime", AMOUNT: "float", LABEL: "binary",
-}
+#: (column, kind, required, nullable) of the transactions table: the one list that validation
+#: (:func:`solutions.fraud.pipeline.transaction_schema`) and the CLI's pre-flight check
+#: (:func:`preflight_schema`, which must not import the model code) both read.
+TRANSACTION_COLUMNS: tuple[tuple[str, ColumnKind, bool, bool], ...] = (
+    (TRANSACTION_ID, "id", True, False),
+    (ACCOUNT_ID, "id", True, False),
+    (TIMESTAMP, "datetime", True, False),
+    (AMOUNT, "float", True, False),
+    (LABEL, "binary", True, False),
+    (TERMINAL_ID, "id", False, True),
+    (CATEGORY, "category", False, True),
+    (CHANNEL, "category", False, True),
+    (AGE, "float", False, True),
+    (OCCUPATION, "category", False, True),
+    (ACCOUNT_AGE_DAYS, "float", False, True),
+    (SCENARIO, "str", False, True),
+)
+
+
+def transaction_columns(for_scoring: bool = False) -> tuple[tuple[str, ColumnKind, bool, bool], ...]:
+    """:data:`TRANSACTION_COLUMNS`, with the label optional when scoring (unknown then)."""
+    if not for_scoring:
+        return TRANSACTION_COLUMNS
+    return tuple((n, k, False, True) if n == LABEL else (n, k, r, nl) for n, k, r, nl in TRANSACTION_COLUMNS)
 
 
 def preflight_schema(for_scoring: bool = False) -> TableSchema:
     """The required columns and their kinds (the label only when training), nothing else."""
     return TableSchema(
         name="fraud-transactions-preflight",
-        columns=tuple(ColumnSpec(name=name, kind=kind) for name, kind in REQUIRED_KINDS.items()
-                      if not (for_scoring and name == LABEL)),
+        columns=tuple(ColumnSpec(name=name, kind=kind)
+                      for name, kind, required, _ in transaction_columns(for_scoring) if required),
     )
