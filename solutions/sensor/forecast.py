@@ -125,9 +125,10 @@ def series_table(grid: pd.DataFrame, channels: Sequence[str], history: int, hold
     grid = grid.sort_values([S.ASSET, S.STEP])
     frames, truths, short = [], [], 0
     for asset, g in grid.groupby(S.ASSET, sort=True, observed=True):
-        steps = g[S.STEP].to_numpy(dtype="int64")
-        values = g[list(channels)].ffill().bfill()
-        cut = len(g) - hold_out
+        # steps a grid sent as rows may skip are put back, carrying the last value forward
+        steps = np.arange(int(g[S.STEP].min()), int(g[S.STEP].max()) + 1, dtype="int64")
+        values = g.set_index(S.STEP)[list(channels)].reindex(steps).ffill().bfill()
+        cut = len(steps) - hold_out
         for c in channels:
             y = values[c].to_numpy(dtype="float64")
             if cut < min_steps or np.isnan(y).any():
@@ -180,7 +181,8 @@ def forecast_series(history: pd.DataFrame, methods: Iterable[str], cfg: Forecast
         return pd.DataFrame(columns=["unique_id", "ds", *methods])
     fallback = make_models(["naive"], cfg)[0]
     sf = StatsForecast(models=make_models(methods, cfg), freq=1, n_jobs=1, fallback_model=fallback)
-    out = sf.forecast(df=history, h=cfg.horizon, level=[cfg.level])
+    with np.errstate(over="ignore", invalid="ignore"):  # absurd readings: non-finite forecasts, caught by the caller
+        out = sf.forecast(df=history, h=cfg.horizon, level=[cfg.level])
     return out.reset_index(drop=True) if "unique_id" in out.columns else out.reset_index()
 
 
@@ -346,6 +348,11 @@ def forecast_grid(forecaster: Forecaster, grid: pd.DataFrame) -> pd.DataFrame:
         lo, hi = band(method, cfg.level)
         parts.append(fc.rename(columns={method: "forecast", lo: "lower", hi: "upper"}).assign(method=method))
     out = pd.concat(parts, ignore_index=True)
+    bad = ~np.isfinite(out[["forecast", "lower", "upper"]].to_numpy(dtype="float64")).all(axis=1)
+    if bad.any():
+        where = out.loc[bad, "unique_id"].iloc[0].replace(_SEP, ", sensor ")
+        raise DataValidationError(f"the forecasts of {out.loc[bad, 'unique_id'].nunique()} series are not finite "
+                                  f"numbers (e.g. asset {where}): their readings are too large to model")
     asset, sensor = split_id(out["unique_id"])
     last = table.history.groupby("unique_id")["ds"].max()
     result = pd.DataFrame({

@@ -153,3 +153,15 @@ def test_no_limit_crossed_is_an_empty_table_and_limits_must_be_ordered() -> None
                                                  "value"]
     with pytest.raises(ValidationError, match="lower one"):
         ForecastConfig(upper_limits={"t": 1.0}, lower_limits={"t": 2.0})
+
+
+def test_steps_a_grid_skips_are_filled_and_absurd_readings_are_a_clear_error() -> None:
+    f = F.Forecaster({"temp": "naive"}, 2, 80, 1, "model", 100)
+    sparse = pd.DataFrame({S.ASSET: "m", S.STEP: [0, 5, 10], "temp": [1.0, 2.0, 3.0]})
+    table = F.series_table(sparse, ["temp"], history=100)
+    assert table.history["ds"].tolist() == list(range(11))
+    assert table.history["y"].tolist() == [1.0] * 5 + [2.0] * 5 + [3.0]
+    assert F.forecast_grid(f, sparse)[S.STEP].tolist() == [11, 12]
+    huge = pd.DataFrame({S.ASSET: "m", S.STEP: range(10), "temp": [1.7e308, -1.7e308] * 5})
+    with pytest.raises(DataValidationError, match="not finite numbers .e.g. asset m, sensor temp"):
+        F.forecast_grid(f, huge)
