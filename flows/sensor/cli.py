@@ -210,13 +210,22 @@ def _forecast_summary(r: SensorForecastResult) -> str:
 
 
 def _check_forecast(kwargs: dict[str, Any]) -> None:
+    """The source, and a --model that is registered is a forecaster (a bare name not registered yet is
+    trained first)."""
+    from solutions.sensor.forecast_config import KIND
+
     _check_source(kwargs)
-    spec = kwargs.get("model")
-    if spec:
-        try:
-            parse_model_spec(spec)
-        except ValueError as exc:
-            raise ValueError(f"--model: {exc}") from None
+    spec = kwargs.get("model", "sensor-forecast")
+    try:
+        name, _ = parse_model_spec(spec)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    registry = ModelRegistry()
+    if name != spec or name in registry.models():
+        ref = registry.resolve(spec)  # RegistryError names the registered models
+        if ref.kind != KIND:
+            raise ValueError(f"--model: {ref.spec} is a {ref.kind} model, not a forecaster; train one with "
+                             "`python -m flows.sensor forecast-train`")
 
 
 def _reproduce_summary(r: ReproduceResult) -> str:

@@ -19,7 +19,7 @@ from solutions.sensor import forecast as F
 from solutions.sensor import forecast_report as FR
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorConfig, SensorSource
-from solutions.sensor.forecast_config import ForecastConfig, LimitAlert
+from solutions.sensor.forecast_config import KIND, ForecastConfig, LimitAlert
 from solutions.sensor.schema import BadReadingReport
 from solutions.sensor.scoring import default_scores_path
 from tasks.data import DatasetRef
@@ -87,7 +87,7 @@ def champion_value_step(name: str, grid_ref: DatasetRef, splits: dict[str, list[
     """The champion forecaster's test MASE on this run's held-out assets (None: no comparable champion)."""
     registry = ModelRegistry()
     champion = registry.champion(name) if name in registry.models() else None
-    if champion is None or champion.kind != F.KIND:
+    if champion is None or champion.kind != KIND:
         return None
     return F.rescore(F.Forecaster.from_params(champion.params), grid_ref.read(), splits["test"])
 
@@ -136,7 +136,7 @@ def sensor_forecast_train(
     champion = champion_value_step(forecast.model_name, grid_ref, splits)
     metrics = ev.metrics()
     registration = register_model_task(
-        forecast.model_name, None, kind=F.KIND,
+        forecast.model_name, None, kind=KIND,
         params={**ev.forecaster.to_params(), "split": config.split.model_dump(), "skipped": ev.skipped},
         metrics=metrics, primary_metric=F.PRIMARY_METRIC, higher_is_better=False, data_hash=grid_ref.content_hash,
         champion_value=champion, strict=strict,
@@ -163,7 +163,7 @@ def _forecaster_ref(model: str, source: SensorSource, forecast: ForecastConfig, 
         print(f"no forecaster {name} registered yet: training one first (sensor-forecast-train)")
         return sensor_forecast_train(source, forecast.model_copy(update={"model_name": name}), config).model
     ref = registry.resolve(model)
-    if ref.kind != F.KIND:
+    if ref.kind != KIND:
         raise ValueError(f"{ref.spec} is a {ref.kind} model, not a forecaster; train one with "
                          "`python -m flows.sensor forecast-train` and pass its name")
     return ref

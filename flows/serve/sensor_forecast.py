@@ -26,7 +26,7 @@ from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
-from solutions.sensor.forecast_config import LimitAlert
+from solutions.sensor.forecast_config import KIND, LimitAlert
 
 if TYPE_CHECKING:
     from solutions.sensor.forecast import Forecaster
@@ -76,7 +76,7 @@ class SensorForecastResponse(BaseModel):
 
 def load_forecaster(ref: ModelRef) -> Forecaster:
     """A registered forecaster (JSON params; nothing else is read)."""
-    from solutions.sensor.forecast import KIND, Forecaster
+    from solutions.sensor.forecast import Forecaster
 
     if ref.kind != KIND:
         raise ValueError(f"{ref.spec} is a {ref.kind} model, not a forecaster ({KIND})")

@@ -29,8 +29,6 @@ from solutions.sensor.forecast_config import ForecastConfig, LimitAlert
 
 log = logging.getLogger(__name__)
 
-#: ``ModelRef.kind`` of a registered forecaster: JSON params only (no weights, nothing unpickled)
-KIND = "statsforecast"
 PRIMARY_METRIC = "test/mase"
 #: the per-sensor choice, as a method name in the score tables
 CHOSEN = "chosen"

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+#: ``ModelRef.kind`` of a registered forecaster: JSON params only (no weights, nothing unpickled)
+KIND = "statsforecast"
 #: the candidate pool: statsforecast models by our names
 Method = Literal["naive", "seasonal_naive", "auto_ets", "auto_arima", "auto_theta"]
 

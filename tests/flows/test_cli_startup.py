@@ -69,7 +69,7 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.sensor", "batch", "--threshold", "1.5"], 2, "--threshold must be between 0 and 1"),
         (["flows.sensor", "forecast", "--upper-limits", "temp=10", "--lower-limits", "temp=20"], 2,
          "limits of temp: the lower one (20.0) is not below the upper one (10.0)"),
-        (["flows.sensor", "forecast-train", "--candidates", "prophet"], 2, "invalid choice"),
+        (["flows.sensor", "forecast-train", "--candidates", "prophet"], 2, "--candidates: Input should be 'naive'"),
         (["flows.rag", "--help"], 0, "usage:"),
         *[(["flows.rag", c, "--help"], 0, "usage:") for c in ("ingest", "ask", "eval")],
         (["flows.rag", "ingest", MISSING], 2, "source not found"),

@@ -23,6 +23,7 @@ from solutions.sensor import forecast as F
 from solutions.sensor import schema as S
 from solutions.sensor.align import align_readings, clean_readings
 from solutions.sensor.config import AlignConfig, SyntheticFleetConfig
+from solutions.sensor.forecast_config import KIND
 from solutions.sensor.synthetic import generate_fleet
 from tests.serve.sensor_helpers import jsonable
 
@@ -43,7 +44,7 @@ def _app(home: HomeLayout, register: bool = True) -> TestClient:
     registry = ModelRegistry(home.registry())
     if register:
         ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={F.PRIMARY_METRIC: 0.9},
-                                primary_metric=F.PRIMARY_METRIC, higher_is_better=False, kind=F.KIND)
+                                primary_metric=F.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
         registry.set_alias(MODEL, "champion", ref.version)
     settings = ServeSettings(reload_poll_s=0.2, audit_salt="s", fraud_model="", sensor_model="",
                              max_body_bytes=50_000_000)
