@@ -39,7 +39,7 @@ class ForecastConfig(BaseModel):
         default=None,
         description="Grid columns to forecast (default: every sensor column that varies; operating settings "
         "and gap flags excluded).")
-    history: int = Field(default=200, ge=8, description="Most recent grid steps each asset's models are fitted on.")
+    history: int = Field(default=100, ge=8, description="Most recent grid steps each asset's models are fitted on.")
     upper_limits: dict[str, float] = Field(
         default_factory=dict, description="Alarm limits sensor=VALUE: alert when a forecast goes above one within H.")
     lower_limits: dict[str, float] = Field(
