@@ -204,6 +204,56 @@ def with_chosen(forecasts: pd.DataFrame, methods: Mapping[str, str], level: int)
     return out
 
 
+def widen(lower: np.ndarray, upper: np.ndarray, sensor: np.ndarray, steps_ahead: np.ndarray,
+          widths: Mapping[str, Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals rescaled about their centre by each sensor's factor for each step ahead (1 where
+    ``widths`` has none)."""
+    factor = np.ones(len(lower))
+    for name, per_step in widths.items():
+        rows = sensor == name
+        idx = np.clip(steps_ahead[rows] - 1, 0, len(per_step) - 1)
+        factor[rows] = np.asarray(per_step, dtype="float64")[idx]
+    centre, half = (upper + lower) / 2, (upper - lower) / 2 * factor
+    return centre - half, centre + half
+
+
+def interval_widths(table: SeriesTable, forecasts: pd.DataFrame, method: str, cfg: ForecastConfig,
+                    ) -> dict[str, list[float]]:
+    """Per sensor and step ahead, the factor by which ``method``'s interval must be scaled for
+    ``cfg.level``% of the held-out truths of ``table`` to fall inside it (the level-quantile of
+    |truth - centre| / half-width); 1 where no truth or no width was seen."""
+    lo, hi = band(method, cfg.level)
+    merged = table.truth.merge(forecasts, on=["unique_id", "ds"], how="inner")
+    last = table.history.groupby("unique_id")["ds"].max()
+    h = (merged["ds"] - merged["unique_id"].map(last)).to_numpy()
+    _, sensor = split_id(merged["unique_id"])
+    half = ((merged[hi] - merged[lo]) / 2).to_numpy(dtype="float64")
+    centre = ((merged[hi] + merged[lo]) / 2).to_numpy(dtype="float64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(half > 0, np.abs(merged["y"].to_numpy() - centre) / half, np.nan)
+    q = pd.Series(ratio).groupby([sensor.to_numpy(), h]).quantile(cfg.level / 100)
+    out = {}
+    for name in sorted(set(sensor)):
+        steps = [q.get((name, step), np.nan) for step in range(1, cfg.horizon + 1)]
+        out[str(name)] = [float(v) if np.isfinite(v) and v > 0 else 1.0 for v in steps]
+    return out
+
+
+def widen_chosen(forecasts: pd.DataFrame, history: pd.DataFrame, widths: Mapping[str, Sequence[float]],
+                 level: int) -> pd.DataFrame:
+    """``forecasts`` with the :data:`CHOSEN` interval rescaled by :func:`widen`."""
+    if not widths:
+        return forecasts
+    out = forecasts.copy()
+    lo, hi = band(CHOSEN, level)
+    last = history.groupby("unique_id")["ds"].max()
+    _, sensor = split_id(out["unique_id"])
+    steps = (out["ds"] - out["unique_id"].map(last)).to_numpy(dtype="int64")
+    out[lo], out[hi] = widen(out[lo].to_numpy(dtype="float64"), out[hi].to_numpy(dtype="float64"),
+                             sensor.to_numpy(), steps, widths)
+    return out
+
+
 # ------------------------------------------------------------------------------------
 # judging forecasts
 
@@ -283,6 +333,8 @@ class Forecaster:
     upper_limits: dict[str, float] = field(default_factory=dict)
     lower_limits: dict[str, float] = field(default_factory=dict)
     alert_on: str = "bound"
+    #: per sensor, the interval's scale factor for each step ahead (:func:`interval_widths`; none: 1)
+    widths: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def sensors(self) -> list[str]:
@@ -300,7 +352,7 @@ class Forecaster:
         """The same forecaster with other alarm limits (given ones replace the registered ones)."""
         return Forecaster(self.methods, self.horizon, self.level, self.season_length, self.intervals, self.history,
                           dict(upper) if upper else self.upper_limits, dict(lower) if lower else self.lower_limits,
-                          alert_on or self.alert_on)
+                          alert_on or self.alert_on, self.widths)
 
     def to_params(self) -> dict[str, Any]:
         from statsforecast import __version__
@@ -309,7 +361,7 @@ class Forecaster:
                 "methods": dict(self.methods), "horizon": self.horizon, "level": self.level,
                 "season_length": self.season_length, "intervals": self.intervals, "history": self.history,
                 "upper_limits": dict(self.upper_limits), "lower_limits": dict(self.lower_limits),
-                "alert_on": self.alert_on}
+                "alert_on": self.alert_on, "widths": {k: list(v) for k, v in self.widths.items()}}
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Forecaster:
@@ -319,7 +371,8 @@ class Forecaster:
                    int(params["level"]), int(params["season_length"]), str(params["intervals"]),
                    int(params["history"]), {k: float(v) for k, v in params.get("upper_limits", {}).items()},
                    {k: float(v) for k, v in params.get("lower_limits", {}).items()},
-                   str(params.get("alert_on", "bound")))
+                   str(params.get("alert_on", "bound")),
+                   {str(k): [float(x) for x in v] for k, v in params.get("widths", {}).items()})
 
 
 def forecast_grid(forecaster: Forecaster, grid: pd.DataFrame) -> pd.DataFrame:
@@ -359,6 +412,10 @@ def forecast_grid(forecaster: Forecaster, grid: pd.DataFrame) -> pd.DataFrame:
         "forecast": out["forecast"].to_numpy(dtype="float64"), "lower": out["lower"].to_numpy(dtype="float64"),
         "upper": out["upper"].to_numpy(dtype="float64"), "method": out["method"].to_numpy(),
     })
+    if forecaster.widths:
+        result["lower"], result["upper"] = widen(result["lower"].to_numpy(), result["upper"].to_numpy(),
+                                                 result["sensor"].to_numpy(), result["steps_ahead"].to_numpy(),
+                                                 forecaster.widths)
     return result.sort_values([S.ASSET, "sensor", S.STEP]).reset_index(drop=True)
 
 
@@ -450,17 +507,21 @@ def evaluate_forecasters(grid: pd.DataFrame, train_assets: Sequence[str], test_a
                                   f"{cfg.horizon} (shorten --horizon)")
     log.info("forecast: choosing among %s for %d sensors on %d training series", list(cfg.candidates),
              len(channels), fit.history["unique_id"].nunique())
-    validation = score_forecasts(fit, forecast_series(fit.history, cfg.candidates, cfg), cfg.candidates, cfg)
+    fit_forecasts = forecast_series(fit.history, cfg.candidates, cfg)
+    validation = score_forecasts(fit, fit_forecasts, cfg.candidates, cfg)
     methods = choose_methods(validation, cfg.candidates)
     missing = [c for c in channels if c not in methods]  # a sensor with no scale anywhere: the naive forecast
     methods.update({c: "naive" for c in missing})
-    forecaster = Forecaster({c: methods[c] for c in channels}, cfg.horizon, cfg.level, cfg.season_length,
-                            cfg.intervals, cfg.history, dict(cfg.upper_limits), dict(cfg.lower_limits), cfg.alert_on)
+    methods = {c: methods[c] for c in channels}
+    widths = interval_widths(fit, with_chosen(fit_forecasts, methods, cfg.level), CHOSEN, cfg) if cfg.calibrate else {}
+    forecaster = Forecaster(methods, cfg.horizon, cfg.level, cfg.season_length, cfg.intervals, cfg.history,
+                            dict(cfg.upper_limits), dict(cfg.lower_limits), cfg.alert_on, widths)
     held_out = series_table(held, channels, cfg.history, hold_out=cfg.horizon, min_steps=need)
     if held_out.history.empty:
         raise DataValidationError(f"no held-out asset has {need + cfg.horizon} steps to judge the forecasts on")
     pool = list(dict.fromkeys([*cfg.candidates, *BASELINES]))
-    forecasts = with_chosen(forecast_series(held_out.history, pool, cfg), forecaster.methods, cfg.level)
+    forecasts = widen_chosen(with_chosen(forecast_series(held_out.history, pool, cfg), forecaster.methods, cfg.level),
+                             held_out.history, widths, cfg.level)
     test = score_forecasts(held_out, forecasts, [CHOSEN, *pool], cfg)
     return ForecastEvaluation(forecaster, validation, test, skipped,
                               (fit.history["unique_id"].nunique(), held_out.history["unique_id"].nunique()),
@@ -478,7 +539,8 @@ def rescore(forecaster: Forecaster, grid: pd.DataFrame, test_assets: Sequence[st
     if table.history.empty:
         return None
     pool = list(dict.fromkeys(forecaster.methods.values()))
-    forecasts = with_chosen(forecast_series(table.history, pool, cfg), forecaster.methods, cfg.level)
+    forecasts = widen_chosen(with_chosen(forecast_series(table.history, pool, cfg), forecaster.methods, cfg.level),
+                             table.history, forecaster.widths, cfg.level)
     scores = summary(score_forecasts(table, forecasts, [CHOSEN], cfg)).set_index("method")
     return float(scores.loc[CHOSEN, "mase"])
 

@@ -35,6 +35,11 @@ class ForecastConfig(BaseModel):
         default="model",
         description="model: each model's own predictive distribution; conformal: statsforecast's conformal "
         "intervals from each asset's own recent forecast errors (needs 3H steps of history).")
+    calibrate: bool = Field(
+        default=True,
+        description="Rescale each sensor's interval per horizon step so that `level`% of the training assets' "
+        "last-H truths fall inside it (the chosen model's own errors there; its intervals are kept as they are "
+        "when off).")
     sensors: tuple[str, ...] | None = Field(
         default=None,
         description="Grid columns to forecast (default: every sensor column that varies; operating settings "

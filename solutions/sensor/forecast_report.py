@@ -31,7 +31,8 @@ def render_evaluation(ev: ForecastEvaluation, title: str) -> str:
         (f"Held-out assets' last {f.horizon} steps forecast from the steps before; MASE is scaled by each "
         f"series' in-sample seasonal-naive error (season {f.season_length}); *cover*: share of truths inside the "
         f"{f.level}% interval ({f.intervals} intervals). `{CHOSEN}`: each sensor's method chosen on the training "
-        "assets."), "",
+        "assets" + (", its interval rescaled per sensor and step ahead on their last H steps." if f.widths else ".")),
+        "",
         (f"Test MASE {overall.get('test/mase', np.nan):.3f} (naive {overall.get('test/mase_naive', np.nan):.3f}), "
         f"coverage {overall.get('test/coverage', np.nan):.0%}; series: {ev.series[0]} training, "
         f"{ev.series[1]} held out, {ev.short} too short."), "",

@@ -165,3 +165,27 @@ def test_steps_a_grid_skips_are_filled_and_absurd_readings_are_a_clear_error() -
     huge = pd.DataFrame({S.ASSET: "m", S.STEP: range(10), "temp": [1.7e308, -1.7e308] * 5})
     with pytest.raises(DataValidationError, match="not finite numbers .e.g. asset m, sensor temp"):
         F.forecast_grid(f, huge)
+
+
+def test_interval_widths_make_the_training_truths_fall_inside_at_the_level() -> None:
+    uid = [F.series_id(f"A{i}", "s") for i in range(10)]
+    history = pd.DataFrame({"unique_id": uid, "ds": 0, "y": 0.0})
+    # every forecast 0 with the interval [-1, 1]; the truths at 0.1, 0.2, ..., 1.0 (step 1) and twice that (step 2)
+    truth = pd.DataFrame({"unique_id": uid * 2, "ds": [1] * 10 + [2] * 10,
+                          "y": [0.1 * (i + 1) for i in range(10)] + [0.2 * (i + 1) for i in range(10)]})
+    fc = truth[["unique_id", "ds"]].assign(m=0.0, **{"m-lo-80": -1.0, "m-hi-80": 1.0})
+    widths = F.interval_widths(F.SeriesTable(history, truth), fc, "m", ForecastConfig(horizon=2, level=80))
+    assert widths["s"] == pytest.approx([np.quantile(np.arange(1, 11) / 10, 0.8), np.quantile(np.arange(1, 11) / 5, 0.8)])
+    lo, hi = F.widen(np.array([-1.0, -1.0, 9.0]), np.array([1.0, 1.0, 11.0]), np.array(["s", "s", "other"]),
+                     np.array([1, 2, 1]), {"s": [0.5, 3.0]})
+    assert lo.tolist() == [-0.5, -3.0, 9.0] and hi.tolist() == [0.5, 3.0, 11.0]
+
+
+def test_a_forecaster_applies_its_interval_widths() -> None:
+    grid = _grid(assets=2, steps=30)
+    plain = F.Forecaster({"noisy": "naive"}, 3, 80, 1, "model", 100)
+    wide = F.Forecaster({"noisy": "naive"}, 3, 80, 1, "model", 100, widths={"noisy": [2.0, 2.0, 2.0]})
+    a, b = F.forecast_grid(plain, grid), F.forecast_grid(wide, grid)
+    assert ((b["upper"] - b["lower"]) / (a["upper"] - a["lower"])).to_numpy() == pytest.approx(2.0)
+    assert (b["forecast"] == a["forecast"]).all()
+    assert F.Forecaster.from_params(wide.to_params()) == wide
