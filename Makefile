@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	@# Opacus beside them without their pins (python -m flows.fraud federate and its tests run so)
 	$(PY) -m pip install -q --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
 		"iterators<0.0.3" "pycryptodome<4" tomli tomli_w opt_einsum prompt_toolkit
+	@# statsforecast 2.1 (python -m flows.sensor forecast) and fugue pin pandas<3: beside pandas 3 without the pin
+	$(PY) -m pip install -q --no-deps "statsforecast==2.1.1" "coreforecast==0.0.20" "utilsforecast==0.2.17" \
+		"statsmodels==0.15.0" "patsy==1.0.3" "formulaic==1.2.2" "interface_meta==2.0.1" "fugue==0.9.7" \
+		"triad==1.0.4" "adagio==0.2.6"
 	@touch $@
 
 install: $(VENV)/.installed

@@ -462,6 +462,11 @@ class ServeSettings(BaseSettings):
         default="sensor-rul",
         description="Registered sensor model served at /v1/sensor/predict (its champion). Empty: not served.",
     )
+    sensor_forecast_model: str | None = Field(
+        default="sensor-forecast",
+        description="Registered sensor forecaster served at /v1/sensor/forecast (its champion), when the registry "
+        "holds it as the server starts. Empty: not served.",
+    )
     fraud_challenger: str | None = Field(
         default="challenger",
         description="Alias of the fraud model scored beside its champion once the alias is set "

@@ -1,4 +1,5 @@
-"""Sensor fault prediction commands: pretrain, train, score, batch scoring, monitor, evidence, promote, approve.
+"""Sensor fault prediction commands: pretrain, train, score, batch scoring, monitor, evidence, promote, approve;
+sensor forecasting: forecast-train, forecast.
 
 Input is the seeded synthetic fleet by default, a long-format readings file (``--data``,
 ``--events``, ``--columns``) or the NASA C-MAPSS files (``--cmapss-dir DIR --subset FD001``).
@@ -14,6 +15,7 @@ from flows.cli import Command, approval_commands, champion_commands, evidence_co
 from infra.registry import ModelRegistry, parse_model_spec
 
 if TYPE_CHECKING:
+    from flows.sensor.forecast import SensorForecastResult, SensorForecastTrainResult
     from flows.sensor.results import (
         SensorBatchScoreResult,
         SensorMonitorResult,
@@ -30,6 +32,8 @@ SCORE = "flows.sensor.score:sensor_score"
 BATCH = "flows.sensor.batch:sensor_batch_score"
 MONITOR = "flows.sensor.monitor:sensor_monitor"
 REPRODUCE = "flows.sensor.reproduce:sensor_reproduce"
+FORECAST_TRAIN = "flows.sensor.forecast:sensor_forecast_train"
+FORECAST = "flows.sensor.forecast:sensor_forecast"
 
 # flag names where a field name alone would collide or be unclear
 _FLEET = {"config.fleet.seed": "seed"}
@@ -54,6 +58,10 @@ _TRAIN = {
 }
 #: not offered on the command line: per-sensor ranges are a mapping of pairs (set them in the UI)
 _RANGES = "config.align.valid_range"
+#: forecasting: the split is the other flows' (its seed named as theirs); the RUL training settings are not used
+_FORECASTING = {"config.split.seed": "split-seed", "forecast.model_name": "model"}
+_NOT_FORECASTING = ("config.window", "config.model", "config.pretrain", "config.finetune", "config.baseline",
+                    "config.extra_archs", "config.encoder_name", "config.model_name")
 _TRAINING = ("config.window", "config.model", "config.pretrain", "config.finetune", "config.split",
              "config.baseline", "config.encoder_name", "config.model_name")
 
@@ -176,6 +184,50 @@ def _monitor_summary(r: SensorMonitorResult) -> str:
     return "\n".join(lines)
 
 
+def _forecast_train_summary(r: SensorForecastTrainResult) -> str:
+    m = r.metrics
+    nan = float("nan")
+    return "\n".join([
+        f"sensor-forecast-train: {len(r.methods)} sensors, {r.assets['train']} training / {r.assets['test']} held-out assets",
+        (f"  test MASE {m.get('test/mase', nan):.3f} (naive {m.get('test/mase_naive', nan):.3f}, seasonal naive "
+         f"{m.get('test/mase_seasonal_naive', nan):.3f}), interval coverage {m.get('test/coverage', nan):.0%}"),
+        f"  methods: {', '.join(f'{s}={k}' for s, k in r.methods.items())}",
+        f"  registered {r.model.spec}: {r.promotion.reason}",
+        f"  report: {r.report_dir}/report.md  ({r.seconds:.0f} s)",
+    ])
+
+
+def _forecast_summary(r: SensorForecastResult) -> str:
+    lines = [(f"sensor-forecast: {r.assets} assets x {r.sensors} sensors, {r.horizon} steps ahead ({r.level}% intervals) "
+             f"with {r.model} -> {r.output}"), f"  alerts: {len(r.alerts)} -> {r.alerts_output}"]
+    lines += [f"    {a.asset_id} {a.sensor}: {a.limit_kind} limit {a.limit:g} crossed in {a.steps_ahead} step(s) "
+              f"(step {a.step}, {a.value:.4g})" for a in r.alerts[:10]]
+    if len(r.alerts) > 10:
+        lines.append(f"    ... {len(r.alerts) - 10} more")
+    if r.plot:
+        lines.append(f"  plot: {r.plot}")
+    return "\n".join(lines)
+
+
+def _check_forecast(kwargs: dict[str, Any]) -> None:
+    """The source, and a --model that is registered is a forecaster (a bare name not registered yet is
+    trained first)."""
+    from solutions.sensor.forecast_config import KIND
+
+    _check_source(kwargs)
+    spec = kwargs.get("model", "sensor-forecast")
+    try:
+        name, _ = parse_model_spec(spec)
+    except ValueError as exc:
+        raise ValueError(f"--model: {exc}") from None
+    registry = ModelRegistry()
+    if name != spec or name in registry.models():
+        ref = registry.resolve(spec)  # RegistryError names the registered models
+        if ref.kind != KIND:
+            raise ValueError(f"--model: {ref.spec} is a {ref.kind} model, not a forecaster; train one with "
+                             "`python -m flows.sensor forecast-train`")
+
+
 def _reproduce_summary(r: ReproduceResult) -> str:
     from tasks.reproduce import reproduce_summary
 
@@ -226,6 +278,20 @@ COMMANDS = [
                      "served RULs per version (champion, challenger) judged by later failures; recommend (--promote)"),
     *champion_commands("flows.sensor.promote:sensor_promote", "flows.sensor.promote:sensor_rollback"),
     *approval_commands(),
+    Command(
+        "forecast-train", FORECAST_TRAIN, _forecast_train_summary,
+        help="choose each sensor's forecasting model (statsforecast), judge it vs naive on held-out assets, register",
+        flags={**_FLEET, **_FORECASTING},
+        hidden={*_NOT_FORECASTING, "forecast.plot_assets", _RANGES},
+        check=_check_source,
+    ),
+    Command(
+        "forecast", FORECAST, _forecast_summary,
+        help="forecast every asset's sensors H steps ahead with intervals; alert on limits crossed",
+        flags={**_FLEET, "config.split.seed": "split-seed"},
+        hidden={*_NOT_FORECASTING, "forecast.model_name", _RANGES},
+        check=_check_forecast,
+    ),
     Command(
         "reproduce", REPRODUCE, _reproduce_summary,
         help="re-train a registered version from its lineage; exit 0 when its metrics hold",

@@ -33,7 +33,7 @@ from infra.settings import ServeSettings, get_serve_settings
 log = logging.getLogger(__name__)
 
 #: Vertical modules of ``flows.serve`` mounted by default, in order.
-DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor", "kb", "registry")
+DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor", "sensor_forecast", "kb", "registry")
 METRICS_SCOPE = "metrics:read"
 
 

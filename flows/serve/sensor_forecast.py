@@ -1,0 +1,136 @@
+"""``POST /v1/sensor/forecast``: the registered forecaster's next H steps of each sensor of each
+asset in a request, with prediction intervals, and the alarm limits the forecasts cross.
+
+A request carries recent readings in the formats of ``/v1/sensor/predict`` (long-format
+``readings`` or aligned ``grid`` rows); they are aligned by the batch path's functions and
+forecast by :func:`solutions.sensor.forecast.forecast_grid`, as ``python -m flows.sensor forecast``
+forecasts a file. The models are fitted on each series when it is forecast (statistical models,
+a few ms to a few hundred ms per series), so the route runs in the server's thread pool.
+
+Served when the registry holds ``INDUSFLOW_SERVE_SENSOR_FORECAST_MODEL`` (default
+``sensor-forecast``) as the server starts; same scope as the sensor predictions.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, Field
+
+from flows.serve.sensor import SCOPE, SensorPredictRequest
+from infra.errors import DataValidationError
+from infra.registry import ModelRef
+from infra.serving.audit import record_audit
+from infra.serving.auth import Principal, require_scope
+from infra.serving.quotas import check_rows
+from infra.serving.runtime import Services, Vertical
+from solutions.sensor.forecast_config import KIND, LimitAlert
+
+if TYPE_CHECKING:
+    from solutions.sensor.forecast import Forecaster
+
+log = logging.getLogger(__name__)
+
+
+class SensorForecastRequest(SensorPredictRequest):
+    """Recent readings (``readings`` or ``grid``, as for ``/v1/sensor/predict``) and, optionally,
+    alarm limits that replace the forecaster's registered ones."""
+
+    upper_limits: dict[str, float] | None = Field(
+        default=None, description='Alert when a forecast goes above the limit within the horizon, e.g. {"sensor_11": 48.2}.')
+    lower_limits: dict[str, float] | None = Field(
+        default=None, description="Alert when a forecast goes below the limit within the horizon.")
+
+
+class ForecastPoint(BaseModel):
+    """One forecast step."""
+
+    step: int = Field(description="The grid step forecast.")
+    steps_ahead: int = Field(description="Steps after the asset's last step in the request (1..H).")
+    forecast: float
+    lower: float = Field(description="Lower bound of the prediction interval.")
+    upper: float = Field(description="Upper bound of the prediction interval.")
+
+
+class SensorForecast(BaseModel):
+    """The next H steps of one sensor of one asset."""
+
+    asset_id: str
+    sensor: str
+    method: str = Field(description="The statsforecast model that forecasts this sensor.")
+    points: list[ForecastPoint]
+
+
+class SensorForecastResponse(BaseModel):
+    """Forecasts per asset and sensor (sorted), and the limits they cross."""
+
+    model: str
+    model_version: int
+    horizon: int
+    level: int = Field(description="Prediction interval, in percent.")
+    forecasts: list[SensorForecast]
+    alerts: list[LimitAlert]
+
+
+def load_forecaster(ref: ModelRef) -> Forecaster:
+    """A registered forecaster (JSON params; nothing else is read)."""
+    from solutions.sensor.forecast import Forecaster
+
+    if ref.kind != KIND:
+        raise ValueError(f"{ref.spec} is a {ref.kind} model, not a forecaster ({KIND})")
+    return Forecaster.from_params(ref.params)
+
+
+def build(services: Services) -> Vertical | None:
+    """The forecast route (None: no forecaster configured or registered)."""
+    name = services.settings.sensor_forecast_model
+    if not name:
+        return None
+    if name not in services.registry.models():
+        log.info("serving: no forecaster %s registered, /v1/sensor/forecast is not served (train one with "
+                 "`python -m flows.sensor forecast-train` and restart)", name)
+        return None
+    slot = services.slot(name, load_forecaster)
+    router = APIRouter(tags=["sensor"])
+
+    @router.post("/v1/sensor/forecast", response_model=SensorForecastResponse)
+    def forecast(body: SensorForecastRequest, request: Request,
+                 principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorForecastResponse:
+        """Forecast each sensor of each asset H steps ahead, with intervals and limit alerts."""
+        from solutions.sensor import forecast as F
+        from solutions.sensor.online import grid_from_readings, grid_from_rows
+
+        if body.grid is not None:
+            check_rows(request, len(body.grid))
+        elif len(body.rows) > services.settings.max_readings:
+            raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
+                                f"{services.settings.max_readings}")
+        ref, forecaster = slot.current()
+        forecaster = forecaster.with_limits(body.upper_limits, body.lower_limits)
+        try:
+            grid = grid_from_rows(body.grid) if body.grid is not None else grid_from_readings(body.rows, body.columns)[0]
+            with slot.breaker.guard():
+                table = F.forecast_grid(forecaster, grid)
+        except DataValidationError as exc:
+            raise HTTPException(status_code=422, detail={"error": str(exc), "column": exc.column,
+                                                         "rows": exc.rows}) from None
+        except ValueError as exc:  # the request's content (e.g. its column mapping)
+            raise HTTPException(status_code=422, detail={"error": str(exc)}) from None
+        alerts = F.alert_models(F.limit_alerts(table, forecaster.upper_limits, forecaster.lower_limits,
+                                               forecaster.alert_on))
+        forecasts = [
+            SensorForecast(asset_id=str(asset), sensor=str(sensor), method=str(g["method"].iloc[0]),
+                           points=[ForecastPoint(step=int(r["step"]), steps_ahead=int(r["steps_ahead"]),
+                                                 forecast=float(r["forecast"]), lower=float(r["lower"]),
+                                                 upper=float(r["upper"])) for r in g.to_dict("records")])
+            for (asset, sensor), g in table.groupby(["asset_id", "sensor"], sort=True)
+        ]
+        record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.rows),
+                     decisions={"alert": len(alerts), "forecast": len(forecasts)},
+                     subjects=sorted({f.asset_id for f in forecasts}))
+        return SensorForecastResponse(model=ref.name, model_version=ref.version, horizon=forecaster.horizon,
+                                      level=forecaster.level, forecasts=forecasts, alerts=alerts)
+
+    return Vertical("sensor-forecast", router, [slot])
