@@ -1022,8 +1022,8 @@ class _Batch:
         for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
             stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
                            if len(r) > 5 and r[5] == tx and r[0] == t), None)
-            if stored is None or len(stored) < 8 or not (stored[1] == amount or math.isnan(stored[1])
-                                                          and math.isnan(amount)):
+            if stored is None or len(stored) < 8 or not (stored[1] == amount or (math.isnan(stored[1])
+                                                          and math.isnan(amount))):
                 return None
             out.append((stored[6], stored[7]))
         return out
