@@ -34,7 +34,7 @@ def test_a_deployment_style_training_run_sends_epochs_split_candidates_and_metri
            "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(repo),
            "INDUSFLOW_HOME": str(tmp_path / "home"), "INDUSFLOW_TRAIN_PROGRESS_BAR": "false"}
     done = subprocess.run([sys.executable, "-c", _RUN], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+                          timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run_id = uuid.UUID(next(line for line in done.stdout.splitlines() if line.startswith("FLOW_RUN")).split()[1])
     with get_client(sync_client=True) as client:
