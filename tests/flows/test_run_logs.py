@@ -9,6 +9,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from infra.deploy import RUN_ENV
 
 _RUN = r'''
@@ -22,6 +24,7 @@ print("FLOW_RUN", state.state_details.flow_run_id)
 '''
 
 
+@pytest.mark.slow
 def test_a_deployment_style_training_run_sends_epochs_split_candidates_and_metrics_to_its_logs(
         tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
