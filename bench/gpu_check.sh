@@ -4,7 +4,8 @@
 #   - bf16-mixed vs fp32 training of the fraud and sensor models: time and validation metric
 #     (bench/precision_bench.py);
 #   - the `gpu` tests (mixed precision and ddp through tasks.train: tests/unit/test_train_gpu.py);
-#   - the serve bench (bench/serve_bench.py --quick) on the GPU machine.
+#   - the serve bench (bench/serve_bench.py --quick) on the GPU machine (the server loads its models
+#     on the CPU today: flows/serve places none on CUDA, so this is that machine's CPU serving).
 # Without a GPU it stops at once with exit status 2 and says so.
 #
 # Usage: bench/gpu_check.sh            (PY=path/to/python to use another interpreter than .venv's)
