@@ -30,12 +30,13 @@ RUN useradd --create-home --uid 1000 indusflow && mkdir -p /data/indusflow && ch
 WORKDIR /opt/indusflow
 
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX}"
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY flows ./flows
 COPY tasks ./tasks
 COPY solutions ./solutions
 COPY infra ./infra
-RUN pip install ".[all]"
+# the versions the tests passed with (make constraints)
+RUN pip install -c constraints.txt ".[all]"
 
 USER indusflow
 VOLUME ["/data"]

@@ -9,9 +9,9 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PORT ?= 4200
 
-.PHONY: install demo test test-readme lint ui bench clean-home
+.PHONY: install constraints demo test test-fast test-readme lint ui bench clean-home
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if $(PY) -c "import torch" 2>/dev/null; then \
 		echo "torch $$($(PY) -c 'import torch; print(torch.__version__)') already installed: keeping it"; \
@@ -19,10 +19,10 @@ $(VENV)/.installed: pyproject.toml
 		echo "installing $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX))"; \
 		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -q -e ".[all,dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[all,dev]"
 	@# Flower 1.42 pins fastapi/uvicorn/rich/typer/protobuf below the serving stack's: install it and
 	@# Opacus beside them without their pins (python -m flows.fraud federate and its tests run so)
-	$(PY) -m pip install -q --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
+	$(PY) -m pip install -q -c constraints.txt --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
 		"iterators<0.0.3" "pycryptodome<4" tomli tomli_w opt_einsum prompt_toolkit
 	@# statsforecast 2.1 (python -m flows.sensor forecast) and fugue pin pandas<3: beside pandas 3 without the pin
 	$(PY) -m pip install -q --no-deps "statsforecast==2.1.1" "coreforecast==0.0.20" "utilsforecast==0.2.17" \
@@ -32,12 +32,24 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The versions of a working install, pinned for the next one (make install, .ci/run, the Dockerfile):
+# after changing a dependency in pyproject.toml, install, run the tests, then regenerate and commit.
+# torch is left to the machine (CPU or CUDA build), the project itself to pip.
+constraints:
+	$(PY) -m pip freeze --exclude-editable --exclude torch --exclude indusflow | LC_ALL=C sort -f > constraints.txt
+
 demo: install
 	$(PY) -m flows.fraud train
 
 test: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not readme_run"
+
+# The tier a developer runs often (a few minutes on 2 cores): the import contracts and the unit
+# tests that start no server and train no flow-sized model (`slow` and `gpu` are left out).
+test-fast: install
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q tests/unit -m "not slow and not gpu"
 
 # Runs every README command block as written, section by section, in a fresh home (tests/readme).
 test-readme: install
@@ -46,6 +58,9 @@ test-readme: install
 lint: install
 	$(VENV)/bin/ruff check flows tasks solutions infra tests bench
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+	$(VENV)/bin/deptry .
+	$(VENV)/bin/shellcheck bench/*.sh
 
 ui: install
 	@echo "Prefect UI: http://127.0.0.1:$(PORT)  (then, in the shell that runs flows: export PREFECT_API_URL=http://127.0.0.1:$(PORT)/api)"

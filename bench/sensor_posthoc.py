@@ -94,7 +94,7 @@ def last_windows(members: list[dict[str, Any]], windows: list[int]) -> dict[str,
                         raise ValueError(f"{unit}: its last window's prediction differs in the every-window set")
                     if mode != "capaware" or every[i] <= CAP - MARGIN:
                         shifted.append(every[i] - j)
-                if mode == "capaware" and p0 > CAP - MARGIN or not shifted:
+                if (mode == "capaware" and p0 > CAP - MARGIN) or not shifted:
                     shifted = [p0]
                 est.append(float(np.median(shifted) if mode == "median" else np.mean(shifted)))
             out[f"last{k}_{mode}"] = rmse(truth, np.clip(np.asarray(est), 0, CAP))

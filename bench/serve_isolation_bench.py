@@ -125,7 +125,7 @@ async def load(url: str, keys: dict[str, str], asks: int, seconds: float, rate: 
         async def steady(name: str) -> None:
             method, target, key, body = routes[name]
             pending = []
-            for i in range(int(seconds * rate)):
+            for _i in range(int(seconds * rate)):
                 pending.append(asyncio.create_task(timed(client, method, target, key, body)))
                 await asyncio.sleep(1 / rate)
             results[name].extend(await asyncio.gather(*pending))

@@ -223,7 +223,7 @@ def spaced_text(text: str, gaps: Sequence[float], ink_height: float) -> str:
         else:
             count += 1
     threshold = _space_threshold(gaps, {i for i in read if 0 < i < len(chars)}, ink_height)
-    out = []
+    out: list[str] = []
     for i, c in enumerate(chars):
         if (i in read and out) or (i and _missed_space(chars[i - 1], c, gaps[i - 1], threshold)):
             out.append(" ")

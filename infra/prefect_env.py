@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
+from infra import PROJECT_LOGGERS
 from infra.settings import get_core_settings, get_prefect_setup_settings
 
 #: Longest wait for Prefect's in-flight events at the end of a command-line run (seconds).
@@ -41,9 +42,6 @@ RECORDER_BATCH_SIZE = 100
 RECORDER_FLUSH_INTERVAL_S = 1
 
 log = logging.getLogger(__name__)
-
-#: Our stdlib loggers, routed to Prefect's console and API handlers (the UI shows them).
-PROJECT_LOGGERS = ("infra", "tasks", "solutions", "flows")
 
 
 def route_project_logs(level: str | None = None) -> None:

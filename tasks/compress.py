@@ -754,9 +754,7 @@ def _distiller_class():
     import lightning as L
     import torch.nn.functional as F
 
-    from infra.step_metrics import LeanSteps
-
-    class Distiller(LeanSteps, L.LightningModule):
+    class Distiller(L.LightningModule):
         """Trains ``student`` on ``alpha`` x soft (teacher, temperature T) + (1 - alpha) x hard loss.
 
         Binary outputs (one logit per sample) use BCE against the teacher's
@@ -815,9 +813,9 @@ def _distiller_class():
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             total, soft, hard = self.loss(batch)
             n = batch_size_of(self._split(batch)[0]) if not isinstance(batch, Mapping) else len(self._split(batch)[1])
-            for name, value in (("train/loss", total), ("train/soft", soft), ("train/hard", hard)):
-                self.log_epoch_mean(name, value, n)  # epoch means, without a per-step self.log
-            return self.optimize(total)
+            self.log_dict({"train/loss": total, "train/soft": soft, "train/hard": hard},
+                          on_step=False, on_epoch=True, batch_size=n)
+            return total
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             total, _, hard = self.loss(batch)
@@ -839,9 +837,7 @@ def make_distiller(student: nn.Module, teacher: nn.Module, **kwargs: Any) -> Any
 def _loss_module_class():
     import lightning as L
 
-    from infra.step_metrics import LeanSteps
-
-    class LossModule(LeanSteps, L.LightningModule):
+    class LossModule(L.LightningModule):
         """Trains a plain ``module`` on ``loss_fn(module(inputs), batch)``; logs ``{stage}/loss``."""
 
         def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Tensor, Any], torch.Tensor], lr: float) -> None:
@@ -851,15 +847,12 @@ def _loss_module_class():
         def _step(self, batch: Any, stage: str) -> torch.Tensor:
             inputs = batch_inputs(batch)
             loss = self.loss_fn(call_model(self.module, inputs), batch)
-            if stage == "train":  # the epoch mean, without a per-step self.log
-                self.log_epoch_mean(f"{stage}/loss", loss, batch_size_of(inputs))
-            else:
-                self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False,
-                         batch_size=batch_size_of(inputs))
+            self.log(f"{stage}/loss", loss, prog_bar=stage != "train", on_epoch=True, on_step=False,
+                     batch_size=batch_size_of(inputs))
             return loss
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.optimize(self._step(batch, "train"))
+            return self._step(batch, "train")
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             self._step(batch, "val")

@@ -156,7 +156,7 @@ class _Collector:
             self.out.members.append(Member(name, None, "too_large", f"{size} bytes expanded"))
             return False
         ratio_base = packed if packed is not None else self.packed
-        if size > BOMB_MIN_BYTES and size > self.limits.max_ratio * max(ratio_base, 1) or (
+        if (size > BOMB_MIN_BYTES and size > self.limits.max_ratio * max(ratio_base, 1)) or (
             self.expanded + size > BOMB_MIN_BYTES and self.expanded + size > self.limits.max_ratio * self.packed
         ):
             self.out.members.append(Member(name, None, "archive_bomb",

@@ -541,7 +541,7 @@ class _Walker:
                 docs[parent][0].append(e.text)
                 continue
             etype = _ctype(e.metadata)
-            if etype in ARCHIVE_TYPES or etype in MESSAGE_TYPES and not e.text.strip():
+            if etype in ARCHIVE_TYPES or (etype in MESSAGE_TYPES and not e.text.strip()):
                 containers.add(rp)
                 continue
             name = safe_member_name(rp[1:])  # Tika roots resource paths at "/"

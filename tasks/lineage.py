@@ -239,7 +239,8 @@ def environment_differences(recorded: Environment, current: Environment | None =
     difference, and a different CPU/GPU model (results then match within tolerance only).
     """
     current = current or current_environment()
-    blocking, minor = [], []
+    blocking: list[str] = []
+    minor: list[str] = []
     for name in sorted(set(recorded.packages) | set(current.packages)):
         old, new = recorded.packages.get(name), current.packages.get(name)
         if old == new:

@@ -168,7 +168,10 @@ class DocumentOcr:
         if skipped:
             log.warning("%s: %d image frames, only the first %d are OCR'd (INDUSFLOW_OCR_MAX_PAGES)", shown,
                         len(frames) + skipped, len(frames))
-        texts, pages, failed, dropped = [], [], [], []
+        texts: list[str] = []
+        pages: list[int] = []
+        failed: list[int] = []
+        dropped: list[int] = []
         for n, frame in enumerate(frames, start=1):
             text = self._read_page(frame, n, len(frames), shown, started, dropped)
             if text is None:
@@ -194,7 +197,10 @@ class DocumentOcr:
             log.warning("%s: %d pages without a text layer, only the first %d are OCR'd "
                         "(INDUSFLOW_OCR_MAX_PAGES)", shown, len(need), len(todo))
         texts: list[str] = []
-        pages, failed, dropped, chars = [], [], [], 0
+        pages: list[int] = []
+        failed: list[int] = []
+        dropped: list[int] = []
+        chars = 0
         for i, layer, image in pdf_pages(data, todo, dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
             page_text = layer
             if image is not None:

@@ -132,9 +132,6 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
     warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=r".*smaller than the logging interval.*")
-    # modules with infra.step_metrics.LeanSteps skip the transfer of CPU batches; our data modules
-    # define no transfer of their own, so Lightning's note that the module's is used says nothing
-    warnings.filterwarnings("ignore", message=r".*overridden `transfer_batch_to_device` in `LightningModule`.*")
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropAdverts) for f in logger.filters):
@@ -306,7 +303,6 @@ def train_model(
     L = _lightning()
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from infra.step_metrics import LeanSteps
     from tasks.curves import make_curve_recorder
 
     _quiet_lightning()
@@ -355,10 +351,6 @@ def train_model(
         # from its best epoch and train every epoch since again
         latest = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
         stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
-        clip = spec.gradient_clip_val
-        if isinstance(module, LeanSteps) and not module.automatic_optimization:
-            module.clip_gradients_at(clip)  # it steps its optimiser itself; Lightning refuses to clip then
-            clip = None
         recorder = _make_epoch_recorder()
         curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
         # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
@@ -376,7 +368,7 @@ def train_model(
                 logger=_loggers(ckpt_dir),
                 enable_progress_bar=_show_progress(),
                 enable_model_summary=False,
-                gradient_clip_val=clip,
+                gradient_clip_val=spec.gradient_clip_val,
                 limit_train_batches=spec.limit_train_batches,
                 limit_val_batches=spec.limit_val_batches,
                 log_every_n_steps=10,

@@ -26,10 +26,10 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
 from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope

@@ -26,7 +26,7 @@ from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 
-I = TypeVar("I")
+I = TypeVar("I")  # noqa: E741 (I for the inputs, R for the results)
 R = TypeVar("R")
 
 

@@ -12,7 +12,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from infra.determinism import epoch_rng
-from infra.step_metrics import LeanSteps
 from solutions.fraud.sequences import FraudArrays, SequenceDataset, collate_batch
 
 
@@ -25,7 +24,7 @@ def focal_loss(logits: torch.Tensor, y: torch.Tensor, gamma: float, alpha: float
     return (alpha_t * (1 - p_t) ** gamma * bce).mean()
 
 
-class FraudSequenceModel(LeanSteps, L.LightningModule):
+class FraudSequenceModel(L.LightningModule):
     """Sequence embedding (GRU) + static/context features -> MLP -> fraud logit.
 
     Args:
@@ -93,15 +92,14 @@ class FraudSequenceModel(LeanSteps, L.LightningModule):
     def _step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch).float()
         loss = self._loss(logits, batch["y"])
-        if stage == "train":  # the epoch mean, accumulated without a per-step self.log
-            self.log_epoch_mean(f"{stage}/loss", loss, len(logits))
-        else:
-            self.log(f"{stage}/loss", loss, prog_bar=True, batch_size=len(logits))
+        self.log(f"{stage}/loss", loss, prog_bar=stage != "train", on_step=False, on_epoch=True,
+                 batch_size=len(logits))
+        if stage != "train":
             self._outputs.setdefault(stage, []).append((logits.detach().cpu(), batch["y"].cpu()))
         return loss
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self.optimize(self._step(batch, "train"))
+        return self._step(batch, "train")
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self._step(batch, "val")

@@ -1027,7 +1027,7 @@ def _sound_account(doc: Mapping[str, Any]) -> bool:
     n = doc.get("n")
     if type(n) is not int or n < 0 or not _finite(doc.get("sum")) or not isinstance(doc.get("terms"), list):
         return False
-    return all(type(r[1]) is float and not math.isinf(r[1]) or _finite(r[1]) for r in doc.get("recent", ()))
+    return all((type(r[1]) is float and not math.isinf(r[1])) or _finite(r[1]) for r in doc.get("recent", ()))
 
 
 class _Batch:
@@ -1124,8 +1124,8 @@ class _Batch:
         for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
             stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
                            if _same_tx(r, tx, t, self.state.late_ns)), None)
-            if stored is None or len(stored) < 8 or not (stored[1] == amount or math.isnan(stored[1])
-                                                          and math.isnan(amount)):
+            if stored is None or len(stored) < 8 or not (stored[1] == amount or (math.isnan(stored[1])
+                                                          and math.isnan(amount))):
                 return None
             out.append((stored[6], stored[7]))
         return out

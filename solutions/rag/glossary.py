@@ -315,7 +315,7 @@ def _csv_entries(text: str, source: str) -> tuple[list[GlossaryEntry], list[tupl
         if len(row) > len(header):
             problems.append((line, f"{len(row)} cells for {len(header)} columns (quote a cell that holds a comma)"))
             continue
-        data = {h: [v for v in cell.split(CSV_SEPARATOR)] if h != "term" else cell for h, cell in zip(header, row)}
+        data = {h: list(cell.split(CSV_SEPARATOR)) if h != "term" else cell for h, cell in zip(header, row)}
         entry, wrong = _entry(data, line)
         problems += [(line, w) for w in wrong]
         if entry is not None:

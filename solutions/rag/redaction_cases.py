@@ -98,17 +98,17 @@ def _positives(rng: random.Random) -> list[RedactionCase]:
         "申请人身份证号：{v}，请核对后签字。", "The applicant's resident ID is {v}; keep a copy on file.",
         "客户证件号码{v}已完成实名认证。", "经办人（身份证 {v}）于今日到柜台办理。", "Patient ID card: {v} (verified).",
     )
-    for i in range(10):
+    for _ in range(10):
         add(rng.choice(id_templates).format(v=make_id(rng)), "cn_id", cn_id=1)
-    for i in range(5):
+    for _ in range(5):
         v = make_id(rng)
         add(f"身份证号 {_group(v, (6, 8), ' ')} 与户口本一致。", "cn_id:spaced", cn_id=1)
-    for i in range(3):
+    for _ in range(3):
         v = make_id(rng)
         add(f"ID no. {_group(v, (6, 8), '-')} on the form", "cn_id:dashed", cn_id=1)
-    for i in range(4):
+    for _ in range(4):
         add(f"证件号码：{make_id(rng).translate(_FULL)}，有效期长期。", "cn_id:fullwidth", cn_id=1)
-    for i in range(4):
+    for _ in range(4):
         add(rng.choice(("RecordID{v} updated", "申请编号A{v}B", "cust_id={v}&step=2", "ID{v}")).format(v=make_id(rng)),
             "cn_id:glued", cn_id=1)
     while sum(1 for c in cases if c.group.startswith("cn_id")) < 30:

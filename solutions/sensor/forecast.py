@@ -511,7 +511,7 @@ def evaluate_forecasters(grid: pd.DataFrame, train_assets: Sequence[str], test_a
     validation = score_forecasts(fit, fit_forecasts, cfg.candidates, cfg)
     methods = choose_methods(validation, cfg.candidates)
     missing = [c for c in channels if c not in methods]  # a sensor with no scale anywhere: the naive forecast
-    methods.update({c: "naive" for c in missing})
+    methods.update(dict.fromkeys(missing, "naive"))
     methods = {c: methods[c] for c in channels}
     widths = interval_widths(fit, with_chosen(fit_forecasts, methods, cfg.level), CHOSEN, cfg) if cfg.calibrate else {}
     forecaster = Forecaster(methods, cfg.horizon, cfg.level, cfg.season_length, cfg.intervals, cfg.history,

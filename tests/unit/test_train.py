@@ -200,6 +200,7 @@ with prefect_cli_settings():
 """
 
 
+@pytest.mark.slow
 def test_cli_like_run_prints_each_lightning_line_once(tmp_path: Path) -> None:
     """Lightning's own console handler and Prefect's root console handler both printed each
     line (``INFO: GPU available...`` and the same through Prefect): each line once now."""
