@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,7 +31,7 @@ from infra.errors import ApprovalError
 
 POLICY_FILE = "policy.json"
 #: How a decision or a policy is signed (the only algorithm accepted).
-ALGORITHM = "ed25519"
+ALGORITHM: Final = "ed25519"
 
 
 def canonical(obj: BaseModel) -> bytes:

@@ -158,7 +158,8 @@ def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestSt
     parsed on the task runner while the current one is embedded and written. ``starting`` is
     called with each batch before its parse begins."""
     batches = [list(todo[i : i + batch_docs]) for i in range(0, len(todo), batch_docs)]
-    if stages.submit_parse is None:
+    submit_parse = stages.submit_parse
+    if submit_parse is None:
         for batch in batches:
             starting(batch)
             yield batch, stages.parse(batch, **parse_kwargs)
@@ -166,7 +167,7 @@ def parsed_batches(todo: Sequence[SourceFile], batch_docs: int, stages: IngestSt
 
     def submit(batch: list[SourceFile]) -> tuple[list[SourceFile], Any]:
         starting(batch)
-        return batch, stages.submit_parse(batch, **parse_kwargs)
+        return batch, submit_parse(batch, **parse_kwargs)
 
     waiting = iter(batches)
     in_flight: deque[tuple[list[SourceFile], Any]] = deque(map(submit, itertools.islice(waiting,

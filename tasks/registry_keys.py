@@ -23,4 +23,4 @@ def rotate_registry_key(old_key: str, registry: ModelRegistry | None = None) -> 
     return (registry or ModelRegistry()).rotate_key(old, new)
 
 
-rotate_registry_key_task = task(rotate_registry_key, name="rotate-registry-key", cache_policy=NONE)
+rotate_registry_key_task = task(name="rotate-registry-key", cache_policy=NONE)(rotate_registry_key)
