@@ -283,8 +283,8 @@ def main() -> None:
             splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
             fd = CV.fold_data(grid, splits, cfg, wcfg, seed=fold)
             gbm = E.fit_baseline(fd.data.train, fold)
-            gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x),
-                        gbm.predict_rul(fd.data.rul_val.x))
+            gbm_pred = tuple(gbm.predict_rul(part.x, part.end_step)
+                             for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
             # pre-training sees the readings of the fold's training and validation engines, no labels
             encoders = {a: None if args.no_pretrained else pretrain_encoder(
                 grid, splits, fd.normalizer, arch_cfgs[a], wcfg, f"cv-pre-{fold}" + ("" if a == "cnn" else f"-{a}"))
@@ -309,7 +309,7 @@ def main() -> None:
             if encoder is None and not args.no_pretrained:  # every member's train + validation engines: one encoder
                 encoder = pretrain_encoder(grid, sp, fd.normalizer, arch_cfgs[first], wcfg, f"cv-xfit-pre-{fold}")
             gbm = E.fit_baseline(fd.data.train, fold)
-            g = tuple(gbm.predict_rul(part.x) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
+            g = tuple(gbm.predict_rul(part.x, part.end_step) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
             run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, k,
                             f"cv-xfit-{fold}-{k}", encoder)
             members.append({"data": fd.data, "cnn": (run.last, run.every, run.val), "gbm": g})

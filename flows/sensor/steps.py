@@ -263,8 +263,10 @@ def baseline_candidate_step(data: P.SupervisedData, seed: int,
         return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data))
     fitted = [E.fit_baseline(b.data.train, seed) for b in blocks]
     gbm = WindowGBM.bag(fitted)
-    oof = np.concatenate([g.predict_rul(b.data.rul_val.x) for g, b in zip(fitted, blocks, strict=True)])
-    oof_prob = np.concatenate([g.predict_fail_proba(b.data.val.x) for g, b in zip(fitted, blocks, strict=True)])
+    oof = np.concatenate([g.predict_rul(b.data.rul_val.x, b.data.rul_val.end_step)
+                          for g, b in zip(fitted, blocks, strict=True)])
+    oof_prob = np.concatenate([g.predict_fail_proba(b.data.val.x, b.data.val.end_step)
+                               for g, b in zip(fitted, blocks, strict=True)])
     log.info("GBM candidate: the mean of %d GBMs, one per validation block", len(fitted))
     return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data), oof=oof, oof_prob=oof_prob)
 
@@ -297,7 +299,7 @@ def choose_candidate_step(model: RULModel, baseline: BaselineCandidate | None,
         choice = CA.choose_on_validation(oof.truth, oof.network, gbm_oof, networks, val_assets=oof.assets)
     else:
         cnn_val, _ = predict(model, data.rul_val.x)
-        gbm_val = baseline.gbm.predict_rul(data.rul_val.x) if baseline is not None else None
+        gbm_val = baseline.gbm.predict_rul(data.rul_val.x, data.rul_val.end_step) if baseline is not None else None
         choice = CA.choose_on_validation(data.rul_val.rul, cnn_val, gbm_val, networks)
     log.info("candidates (val RUL RMSE) %s: registering the %s", choice.val_rmse, choice.winner)
     return choice

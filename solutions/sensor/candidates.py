@@ -20,6 +20,7 @@ import numpy as np
 from infra.registry import KIND_SKLEARN, KIND_TORCH, KIND_TORCH_SKLEARN, ModelRef
 from infra.sklearn_store import load_estimator, save_estimator
 from solutions.sensor.baseline import WindowGBM
+from solutions.sensor.degradation import DegradationFeatures
 from solutions.sensor.evaluate import rmse
 
 CNN, BASELINE, ENSEMBLE = "cnn", "baseline", "ensemble"
@@ -83,7 +84,9 @@ def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:
     files = {RUL_FILE: save_estimator(gbm.regressor_, folder / RUL_FILE)}
     if gbm.classifier_ is not None:
         files[FAIL_FILE] = save_estimator(gbm.classifier_, folder / FAIL_FILE)
-    for i, (reg, clf, _) in enumerate(getattr(gbm, "bag_", []), start=1):  # a bag's other members
+    if gbm.learner != "hgb":
+        raise ValueError(f"only HistGradientBoosting GBMs are registered (skops files); this one is {gbm.learner}")
+    for i, (reg, clf, _, _) in enumerate(getattr(gbm, "bag_", []), start=1):  # a bag's other members
         files[_bag_file(RUL_FILE, i)] = save_estimator(reg, folder / _bag_file(RUL_FILE, i))
         if clf is not None:
             files[_bag_file(FAIL_FILE, i)] = save_estimator(clf, folder / _bag_file(FAIL_FILE, i))
@@ -98,8 +101,11 @@ def _bag_file(name: str, member: int) -> str:
 def baseline_params(gbm: WindowGBM) -> dict[str, Any]:
     """JSON parameters of a registered GBM (the constant failure label when one class was seen)."""
     bag = getattr(gbm, "bag_", [])
+    features = [None if f is None else f.to_dict() for *_, f in gbm.members()]
     return {"baseline": {"architecture": "WindowGBM", "constant_fail": gbm.constant_, "n_threads": gbm.n_threads,
-                         "members": 1 + len(bag), "constant_fail_members": [const for _, _, const in bag]}}
+                         "members": 1 + len(bag), "constant_fail_members": [const for _, _, const, _ in bag],
+                         # each member's fitted degradation features (None: the old window summaries)
+                         "features": features}}
 
 
 def load_baseline(ref: ModelRef) -> WindowGBM | None:
@@ -107,7 +113,12 @@ def load_baseline(ref: ModelRef) -> WindowGBM | None:
     if ref.kind not in (KIND_SKLEARN, KIND_TORCH_SKLEARN):
         return None
     info = ref.params.get("baseline") or {}
-    gbm = WindowGBM(n_threads=int(info.get("n_threads") or 1))
+    # versions registered before the degradation features have no "features": the window summaries
+    features = [None if f is None else DegradationFeatures.from_dict(f) for f in info.get("features") or [None]]
+    features += [None] * (int(info.get("members") or 1) - len(features))
+    gbm = WindowGBM(n_threads=int(info.get("n_threads") or 1),
+                    features=None if features[0] is None else features[0].groups)
+    gbm.features_ = features[0]
     gbm.regressor_ = load_estimator(ref.file(RUL_FILE))
     fail = ref.file(FAIL_FILE)
     gbm.classifier_ = load_estimator(fail) if fail.exists() else None
@@ -117,7 +128,7 @@ def load_baseline(ref: ModelRef) -> WindowGBM | None:
     for i in range(1, int(info.get("members") or 1)):  # a bag: the mean of its members' predictions
         fail_i = ref.file(_bag_file(FAIL_FILE, i))
         bag.append((load_estimator(ref.file(_bag_file(RUL_FILE, i))), load_estimator(fail_i) if fail_i.exists() else None,
-                    constants[i - 1] if i - 1 < len(constants) else None))
+                    constants[i - 1] if i - 1 < len(constants) else None, features[i]))
     if bag:
         gbm.bag_ = bag
     return gbm

@@ -75,14 +75,14 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
     ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                       last_only=True, pad=True, report=report)
     if gbm_only:
-        rul, prob = baseline.predict_rul(ws.x), baseline.predict_fail_proba(ws.x)
+        rul, prob = baseline.predict_rul(ws.x, ws.end_step), baseline.predict_fail_proba(ws.x, ws.end_step)
     elif variant is not None:
         rul, prob = predict_outputs(variant, ws.x, float(ref.params["hparams"].get("rul_cap", wcfg.rul_cap)))
     else:
         rul, prob = predict(net, ws.x)
     if baseline is not None and not gbm_only:  # an ensemble: the mean of both
-        rul = (np.asarray(rul) + baseline.predict_rul(ws.x)) / 2
-        prob = (np.asarray(prob) + baseline.predict_fail_proba(ws.x)) / 2
+        rul = (np.asarray(rul) + baseline.predict_rul(ws.x, ws.end_step)) / 2
+        prob = (np.asarray(prob) + baseline.predict_fail_proba(ws.x, ws.end_step)) / 2
     frame = pd.DataFrame({
         S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
         "alert": np.asarray(prob) >= threshold, "model": ref.name, "model_version": ref.version,
