@@ -8,7 +8,8 @@ RUL cap 125). Per fold, ``--cross-fit K`` members as ``sensor-train`` trains the
 trains on the fold's non-held-out engines outside validation block ``i`` (12 engines, 10 random
 cuts each) and predicts its own block out of fold. A candidate is the mean of its K members; the
 stack weighs the candidates with non-negative ridge weights fitted on the pooled out-of-fold
-block predictions, never on the held-out engines.
+block predictions, never on the held-out engines; its validation RMSE is nested (each block scored
+by weights fitted on the other blocks).
 
 Variants (``--variants``): ``summary`` (the old baseline's 7 window statistics per channel),
 ``all`` (every degradation group, :mod:`solutions.sensor.degradation`) and ``no-<group>`` (all but
@@ -78,7 +79,7 @@ def main() -> None:
     from solutions.sensor.cmapss import load_cmapss
     from solutions.sensor.config import SensorConfig, SensorSource
     from solutions.sensor.data import window_config
-    from solutions.sensor.stack import fit_stack
+    from solutions.sensor.stack import fit_stack, nested_stack
 
     started = time.perf_counter()
     cfg = SensorConfig()
@@ -110,10 +111,12 @@ def main() -> None:
                         rows.append({**base, "model": name, "val_rmse": round(float(np.sqrt(np.mean((oof - truth_oof) ** 2))), 3),
                                      **CV.rul_scores(blocks[0], pred), "seconds": round(time.perf_counter() - t0, 1)})
                         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-                if len(cands_oof) > 1:
-                    stack = fit_stack(cands_oof, truth_oof)
+                if len(cands_oof) > 1:  # validation RMSE nested: each block by weights fitted on the others
+                    block = np.concatenate([np.full(len(b.rul_val.rul), k) for k, b in enumerate(blocks)])
+                    stack, nested = nested_stack(cands_oof, truth_oof, block) if len(blocks) > 1 else (
+                        fit_stack(cands_oof, truth_oof), np.full(len(truth_oof), np.nan))
                     rows.append({**base, "model": "stack", "weights": stack.rounded(),
-                                 "val_rmse": round(float(np.sqrt(np.mean((stack.predict(cands_oof) - truth_oof) ** 2))), 3),
+                                 "val_rmse": round(float(np.sqrt(np.mean((nested - truth_oof) ** 2))), 3),
                                  **CV.rul_scores(blocks[0], stack.predict(cands_test))})
                     mean_oof = np.mean(list(cands_oof.values()), axis=0)
                     rows.append({**base, "model": "mean", "val_rmse": round(float(np.sqrt(np.mean((mean_oof - truth_oof) ** 2))), 3),

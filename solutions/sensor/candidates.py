@@ -23,8 +23,8 @@ from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.degradation import DegradationFeatures
 from solutions.sensor.evaluate import rmse
 
-CNN, BASELINE, ENSEMBLE = "cnn", "baseline", "ensemble"
-KINDS = {CNN: KIND_TORCH, BASELINE: KIND_SKLEARN, ENSEMBLE: KIND_TORCH_SKLEARN}
+CNN, BASELINE, ENSEMBLE, STACK = "cnn", "baseline", "ensemble", "stack"
+KINDS = {CNN: KIND_TORCH, BASELINE: KIND_SKLEARN, ENSEMBLE: KIND_TORCH_SKLEARN, STACK: KIND_TORCH_SKLEARN}
 RUL_FILE, FAIL_FILE = "rul.skops", "fail.skops"
 
 
@@ -39,6 +39,9 @@ class SensorChoice:
     networks: dict[str, float] = field(default_factory=dict)
     #: validation assets the choice scored on, when cross-fitted (every block's, out of fold); None: one block
     val_assets: int | None = None
+    #: the stack's weights of the network's and the GBM's RUL (fitted on every block's out-of-fold
+    #: predictions; its validation RMSE is nested: each block by weights fitted on the others); None: no stack
+    stack: dict[str, float] | None = None
 
     @property
     def kind(self) -> str:
@@ -63,20 +66,30 @@ def best_network(val_rmse: dict[str, float]) -> str:
 
 
 def choose_on_validation(rul_val: np.ndarray, cnn_val: np.ndarray, gbm_val: np.ndarray | None,
-                         networks: dict[str, float] | None = None, val_assets: int | None = None) -> SensorChoice:
+                         networks: dict[str, float] | None = None, val_assets: int | None = None,
+                         block: np.ndarray | None = None) -> SensorChoice:
     """Lowest validation RUL RMSE wins (on a tie the simpler, listed first); ``networks``: the
-    trunks' validation RMSE when several were trained (reported; ``cnn_val`` is the best's)."""
+    trunks' validation RMSE when several were trained (reported; ``cnn_val`` is the best's).
+    ``block`` (cross-fitted: each validation row's block) adds the stack, scored nested
+    (:func:`solutions.sensor.stack.nested_stack`)."""
+    from solutions.sensor.stack import nested_stack
+
     known = ~np.isnan(rul_val)
     preds = {CNN: cnn_val}
+    stack = None
     if gbm_val is not None:
         preds[BASELINE] = gbm_val
         preds[ENSEMBLE] = (cnn_val + gbm_val) / 2
+        if block is not None and len(np.unique(block)) > 1 and known.any():
+            fitted, preds[STACK] = nested_stack({CNN: cnn_val, BASELINE: gbm_val}, rul_val, block)
+            stack = fitted.rounded(4)
     val = {k: rmse(rul_val[known], p[known]) for k, p in preds.items()} if known.any() else {CNN: float("nan")}
     winner = CNN
     for name, value in val.items():
         if np.isfinite(value) and (not np.isfinite(val[winner]) or value < val[winner]):
             winner = name
-    return SensorChoice(winner=winner, val_rmse=val, networks=dict(networks or {}), val_assets=val_assets)
+    return SensorChoice(winner=winner, val_rmse=val, networks=dict(networks or {}), val_assets=val_assets,
+                        stack=stack)
 
 
 def baseline_files(gbm: WindowGBM, folder: Path) -> dict[str, Path]:

@@ -52,3 +52,27 @@ def fit_stack(oof: Mapping[str, np.ndarray], truth: np.ndarray, alpha: float = 1
         raise ValueError(f"{len(x)} out-of-fold predictions against {len(y)} truths")
     coef = Ridge(alpha=alpha, positive=True, fit_intercept=False).fit(x, y).coef_
     return Stack({n: float(c) for n, c in zip(names, coef, strict=True)})
+
+
+def nested_stack(oof: Mapping[str, np.ndarray], truth: np.ndarray, block: np.ndarray,
+                 alpha: float = 1.0) -> tuple[Stack, np.ndarray]:
+    """The stack fitted on every block's out-of-fold predictions, and its honest validation
+    predictions: block ``b``'s by weights fitted on the other blocks only (the weights never see
+    the rows they are scored on). Unknown truths (NaN) are left out of the fits."""
+    block = np.asarray(block)
+    known = ~np.isnan(np.asarray(truth, dtype="float64"))
+    nested = np.zeros(len(block))
+    for b in np.unique(block):
+        train = known & (block != b)
+        weights = fit_stack({n: np.asarray(p)[train] for n, p in oof.items()}, np.asarray(truth)[train], alpha)
+        nested[block == b] = weights.predict({n: np.asarray(p)[block == b] for n, p in oof.items()})
+    return fit_stack({n: np.asarray(p)[known] for n, p in oof.items()}, np.asarray(truth)[known], alpha), nested
+
+
+def blend_weights(params: Mapping[str, object]) -> tuple[float, float]:
+    """(network, GBM) weights of a registered network + GBM version's RUL: its stack's when it was
+    registered as one (``params["stack"]``), else the plain mean (0.5, 0.5)."""
+    stack = params.get("stack") or {}
+    if not isinstance(stack, Mapping) or not stack:
+        return 0.5, 0.5
+    return float(stack.get("cnn", 0.0)), float(stack.get("baseline", 0.0))

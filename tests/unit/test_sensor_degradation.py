@@ -52,7 +52,7 @@ def test_each_group_adds_its_columns_and_age_needs_steps() -> None:
 
 
 def test_the_health_index_tracks_rul_and_survives_json() -> None:
-    x, rul, steps = _windows()
+    x, rul, _ = _windows()
     feats = DegradationFeatures(("health",)).fit(x, rul)
     hi_last = feats.transform(x)[:, 0]
     assert np.corrcoef(hi_last, rul)[0, 1] > 0.8  # fitted on these windows: 1 healthy, 0 failed
@@ -109,3 +109,26 @@ def test_the_stack_weighs_candidates_out_of_fold_and_drops_a_useless_one() -> No
         stack.predict({"good": good})
     with pytest.raises(ValueError, match="500 out-of-fold predictions against 3"):
         fit_stack({"good": good}, truth[:3])
+
+
+def test_the_stack_competes_with_a_nested_score_and_a_registered_stack_keeps_its_weights() -> None:
+    from solutions.sensor import candidates as CA
+    from solutions.sensor.stack import blend_weights, nested_stack
+
+    rng = np.random.default_rng(4)
+    truth = rng.uniform(0, 125, size=600)
+    block = np.repeat([0, 1, 2], 200)
+    cnn, gbm = truth + rng.normal(0, 14, 600), truth + rng.normal(0, 7, 600)  # the GBM is the better one
+    fitted, nested = nested_stack({"cnn": cnn, "baseline": gbm}, truth, block)
+    assert fitted.weights["baseline"] > 2 * fitted.weights["cnn"] > 0
+    # block 0's nested predictions come from weights fitted on blocks 1 and 2 only
+    other = fit_stack({"cnn": cnn[200:], "baseline": gbm[200:]}, truth[200:])
+    assert nested[:200] == pytest.approx(other.predict({"cnn": cnn[:200], "baseline": gbm[:200]}))
+    choice = CA.choose_on_validation(truth, cnn, gbm, block=block)
+    assert choice.winner == CA.STACK and choice.kind == CA.KINDS[CA.ENSEMBLE]
+    assert choice.val_rmse[CA.STACK] < min(choice.val_rmse[CA.BASELINE], choice.val_rmse[CA.ENSEMBLE])
+    assert set(choice.stack) == {"cnn", "baseline"}
+    # one block: no stack (nothing to score it on honestly)
+    assert CA.STACK not in CA.choose_on_validation(truth, cnn, gbm).val_rmse
+    assert blend_weights({"stack": choice.stack}) == (choice.stack["cnn"], choice.stack["baseline"])
+    assert blend_weights({}) == (0.5, 0.5)  # an ensemble registered before stacks: the mean
