@@ -84,8 +84,8 @@ def main() -> None:
                  "weight_decay": args.weight_decay, "flatten": args.flatten, "age": args.age, "ema": args.ema}
     if args.gbm:
         gbm = E.fit_baseline(data.train, args.fold)
-        out["gbm_val"] = float(np.sqrt(np.mean((gbm.predict_rul(data.val.x) - data.val.rul) ** 2)))
-        out["gbm_test"] = CV.rul_scores(data, gbm.predict_rul(data.test_last.x))["rmse"]
+        out["gbm_val"] = float(np.sqrt(np.mean((gbm.predict_rul(data.val.x, data.val.end_step) - data.val.rul) ** 2)))
+        out["gbm_test"] = CV.rul_scores(data, gbm.predict_rul(data.test_last.x, data.test_last.end_step))["rmse"]
     model = P.build_predictor(len(fd.normalizer.channels_), mcfg, wcfg, ft.lr, data.train.fail, ft, seed=args.seed)
     if args.flatten:
         enc = model.encoder

@@ -22,8 +22,9 @@ predictions: what averaging unlike trunks gains over the CNN + GBM pair.
 
 ``--cross-fit K`` trains each fold as ``sensor-train`` does by default (``FinetuneConfig.cross_fit``):
 K CNNs (seeds 0..K-1) and K GBMs, member i validating on its own disjoint block of validation
-engines and training on the others; the candidates are the members' means, and the choice pools
-every block's out-of-fold predictions (rows ``xfit_*``; ``xfit_registered`` is what the flow registers).
+engines and training on the others; the candidates are the members' means and their stack (weights
+fitted on the pooled out-of-fold predictions, ``xfit_stack``), and the choice pools every block's
+out-of-fold predictions (rows ``xfit_*``; ``xfit_registered`` is what the flow registers).
 ``estimate_check`` in the JSON compares, per protocol, the chosen candidate's validation RMSE (the
 estimate) with its RMSE on the held-out engines, fold by fold.
 
@@ -118,15 +119,19 @@ def cross_fit_rows(fold: int, members: list[dict[str, Any]], base: dict[str, Any
     truth = np.concatenate([m["data"].rul_val.rul for m in members])
     cnn_val = np.concatenate([m["cnn"][2] for m in members])
     gbm_val = np.concatenate([m["gbm"][2] for m in members])
-    choice = CA.choose_on_validation(truth, cnn_val, gbm_val)
+    block = np.concatenate([np.full(len(m["data"].rul_val.rul), i) for i, m in enumerate(members)])
+    choice = CA.choose_on_validation(truth, cnn_val, gbm_val, block=block)
     cnn = [CV.ensemble(*(m["cnn"][j] for m in members)) for j in (0, 1)]
     gbm = [CV.ensemble(*(m["gbm"][j] for m in members)) for j in (0, 1)]
     mean = [CV.ensemble(cnn[j], gbm[j]) for j in (0, 1)]
-    pick = {CA.CNN: cnn, CA.BASELINE: gbm, CA.ENSEMBLE: mean}[choice.winner]
+    w = choice.stack or {CA.CNN: 0.5, CA.BASELINE: 0.5}  # the stack's weights, fitted out of fold
+    stack = [w[CA.CNN] * cnn[j] + w[CA.BASELINE] * gbm[j] for j in (0, 1)]
+    pick = {CA.CNN: cnn, CA.BASELINE: gbm, CA.ENSEMBLE: mean, CA.STACK: stack}[choice.winner]
     engines = sorted({str(a).split("@")[0] for m in members for a in m["data"].rul_val.asset})  # cuts: <asset>@<k>
     return [{**base, "model": "xfit_cnn_mean", **CV.rul_scores(data, *cnn)},
             {**base, "model": "xfit_gbm_mean", **CV.rul_scores(data, *gbm)},
             {**base, "model": "xfit_ensemble", **CV.rul_scores(data, *mean)},
+            {**base, "model": "xfit_stack", "weights": w, **CV.rul_scores(data, *stack)},
             {**base, "model": "xfit_registered", "chosen": choice.winner, "val_engines": len(engines),
              "val_estimate": round(choice.val_rmse[choice.winner], 3),
              "val_rmse": {k: round(v, 3) for k, v in choice.val_rmse.items()}, **CV.rul_scores(data, *pick)}]
@@ -283,8 +288,8 @@ def main() -> None:
             splits = CV.fold_splits(assets, folds[fold], cfg.split.val_fraction, seed=fold)
             fd = CV.fold_data(grid, splits, cfg, wcfg, seed=fold)
             gbm = E.fit_baseline(fd.data.train, fold)
-            gbm_pred = (gbm.predict_rul(fd.data.test_last.x), gbm.predict_rul(fd.data.test_all.x),
-                        gbm.predict_rul(fd.data.rul_val.x))
+            gbm_pred = tuple(gbm.predict_rul(part.x, part.end_step)
+                             for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
             # pre-training sees the readings of the fold's training and validation engines, no labels
             encoders = {a: None if args.no_pretrained else pretrain_encoder(
                 grid, splits, fd.normalizer, arch_cfgs[a], wcfg, f"cv-pre-{fold}" + ("" if a == "cnn" else f"-{a}"))
@@ -309,7 +314,7 @@ def main() -> None:
             if encoder is None and not args.no_pretrained:  # every member's train + validation engines: one encoder
                 encoder = pretrain_encoder(grid, sp, fd.normalizer, arch_cfgs[first], wcfg, f"cv-xfit-pre-{fold}")
             gbm = E.fit_baseline(fd.data.train, fold)
-            g = tuple(gbm.predict_rul(part.x) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
+            g = tuple(gbm.predict_rul(part.x, part.end_step) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
             run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, k,
                             f"cv-xfit-{fold}-{k}", encoder)
             members.append({"data": fd.data, "cnn": (run.last, run.every, run.val), "gbm": g})

@@ -60,8 +60,8 @@ def main() -> None:
         def __init__(self, models: list[WindowGBM]) -> None:
             self.models = models
 
-        def predict_rul(self, x: np.ndarray) -> np.ndarray:
-            return np.mean([m.predict_rul(x) for m in self.models], axis=0)
+        def predict_rul(self, x: np.ndarray, steps: np.ndarray) -> np.ndarray:
+            return np.mean([m.predict_rul(x, steps) for m in self.models], axis=0)
 
     out: dict[str, list[Any]] = {}
     for fold in range(args.folds):
@@ -72,14 +72,14 @@ def main() -> None:
         tr = data.train
         t0 = time.perf_counter()
         fitted = {
-            "default": WindowGBM(random_state=fold).fit(tr.x[::step], tr.rul[::step], tr.fail[::step]),
-            "full": WindowGBM(random_state=fold).fit(tr.x, tr.rul, tr.fail),
+            "default": WindowGBM(random_state=fold).fit(tr.x[::step], tr.rul[::step], tr.fail[::step], tr.end_step[::step]),
+            "full": WindowGBM(random_state=fold).fit(tr.x, tr.rul, tr.fail, tr.end_step),
             "bag3": Bag([WindowGBM(random_state=fold * 10 + j).fit(tr.x[j % step::step], tr.rul[j % step::step],
-                                                                   tr.fail[j % step::step]) for j in range(3)]),
+                                                                   tr.fail[j % step::step], tr.end_step[j % step::step]) for j in range(3)]),
         }
         seconds = time.perf_counter() - t0
         for name, gbm in fitted.items():
-            last, every, val = (gbm.predict_rul(part.x) for part in (data.test_last, data.test_all, data.rul_val))
+            last, every, val = (gbm.predict_rul(part.x, part.end_step) for part in (data.test_last, data.test_all, data.rul_val))
             choice = CA.choose_on_validation(data.rul_val.rul, cnn["val"], val)
             pick = {CA.CNN: (cnn["last"], cnn["every"]), CA.BASELINE: (last, every),
                     CA.ENSEMBLE: (CV.ensemble(cnn["last"], last), CV.ensemble(cnn["every"], every))}[choice.winner]

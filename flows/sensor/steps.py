@@ -173,19 +173,21 @@ class OutOfFold:
     assets: int
     fail: np.ndarray
     network_prob: np.ndarray
+    block: np.ndarray | None = None  # each ``truth`` row's validation block (the stack's nested fit)
 
     @classmethod
     def of(cls, setups: list[P.SupervisedSetup], members: list[RULModel]) -> OutOfFold:
         """Member ``i`` validated on block ``i % len(setups)`` (so never trained on it)."""
-        truth, preds, fail, probs = [], [], [], []
+        truth, preds, fail, probs, block = [], [], [], [], []
         for b, s in enumerate(setups):
+            block.append(np.full(len(s.data.rul_val.rul), b))
             own = [m for i, m in enumerate(members) if i % len(setups) == b]
             preds.append(np.mean([predict(m, s.data.rul_val.x)[0] for m in own], axis=0))
             truth.append(s.data.rul_val.rul)
             probs.append(np.mean([predict(m, s.data.val.x)[1] for m in own], axis=0))
             fail.append(E.fail_labels(s.data.val))
         return cls(np.concatenate(truth), np.concatenate(preds), sum(len(s.splits["val"]) for s in setups),
-                   np.concatenate(fail), np.concatenate(probs))
+                   np.concatenate(fail), np.concatenate(probs), np.concatenate(block))
 
     def rmse(self, pred: np.ndarray) -> float:
         known = ~np.isnan(self.truth)
@@ -263,24 +265,29 @@ def baseline_candidate_step(data: P.SupervisedData, seed: int,
         return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data))
     fitted = [E.fit_baseline(b.data.train, seed) for b in blocks]
     gbm = WindowGBM.bag(fitted)
-    oof = np.concatenate([g.predict_rul(b.data.rul_val.x) for g, b in zip(fitted, blocks, strict=True)])
-    oof_prob = np.concatenate([g.predict_fail_proba(b.data.val.x) for g, b in zip(fitted, blocks, strict=True)])
+    oof = np.concatenate([g.predict_rul(b.data.rul_val.x, b.data.rul_val.end_step)
+                          for g, b in zip(fitted, blocks, strict=True)])
+    oof_prob = np.concatenate([g.predict_fail_proba(b.data.val.x, b.data.val.end_step)
+                               for g, b in zip(fitted, blocks, strict=True)])
     log.info("GBM candidate: the mean of %d GBMs, one per validation block", len(fitted))
     return BaselineCandidate(gbm=gbm, predictions=E.predict_baseline(gbm, data), oof=oof, oof_prob=oof_prob)
 
 
-def calibration_set(winner: str, oof: OutOfFold | None,
-                    baseline: BaselineCandidate | None) -> tuple[np.ndarray, np.ndarray] | None:
+def calibration_set(winner: str, oof: OutOfFold | None, baseline: BaselineCandidate | None,
+                    weights: tuple[float, float] = (0.5, 0.5)) -> tuple[np.ndarray, np.ndarray] | None:
     """Cross-fitted: the failure labels and the out-of-fold P(failure) of candidate ``winner``
-    (``cnn``, ``baseline`` or ``ensemble``, the mean of the two) on every block's validation
-    windows, to calibrate its alert threshold on; None when not cross-fitted."""
+    (``cnn``, ``baseline``, or ``ensemble``/``stack``: the two blended by ``weights``) on every
+    block's validation windows, to calibrate its alert threshold on; None when not cross-fitted."""
     if oof is None:
         return None
     if winner == CA.CNN:
         return oof.fail, oof.network_prob
     if baseline is None or baseline.oof_prob is None:
         raise ValueError(f"the {winner} candidate's threshold needs the GBM's out-of-fold P(failure)")
-    return oof.fail, baseline.oof_prob if winner == CA.BASELINE else (oof.network_prob + baseline.oof_prob) / 2
+    if winner == CA.BASELINE:
+        return oof.fail, baseline.oof_prob
+    wc, wg = weights
+    return oof.fail, (wc * oof.network_prob + wg * baseline.oof_prob) / max(wc + wg, 1e-12)
 
 
 @task(name="choose-candidate", cache_policy=NONE)
@@ -294,20 +301,25 @@ def choose_candidate_step(model: RULModel, baseline: BaselineCandidate | None,
         gbm_oof = baseline.oof if baseline is not None else None
         if baseline is not None and gbm_oof is None:
             raise ValueError("cross-fitted validation needs the GBM's out-of-fold predictions")
-        choice = CA.choose_on_validation(oof.truth, oof.network, gbm_oof, networks, val_assets=oof.assets)
+        choice = CA.choose_on_validation(oof.truth, oof.network, gbm_oof, networks, val_assets=oof.assets,
+                                         block=oof.block)
     else:
         cnn_val, _ = predict(model, data.rul_val.x)
-        gbm_val = baseline.gbm.predict_rul(data.rul_val.x) if baseline is not None else None
+        gbm_val = baseline.gbm.predict_rul(data.rul_val.x, data.rul_val.end_step) if baseline is not None else None
         choice = CA.choose_on_validation(data.rul_val.rul, cnn_val, gbm_val, networks)
     log.info("candidates (val RUL RMSE) %s: registering the %s", choice.val_rmse, choice.winner)
     return choice
 
 
-def ensemble_predictions(cnn: E.TestPredictions, gbm: E.TestPredictions) -> E.TestPredictions:
-    """The mean of two models' predictions."""
-    rul_all = (cnn.rul_all + gbm.rul_all) / 2 if cnn.rul_all is not None and gbm.rul_all is not None else None
-    return E.TestPredictions((cnn.rul_last + gbm.rul_last) / 2, (cnn.prob_val + gbm.prob_val) / 2,
-                             (cnn.prob_all + gbm.prob_all) / 2, rul_all)
+def ensemble_predictions(cnn: E.TestPredictions, gbm: E.TestPredictions,
+                         weights: tuple[float, float] = (0.5, 0.5)) -> E.TestPredictions:
+    """Two models' predictions blended: RUL by ``weights`` (the mean by default, a stack's
+    weights), P(failure) by the same weights scaled to sum to one."""
+    wc, wg = weights
+    pc, pg = wc / max(wc + wg, 1e-12), wg / max(wc + wg, 1e-12)
+    rul_all = wc * cnn.rul_all + wg * gbm.rul_all if cnn.rul_all is not None and gbm.rul_all is not None else None
+    return E.TestPredictions(wc * cnn.rul_last + wg * gbm.rul_last, pc * cnn.prob_val + pg * gbm.prob_val,
+                             pc * cnn.prob_all + pg * gbm.prob_all, rul_all)
 
 
 @dataclass(frozen=True)
@@ -327,8 +339,9 @@ def winner_registration_step(choice: CA.SensorChoice, model: RULModel, baseline:
     if choice.winner == CA.CNN or baseline is None:
         return WinnerRegistration(model, choice.kind, {}, {"candidate": choice.winner})
     files = CA.baseline_files(baseline.gbm, out_dir / "baseline")
+    stack = {"stack": choice.stack} if choice.winner == CA.STACK else {}
     return WinnerRegistration(None if choice.winner == CA.BASELINE else model, choice.kind, files,
-                              {"candidate": choice.winner, **CA.baseline_params(baseline.gbm)})
+                              {"candidate": choice.winner, **CA.baseline_params(baseline.gbm), **stack})
 
 
 @dataclass(frozen=True)

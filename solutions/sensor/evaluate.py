@@ -20,6 +20,7 @@ from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
 from solutions.sensor.model import RULModel, predict
 from solutions.sensor.pipeline import SupervisedData, lead_metrics, predictor_from_params, rul_extra
+from solutions.sensor.stack import blend_weights
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +58,17 @@ def predict_cnn(model: RULModel, data: SupervisedData) -> TestPredictions:
 
 
 def fit_baseline(train: WindowSet, seed: int) -> WindowGBM:
-    """The gradient-boosting baseline on (at most ~4000) training windows' summary features."""
+    """The gradient-boosting baseline on (at most ~4000) training windows' degradation features."""
     step = max(1, len(train) // 4000)
-    return WindowGBM(random_state=seed).fit(train.x[::step], train.rul[::step], train.fail[::step])
+    return WindowGBM(random_state=seed).fit(train.x[::step], train.rul[::step], train.fail[::step],
+                                            train.end_step[::step])
 
 
 def predict_baseline(gbm: WindowGBM, data: SupervisedData) -> TestPredictions:
     """The baseline's predictions on the same windows as the CNN's."""
-    return TestPredictions(gbm.predict_rul(data.test_last.x), gbm.predict_fail_proba(data.val.x),
-                           gbm.predict_fail_proba(data.test_all.x))
+    return TestPredictions(gbm.predict_rul(data.test_last.x, data.test_last.end_step),
+                           gbm.predict_fail_proba(data.val.x, data.val.end_step),
+                           gbm.predict_fail_proba(data.test_all.x, data.test_all.end_step))
 
 
 def rul_metrics(ws: WindowSet, pred: np.ndarray) -> dict[str, float]:
@@ -131,5 +134,7 @@ def rul_predictions(registry: ModelRegistry, version: ModelRef, data: Supervised
         model, norm, wcfg = predictor_from_params(version.params, registry.load_state_dict(version))
     ws = make_windows(data.test_cut_grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                       last_only=True, pad=True).labelled()
-    preds = ([predict(model, ws.x)[0]] if model is not None else []) + ([gbm.predict_rul(ws.x)] if gbm else [])
-    return ws.rul, np.mean(preds, axis=0)
+    if model is not None and gbm is not None:  # the mean of both, or a stack's weights
+        wc, wg = blend_weights(version.params)
+        return ws.rul, wc * predict(model, ws.x)[0] + wg * gbm.predict_rul(ws.x, ws.end_step)
+    return ws.rul, predict(model, ws.x)[0] if model is not None else gbm.predict_rul(ws.x, ws.end_step)

@@ -23,6 +23,7 @@ from solutions.sensor.features import make_windows
 from solutions.sensor.model import RULModel, predict, predict_outputs
 from solutions.sensor.pipeline import predictor_from_params, preprocessing_from_params
 from solutions.sensor.schema import BadReadingReport
+from solutions.sensor.stack import blend_weights
 
 DEFAULT_THRESHOLD = 0.5
 SCORE_COLUMNS = (S.ASSET, S.STEP, "predicted_rul", "failure_probability", "alert", "model", "model_version")
@@ -75,14 +76,15 @@ def scores_table(ref: ModelRef, grid: pd.DataFrame, threshold: float, report: Ba
     ws = make_windows(grid, norm, length=wcfg.length, rul_cap=wcfg.rul_cap, horizon=wcfg.horizon,
                       last_only=True, pad=True, report=report)
     if gbm_only:
-        rul, prob = baseline.predict_rul(ws.x), baseline.predict_fail_proba(ws.x)
+        rul, prob = baseline.predict_rul(ws.x, ws.end_step), baseline.predict_fail_proba(ws.x, ws.end_step)
     elif variant is not None:
         rul, prob = predict_outputs(variant, ws.x, float(ref.params["hparams"].get("rul_cap", wcfg.rul_cap)))
     else:
         rul, prob = predict(net, ws.x)
-    if baseline is not None and not gbm_only:  # an ensemble: the mean of both
-        rul = (np.asarray(rul) + baseline.predict_rul(ws.x)) / 2
-        prob = (np.asarray(prob) + baseline.predict_fail_proba(ws.x)) / 2
+    if baseline is not None and not gbm_only:  # an ensemble: the mean of both, or a stack's weights
+        wc, wg = blend_weights(ref.params)
+        rul = wc * np.asarray(rul) + wg * baseline.predict_rul(ws.x, ws.end_step)
+        prob = (wc * np.asarray(prob) + wg * baseline.predict_fail_proba(ws.x, ws.end_step)) / max(wc + wg, 1e-12)
     frame = pd.DataFrame({
         S.ASSET: ws.asset.astype(str), S.STEP: ws.end_step, "predicted_rul": rul, "failure_probability": prob,
         "alert": np.asarray(prob) >= threshold, "model": ref.name, "model_version": ref.version,

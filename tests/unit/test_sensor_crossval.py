@@ -127,14 +127,16 @@ def test_a_bag_of_gbms_predicts_their_mean_and_survives_the_registry(tmp_path) -
     x = rng.normal(size=(300, 2, 8)).astype("float32")
     rul = x[:, 0, -1] * 10 + 50
     fail = (rul < 45).astype(int)
-    parts = [WindowGBM(max_iter=20, random_state=i).fit(x[i::3], rul[i::3], fail[i::3]) for i in range(3)]
+    steps = rng.integers(0, 200, size=300)
+    parts = [WindowGBM(max_iter=20, random_state=i).fit(x[i::3], rul[i::3], fail[i::3], steps[i::3]) for i in range(3)]
     bag = WindowGBM.bag(parts)
-    mean = np.mean([p.predict_rul(x) for p in parts], axis=0)
-    assert bag.predict_rul(x) == pytest.approx(mean)
-    assert bag.predict_fail_proba(x) == pytest.approx(np.mean([p.predict_fail_proba(x) for p in parts], axis=0))
-    assert not np.allclose(bag.predict_rul(x), parts[0].predict_rul(x))
+    mean = np.mean([p.predict_rul(x, steps) for p in parts], axis=0)
+    assert bag.predict_rul(x, steps) == pytest.approx(mean)
+    assert bag.predict_fail_proba(x, steps) == pytest.approx(
+        np.mean([p.predict_fail_proba(x, steps) for p in parts], axis=0))
+    assert not np.allclose(bag.predict_rul(x, steps), parts[0].predict_rul(x, steps))
     # one GBM alone predicts as before (no bag)
-    assert WindowGBM.bag(parts[:1]).predict_rul(x) == pytest.approx(parts[0].predict_rul(x))
+    assert WindowGBM.bag(parts[:1]).predict_rul(x, steps) == pytest.approx(parts[0].predict_rul(x, steps))
 
     registry = ModelRegistry(tmp_path / "registry")
     files = CA.baseline_files(bag, tmp_path / "files")
@@ -142,4 +144,5 @@ def test_a_bag_of_gbms_predicts_their_mean_and_survives_the_registry(tmp_path) -
     ref = registry.register("bag", {}, kind=KIND_SKLEARN, extra_files=files, params=CA.baseline_params(bag),
                             metrics={"test/rmse": 1.0}, primary_metric="test/rmse", higher_is_better=False)
     loaded = CA.load_baseline(registry.get("bag", ref.version))
-    assert loaded.predict_rul(x) == pytest.approx(mean) and len(loaded.bag_) == 2
+    # each member's own degradation features (its health index) come back from the params
+    assert loaded.predict_rul(x, steps) == pytest.approx(mean) and len(loaded.bag_) == 2
