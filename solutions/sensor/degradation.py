@@ -125,7 +125,7 @@ class DegradationFeatures(TransformerMixin, BaseEstimator):
             parts.append(np.asarray(steps, dtype="float32").reshape(-1, 1))
         if "health" in self.groups:
             hi = (np.einsum("ncl,c->nl", x, self.health_coef_.astype("float32")) + self.health_intercept_)[:, None, :]
-            parts += _series_features(hi, self.spans, self.scales, [g for g in ("last", "ewma", "slope", "stats")])
+            parts += _series_features(hi, self.spans, self.scales, ["last", "ewma", "slope", "stats"])
         return np.concatenate([p.reshape(len(x), -1) for p in parts], axis=1).astype("float32")
 
     def to_dict(self) -> dict[str, object]:
