@@ -17,7 +17,8 @@ the network's forward pass plus the sigmoid at batch sizes 1, 16, 64 and 256:
 Each path's probabilities are compared with eager's on the same inputs (max absolute difference;
 the serving path must keep 1e-5 against batch scoring). Calls are interleaved path by path in
 ``--rounds`` rounds so that the machine's load falls on all of them alike; the median is over all
-timed calls.
+timed calls, of the wall time and of the calling thread's CPU time (with one intra-op thread the
+work runs on it; on a busy machine the CPU time is the figure the scheduler's delays leave alone).
 
 Usage: ``OMP_NUM_THREADS=1 nice -n 10 python bench/model_path_bench.py [--calls 100] [--rounds 3] [--threads 1]``
 """
@@ -85,13 +86,16 @@ def real_inputs(model: Any, home: Path, warm_requests: int = 40) -> dict[str, An
     return model.tensors(inputs)
 
 
-def _time(fn: Callable[[], Any], calls: int) -> list[float]:
-    out = []
+def _time(fn: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:
+    """Wall and calling-thread CPU milliseconds of each call (one intra-op thread: the work runs on it)."""
+    wall, cpu = [], []
     for _ in range(calls):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         fn()
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
+        c1, t1 = time.thread_time(), time.perf_counter()
+        wall.append((t1 - t0) * 1000)
+        cpu.append((c1 - c0) * 1000)
+    return wall, cpu
 
 
 def main() -> None:
@@ -155,12 +159,16 @@ def main() -> None:
         reference = {b: eager(b) for b in BATCHES}
         diff = {p: {b: float(np.max(np.abs(fn(b) - reference[b]))) for b in BATCHES} for p, fn in paths.items()}
         times: dict[str, dict[int, list[float]]] = {p: {b: [] for b in BATCHES} for p in paths}
+        cpu: dict[str, dict[int, list[float]]] = {p: {b: [] for b in BATCHES} for p in paths}
         for _ in range(args.rounds):
             for b in BATCHES:
                 for p, fn in paths.items():
                     _time(lambda fn=fn, b=b: fn(b), 10)  # warm
-                    times[p][b] += _time(lambda fn=fn, b=b: fn(b), args.calls)
+                    wall_ms, cpu_ms = _time(lambda fn=fn, b=b: fn(b), args.calls)
+                    times[p][b] += wall_ms
+                    cpu[p][b] += cpu_ms
         rows = {p: {str(b): {"median_ms": round(statistics.median(times[p][b]), 4),
+                             "cpu_median_ms": round(statistics.median(cpu[p][b]), 4),
                              "us_per_row": round(1000 * statistics.median(times[p][b]) / b, 2),
                              "max_abs_diff_vs_eager": diff[p][b]} for b in BATCHES} for p in paths}
     finally:

@@ -32,6 +32,10 @@ and checks that the generation is the last reported commit (or the one after it,
 landed after a commit but before its line) and that every key written so far reads back exactly as
 an in-memory replay of that many journals says.
 
+Times are wall milliseconds and, beside them (``*_cpu_ms``), the CPU time the whole process spent
+meanwhile (all its threads: RocksDB's flushes and SQLite's checkpoint thread included), which a busy
+machine's scheduler delays inflate far less than the wall time.
+
 Usage: ``nice -n 10 python bench/state_store_bench.py [--requests 600] [--durability process]
 [--keys random|sequential] [--stores sqlite,rocksdb,lmdb]``
 """
@@ -159,6 +163,17 @@ def load_stream(path: Path) -> list[Request]:
 # the stores: read(kind, keys) -> documents as SqliteStateStore.read gives them; write(journal)
 
 
+Clock = tuple[float, float]  #: (wall seconds, this process's CPU seconds, all its threads)
+
+
+def _now() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: Clock, end: Clock) -> Clock:
+    return end[0] - start[0], end[1] - start[1]
+
+
 def _terminal_doc(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     rows.sort(key=lambda r: (r[0], r[3]))
     return {"rows": rows}
@@ -178,16 +193,16 @@ class SqliteBench:
         self.mode = ("journal_mode=WAL, synchronous=" + ("FULL" if durability == "fsync" else "NORMAL")
                      + ", wal_autocheckpoint=20000, PASSIVE checkpoint thread every 1 s")
 
-    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[float, float]:
+    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[Clock, Clock]:
         with self.store.exclusive():
-            t0 = time.perf_counter()
+            t0 = _now()
             self.store.read(ACCOUNT, accounts)
             self.store.read(TERMINAL, terminals)
-            t1 = time.perf_counter()
+            t1 = _now()
             if journal is not None:
                 self.store.commit(journal)
-        t2 = time.perf_counter()
-        return t1 - t0, t2 - t1
+        t2 = _now()
+        return _since(t0, t1), _since(t1, t2)
 
     def read(self, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
         with self.store.exclusive():
@@ -279,17 +294,17 @@ class RocksBench(_KvBench):
             yield (k, it.value()) if with_keys else it.value()
             it.next()
 
-    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[float, float]:
-        t0 = time.perf_counter()
+    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[Clock, Clock]:
+        t0 = _now()
         self._docs(None, ACCOUNT, accounts)
         self._docs(None, TERMINAL, terminals)
-        t1 = time.perf_counter()
+        t1 = _now()
         if journal is not None:
             w = self._rd.WriteBatch(raw_mode=True)
             self._apply(w, journal, self.gen + 1)
             self.db.write(w)
             self.gen += 1
-        return t1 - t0, time.perf_counter() - t1
+        return _since(t0, t1), _since(t1, _now())
 
     def read(self, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
         return self._docs(None, kind, keys)
@@ -339,17 +354,17 @@ class LmdbBench(_KvBench):
                 break
             yield (k, v) if with_keys else v
 
-    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[float, float]:
-        t0 = time.perf_counter()
+    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[Clock, Clock]:
+        t0 = _now()
         with self.env.begin(buffers=False) as r:
             self._docs(r, ACCOUNT, accounts)
             self._docs(r, TERMINAL, terminals)
-        t1 = time.perf_counter()
+        t1 = _now()
         if journal is not None:
             with self.env.begin(write=True) as w:
                 self._apply(w, journal, self.gen + 1)
             self.gen += 1
-        return t1 - t0, time.perf_counter() - t1
+        return _since(t0, t1), _since(t1, _now())
 
     def read(self, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
         with self.env.begin() as r:
@@ -424,18 +439,24 @@ def timed(name: str, durability: str, stream: Sequence[Request], home: Path, war
     folder = home / f"{name}-{durability}"
     folder.mkdir()
     store = STORES[name](folder, durability)
-    reads, commits = [], []
+    reads: list[float] = []
+    commits: list[float] = []
+    read_cpu: list[float] = []
+    commit_cpu: list[float] = []
     try:
         for i, r in enumerate(stream):
             rd, cm = store.request(r.accounts, r.terminals, r.journal)
             if i >= warmup:
-                reads.append(rd)
-                commits.append(cm)
+                reads.append(rd[0])
+                commits.append(cm[0])
+                read_cpu.append(rd[1])
+                commit_cpu.append(cm[1])
         ok, n_keys = contents_match(store, stream, len(stream))
         mode = store.mode
     finally:
         store.close()
     return {"store": name, "durability": durability, "mode": mode, "commit_ms": _q(commits), "read_ms": _q(reads),
+            "commit_cpu_ms": _q(commit_cpu), "read_cpu_ms": _q(read_cpu),
             "measured_requests": len(commits), "contents_match_replay": ok, "keys_checked": n_keys,
             "bytes_on_disk": _du(folder)}
 
