@@ -30,7 +30,8 @@ The crash test runs each store in a child process writing the stream and printin
 number once its commit returned; the parent kills it with SIGKILL mid-stream, reopens the store
 and checks that the generation is the last reported commit (or the one after it, when the kill
 landed after a commit but before its line) and that every key written so far reads back exactly as
-an in-memory replay of that many journals says.
+an in-memory replay of that many journals says; the next child goes on from there (``--kills``
+times per store, at random points).
 
 Times are wall milliseconds and, beside them (``*_cpu_ms``), the CPU time the whole process spent
 meanwhile (all its threads: RocksDB's flushes and SQLite's checkpoint thread included), which a busy
@@ -462,20 +463,19 @@ def timed(name: str, durability: str, stream: Sequence[Request], home: Path, war
 
 
 def crash_child(name: str, durability: str, folder: Path, stream_file: Path) -> None:
+    """Write the stream from where the store stands (its generation) on, printing each commit's count."""
     stream = load_stream(stream_file)
     store = STORES[name](folder, durability)
-    for i, r in enumerate(stream):
+    for i in range(store.generation(), len(stream)):
+        r = stream[i]
         store.request(r.accounts, r.terminals, r.journal)
         sys.stdout.write(f"{i + 1}\n")  # this many requests committed
         sys.stdout.flush()
     time.sleep(60)  # the parent kills it before
 
 
-def crash_test(name: str, durability: str, stream: Sequence[Request], stream_file: Path, home: Path,
-               seed: int) -> dict[str, Any]:
-    folder = home / f"crash-{name}-{durability}"
-    folder.mkdir()
-    kill_after = random.Random(seed).randrange(len(stream) // 3, 2 * len(stream) // 3)
+def _kill_once(name: str, durability: str, folder: Path, stream: Sequence[Request], stream_file: Path,
+               kill_after: int) -> dict[str, Any]:
     child = subprocess.Popen([sys.executable, __file__, "--crash-child", name, durability, str(folder), str(stream_file)],
                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     reported = 0
@@ -492,9 +492,21 @@ def crash_test(name: str, durability: str, stream: Sequence[Request], stream_fil
         ok, n_keys = contents_match(store, stream, generation)
     finally:
         store.close()
-    return {"killed_after_reported_commits": reported, "generation_on_reopen": generation,
-            "generation_ok": generation in (reported, reported + 1), "contents_match_replay": ok,
-            "keys_checked": n_keys, "signal": "SIGKILL", "child_rc": child.returncode}
+    return {"reported": reported, "generation": generation, "generation_ok": generation in (reported, reported + 1),
+            "contents_match_replay": ok, "keys_checked": n_keys, "child_rc": child.returncode}
+
+
+def crash_test(name: str, durability: str, stream: Sequence[Request], stream_file: Path, home: Path,
+               seed: int, kills: int) -> dict[str, Any]:
+    """``kills`` SIGKILLs at random points of one stream; after each the store is reopened, checked,
+    and the next child goes on from where the store stands."""
+    folder = home / f"crash-{name}-{durability}"
+    folder.mkdir()
+    points = sorted(random.Random(seed).sample(range(1, len(stream) - 1), kills))
+    runs = [_kill_once(name, durability, folder, stream, stream_file, p) for p in points]
+    return {"signal": "SIGKILL", "kills": runs,
+            "all_ok": all(r["generation_ok"] and r["contents_match_replay"] and r["child_rc"] == -signal.SIGKILL
+                          for r in runs)}
 
 
 def main() -> None:
@@ -506,6 +518,7 @@ def main() -> None:
                         help="accounts/terminals at random, or serve_bench's n mod N")
     parser.add_argument("--stores", default="sqlite,rocksdb,lmdb")
     parser.add_argument("--no-crash", action="store_true")
+    parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per store in the crash test")
     parser.add_argument("--crash-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.crash_child:
@@ -524,7 +537,7 @@ def main() -> None:
         for i, name in enumerate(args.stores.split(",")):
             row = timed(name, args.durability, stream, home, args.warmup)
             if not args.no_crash:
-                row["crash"] = crash_test(name, args.durability, stream, stream_file, home, seed=i)
+                row["crash"] = crash_test(name, args.durability, stream, stream_file, home, seed=i, kills=args.kills)
             results.append(row)
         writes = [len(r.journal.account_rows) + len(r.journal.accounts) + len(r.journal.terminal_rows)
                   + len(r.journal.account_cut) + len(r.journal.dropped) for r in stream]
