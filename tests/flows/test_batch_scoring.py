@@ -268,6 +268,8 @@ def test_a_single_file_is_scored_in_the_flows_thread_several_on_the_pool(tmp_pat
 
     @flow(task_runner=ConfiguredTaskRunner())
     def run(names: list[str]) -> tuple[int, list[str]]:
+        for n in names:  # the inbox holds the files (an empty inbox folder reads as an unmounted volume)
+            (tmp_path / n).write_text("x")
         files = [InboxFile(path=str(tmp_path / n), sha256=f"{i:064d}", size=1) for i, n in enumerate(names)]
         outcomes = score_inbox(files, score, FileLedger("inline", root=tmp_path))
         return threading.get_ident(), [o.status for o in outcomes]

@@ -143,6 +143,7 @@ BACKGROUND: list[Background] = [
     Background(r"prefect worker start\b", "log:started!"),
     Background(r"APPROVAL_REQUIRED=\S+ \.venv/bin/python -m flows\.\w+ (promote|train)\b", "log:waits for approval",
                ends=True),
+    Background(r"-m flows\.registry challenger \S+:\d+ ", "log:waits for approval", ends=True),
 ]
 ENDS_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 300.0
