@@ -58,7 +58,6 @@ from infra.home import home_layout
 from infra.registry_anchor import (
     check_anchor,
     configured_anchors,
-    file_sha256,
     publish_head,
     version_file_hashes,
 )
@@ -72,7 +71,7 @@ from infra.registry_policy import (
     read_policy,
     sha256_of,
 )
-from infra.store import check_name, safe_join, write_json_atomic
+from infra.store import check_name, safe_join, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -771,7 +770,7 @@ class ModelRegistry:
             tmp.write_text(text)
             os.replace(tmp, target)
             self._append_trail(ref.name, {"action": DOCUMENT, "version": ref.version, "file": target.name,
-                                          "sha256": file_sha256(target), "reason": f"{target.name} written"})
+                                          "sha256": sha256_file(target), "reason": f"{target.name} written"})
         return target
 
     def set_alias(self, name: str, alias: str, version: int, reason: str = "set_alias",

@@ -17,7 +17,6 @@ anchors saw. Without an anchor it can only say the trail is consistent with itse
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import importlib
 import json
 import logging
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
+
+from infra.store import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,9 @@ PREFECT = "prefect"
 # the files of a version, hashed as stored
 
 
-def file_sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes as stored on disk (encrypted at rest or not)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def version_file_hashes(folder: Path) -> dict[str, str]:
     """File name -> SHA-256 of every file of a version folder (hidden temporary files aside)."""
-    return {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")}
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")}
 
 
 # ------------------------------------------------------------------------------------
