@@ -196,6 +196,15 @@ def _decided_rows(p: _Predicted) -> np.ndarray:
     return p.challenger_table[S.ASSET].isin(answered).to_numpy()
 
 
+def check_request_size(body: SensorPredictRequest, request: Request, services: Services) -> None:
+    """Refuse a request over the size limits: its grid rows (``check_rows``) or its readings (413)."""
+    if body.grid is not None:
+        check_rows(request, len(body.grid))
+    elif len(body.rows) > services.settings.max_readings:
+        raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
+                            f"{services.settings.max_readings}")
+
+
 def build(services: Services) -> Vertical | None:
     """The sensor vertical of the API (None when no sensor model is configured)."""
     name = services.settings.sensor_model
@@ -307,12 +316,8 @@ def build(services: Services) -> Vertical | None:
     async def predict(body: Annotated[SensorPredictRequest, Body(openapi_examples=OPENAPI_EXAMPLES)], request: Request,
                       principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorPredictResponse:
         """Predict RUL, failure probability and alert for each asset's latest window."""
-        if body.grid is not None:
-            check_rows(request, len(body.grid))
-        elif len(body.rows) > services.settings.max_readings:
-            raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
-                                f"{services.settings.max_readings}")
-        elif not body.rows:
+        check_request_size(body, request, services)
+        if body.grid is None and not body.rows:
             raise HTTPException(status_code=422, detail="the request holds no readings")
         [(ref, result)] = await batcher.submit([body])
         if isinstance(result, DataValidationError):

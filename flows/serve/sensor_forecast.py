@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from flows.serve.sensor import SCOPE, SensorPredictRequest
+from flows.serve.sensor import SCOPE, SensorPredictRequest, check_request_size
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
 from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
-from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.sensor.forecast_config import KIND, LimitAlert
 
@@ -102,11 +101,7 @@ def build(services: Services) -> Vertical | None:
         from solutions.sensor import forecast as F
         from solutions.sensor.online import grid_from_readings, grid_from_rows
 
-        if body.grid is not None:
-            check_rows(request, len(body.grid))
-        elif len(body.rows) > services.settings.max_readings:
-            raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
-                                f"{services.settings.max_readings}")
+        check_request_size(body, request, services)
         ref, forecaster = slot.current()
         forecaster = forecaster.with_limits(body.upper_limits, body.lower_limits)
         try:
