@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import httpx
@@ -158,3 +160,10 @@ def post_scores(client: httpx.Client, url: str, key: str, rows: list[dict[str, A
                            headers={"X-API-Key": key}, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()["results"]
+
+
+def home_with_registry(src: HomeLayout, path: Path) -> HomeLayout:
+    """A fresh home at ``path`` holding a copy of ``src``'s registry (one trained model, many servers)."""
+    layout = HomeLayout(path)
+    shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
+    return layout

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +31,13 @@ from solutions.fraud.online import (
     SqliteStateStore,
     validate_rows,
 )
-from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, train_tiny_fraud
+from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, home_with_registry, train_tiny_fraud
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[HomeLayout, TinyFraud]:
     layout = HomeLayout(tmp_path_factory.mktemp("fraud-hostile-home"))
     return layout, train_tiny_fraud(layout)
-
-
-def _home(src: HomeLayout, path: Path) -> HomeLayout:
-    layout = HomeLayout(path)
-    shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
-    return layout
 
 
 def _row(tx: str, account: Any, when: str, amount: Any = 12.5, terminal: str = "T1") -> dict[str, Any]:
@@ -69,7 +62,7 @@ def _breaker_open(server: FraudServer) -> bool:
 def test_the_four_request_outage_stays_with_the_poisoned_account(tiny: tuple[HomeLayout, TinyFraud],
                                                                  tmp_path: Path) -> None:
     src, _ = tiny
-    reference_home = _home(src, tmp_path / "reference")
+    reference_home = home_with_registry(src, tmp_path / "reference")
     with FraudServer(reference_home) as server, httpx.Client(timeout=60) as client:
         key = api_key(reference_home)
         usual = {}
@@ -78,7 +71,7 @@ def test_the_four_request_outage_stays_with_the_poisoned_account(tiny: tuple[Hom
             assert r.status_code == 200, r.text
             usual[row["transaction_id"]] = r.json()["results"][0]["score"]
 
-    home = _home(src, tmp_path / "attacked")
+    home = home_with_registry(src, tmp_path / "attacked")
     # an account whose running sum an earlier version stored as null (inf): what the overflow left
     store = SqliteStateStore(home.online_state() / "fraud.sqlite")
     with store.exclusive():
@@ -107,7 +100,7 @@ def test_the_four_request_outage_stays_with_the_poisoned_account(tiny: tuple[Hom
 def test_ids_are_text_integers_canonicalised_floats_and_booleans_refused(tiny: tuple[HomeLayout, TinyFraud],
                                                                         tmp_path: Path) -> None:
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         key = api_key(home)
         assert _post(client, server, key, _row("a", 5, "2025-03-01T12:00:00")).status_code == 200
@@ -124,7 +117,7 @@ def test_ids_are_text_integers_canonicalised_floats_and_booleans_refused(tiny: t
 def test_a_row_inside_the_skew_window_cannot_lock_an_account(tiny: tuple[HomeLayout, TinyFraud],
                                                              tmp_path: Path) -> None:
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     with FraudServer(home, max_clock_skew_s=300) as server, httpx.Client(timeout=60) as client:
         key, attacker = api_key(home), api_key(home)
@@ -175,7 +168,7 @@ def test_json_nested_about_a_thousand_deep_gets_a_4xx_on_every_fraud_route(tiny:
                                                                          tmp_path: Path) -> None:
     """Below orjson's 1,024 levels the body parses; the deep value then reached code that recursed."""
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     bodies = {}
     for depth in (900, 990, 1000, 1020, 1100):
         deep_list, deep_obj = b"[" * depth + b"]" * depth, b'{"a": ' * depth + b"1" + b"}" * depth

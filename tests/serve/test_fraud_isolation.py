@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +16,13 @@ import pytest
 from flows.serve import fraud as serve_fraud
 from infra.home import HomeLayout
 from solutions.fraud.online import MAX_ID_CHARS
-from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, train_tiny_fraud
+from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, home_with_registry, train_tiny_fraud
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[HomeLayout, TinyFraud]:
     layout = HomeLayout(tmp_path_factory.mktemp("fraud-isolation-home"))
     return layout, train_tiny_fraud(layout)
-
-
-def _home(src: HomeLayout, path: Path) -> HomeLayout:
-    layout = HomeLayout(path)
-    shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
-    return layout
 
 
 def _row(i: int, **extra: Any) -> dict[str, Any]:
@@ -71,7 +64,7 @@ def test_a_bad_request_in_a_batch_gets_its_own_4xx_and_the_valid_ones_their_scor
     valid = list(range(24))
     bad = list(range(24, 40))
     # each valid request scored alone, one after the other, on a fresh state
-    alone_home = _home(src, tmp_path / "alone")
+    alone_home = home_with_registry(src, tmp_path / "alone")
     with FraudServer(alone_home, batch_max_size=1) as server, httpx.Client(timeout=60) as client:
         key = api_key(alone_home)
         alone = {}
@@ -81,7 +74,7 @@ def test_a_bad_request_in_a_batch_gets_its_own_4xx_and_the_valid_ones_their_scor
             assert r.status_code == 200, r.text
             alone[f"t{i}"] = r.json()["results"][0]["score"]
     # the same valid requests, mixed with bad ones, concurrently: batched together
-    home = _home(src, tmp_path / "mixed")
+    home = home_with_registry(src, tmp_path / "mixed")
     bodies = [_valid(i) for i in valid] + [_bad(i)[0] for i in bad]
     order = sorted(range(len(bodies)), key=lambda j: (j * 7) % len(bodies))  # interleave valid and bad
     with FraudServer(home, batch_max_wait_ms=50) as server:
@@ -104,7 +97,7 @@ def test_a_bad_request_in_a_batch_gets_its_own_4xx_and_the_valid_ones_their_scor
 def test_a_future_timestamp_is_refused_and_the_409_names_no_other_time(tiny: tuple[HomeLayout, TinyFraud],
                                                                       tmp_path: Path) -> None:
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         key = api_key(home)
 
@@ -124,7 +117,7 @@ def test_an_admin_resets_a_locked_account_audited(tiny: tuple[HomeLayout, TinyFr
     """An account whose latest transaction was mis-dated (inside the skew, or before the bound existed)
     refuses its real later ones with 409 until an admin resets its online state."""
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         key, admin = api_key(home), api_key(home, "admin")
         assert _score_one(client, server, key, _row(1, account_id="LOCKED", timestamp="2025-03-09T23:00:00")
@@ -151,7 +144,7 @@ def test_an_admin_resets_a_locked_account_audited(tiny: tuple[HomeLayout, TinyFr
 
 def test_over_long_and_non_scalar_ids_are_refused(tiny: tuple[HomeLayout, TinyFraud], tmp_path: Path) -> None:
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         key = api_key(home)
 
@@ -169,7 +162,7 @@ def test_over_long_and_non_scalar_ids_are_refused(tiny: tuple[HomeLayout, TinyFr
 def test_a_label_in_a_score_request_needs_the_label_scope(tiny: tuple[HomeLayout, TinyFraud],
                                                           tmp_path: Path) -> None:
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         def post(key: str, row: dict[str, Any]) -> httpx.Response:
             return _score_one(client, server, key, row)
@@ -187,7 +180,7 @@ def test_deeply_nested_bodies_get_a_4xx(tiny: tuple[HomeLayout, TinyFraud], tmp_
     """orjson stops at 1024 levels and Python's parser, which the score route falls back to, ran
     out of stack: the RecursionError answered 500."""
     src, _ = tiny
-    home = _home(src, tmp_path / "home")
+    home = home_with_registry(src, tmp_path / "home")
     depth = 100_000
     nested = {
         "arrays": b'{"transactions": ' + b"[" * depth + b"]" * depth + b"}",
