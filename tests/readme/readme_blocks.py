@@ -43,7 +43,7 @@ SECTIONS: dict[str, str] = {
 }
 
 #: What a command's first word may be (after VAR=value prefixes).
-PROGRAMS = (".venv/bin/", "make", "curl", "export", "docker", "kubectl", "prefect")
+PROGRAMS = (".venv/bin/", "make", "curl", "export", "printf", "docker", "kubectl", "prefect")
 
 _QUOTED = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"")
 _PLACEHOLDER_WORD = re.compile(r"(?<![$\w{=,-])[A-Z][A-Z0-9_]{2,}\b(?!=)")
