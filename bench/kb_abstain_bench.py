@@ -93,7 +93,7 @@ def retrieve_all(client: Any, collection: str, embedder: Any, questions: list[st
     out = []
     for q, v in zip(questions, vectors, strict=True):
         out += retrieve(client, collection, [q], v[None, :], mode="hybrid", top_k=TOP_K,
-                        weights=query_weights(embedder, q, hybrid), fusion=hybrid.fusion, rrf_k=hybrid.rrf_k)
+                        weights=query_weights(embedder, q, hybrid))
     return out
 
 

@@ -3,7 +3,7 @@
 For each embedder (old default all-MiniLM-L6-v2, new default multilingual-e5-small) and each
 set, the passages go through our own pipeline (chunking with the embedder's window, embedding,
 a Milvus Lite collection with BM25 over the jieba analyzer), then recall@1/5/10 and MRR@10 of
-dense, BM25 and hybrid (every fusion setting of :data:`FUSIONS`), plus the embedding chunks/s
+dense, BM25 and hybrid (every dense weight of :data:`FUSIONS`), plus the embedding chunks/s
 measured on the ingest's own encode calls.
 
 Sets:
@@ -18,7 +18,7 @@ Sets:
   neighbouring text says (it can be unrelated to the sentence, which caps every retriever);
   rare terms shared with the context favour BM25; the set is small and from a few test files.
 
-Fusion settings are compared on one half of each set's questions (even positions: ``tune``)
+Hybrid weights are compared on one half of each set's questions (even positions: ``tune``)
 and reported on the other half (odd: ``report``) beside the whole set, so the chosen default
 is not picked on the questions it is judged on.
 
@@ -46,14 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 DATA = ROOT.parent / "shared" / "data"
 DEPTH = 50
-#: name -> (fusion, dense weight, bm25 weight, rrf k)
-FUSIONS: dict[str, tuple[str, float, float, int]] = {
-    **{f"score-d{w}": ("score", w, 1.0, 60) for w in (0.1, 0.25, 0.5, 1.0, 2.0)},
-    **{f"rrf{k}-d{w}": ("rrf", w, 1.0, k) for k in (10, 60) for w in (0.5, 1.0)},
-    **{f"minmax-d{w}": ("minmax", w, 1.0, 60) for w in (0.25, 0.5, 0.75, 1.0, 1.5)},
-    **{f"zscore-d{w}": ("zscore", w, 1.0, 60) for w in (0.25, 0.5, 0.75, 1.0, 1.5)},
-    **{f"confidence-d{w}": ("confidence", w, 1.0, 60) for w in (0.5, 1.0, 2.0)},
-}
+#: name -> (dense weight, bm25 weight) of the hybrid (the other fusions were dropped after
+#: bench/rag_fusion_bench.py: bench/results/rag_fusion.md)
+FUSIONS: dict[str, tuple[float, float]] = {f"zscore-d{w}": (w, 1.0) for w in (0.25, 0.5, 0.75, 1.0, 1.5)}
 LIST_FIELDS = ("path", "start_char", "end_char")
 
 
@@ -210,7 +205,7 @@ def retrieved_lists(client: Any, collection: str, embedder: Any, texts: list[str
 
 def score_set(raw: dict, by_location: bool) -> dict:
     """recall@1/5/10 and MRR@10 (whole set, tune half, report half) of dense, BM25, the product's
-    hybrid (the default fusion with the coverage-aware weights it would use) and every fusion."""
+    hybrid (with the coverage-aware weights it would use) and every weight of :data:`FUSIONS`."""
     from solutions.rag.config import HybridWeights
     from tasks.retrieve import Retrieved, fuse
 
@@ -223,15 +218,14 @@ def score_set(raw: dict, by_location: bool) -> dict:
     product = HybridWeights()
     weights = raw.get("hybrid_weights") or {"dense": 1.0, "bm25": product.bm25}
     lists = {"dense": dense, "bm25": sparse,
-             "hybrid": [fuse({"dense": d, "bm25": b}, weights, DEPTH, product.fusion, product.rrf_k)
-                        for d, b in zip(dense, sparse, strict=True)]}
-    for fname, (fusion, wd, wb, k) in FUSIONS.items():
-        lists[fname] = [fuse({"dense": d, "bm25": b}, {"dense": wd, "bm25": wb}, DEPTH, fusion, k)
+             "hybrid": [fuse({"dense": d, "bm25": b}, weights, DEPTH) for d, b in zip(dense, sparse, strict=True)]}
+    for fname, (wd, wb) in FUSIONS.items():
+        lists[fname] = [fuse({"dense": d, "bm25": b}, {"dense": wd, "bm25": wb}, DEPTH)
                         for d, b in zip(dense, sparse, strict=True)]
     res = {k: raw[k] for k in ("passages", "chunks", "chunk_tokens", "chunk_overlap", "embed_chunks_per_s",
                                "query_per_s", "model_load_s") if k in raw}
     res["questions"] = len(questions)
-    res["hybrid"] = {"fusion": product.fusion, "weights": weights}
+    res["hybrid"] = {"weights": weights}
     res["scores"] = {}
     for lname, per_q in lists.items():
         ranks = ranks_for(per_q, questions, by_location)
@@ -271,7 +265,7 @@ def render(results: dict, chosen: str, load: list[float], default_fusion: str) -
             for r in ("dense", "bm25", "hybrid"):
                 a, h = s["scores"][r]["all"], s["scores"][r]["report"]
                 hy = s["hybrid"]
-                label = f"hybrid ({hy['fusion']}, dense weight {hy['weights']['dense']})" if r == "hybrid" else r
+                label = f"hybrid (dense weight {hy['weights']['dense']})" if r == "hybrid" else r
                 lines.append(f"| {model} | {label} | {a['recall@1']:.3f} | {a['recall@5']:.3f} | "
                              f"{a['recall@10']:.3f} | {a['mrr@10']:.3f} | {h['recall@5']:.3f} | {h['mrr@10']:.3f} | "
                              f"{s['embed_chunks_per_s']} |")
@@ -316,9 +310,8 @@ def main() -> None:
     from solutions.rag.config import HybridWeights
 
     default = HybridWeights()
-    default_fusion = next((f for f, (kind, wd, wb, k) in FUSIONS.items()
-                           if kind == default.fusion and wb == default.bm25 and k == default.rrf_k
-                           and wd == (1.0 if default.dense == "auto" else default.dense)), "")
+    default_fusion = next((f for f, (wd, wb) in FUSIONS.items()
+                           if wb == default.bm25 and wd == (1.0 if default.dense == "auto" else default.dense)), "")
     sets: dict[str, tuple[list, list, bool]] = {}
     wanted = [] if args.from_lists else args.sets.split(",")
     if "cmrc" in wanted:

@@ -1,24 +1,25 @@
 """Retrieve chunks from Milvus: dense (cosine), BM25 full text, or hybrid, with metadata filters.
 
-Hybrid fusions, all weighted so that a weak retriever can be given little say:
-
-- ``zscore`` (default): ``sum_r w_r * (s_r - mean_r) / std_r`` over each retriever's top list.
-  Chosen by ``bench/rag_retrieval_bench.py`` (best worst-case margin over max(dense, BM25) on
-  the tune half of CMRC 2018 and of an English set; reported on the other half): with the
-  packaged multilingual-e5-small, CMRC recall@5 / MRR@10 0.995 / 0.986 vs BM25 0.986 / 0.972
-  and dense 0.980 / 0.958; with MiniLM on Chinese the coverage-aware dense weight (0.1) keeps
-  it at BM25's level (0.986 / 0.970) where equal-weight fusions fell (RRF 0.64 recall@5).
-- ``score``: ``bm25_weight * bm25 / max(bm25) + dense_weight * cosine``.
-- ``rrf``: weighted reciprocal-rank fusion ``sum_r w_r / (k + rank_r)`` (ranks drop the score gaps).
-- ``minmax``: min-max normalised scores; ``confidence``: zscore, each retriever's weight scaled
-  per query by its top-1 margin.
+Hybrid fuses the two lists client-side by weighted standardised scores (:func:`fuse`), each
+retriever weighted so that a weak one can be given little say. ``bench/rag_fusion_bench.py``
+compared it on CMRC 2018 with four other client-side fusions (max-normalised scores, weighted
+RRF, min-max, per-query confidence) and with Milvus's own ``hybrid_search`` (``RRFRanker``,
+``WeightedRanker``); none did better, and the server-side rankers did worse
+(``bench/results/rag_fusion.md``): RRF takes no weights in pymilvus 2.5, so MiniLM's poor
+Chinese dense list drags BM25 down, and milvus-lite 2.5.1's ``WeightedRanker`` scores BM25 as a
+distance (the best BM25 hit counts least). ``hybrid_search`` also returns only the fused score,
+while the answer step's support check reads each retriever's own rank and score.
+Earlier figures: with the packaged multilingual-e5-small, CMRC recall@5 / MRR@10 0.995 / 0.986
+vs BM25 0.986 / 0.972 and dense 0.980 / 0.958; with MiniLM on Chinese the coverage-aware dense
+weight (0.1) keeps it at BM25's level (0.986 / 0.970) where equal-weight fusions fell (RRF 0.64
+recall@5).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,7 +30,6 @@ from infra.milvus import quote, row_count
 log = logging.getLogger(__name__)
 
 Mode = Literal["dense", "bm25", "hybrid"]
-Fusion = Literal["score", "rrf", "minmax", "zscore", "confidence"]
 #: What Milvus says when a BM25 search meets a collection without rows (its mean length is 0/0).
 EMPTY_BM25 = "NaN or Inf"
 OUTPUT_FIELDS = ["id", "doc_id", "source", "path", "title", "author", "content_type", "language", "created",
@@ -136,106 +136,32 @@ def best_bm25(client: Any, collection: str, query: str, expr: str = "") -> float
     return hits[0].score if hits else 0.0
 
 
-def _weighted_sum(lists: dict[str, list[Retrieved]], top_k: int,
-                  contributions: Callable[[str, list[Retrieved]], tuple[list[float], float]]) -> list[Retrieved]:
-    """The fused list: each chunk scores the sum over retrievers of what ``contributions(name,
-    hits)`` gives it (weighted values per hit, in list order, and what a chunk that retriever did
-    not return gets); ties go to the chunk with the better best rank."""
-    ranks: dict[str, dict[str, int]] = {}
-    raw: dict[str, dict[str, float]] = {}
-    fields: dict[str, dict] = {}
-    per: dict[str, tuple[dict[str, float], float]] = {}
-    for name, hits in lists.items():
-        if not hits:
-            continue
-        values, missing = contributions(name, hits)
-        per[name] = (dict(zip((h.id for h in hits), values, strict=True)), missing)
-        for rank, hit in enumerate(hits, 1):
-            ranks.setdefault(hit.id, {})[name] = rank
-            raw.setdefault(hit.id, {})[name] = hit.score
-            fields.setdefault(hit.id, hit.fields)
-    scores = {hid: sum(got.get(hid, missing) for got, missing in per.values()) for hid in fields}
-    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
-    return [Retrieved(i, scores[i], fields[i], ranks[i], raw[i]) for i in order[:top_k]]
-
-
-def rrf_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, k: int = 60) -> list[Retrieved]:
-    """Weighted reciprocal-rank fusion: ``sum_r w_r / (k + rank_r)``."""
-    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
-        w = weights.get(name, 1.0)
-        return [w / (k + rank) if w > 0 else 0.0 for rank in range(1, len(hits) + 1)], 0.0
-
-    return _weighted_sum(lists, top_k, contributions)
-
-
-def score_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
-    """Weighted sum of max-normalised BM25 scores and raw cosine similarities."""
-    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
-        w = weights.get(name, 1.0)
-        scale = max(h.score for h in hits) if name == "bm25" else 1.0
-        scale = scale if scale > 0 else 1.0
-        return [w * max(h.score, 0.0) / scale for h in hits], 0.0
-
-    return _weighted_sum(lists, top_k, contributions)
-
-
-def minmax_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
-    """Weighted sum of min-max normalised scores: each retriever's list is mapped onto [0, 1]
-    (best hit 1, the last of its list 0), so neither BM25's unbounded scores nor cosine's
-    narrow band dominates; a chunk one retriever did not return scores 0 there."""
-    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
-        w = weights.get(name, 1.0)
-        hi, lo = max(h.score for h in hits), min(h.score for h in hits)
-        span = hi - lo
-        return [w * ((h.score - lo) / span if span > 0 else 1.0) for h in hits], 0.0
-
-    return _weighted_sum(lists, top_k, contributions)
-
-
 def _standardised(hits: list[Retrieved]) -> np.ndarray:
     arr = np.asarray([h.score for h in hits], dtype=np.float64)
     return (arr - arr.mean()) / (float(arr.std()) or 1.0)
 
 
-def zscore_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int,
-                confidence: bool = False) -> list[Retrieved]:
-    """Weighted sum of standardised scores ``(s - mean) / std`` over each retriever's list: a hit
-    that stands out from the rest of its list counts for more than one in a flat list, whatever
-    the retriever's score scale; a chunk one retriever did not return gets that list's lowest.
-
-    With ``confidence`` each retriever's weight is also scaled, per query, by its own
-    confidence: the gap between its first and second standardised scores (a retriever that
-    cannot tell its top hit from the next one has little say; see :func:`confidence_fuse`).
-    """
-    def contributions(name: str, hits: list[Retrieved]) -> tuple[list[float], float]:
-        z = _standardised(hits)
-        w = weights.get(name, 1.0)
-        if confidence:
-            w *= max(float(z[0] - z[1]), 1e-3) if len(z) > 1 else 1.0
-        return [w * float(v) for v in z], w * float(z.min())
-
-    return _weighted_sum(lists, top_k, contributions)
-
-
-def confidence_fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
-    """:func:`zscore_fuse` with per-query confidence weights (top-1 minus top-2 standardised score)."""
-    return zscore_fuse(lists, weights, top_k, confidence=True)
-
-
-def fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int, fusion: Fusion = "zscore",
-         rrf_k: int = 60) -> list[Retrieved]:
-    """One hybrid list from per-retriever lists with the named fusion."""
-    if fusion == "rrf":
-        return rrf_fuse(lists, weights, top_k, rrf_k)
-    if fusion == "minmax":
-        return minmax_fuse(lists, weights, top_k)
-    if fusion == "zscore":
-        return zscore_fuse(lists, weights, top_k)
-    if fusion == "confidence":
-        return confidence_fuse(lists, weights, top_k)
-    if fusion == "score":
-        return score_fuse(lists, weights, top_k)
-    raise ValueError(f"unknown fusion {fusion!r}: score, rrf, minmax, zscore or confidence")
+def fuse(lists: dict[str, list[Retrieved]], weights: dict[str, float], top_k: int) -> list[Retrieved]:
+    """One hybrid list: each chunk scores the weighted sum over retrievers of its standardised
+    score ``(s - mean) / std`` in that retriever's list (a hit that stands out from the rest of
+    its list counts for more than one in a flat list, whatever the retriever's score scale; a
+    chunk a retriever did not return gets that list's lowest); ties go to the better best rank."""
+    ranks: dict[str, dict[str, int]] = {}
+    raw: dict[str, dict[str, float]] = {}
+    fields: dict[str, dict] = {}
+    per: list[tuple[dict[str, float], float]] = []  # per retriever: weighted score by id, score if absent
+    for name, hits in lists.items():
+        if not hits:
+            continue
+        w, z = weights.get(name, 1.0), _standardised(hits)
+        per.append((dict(zip((h.id for h in hits), (w * z).tolist(), strict=True)), w * float(z.min())))
+        for rank, hit in enumerate(hits, 1):
+            ranks.setdefault(hit.id, {})[name] = rank
+            raw.setdefault(hit.id, {})[name] = hit.score
+            fields.setdefault(hit.id, hit.fields)
+    scores = {hid: sum(got.get(hid, missing) for got, missing in per) for hid in fields}
+    order = sorted(scores, key=lambda i: (-scores[i], min(ranks[i].values())))
+    return [Retrieved(i, scores[i], fields[i], ranks[i], raw[i]) for i in order[:top_k]]
 
 
 def retrieve(
@@ -248,8 +174,6 @@ def retrieve(
     top_k: int = 5,
     expr: str = "",
     weights: dict[str, float] | None = None,
-    fusion: Fusion = "zscore",
-    rrf_k: int = 60,
     depth: int | None = None,
 ) -> list[list[Retrieved]]:
     """Top-``top_k`` chunks per query with the chosen retriever."""
@@ -263,9 +187,7 @@ def retrieve(
     depth = depth or max(4 * top_k, 20)
     dense = dense_search(client, collection, vectors, depth, expr) if weights.get("dense", 1.0) > 0 else [[] for _ in queries]
     sparse = bm25_search(client, collection, queries, depth, expr) if weights.get("bm25", 1.0) > 0 else [[] for _ in queries]
-    return [fuse({"dense": d, "bm25": s}, weights, top_k, fusion, rrf_k) for d, s in zip(dense, sparse, strict=True)]
-
-
+    return [fuse({"dense": d, "bm25": s}, weights, top_k) for d, s in zip(dense, sparse, strict=True)]
 
 
 def retrieve_batched(client: Any, collection: str, queries: Sequence[str], vectors: np.ndarray | None, *,

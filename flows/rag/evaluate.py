@@ -24,7 +24,7 @@ def rag_eval(data: str, collection: str | None = None, chunk: ChunkParams = Chun
         collection: Collection to query (default: a new one for SQuAD passages, else
             INDUSFLOW_MILVUS_COLLECTION).
         chunk: Token windows of the SQuAD passages.
-        weights: Hybrid fusion and its weights.
+        weights: Hybrid weights of dense and BM25.
     """
     result = evaluate_qa_task(Path(data), collection=collection, chunk=chunk, weights=weights)
     publish_eval_report_task(render_eval(result), key=artifact_key(f"rag-eval-{Path(data).stem}"),

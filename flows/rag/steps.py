@@ -112,7 +112,7 @@ def answer_question(question: str, params: AskParams, *, client: Any = None, emb
     expr = build_filter(content_type=params.content_type, path_prefix=params.path_prefix, language=params.language,
                         created_from=params.created_from, created_to=params.created_to)
     hits = retrieve(client, collection, [expansion.query], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
-                    weights=weights, fusion=params.weights.fusion, rrf_k=params.weights.rrf_k)[0]
+                    weights=weights)[0]
     stream_to = (out or sys.stdout) if params.stream else None
     worded = in_passage_words(expansion, [str(h.fields.get("text", "")) for h in hits])  # 心梗 -> 心肌梗死
     text, kind, support = answer_or_abstain(worded, hits, chat,
@@ -167,9 +167,9 @@ def evaluate_qa(qa_path: Path, *, collection: str | None, chunk: ChunkParams, we
     vectors = encode_queries(embedder, questions, batch_size=EVAL_BATCH)
     auto = corpus_weights(embedder, questions, weights)
     scores = {}
-    for name, (mode, w, fusion) in retriever_configs(weights, auto).items():
+    for name, (mode, w) in retriever_configs(auto).items():
         hits = retrieve_batched(client, collection, questions, vectors, batch=EVAL_BATCH, mode=mode, top_k=EVAL_DEPTH,
-                                weights=w or None, fusion=fusion, rrf_k=weights.rrf_k, depth=EVAL_DEPTH)
+                                weights=w or None, depth=EVAL_DEPTH)
         scores[name] = retriever_scores(qa.items, [[h.fields for h in per_question] for per_question in hits])
     return EvalResult(qa_file=str(qa_path), collection=collection, questions=len(questions),
                       passages_ingested=ingested, scores=scores, hybrid_weights=auto, coverage=coverage,

@@ -245,11 +245,9 @@ class KbEngine:
             return []
         client.load_collection(col.milvus)
         embedder = self.embedder()
-        hybrid = HybridWeights()
-        weights = query_weights(embedder, query, hybrid) if mode == "hybrid" else {}
+        weights = query_weights(embedder, query, HybridWeights()) if mode == "hybrid" else {}
         vectors = encode_queries(embedder, [expansion.query]) if mode != "bm25" else None
-        return retrieve(client, col.milvus, [expansion.query], vectors, mode=mode, top_k=top_k, weights=weights,
-                        fusion=hybrid.fusion, rrf_k=hybrid.rrf_k)[0]
+        return retrieve(client, col.milvus, [expansion.query], vectors, mode=mode, top_k=top_k, weights=weights)[0]
 
     def chat(self) -> ChatClient | None:
         """The configured chat endpoint, or None (extractive answers)."""

@@ -85,9 +85,10 @@ class IngestParams(BaseModel):
 
 
 class HybridWeights(BaseModel):
-    """Hybrid fusion and its weights; ``auto`` lowers dense when the embedder covers the query poorly."""
+    """Hybrid weights (weighted standardised scores, ``tasks.retrieve.fuse``); ``auto`` lowers dense
+    when the embedder covers the query poorly."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     dense: float | Literal["auto"] = Field(
         default="auto",
@@ -95,13 +96,6 @@ class HybridWeights(BaseModel):
         "covers the question poorly).",
     )
     bm25: float = Field(default=1.0, ge=0, description="Hybrid weight of BM25.")
-    fusion: Literal["zscore", "score", "rrf", "minmax", "confidence"] = Field(
-        default="zscore",
-        description="'zscore' (default): weighted sum of each retriever's standardised scores; 'score': max-normalised "
-        "BM25 plus cosine; 'rrf': weighted reciprocal-rank fusion; 'minmax': min-max normalised scores; "
-        "'confidence': zscore weighted per query by each retriever's top-1 margin.",
-    )
-    rrf_k: int = Field(default=60, ge=1, description="The k of reciprocal-rank fusion.")
 
 
 class AskParams(BaseModel):

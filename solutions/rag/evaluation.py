@@ -11,7 +11,6 @@ from typing import Any
 
 from infra.errors import DataValidationError
 from infra.store import stable_hash
-from solutions.rag.config import HybridWeights
 from solutions.rag.results import EvalResult, RetrieverScores
 
 KS = (1, 5, 10)
@@ -135,14 +134,9 @@ def qa_collection(qa: QASet) -> str:
     return "eval_" + stable_hash({"qa": qa.name, "n": len(qa.passages)})[:12]
 
 
-def retriever_configs(weights: HybridWeights, auto: dict[str, float]) -> dict[str, tuple[str, dict[str, float], str]]:
-    """The retrievers compared: ``name -> (mode, fusion weights, fusion)``; the hybrid runs with
-    the configured fusion and, beside it, with the other one."""
-    other = "rrf" if weights.fusion != "rrf" else "zscore"
-    return {
-        "dense": ("dense", {}, weights.fusion), "bm25": ("bm25", {}, weights.fusion),
-        "hybrid": ("hybrid", auto, weights.fusion), f"hybrid-{other}": ("hybrid", auto, other),
-    }
+def retriever_configs(auto: dict[str, float]) -> dict[str, tuple[str, dict[str, float]]]:
+    """The retrievers compared: ``name -> (mode, hybrid weights)``."""
+    return {"dense": ("dense", {}), "bm25": ("bm25", {}), "hybrid": ("hybrid", auto)}
 
 
 def dedupe_docs(chunks: Sequence[Mapping[str, Any]], k: int) -> list[Hit]:
@@ -174,7 +168,7 @@ def render_eval(r: EvalResult) -> str:
     rows = {name: {"recall@1": s.recall_at_1, "recall@5": s.recall_at_5, "recall@10": s.recall_at_10,
                    "MRR@10": s.mrr_at_10} for name, s in r.scores.items()}
     notes = [f"{r.questions} questions; collection {r.collection}; hybrid weights {r.hybrid_weights}",
-             "hybrid = the configured fusion (default: zscore fusion); another fusion is shown beside it"]
+             "hybrid = weighted standardised scores of dense and BM25"]
     if r.coverage:
         notes.append(f"embedder {r.coverage.model}: unknown pieces {r.coverage.unk_share:.1%}, passages over its "
                      f"window {r.coverage.truncated_share:.1%}")

@@ -15,7 +15,7 @@ from solutions.rag.evaluation import Hit, QAItem, first_relevant_rank, load_qa, 
 from solutions.rag.weights import dense_weight_for, query_weights
 from tasks.containers import ArchiveLimits, Budget, expand_zip
 from tasks.documents import guess_language, normalise_text
-from tasks.retrieve import Retrieved, build_filter, rrf_fuse
+from tasks.retrieve import Retrieved, build_filter, fuse
 
 
 def _p(n: int, text: str) -> Passage:
@@ -79,12 +79,13 @@ def test_metrics() -> None:
 
 
 def test_weighted_fusion_keeps_a_weak_retriever_from_dragging() -> None:
-    bm25 = [Retrieved(i, 0.0, {}) for i in ("good", "b2", "b3")]
-    dense = [Retrieved(i, 0.0, {}) for i in ("junk1", "junk2", "good")]
-    equal = rrf_fuse({"dense": dense, "bm25": bm25}, {"dense": 1.0, "bm25": 1.0}, 3)
-    assert equal[0].id == "good"
-    low = rrf_fuse({"dense": dense, "bm25": bm25}, {"dense": 0.05, "bm25": 1.0}, 3)
+    bm25 = [Retrieved(i, s, {}) for i, s in (("good", 9.0), ("b2", 8.0), ("b3", 7.0), ("b4", 6.0))]
+    dense = [Retrieved(i, s, {}) for i, s in (("junk1", 0.9), ("junk2", 0.88), ("good", 0.8))]
+    equal = fuse({"dense": dense, "bm25": bm25}, {"dense": 1.0, "bm25": 1.0}, 3)
+    assert [r.id for r in equal] == ["good", "junk1", "junk2"]  # at equal weight dense's junk pushes b2, b3 out
+    low = fuse({"dense": dense, "bm25": bm25}, {"dense": 0.05, "bm25": 1.0}, 3)
     assert [r.id for r in low] == ["good", "b2", "b3"]  # BM25's order survives
+    assert low[0].ranks == {"dense": 3, "bm25": 1} and low[0].scores == {"dense": 0.8, "bm25": 9.0}
     assert dense_weight_for(0.0) == 1.0 and dense_weight_for(0.58) == 0.1 and 0.1 < dense_weight_for(0.1) < 1
 
 
@@ -113,14 +114,12 @@ def test_zip_members_in_memory() -> None:
     assert expand_zip(b"PK\x03\x04broken", limits, Budget(1000)).failure[0] == "corrupt"
 
 
-def test_score_fusion_keeps_bm25_confidence() -> None:
-    from tasks.retrieve import score_fuse
-
+def test_fusion_keeps_bm25_confidence() -> None:
     bm25 = [Retrieved("good", 20.0, {}), Retrieved("b2", 5.0, {}), Retrieved("b3", 4.9, {})]
     dense = [Retrieved("b3", 0.9, {}), Retrieved("junk", 0.8, {}), Retrieved("good", 0.1, {})]
-    fused = score_fuse({"dense": dense, "bm25": bm25}, {"dense": 0.1, "bm25": 1.0}, 3)
-    assert fused[0].id == "good"  # a confident BM25 hit stays first
-    assert [r.id for r in fused[1:]] == ["b3", "b2"]  # dense breaks BM25's near tie
+    order = [r.id for r in fuse({"dense": dense, "bm25": bm25}, {"dense": 0.1, "bm25": 1.0}, 4)]
+    assert order[0] == "good"  # a confident BM25 hit stays first, though dense ranks it last
+    assert order.index("b3") < order.index("b2")  # dense breaks BM25's near tie
 
 
 def test_auto_fusion_weight_trusts_only_the_model_own_tokenizer(tmp_path) -> None:

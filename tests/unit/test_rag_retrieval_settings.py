@@ -1,4 +1,4 @@
-"""Retrieval defaults: the default embedder, chunk size from the embedder's window, fusion names."""
+"""Retrieval defaults: the default embedder, chunk size from the embedder's window, hybrid weights."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from infra.settings import DEFAULT_EMBEDDING_MODEL, E5_EMBEDDING_MODEL, Embeddin
 from solutions.rag.config import ChunkParams, HybridWeights, RedactionParams
 from solutions.rag.ingest import document_rules
 from tasks.chunk import embedder_window
-from tasks.retrieve import Retrieved, fuse
 
 
 class Stub:
@@ -60,10 +59,8 @@ def test_chunk_settings_are_validated() -> None:
         ChunkParams(tokens=8)
     with pytest.raises(ValueError, match="chunk-overlap"):  # an explicit overlap the model's window cannot hold
         ChunkParams(overlap=300).resolved(254)
-    with pytest.raises(ValidationError):
-        HybridWeights(fusion="mean")
-    with pytest.raises(ValueError, match="unknown fusion"):
-        fuse({"dense": [Retrieved("a", 1.0, {})]}, {}, 5, "mean")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="fusion"):  # the fusion modes are gone: an old config says so
+        HybridWeights(fusion="rrf")
 
 
 def test_queries_use_the_embedders_query_encoding_when_it_has_one() -> None:
