@@ -48,11 +48,10 @@ class ResourceSpec(BaseModel):
     )
     gpu_type: str | None = Field(
         default=None,
-        description="GPU type, e.g. nvidia-a100; names the GPU pool and its concurrency limit, "
-        "and becomes the Kubernetes node selector value.",
+        description="GPU type, e.g. nvidia-a100; names the GPU pool and its concurrency limit "
+        "(a Kubernetes pool's gpu_type job variable in prefect.yaml selects its nodes).",
     )
-    cpus: float | None = Field(default=None, gt=0, description="CPU cores per run (request).")
-    memory_gb: float | None = Field(default=None, gt=0, description="Memory per run, GiB.")
+    cpus: float | None = Field(default=None, gt=0, description="CPU cores per run: its training's torch threads.")
     precision: str = Field(default="auto", description="Lightning precision; auto picks by hardware.")
     devices: int | str | None = Field(
         default=None, description="Lightning devices; default: gpus when gpus > 0, else auto."

@@ -39,7 +39,7 @@ QUICK = {"config": {**TRAIN["config"], "model": {"seq_len": 8, "max_epochs": 2, 
 
 DEPLOY_CONFIG = """\
 resources:
-  fraud-train: {cpus: 1, memory_gb: 2}
+  fraud-train: {cpus: 1}
 """
 
 
