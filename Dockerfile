@@ -4,7 +4,7 @@
 # The image holds the project installed with all extras; flow runs import the flows by
 # module path (flows.fraud:fraud_batch_score ...), so no code is pulled at run time.
 # The home (INDUSFLOW_HOME=/data/indusflow: registry, ledgers, reports) is where work pools
-# mount the shared volume of the deployment config (home_volume in infra/deployments.yaml):
+# mount the shared volume (the volumes of the docker and kubernetes pools in prefect.yaml):
 #   docker run -v indusflow-home:/data/indusflow indusflow-worker ...
 # The folder exists in the image, owned by the run user, so a new named volume takes that owner.
 #

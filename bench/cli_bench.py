@@ -56,7 +56,6 @@ def cases(tmp: Path, every: bool) -> dict[str, list[str]]:
     add("flows.rag", "ingest", [MISSING], None)
     add("flows.compress", None, None, None)
     add("flows.serve", None, None, None)
-    add("infra.deploy", None, None, None)
     if every:
         for command in ("adapt", "score", "tune"):
             add("flows.fraud", command, ["--data", MISSING], fraud_cols)

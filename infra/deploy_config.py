@@ -1,84 +1,27 @@
-"""The deployment config: every scheduled job, its resources and the GPU pools, in one file.
+"""The operations config: resources per flow, GPU pools, monitoring thresholds and approvals.
 
-The packaged default is ``infra/deployments.yaml``; ``INDUSFLOW_DEPLOY_CONFIG`` names
-another file and ``INDUSFLOW_DEPLOY_TIMEZONE`` overrides its time zone, so schedules,
-parameters and resources change without a code change. Flows are named by entrypoint
-(``module:function``), as Prefect deployments reference them, so this module never
-imports the flows themselves.
+The packaged default is ``infra/deployments.yaml``; ``INDUSFLOW_DEPLOY_CONFIG`` names another
+file, so resources and thresholds change without a code change. The deployments themselves
+(flows, schedules, parameters, work pools) are Prefect's, in ``prefect.yaml``.
 """
 
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.errors import IndusflowError
-from infra.resources import HomeVolume, ResourceSpec
+from infra.resources import ResourceSpec
 from infra.settings import get_deploy_settings
 
 DEFAULT_CONFIG = Path(__file__).with_name("deployments.yaml")
-_ENTRYPOINT = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
 class DeployConfigError(IndusflowError):
     """The deployment config file is missing or invalid."""
-
-
-def _check_cron(text: str) -> str:
-    fields = text.split()
-    if len(fields) != 5:
-        raise ValueError(f"cron {text!r} must have 5 fields (minute hour day month weekday)")
-    from prefect._internal.schemas.validators import validate_cron_string
-
-    try:
-        return validate_cron_string(text)
-    except ValueError:
-        raise ValueError(f"cron {text!r} is not a valid cron expression") from None
-
-
-class DeploymentSpec(BaseModel):
-    """One scheduled job."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    flow: str = Field(description="module:function of the flow")
-    description: str | None = None
-    cron: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    tags: list[str] = Field(default_factory=list)
-    concurrency: int | None = Field(default=None, ge=1)
-    paused: bool = False
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not _NAME.match(v):
-            raise ValueError(f"{v!r}: use lower-case letters, digits and '-'")
-        return v
-
-    @field_validator("flow")
-    @classmethod
-    def _flow(cls, v: str) -> str:
-        if not _ENTRYPOINT.match(v):
-            raise ValueError(f"{v!r} is not of the form package.module:function")
-        return v
-
-    @field_validator("cron")
-    @classmethod
-    def _cron(cls, v: str | None) -> str | None:
-        return None if v is None else _check_cron(v)
-
-    @property
-    def module_entrypoint(self) -> str:
-        """The Prefect module-path entrypoint (``package.module.function``)."""
-        return self.flow.replace(":", ".")
 
 
 class MonitoringSpec(BaseModel):
@@ -126,37 +69,16 @@ class DeployConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timezone: str = "UTC"
     gpu_pools: dict[str, int] = Field(default_factory=dict)
     resources: dict[str, ResourceSpec] = Field(default_factory=dict)
-    home_volume: HomeVolume | None = Field(
-        default=None,
-        description="The home on a shared volume for docker/kubernetes pools (None: the image's own).",
-    )
     monitoring: dict[str, MonitoringSpec] = Field(
         default_factory=dict, description="Drift and performance thresholds per flow name.")
     approval: dict[str, Literal["required", "none"]] = Field(
         default_factory=dict, description="Registry model name -> whether its champion moves only after "
         "a second person approves (tasks.approval).")
-    deployments: list[DeploymentSpec] = Field(default_factory=list)
-
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, v: str) -> str:
-        try:
-            ZoneInfo(v)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {v!r} (use an IANA name such as Europe/Berlin)") from None
-        return v
 
     @model_validator(mode="after")
-    def _unique(self) -> DeployConfig:
-        seen: dict[str, str] = {}
-        for d in self.deployments:
-            key = f"{d.flow}/{d.name}"
-            if key in seen:
-                raise ValueError(f"deployment {d.name!r} of {d.flow} appears twice")
-            seen[key] = d.name
+    def _pools(self) -> DeployConfig:
         for flow_name, spec in self.resources.items():
             pool = spec.gpu_type or "any"
             if spec.gpus not in (0,) and self.gpu_pools and pool not in self.gpu_pools:
@@ -165,15 +87,6 @@ class DeployConfig(BaseModel):
 
     def resource_for(self, flow_name: str) -> ResourceSpec | None:
         return self.resources.get(flow_name)
-
-    def deployment(self, flow_name: str, name: str) -> DeploymentSpec | None:
-        """The deployment ``name`` of the flow whose function is named like ``flow_name``
-        (``fraud-adapt`` -> ``...:fraud_adapt``), or None."""
-        function = flow_name.replace("-", "_")
-        for d in self.deployments:
-            if d.name == name and d.flow.rpartition(":")[2] == function:
-                return d
-        return None
 
 
 def config_path() -> Path:
@@ -194,8 +107,10 @@ def load_deploy_config(path: Path | None = None) -> DeployConfig:
         raise DeployConfigError(f"deployment config {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise DeployConfigError(f"deployment config {path}: expected a mapping at the top level")
-    if settings.timezone:
-        raw["timezone"] = settings.timezone
+    moved = sorted({"deployments", "timezone"} & set(raw))
+    if moved:
+        raise DeployConfigError(f"deployment config {path}: {', '.join(moved)} moved to prefect.yaml (Prefect's "
+                                "deployments, with a timezone per schedule): declare them there and remove them here")
     try:
         return DeployConfig.model_validate(raw)
     except ValidationError as exc:
@@ -206,7 +121,7 @@ def load_deploy_config(path: Path | None = None) -> DeployConfig:
 
 
 @lru_cache(maxsize=8)
-def _cached(path: str, mtime: float, tz: str | None) -> DeployConfig:
+def _cached(path: str, mtime: float) -> DeployConfig:
     return load_deploy_config(Path(path))
 
 
@@ -217,7 +132,7 @@ def current_config() -> DeployConfig:
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         raise DeployConfigError(f"deployment config {path} does not exist (INDUSFLOW_DEPLOY_CONFIG)") from None
-    return _cached(str(path), mtime, get_deploy_settings().timezone)
+    return _cached(str(path), mtime)
 
 
 def monitoring_spec(flow_name: str) -> MonitoringSpec:
@@ -227,9 +142,4 @@ def monitoring_spec(flow_name: str) -> MonitoringSpec:
 
 def resource_spec(flow_name: str) -> ResourceSpec | None:
     """The resource spec of ``flow_name`` in the current config (None: no entry)."""
-    path = config_path()
-    try:
-        mtime = path.stat().st_mtime
-    except FileNotFoundError:
-        raise DeployConfigError(f"deployment config {path} does not exist (INDUSFLOW_DEPLOY_CONFIG)") from None
-    return _cached(str(path), mtime, get_deploy_settings().timezone).resource_for(flow_name)
+    return current_config().resource_for(flow_name)

@@ -1,13 +1,11 @@
 """Declarative compute resources of a flow, and what they map to.
 
-One :class:`ResourceSpec` per flow lives in the deployment config
+One :class:`ResourceSpec` per flow lives in the operations config
 (``infra/deployments.yaml`` or the file named by ``INDUSFLOW_DEPLOY_CONFIG``). The same
 spec gives
 
-- the Lightning Trainer arguments (accelerator, devices, precision, strategy), with a
+- the Lightning Trainer arguments (accelerator, devices, precision, strategy, threads), with a
   CPU fallback or a refusal when the requested GPU is not there (``on_missing_gpu``);
-- the work-pool job variables of the flow's deployment (process, docker, kubernetes),
-  with the home on a shared volume when the config names one (:class:`HomeVolume`);
 - the Prefect global concurrency limit that keeps two GPU trainings off one card:
   a training on GPU occupies ``devices`` slots of the limit named after its GPU pool,
   whose size is the number of cards in that pool.
@@ -17,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,20 +22,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import IndusflowError
 
 log = logging.getLogger(__name__)
 
-PoolType = Literal["process", "docker", "kubernetes"]
-
 #: INDUSFLOW_HOME inside the worker image (the Dockerfile's ``ENV INDUSFLOW_HOME``).
 IMAGE_HOME = "/data/indusflow"
-#: Name of the home's volume inside a Kubernetes pod.
-HOME_VOLUME_NAME = "indusflow-home"
-_DOCKER_VOLUME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
 class ResourceError(IndusflowError):
@@ -57,11 +48,10 @@ class ResourceSpec(BaseModel):
     )
     gpu_type: str | None = Field(
         default=None,
-        description="GPU type, e.g. nvidia-a100; names the GPU pool and its concurrency limit, "
-        "and becomes the Kubernetes node selector value.",
+        description="GPU type, e.g. nvidia-a100; names the GPU pool and its concurrency limit "
+        "(a Kubernetes pool's gpu_type job variable in prefect.yaml selects its nodes).",
     )
-    cpus: float | None = Field(default=None, gt=0, description="CPU cores per run (request).")
-    memory_gb: float | None = Field(default=None, gt=0, description="Memory per run, GiB.")
+    cpus: float | None = Field(default=None, gt=0, description="CPU cores per run: its training's torch threads.")
     precision: str = Field(default="auto", description="Lightning precision; auto picks by hardware.")
     devices: int | str | None = Field(
         default=None, description="Lightning devices; default: gpus when gpus > 0, else auto."
@@ -183,7 +173,7 @@ def gpu_slot(args: TrainerArgs, timeout_s: float | None = None,
     machine. Yields the card indices for the Trainer's ``devices`` (None on CPU).
 
     Outside a Prefect run (plain function calls) only the cards are claimed. Without the
-    limit on the server (``infra.deploy serve/apply`` creates it) Prefect admits the run.
+    limit on the server (``prefect deploy``'s build step creates it) Prefect admits the run.
     """
     if not args.gpu_slots or not args.concurrency_name:
         yield None
@@ -202,93 +192,3 @@ def gpu_slot(args: TrainerArgs, timeout_s: float | None = None,
             claim_cards(args.gpu_slots, total, timeout_s) as cards:
         log.info("training on GPU(s) %s", cards)
         yield cards
-
-
-class HomeVolume(BaseModel):
-    """The home (registry, ledgers, reports, ...) on a volume that every run of a pool shares,
-    so a training on one container or pod and a scoring run on another see the same files."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    docker: str | None = Field(
-        default=None, description="Named Docker volume mounted at the home by docker pools."
-    )
-    kubernetes: str | None = Field(
-        default=None,
-        description="PersistentVolumeClaim (ReadWriteMany, see infra/k8s/home-pvc.yaml) mounted "
-        "at the home by kubernetes pools.",
-    )
-    mount_path: str = Field(default=IMAGE_HOME, description="The home inside the container.")
-
-    @field_validator("docker")
-    @classmethod
-    def _docker(cls, v: str | None) -> str | None:
-        if v is not None and not _DOCKER_VOLUME.match(v):
-            raise ValueError(f"{v!r} is not a Docker volume name (letters, digits, '_', '.', '-')")
-        return v
-
-    @field_validator("kubernetes")
-    @classmethod
-    def _kubernetes(cls, v: str | None) -> str | None:
-        if v is not None and not _K8S_NAME.match(v):
-            raise ValueError(f"{v!r} is not a PersistentVolumeClaim name (lower-case letters, digits, '-', '.')")
-        return v
-
-    @field_validator("mount_path")
-    @classmethod
-    def _mount_path(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"{v!r} is not an absolute path")
-        return v.rstrip("/") or "/"
-
-
-def job_variables(spec: ResourceSpec, pool_type: PoolType, *, image: str | None = None,
-                  env: dict[str, str] | None = None, home: HomeVolume | None = None) -> dict[str, Any]:
-    """Work-pool job variables of a deployment with this spec.
-
-    - process: environment only (threads follow ``cpus``);
-    - docker: image, environment, ``mem_limit``, a GPU device request
-      (``container_create_kwargs``, prefect-docker's pass-through to docker-py) and the
-      home's named volume (``volumes``);
-    - kubernetes: image, environment, ``cpu``/``memory``/``gpu`` requests, a node selector
-      and the home's claim (``volumes`` and ``volume_mounts``), read by the base job
-      template shipped in ``infra/k8s-job-template.json``.
-
-    With a home volume for the pool type the runs' ``INDUSFLOW_HOME`` is its mount path.
-    """
-    environment = dict(env or {})
-    docker_home = home.docker if home and pool_type == "docker" else None
-    claim = home.kubernetes if home and pool_type == "kubernetes" else None
-    if home and (docker_home or claim):
-        environment["INDUSFLOW_HOME"] = home.mount_path
-    if spec.cpus:
-        threads = str(max(1, int(spec.cpus)))
-        environment.setdefault("OMP_NUM_THREADS", threads)
-        environment.setdefault("INDUSFLOW_TRAIN_NUM_THREADS", threads)
-    out: dict[str, Any] = {"env": environment} if environment else {}
-    if pool_type == "process":
-        return out
-    if image:
-        out["image"] = image
-    if pool_type == "docker":
-        if spec.memory_gb:
-            out["mem_limit"] = f"{int(spec.memory_gb * 1024)}m"
-        if spec.gpus not in (0, "auto"):
-            out["container_create_kwargs"] = {
-                "device_requests": [{"Driver": "nvidia", "Count": spec.gpus, "Capabilities": [["gpu"]]}]
-            }
-        if home and docker_home:
-            out["volumes"] = [f"{docker_home}:{home.mount_path}"]
-        return out
-    if spec.cpus:
-        out["cpu_request"] = f"{spec.cpus:g}"
-    if spec.memory_gb:
-        out["memory_request"] = f"{int(spec.memory_gb * 1024)}Mi"
-    if spec.gpus not in (0, "auto"):
-        out["gpu_count"] = spec.gpus
-        if spec.gpu_type and spec.gpu_type != "any":
-            out["gpu_type"] = spec.gpu_type
-    if home and claim:
-        out["volumes"] = [{"name": HOME_VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim}}]
-        out["volume_mounts"] = [{"name": HOME_VOLUME_NAME, "mountPath": home.mount_path}]
-    return out

@@ -196,21 +196,21 @@ class TuneSettings(BaseSettings):
 
 
 class DeploySettings(BaseSettings):
-    """Which deployment config to read, and overrides of it."""
+    """Which operations config to read, and what ``prefect deploy`` puts into the runs."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_DEPLOY_", extra="ignore")
 
     config: Path | None = Field(
-        default=None, description="Deployment config file (YAML). Default: infra/deployments.yaml."
+        default=None, description="Operations config file (YAML: resources, GPU pools, monitoring, approvals). "
+        "Default: infra/deployments.yaml."
     )
-    timezone: str | None = Field(default=None, description="Time zone of every cron schedule.")
-    image: str | None = Field(default=None, description="Worker image for docker/kubernetes pools.")
+    image: str | None = Field(default=None, description="Worker image of prefect.yaml's docker/kubernetes pools.")
     heartbeat_s: int = Field(
         default=30, ge=30, description="Seconds between a pool's flow-run heartbeats (Prefect's "
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in the job variables by infra.deploy apply; 30 is Prefect's minimum).")
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in the job variables by prefect deploy; 30 is Prefect's minimum).")
     crashed_after_s: int = Field(
         default=90, ge=10, description="A pool's flow run with no heartbeat for this long is marked Crashed (the "
-        "Prefect automation infra.deploy apply keeps; a killed worker or machine leaves its runs Running otherwise). "
+        "Prefect automation prefect deploy keeps; a killed worker or machine leaves its runs Running otherwise). "
         "Keep it above INDUSFLOW_DEPLOY_HEARTBEAT_S.")
 
 
@@ -535,7 +535,7 @@ class KbSettings(BaseSettings):
     ingest_deployment: str = Field(
         default="rag-ingest/kb-upload-ingest",
         description="The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when "
-        "PREFECT_API_URL is set, the deployment is registered (python -m infra.deploy apply) and a worker polls "
+        "PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
         "its pool.",
     )
     ingest_nice: int = Field(default=10, ge=0, le=19,

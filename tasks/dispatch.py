@@ -4,7 +4,7 @@ a direct call.
 A monitor that decides to retrain runs the ``fraud-adapt`` deployment (on the deployment's
 work pool, with its resources, visible as its own run) through ``run_deployment``. Where
 that deployment is not registered (a laptop run, ``python -m flows.fraud monitor`` without
-``infra.deploy``, a test) the same flow is called in-process with the same parameters, so
+``prefect deploy``, a test) the same flow is called in-process with the same parameters, so
 the loop still closes and the champion rule still decides.
 """
 
@@ -85,6 +85,6 @@ def dispatch(deployment: str, parameters: Mapping[str, Any], fallback: Callable[
         log.warning("started deployment %s: flow run %s", deployment, run.id)
         return Dispatched(deployment=deployment, how="deployment", flow_run_id=str(run.id))
     if fallback is None:
-        raise LookupError(f"deployment {deployment!r} is not registered (run `python -m infra.deploy apply`)")
+        raise LookupError(f"deployment {deployment!r} is not registered (run `prefect --no-prompt deploy --all`)")
     log.warning("deployment %s is not registered; running its flow in-process", deployment)
     return Dispatched(deployment=deployment, how="direct", result=fallback(**dict(parameters)))

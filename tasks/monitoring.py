@@ -612,16 +612,15 @@ def drift_flags(folder: Path, model_spec: str) -> list[bool]:
 
 def start_retrain(decision: RetrainDecision, deployment: str, overrides: Mapping[str, Any], fallback: Any,
                   folder: Path) -> Any:
-    """Run ``deployment`` (flow-name/deployment-name) with its configured parameters updated by
+    """Run ``deployment`` (flow-name/deployment-name) with its parameters in prefect.yaml updated by
     ``overrides`` or, when the Prefect API does not have it, its flow ``fallback`` in-process
     with the same parameters; record the trigger in ``<folder>/triggers/``. Returns the
     :class:`~tasks.dispatch.Dispatched`."""
-    from infra.deploy_config import current_config
+    from infra.deploy import declared_parameters
     from tasks.dispatch import dispatch
 
     flow_name, _, name = deployment.partition("/")
-    configured = current_config().deployment(flow_name, name)
-    parameters = {**(configured.parameters if configured else {}), **overrides}
+    parameters = {**(declared_parameters(flow_name, name) or {}), **overrides}
     done = dispatch(deployment, dict(overrides), fallback=lambda **_: fallback(**parameters))
     record_trigger(folder, decision.champion or "", decision.reason, done)
     return done

@@ -106,9 +106,6 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.serve", "keys", "add", "x", "--scope", "fraud:scor"], 2, "fraud:score"),
         (["flows.registry", "rotate-key", "--help"], 0, "usage:"),
         (["flows.registry", "rotate-key", "--old-key", "file:/no/such/kek"], 2, "set INDUSFLOW_REGISTRY_KEY to the NEW"),
-        (["infra.deploy", "--help"], 0, "usage:"),
-        (["infra.deploy", "serve", "--help"], 0, "usage:"),
-        (["infra.deploy", "run", "--bogus"], 2, "error:"),
     ]
 
 

@@ -13,7 +13,8 @@ import yaml
 from prefect import flow
 
 import flows.fraud as F
-from infra.deploy_config import DEFAULT_CONFIG, load_deploy_config
+from infra.deploy import declared_parameters
+from infra.deploy_config import DEFAULT_CONFIG
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from solutions.fraud.config import (
@@ -98,13 +99,13 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     data = generate_transactions(n_accounts=500, n_terminals=150, n_days=n_days, seed=11, fraud_rate=0.04,
                                  new_pattern=True, new_pattern_rate=0.06, new_pattern_from=pattern_day / n_days)
     data["transaction_id"] = data["transaction_id"].astype(str)
-    nightly = next(d for d in load_deploy_config().deployments if d.name == "nightly-retrain")
-    assert nightly.parameters == {"source": "accumulated"}
+    nightly = declared_parameters("fraud-train", "nightly-retrain")
+    assert nightly == {"source": "accumulated"}
     nightly_config = FraudTrainConfig(split=SplitConfig(train_days=5, val_days=1, delay_days=1, test_days=2),
                                       model=MODEL.model_copy(update={"max_epochs": 2}),
                                       baseline=BaselineConfig(enabled=False))
     with pytest.raises(DataValidationError, match="accumulated dataset holds nothing yet"):
-        F.fraud_train(**nightly.parameters, config=nightly_config)  # before anything accumulated: a clear error
+        F.fraud_train(**nightly, config=nightly_config)  # before anything accumulated: a clear error
 
     initial = _train_initial(data.loc[data["timestamp"] < START + pd.Timedelta(days=first_scored)], home)
     profile = Path(initial.model.path) / MON.PROFILE_FILE
@@ -168,7 +169,7 @@ def test_closed_loop_new_pattern_drop_adapt_recovery_then_nightly_retrain_on_acc
     assert drifted.drift.streak == 1
 
     # the nightly retrain with its deployment's parameters trains on the accumulated data
-    result = F.fraud_train(**nightly.parameters, config=nightly_config)
+    result = F.fraud_train(**nightly, config=nightly_config)
     assert "fraud-accumulated" in result.dataset.source
     accumulated = pd.read_parquet(result.dataset.path)
     assert accumulated["transaction_id"].isin(data["transaction_id"]).all()

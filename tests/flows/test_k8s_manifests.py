@@ -1,5 +1,5 @@
-"""Every Kubernetes manifest we ship, and every Job our Kubernetes pool template renders for the
-configured deployments, validates against the Kubernetes API schemas (kubernetes-validate, strict:
+"""Every Kubernetes manifest we ship, and the Job our Kubernetes pool template renders for
+prefect.yaml's kubernetes pool, validates against the Kubernetes API schemas (kubernetes-validate, strict:
 an unknown or misspelt field is an error). No cluster is needed; the schemas ship with the package."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.deploy import build_deployments
-from infra.deploy_config import load_deploy_config
+from infra.deploy import PREFECT_YAML
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "infra" / "k8s-job-template.json"
@@ -78,37 +77,34 @@ def _rendered_job(variables: dict[str, Any], flow_run: str) -> dict[str, Any]:
 
 
 def _pool_variables() -> list[tuple[str, dict[str, Any]]]:
-    config = load_deploy_config()
-    out = []
-    for home in (config.home_volume, None):
-        cfg = config if home is not None else config.model_copy(update={"home_volume": None})
-        for d in build_deployments(cfg, None, pool="k8s", pool_type="kubernetes", image="registry.example/indusflow:1"):
-            out.append((f"{d.name}{'' if home else '-no-home'}", dict(d.job_variables or {})))
-    return out
+    """prefect.yaml's kubernetes pool, with the environment its build step gives containers, with
+    and without the home's volume."""
+    from infra.deploy import RUN_ENV
+    from infra.resources import IMAGE_HOME
+
+    pool = yaml.safe_load(PREFECT_YAML.read_text())["definitions"]["work_pools"]["kubernetes"]["job_variables"]
+    variables = {**pool, "image": "registry.example/indusflow:1", "env": {**RUN_ENV, "INDUSFLOW_HOME": IMAGE_HOME}}
+    plain = {k: v for k, v in variables.items() if k not in ("volumes", "volume_mounts")}
+    return [("kubernetes", variables), ("kubernetes-no-home", plain)]
 
 
-def test_every_deployment_renders_a_valid_kubernetes_job() -> None:
-    rendered = _pool_variables()
-    assert len(rendered) >= 2 * 8  # every deployment of infra/deployments.yaml, with and without the home volume
-    gpu_jobs = 0
-    for name, variables in rendered:
+def test_the_kubernetes_pool_renders_a_valid_kubernetes_job() -> None:
+    for name, variables in _pool_variables():
         job = _rendered_job(variables, f"{name}-run")
         try:
             _validate(job)
         except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"deployment {name}: the rendered Job is not valid Kubernetes: {exc}") from exc
+            raise AssertionError(f"pool {name}: the rendered Job is not valid Kubernetes: {exc}") from exc
         limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-        gpu_jobs += "nvidia.com/gpu" in limits
-    assert gpu_jobs == 0  # the shipped config says `gpus: auto`: a pod requests no card (infra.resources.job_variables)
+        assert "nvidia.com/gpu" not in limits  # no gpu_count declared: a pod requests no card
 
 
 def test_a_job_asking_for_gpus_renders_valid_limits_and_node_selector() -> None:
-    from infra.resources import ResourceSpec, job_variables
-
-    variables = job_variables(ResourceSpec(gpus=2, gpu_type="a100", cpus=4, memory_gb=16), "kubernetes",
-                              image="registry.example/indusflow:1", env={"INDUSFLOW_HOME": "/data/indusflow"})
-    job = _rendered_job(variables, "fraud-train-run")
+    (_, variables), _ = _pool_variables()
+    job = _rendered_job({**variables, "gpu_count": 2, "gpu_type": "a100", "cpu_request": "4",
+                         "memory_request": "16384Mi"}, "fraud-train-run")
     _validate(job)
     pod = job["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert pod["nodeSelector"] == {"indusflow/gpu-pool": "a100"}
     assert {"name": "INDUSFLOW_HOME", "value": "/data/indusflow"} in pod["containers"][0]["env"]

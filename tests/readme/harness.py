@@ -139,7 +139,6 @@ class Background:
 BACKGROUND: list[Background] = [
     Background(r"\.venv/bin/python -m flows\.serve\s*(#|$)", "http:http://127.0.0.1:{serve_port}/healthz"),
     Background(r"^make ui\b", "http:http://127.0.0.1:{ui_port}/api/health"),
-    Background(r"-m infra\.deploy serve\b", "log:being served"),
     Background(r"prefect worker start\b", "log:started!"),
     Background(r"APPROVAL_REQUIRED=\S+ \.venv/bin/python -m flows\.\w+ (promote|train)\b", "log:waits for approval",
                ends=True),

@@ -1,11 +1,12 @@
 """A team's Prefect server, for real: ``prefect server start`` on PostgreSQL, a process work pool
-and ``prefect worker start``; ``python -m infra.deploy apply`` registers the deployments. Then a
+and ``prefect worker start``; ``prefect deploy --all`` registers the deployments of a prefect.yaml
+(the shipped one's build step and pool, two deployments of its own). Then a
 cron deployment fires on its own schedule and completes on the worker; a run created through the
 API with custom parameters (what the UI's form does) completes on the worker, with the settings
 the flows need reaching it through the pool's job variables (the worker's own environment has
 no INDUSFLOW_ setting) and no secret among them; the worker is killed mid-training (SIGKILL to
 its process group: the worker and the flow-run process), the run is marked crashed when its
-heartbeats stop (the automation ``apply`` keeps), and a re-run on a new worker resumes from
+heartbeats stop (the automation the build step keeps), and a re-run on a new worker resumes from
 ``last.ckpt``.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from infra.deploy import CRASH_AUTOMATION
 from tests.servers.team import ROOT, Proc, alive, base_env, pg_bin, postgres, prefect_server, start, wait_for
@@ -36,18 +38,23 @@ QUICK = {"config": {**TRAIN["config"], "model": {"seq_len": 8, "max_epochs": 2, 
                     "model_name": f"{MODEL}-quick"}}
 
 DEPLOY_CONFIG = """\
-timezone: UTC
 resources:
-  fraud-train: {cpus: 1, memory_gb: 2}
-deployments:
-  - name: every-minute-batch-score
-    flow: flows.fraud:fraud_batch_score
-    cron: "* * * * *"
-    tags: [fraud]
-  - name: train-on-request
-    flow: flows.fraud:fraud_train
-    tags: [fraud]
+  fraud-train: {cpus: 1}
 """
+
+
+def _prefect_yaml(folder: Path) -> Path:
+    """The shipped prefect.yaml with its build step and pull steps, pool `team`, two deployments."""
+    shipped = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    pool = {**shipped["definitions"]["work_pools"]["local"], "name": POOL}
+    deployments = [
+        {"name": "every-minute-batch-score", "entrypoint": "flows.fraud.fraud_batch_score",
+         "schedules": [{"cron": "* * * * *", "timezone": "UTC"}], "tags": ["fraud"], "work_pool": pool},
+        {"name": "train-on-request", "entrypoint": "flows.fraud.fraud_train", "tags": ["fraud"], "work_pool": pool},
+    ]
+    path = folder / "prefect.yaml"
+    path.write_text(yaml.safe_dump({**{k: shipped[k] for k in ("name", "build", "pull")}, "deployments": deployments}))
+    return path
 
 
 def _worker(env: dict[str, str], folder: Path, n: int) -> Proc:
@@ -96,16 +103,19 @@ def test_team_server_on_postgres_runs_deployments_on_a_worker_and_resumes_a_cras
             temporary_settings({PREFECT_API_URL: api}):
         env["PREFECT_API_URL"] = api
         # the registering shell holds a secret: it must not reach the job variables
-        applied = subprocess.run([sys.executable, "-m", "infra.deploy", "apply", "--pool", POOL, "--create-pool",
-                                  "--json"], env={**env, "INDUSFLOW_SERVE_AUDIT_SALT": "pepper-secret"}, cwd=ROOT,
-                                 check=False, capture_output=True, text=True, timeout=240)
-        assert applied.returncode == 0, applied.stderr[-3000:]
-        ids = json.loads(applied.stdout.strip().splitlines()[-1])["deployments"]
-        assert set(ids) == {"fraud-batch-score/every-minute-batch-score", "fraud-train/train-on-request"}
+        prefect = [sys.executable, "-m", "prefect"]
+        subprocess.run([*prefect, "work-pool", "create", POOL, "--type", "process"], env=env, cwd=ROOT, check=True,
+                       capture_output=True, timeout=240)
+        applied = subprocess.run([*prefect, "--no-prompt", "deploy", "--all", "--prefect-file", str(_prefect_yaml(tmp_path))],
+                                 env={**env, "INDUSFLOW_SERVE_AUDIT_SALT": "pepper-secret"}, cwd=ROOT,
+                                 check=False, capture_output=True, text=True, timeout=600)  # imports the flows
+        assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
         try:
             workers.append(_worker(env, tmp_path, 1))
             with get_client(sync_client=True) as client:
-                train_dep = client.read_deployment(uuid.UUID(ids["fraud-train/train-on-request"]))
+                ids = {name: client.read_deployment_by_name(name).id
+                       for name in ("fraud-batch-score/every-minute-batch-score", "fraud-train/train-on-request")}
+                train_dep = client.read_deployment(ids["fraud-train/train-on-request"])
                 variables = json.dumps(train_dep.job_variables)
                 assert str(home) in variables and "pepper-secret" not in variables
                 assert "INDUSFLOW_SERVE_AUDIT_SALT" not in variables
@@ -115,7 +125,7 @@ def test_team_server_on_postgres_runs_deployments_on_a_worker_and_resumes_a_cras
                 # 1. a run created through the API with custom parameters, as the UI form does
                 quick = client.create_flow_run_from_deployment(train_dep.id, parameters=QUICK)
                 # 2. meanwhile the cron deployment fires on its own schedule and completes on the worker
-                cron_id = uuid.UUID(ids["fraud-batch-score/every-minute-batch-score"])
+                cron_id = ids["fraud-batch-score/every-minute-batch-score"]
 
                 def cron_completed() -> bool:
                     runs = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[cron_id])))
