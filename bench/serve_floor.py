@@ -106,6 +106,7 @@ def in_process(home: Path, tx: Any, n: int, warmup: int = 50) -> tuple[dict[str,
     import torch
     from serve_bench import MODEL
 
+    from infra.online_state import open_state_store
     from infra.registry import ModelRegistry
     from solutions.fraud import pipeline as P
     from solutions.fraud.online import (
@@ -113,7 +114,6 @@ def in_process(home: Path, tx: Any, n: int, warmup: int = 50) -> tuple[dict[str,
         OnlineFraudState,
         check_values,
         fast_rows,
-        open_state_store,
     )
 
     torch.set_num_threads(1)

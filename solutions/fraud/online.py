@@ -23,9 +23,9 @@ came after it). A transaction is applied once: a scored row keeps its score and 
 that computed it, so a request sent again after its answer was lost (a replica killed between
 its commit and its answer) is answered with what was stored, and applies nothing.
 
-Two stores implement one small protocol (:class:`OnlineStateStore`): SQLite under the
-home (embedded, one process or several on one machine; a restart loses nothing) and
-Redis (several replicas share it). Both keep one stored row per transaction: an account's
+The state is kept behind one small protocol (:class:`infra.online_state.OnlineStateStore`):
+RocksDB under the home (embedded, one process; a restart loses nothing) or Redis (several
+processes or replicas share it). Both keep one stored row per transaction: an account's
 recent rows and a small summary of it, a terminal's rows inside its windows (orjson: floats
 round-trip exactly). An update is computed and written inside the store's exclusive section,
 on the state kept in memory from the updates before (read from the store only for keys not
@@ -39,24 +39,19 @@ import datetime as dt
 import logging
 import math
 import operator
-import os
 import re
-import sqlite3
-import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 import torch
 
 from infra.errors import DataValidationError
+from infra.online_state import ACCOUNT, TERMINAL, AccountRow, Journal, OnlineStateStore, StateConflict
 from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
@@ -68,23 +63,17 @@ __all__ = [
     "MAX_ID_CHARS",
     "TERMINAL",
     "DamagedState",
-    "Journal",
     "OnlineFraudModel",
     "OnlineFraudState",
-    "OnlineStateStore",
     "OrderError",
-    "RedisStateStore",
     "RowInputs",
     "Rows",
     "ScoredRequest",
-    "SqliteStateStore",
-    "StateConflict",
     "apply_labels",
     "challenger_fits",
     "check_values",
     "fast_rows",
     "label_schema",
-    "open_state_store",
     "score_requests",
     "score_requests_with_inputs",
     "validate_rows",
@@ -92,8 +81,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-ACCOUNT = "account"
-TERMINAL = "terminal"
 _NS_PER_DAY = 86_400 * 10**9
 _NS_PER_S = 10**9
 _NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids together
@@ -109,11 +96,6 @@ class DamagedState(OrderError):
     admin resets it; every other account scores as usual and the model's breaker counts nothing."""
 
 
-class StateConflict(RuntimeError):
-    """Another writer committed to the shared store while an update ran without its lock (the lock
-    expired); nothing of the update was written, and it can be computed again on the new state."""
-
-
 #: Longest id (transaction_id, account_id, terminal_id) or category value (channel, category,
 #: occupation) a request may carry. Ids are stored in the account's and the terminal's state
 #: documents: without a cap one client could grow a terminal's document (and so everyone's
@@ -121,466 +103,6 @@ class StateConflict(RuntimeError):
 MAX_ID_CHARS = 128
 _ID_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID)
 _CHECKED_COLUMNS = (*_ID_COLUMNS, S.CHANNEL, S.CATEGORY, S.OCCUPATION)
-
-
-# ------------------------------------------------------------------------------------
-# stores
-
-
-@dataclass
-class Journal:
-    """What one update changed, for the store to persist in one transaction (batched writes).
-
-    Accounts: their summary (``n``, ``sum``, ``terms``, ``seq``: the sequence number the next row
-    gets) and their new rows, each under its sequence number; rows below ``account_cut[a]`` are
-    gone. Terminals: one stored row per transaction (terminal, time, label, id) under a row id;
-    new rows, label corrections and the row ids dropped from the windows.
-    """
-
-    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
-    account_rows: list[tuple[str, int, list[Any]]] = field(default_factory=list)
-    account_cut: dict[str, int] = field(default_factory=dict)
-    terminal_rows: list[tuple[str, list[Any]]] = field(default_factory=list)
-    labels: list[tuple[str, list[Any]]] = field(default_factory=list)
-    dropped: list[tuple[str, int]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.accounts or self.account_rows or self.terminal_rows or self.labels or self.dropped)
-
-
-class OnlineStateStore(Protocol):
-    """Accounts and terminals, stored one row per transaction, with an exclusive section.
-
-    ``read`` and ``commit`` are called only inside ``exclusive()``; the section commits on a
-    normal exit and discards the writes when it exits with an exception.
-    """
-
-    def exclusive(self) -> Any:
-        """A context manager: no other writer (thread, process, replica) runs inside it. It yields
-        True when no other writer committed since this store's own last commit (so what the
-        caller kept in memory from before is still the stored state), else False."""
-
-    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
-        """The state of ``keys`` (absent keys are left out): an account as
-        ``{"n", "sum", "terms", "seq", "recent": [row, ...]}``, a terminal as ``{"rows": [row, ...]}``
-        (rows in time order; with ``limit``, at most its newest ``limit``)."""
-
-    def commit(self, journal: Journal) -> None:
-        """Persist an update's changes."""
-
-    def reset(self, kind: str, key: str) -> bool:
-        """Forget one account's or terminal's state; False when there was none."""
-
-    def close(self) -> None:
-        """Release connections."""
-
-
-_SQLITE_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS account (key TEXT PRIMARY KEY, doc BLOB NOT NULL)",
-    ("CREATE TABLE IF NOT EXISTS account_row (key TEXT NOT NULL, seq INTEGER NOT NULL, row BLOB NOT NULL, "
-     "PRIMARY KEY (key, seq)) WITHOUT ROWID"),
-    ("CREATE TABLE IF NOT EXISTS terminal_row (key TEXT NOT NULL, rid INTEGER NOT NULL, t INTEGER NOT NULL, "
-     "label REAL, tx TEXT, PRIMARY KEY (key, rid)) WITHOUT ROWID"),
-    "CREATE TABLE IF NOT EXISTS generation (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL)",
-    "INSERT OR IGNORE INTO generation (id, n) VALUES (0, 0)",
-)
-
-
-# Rows in memory are tuples, never lists: the cyclic GC stops tracking a tuple of numbers and
-# strings after its first pass, but walks every list on each full collection. With the rows of
-# ~100k cached transactions as lists, full collections paused a serving process for 320-360 ms
-# (14-25 per bench run; see also ServeSettings.gc_thresholds); a label that arrives replaces its row's tuple.
-#: (t_ns, amount, channel, category, step features, transaction id[, score, version]): the score and
-#: the version that computed it when the row was scored through :func:`score_requests_with_inputs`
-AccountRow = tuple[Any, ...]
-TerminalRow = tuple[int, float | None, str | None, int]  #: (t_ns, label, transaction id, row id)
-
-
-def _account_row(stored: Sequence[Any]) -> AccountRow:
-    """A stored account row (a JSON array) as the tuple kept in memory."""
-    return (*stored[:4], tuple(stored[4]), *stored[5:])
-
-
-def _account_doc(doc: dict[str, Any], rows: list[AccountRow]) -> dict[str, Any]:
-    return {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": doc["seq"], "recent": rows}
-
-
-def _terminal_doc(rows: list[TerminalRow]) -> dict[str, Any]:
-    rows.sort(key=lambda r: (r[0], r[3]))  # time order; equal times in arrival order
-    return {"rows": rows}
-
-
-class SqliteStateStore:
-    """The embedded store: one SQLite file (WAL, one transaction per update).
-
-    Tables: ``account`` (one small summary per account), ``account_row`` (one row per recent
-    transaction of an account), ``terminal_row`` (one row per transaction inside the terminal
-    windows) and a generation counter that every commit increments (how a process tells
-    whether another one wrote since its own last commit). A file in the first layout (one JSON
-    document per account and terminal) is converted on open; nothing is lost.
-
-    Args:
-        path: the database file (its folder is created).
-        checkpoint_s: how often a background thread checkpoints the WAL into the file.
-    """
-
-    def __init__(self, path: Path, checkpoint_s: float = 1.0) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # owner-only: the state holds account and terminal ids and their recent transactions;
-        # SQLite gives its -wal and -shm files the database file's mode
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        os.chmod(path, 0o600)  # also a file from before the state was private
-        self.path = path
-        self._lock = threading.Lock()
-        self._generation: int | None = None
-        self._committed = False
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, timeout=30)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        # checkpoints (copying the WAL into the file, with an fsync) run in a thread of their own,
-        # not inside a request's commit: SQLite's automatic one, every 1,000 pages, made every
-        # few 256-row commits take ~10 ms longer; it stays as a backstop at 20,000 pages
-        self._conn.execute("PRAGMA wal_autocheckpoint=20000")
-        self._stop = threading.Event()
-        self._checkpointer = threading.Thread(target=self._checkpoint_every, args=(checkpoint_s,),
-                                              name="online-state-checkpoint", daemon=True)
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SQLITE_SCHEMA:
-                    self._conn.execute(statement)
-                self._migrate_documents()
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-        self._checkpointer.start()
-
-    def _checkpoint_every(self, seconds: float) -> None:
-        conn = sqlite3.connect(str(self.path), timeout=30)
-        try:
-            while not self._stop.wait(seconds):
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")  # never waits for the writer
-                except sqlite3.Error as exc:
-                    log.warning("online-state checkpoint of %s failed: %s", self.path.name, exc)
-        finally:
-            conn.close()
-
-    def _migrate_documents(self) -> None:
-        """Convert the first layout's ``state`` table (a JSON document per account and terminal)."""
-        if not self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'state'").fetchone():
-            return
-        journal = Journal()
-        for kind, key, blob in self._conn.execute("SELECT kind, key, doc FROM state"):
-            doc = orjson.loads(blob)
-            if kind == ACCOUNT:
-                recent = doc.get("recent", [])
-                journal.accounts[key] = {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": len(recent)}
-                journal.account_rows += [(key, i, r) for i, r in enumerate(recent)]
-            elif kind == TERMINAL:
-                journal.terminal_rows += [(key, [r[0], r[1], r[2], i]) for i, r in enumerate(doc.get("rows", []))]
-        self._write(journal)
-        self._conn.execute("DROP TABLE state")
-
-    @contextmanager
-    def exclusive(self) -> Iterator[bool]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                (generation,) = self._conn.execute("SELECT n FROM generation WHERE id = 0").fetchone()
-                self._committed = False
-                yield generation == self._generation
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                self._generation = None  # what the caller kept in memory may be ahead of the file
-                raise
-            try:
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._generation = None
-                raise
-            self._generation = generation + 1 if self._committed else generation
-
-    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        unique = list(dict.fromkeys(keys))
-        if kind == TERMINAL and limit is not None:  # a terminal stored before its rows were capped: its newest
-            return self._read_terminals_newest(unique, limit)
-        for start in range(0, len(unique), 500):
-            chunk = unique[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            if kind == ACCOUNT:
-                docs = {k: orjson.loads(d) for k, d in self._conn.execute(
-                    f"SELECT key, doc FROM account WHERE key IN ({marks})", chunk)}
-                rows: dict[str, list[AccountRow]] = {k: [] for k in docs}
-                for k, row in self._conn.execute(
-                        f"SELECT key, row FROM account_row WHERE key IN ({marks}) ORDER BY key, seq", chunk):
-                    rows[k].append(_account_row(orjson.loads(row)))
-                out.update({k: _account_doc(d, rows[k]) for k, d in docs.items()})
-            else:
-                trows: dict[str, list[TerminalRow]] = {}
-                for k, t, label, tx, rid in self._conn.execute(
-                        f"SELECT key, t, label, tx, rid FROM terminal_row WHERE key IN ({marks})", chunk):
-                    trows.setdefault(k, []).append((t, label, tx, rid))
-                out.update({k: _terminal_doc(r) for k, r in trows.items()})
-        return out
-
-    def _read_terminals_newest(self, keys: list[str], limit: int) -> dict[str, dict[str, Any]]:
-        """Each terminal's newest ``limit`` rows (SQLite sorts; Python sees at most ``limit`` per key)."""
-        out: dict[str, dict[str, Any]] = {}
-        for k in keys:
-            rows = [(t, label, tx, rid) for t, label, tx, rid in self._conn.execute(
-                "SELECT t, label, tx, rid FROM terminal_row WHERE key = ? ORDER BY t DESC, rid DESC LIMIT ?",
-                (k, limit))]
-            if rows:
-                out[k] = _terminal_doc(rows)
-        return out
-
-    def _write(self, journal: Journal) -> None:
-        c = self._conn
-        if journal.account_rows:
-            c.executemany("INSERT OR REPLACE INTO account_row (key, seq, row) VALUES (?, ?, ?)",
-                          [(k, s, orjson.dumps(r)) for k, s, r in journal.account_rows])
-        if journal.account_cut:
-            c.executemany("DELETE FROM account_row WHERE key = ? AND seq < ?", list(journal.account_cut.items()))
-        if journal.accounts:
-            c.executemany("INSERT OR REPLACE INTO account (key, doc) VALUES (?, ?)",
-                          [(k, orjson.dumps(d)) for k, d in journal.accounts.items()])
-        if journal.terminal_rows:
-            c.executemany("INSERT OR REPLACE INTO terminal_row (key, rid, t, label, tx) VALUES (?, ?, ?, ?, ?)",
-                          [(k, r[3], r[0], r[1], r[2]) for k, r in journal.terminal_rows])
-        if journal.labels:
-            c.executemany("UPDATE terminal_row SET label = ? WHERE key = ? AND rid = ?",
-                          [(r[1], k, r[3]) for k, r in journal.labels])
-        if journal.dropped:
-            c.executemany("DELETE FROM terminal_row WHERE key = ? AND rid = ?", journal.dropped)
-
-    def commit(self, journal: Journal) -> None:
-        if not journal:
-            return
-        self._write(journal)
-        self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")
-        self._committed = True
-
-    def reset(self, kind: str, key: str) -> bool:
-        with self.exclusive():
-            if kind == ACCOUNT:
-                found = self._conn.execute("DELETE FROM account WHERE key = ?", (key,)).rowcount
-                found += self._conn.execute("DELETE FROM account_row WHERE key = ?", (key,)).rowcount
-            else:
-                found = self._conn.execute("DELETE FROM terminal_row WHERE key = ?", (key,)).rowcount
-            self._conn.execute("UPDATE generation SET n = n + 1 WHERE id = 0")  # every writer reads again
-        return bool(found)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._checkpointer.is_alive():
-            self._checkpointer.join(timeout=5)
-        self._conn.close()
-
-
-class RedisStateStore:
-    """The shared store (several replicas): per account a summary string (``<prefix>:a:<id>``) and a
-    list of its recent rows (``<prefix>:ar:<id>``); per terminal a hash of its rows by row id
-    (``<prefix>:t:<id>``); a generation counter (``<prefix>:generation``).
-
-    Updates from several replicas are serialised by one Redis lock (``<prefix>:lock``); an update's
-    writes go in one MULTI/EXEC transaction after the whole batch was computed. The lock expires
-    ``lock_ttl_s`` after it was taken or last renewed, and a thread of the holder renews it while
-    the update runs (for at most ``lock_timeout_s``): a replica killed inside an update holds the
-    others up for ``lock_ttl_s`` at most, not ``lock_timeout_s``. The transaction watches the
-    generation counter, so an update whose lock expired meanwhile (its process paused past the
-    TTL) and that another writer overtook writes nothing (:class:`StateConflict`) instead of
-    applying its rows on a state it did not read. Keys of the first layout (one JSON
-    document per account and terminal, ``<prefix>:account:<id>``) are read when the new ones are
-    absent and replaced on the next write.
-
-    Args:
-        url: ``redis://host:port/db``.
-        prefix: key prefix.
-        lock_timeout_s: longest wait for the lock, and longest an update keeps renewing it (a hung
-            replica cannot block the others longer).
-        lock_ttl_s: the lock's expiry without renewal (how long a replica that died holding it
-            blocks the others).
-        lock_poll_s: how often a writer waiting for the lock tries again. redis-py's default,
-            0.1 s, made each wait for the other replica's update (a few ms) cost 100 ms: two
-            replicas at 100 single-transaction requests/s had a p99 of 387-514 ms (3 runs),
-            12-47 ms with 2 ms (one replica alone: 8-38 ms; bench/replica_kill_bench.py).
-    """
-
-    def __init__(self, url: str, prefix: str = "indusflow:fraud", lock_timeout_s: float = 30.0,
-                 lock_ttl_s: float = 2.0, lock_poll_s: float = 0.002) -> None:
-        import redis
-
-        self._redis = redis.Redis.from_url(url)
-        self._errors = redis.exceptions
-        self.prefix = prefix
-        self.lock_key = f"{prefix}:lock"  #: held by the replica whose update runs
-        self.generation_key = f"{prefix}:generation"  #: incremented by every commit
-        self._lock_timeout_s = lock_timeout_s
-        self._lock_ttl_s = min(lock_ttl_s, lock_timeout_s)
-        self._lock_poll_s = lock_poll_s
-        self._thread_lock = threading.Lock()
-        self._generation: int | None = None
-        self._committed = False
-        self._pipe: Any = None
-        self._legacy: set[str] = set()
-        self._held: tuple[Any, float] | None = None  # the running update's lock and when it was taken
-        self._keeper: threading.Thread | None = None
-        self._closed = threading.Event()
-
-    def _key(self, kind: str, key: str) -> str:
-        return f"{self.prefix}:{kind}:{key}"
-
-    def _keep_lock(self) -> None:
-        """Renew the running update's lock every third of its TTL (for ``lock_timeout_s`` at most)."""
-        while not self._closed.wait(self._lock_ttl_s / 3):
-            held = self._held
-            if held is None or time.monotonic() - held[1] > self._lock_timeout_s:
-                continue
-            try:
-                held[0].reacquire()
-            except self._errors.LockError:
-                pass  # released meanwhile; or expired and maybe taken: the commit's WATCH refuses it then
-            except self._errors.RedisError as exc:
-                log.warning("online-state lock not renewed: %s", type(exc).__name__)
-
-    @contextmanager
-    def exclusive(self) -> Iterator[bool]:
-        with self._thread_lock:
-            # thread_local=False: the keeper thread renews the token this thread took
-            lock = self._redis.lock(self.lock_key, timeout=self._lock_ttl_s, sleep=self._lock_poll_s,
-                                    blocking_timeout=self._lock_timeout_s, thread_local=False)
-            if not lock.acquire():
-                raise TimeoutError("could not take the online-state lock in Redis")
-            self._held = (lock, time.monotonic())
-            if self._keeper is None:
-                self._keeper = threading.Thread(target=self._keep_lock, name="online-state-lock", daemon=True)
-                self._keeper.start()
-            pipe = self._redis.pipeline(transaction=True)
-            self._legacy = set()
-            self._committed = False
-            try:
-                pipe.watch(self.generation_key)  # EXEC writes nothing if another writer commits before it
-                generation = pipe.get(self.generation_key)
-                pipe.multi()  # from here on the pipeline queues the update's writes
-                self._pipe = pipe
-                yield (int(generation) if generation is not None else 0) == self._generation
-                pipe.incr(self.generation_key)
-                try:
-                    written = int(pipe.execute()[-1])
-                except self._errors.WatchError:
-                    raise StateConflict("another writer committed while this update ran (its lock had "
-                                        "expired): nothing of the update was written") from None
-                # only an update that committed knows the stored state as it is now (a reset does not)
-                self._generation = written if self._committed else None
-            except BaseException:
-                self._generation = None
-                raise
-            finally:
-                self._held = None
-                self._pipe = None
-                pipe.reset()
-                try:
-                    lock.release()
-                except self._errors.LockError:
-                    pass  # it expired (and another writer may hold it now): theirs to release
-
-    def read(self, kind: str, keys: Sequence[str], limit: int | None = None) -> dict[str, dict[str, Any]]:
-        unique = list(dict.fromkeys(keys))
-        if not unique:
-            return {}
-        if kind == TERMINAL and limit is not None:  # every row is fetched (a hash); the newest kept
-            return {k: {"rows": doc["rows"][-limit:]} for k, doc in self.read(kind, unique).items()}
-        pipe = self._redis.pipeline(transaction=False)
-        for k in unique:
-            if kind == ACCOUNT:
-                pipe.get(self._key("a", k))
-                pipe.lrange(self._key("ar", k), 0, -1)
-            else:
-                pipe.hvals(self._key("t", k))
-        values = pipe.execute()
-        out: dict[str, dict[str, Any]] = {}
-        missing: list[str] = []
-        for i, k in enumerate(unique):
-            if kind == ACCOUNT:
-                doc, rows = values[2 * i], values[2 * i + 1]
-                if doc is None:
-                    missing.append(k)
-                    continue
-                out[k] = _account_doc(orjson.loads(doc), [_account_row(orjson.loads(r)) for r in rows])
-            elif values[i]:
-                out[k] = _terminal_doc([tuple(orjson.loads(r)) for r in values[i]])
-            else:
-                missing.append(k)
-        if missing:  # the first layout: one document per key
-            old = self._redis.mget([self._key(kind, k) for k in missing])
-            for k, blob in zip(missing, old, strict=True):
-                if blob is None:
-                    continue
-                doc = orjson.loads(blob)
-                self._legacy.add(self._key(kind, k))
-                if kind == ACCOUNT:
-                    out[k] = _account_doc({**doc, "seq": len(doc["recent"])}, [_account_row(r) for r in doc["recent"]])
-                    if self._pipe is not None:  # written again in the new layout on commit
-                        self._pipe.set(self._key("a", k), orjson.dumps(
-                            {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": len(doc["recent"])}))
-                        if doc["recent"]:
-                            self._pipe.rpush(self._key("ar", k), *[orjson.dumps(r) for r in doc["recent"]])
-                else:
-                    rows = [(r[0], r[1], r[2], i) for i, r in enumerate(doc["rows"])]
-                    out[k] = _terminal_doc(rows)
-                    if self._pipe is not None and rows:
-                        self._pipe.hset(self._key("t", k), mapping={str(r[3]): orjson.dumps(r) for r in rows})
-        return out
-
-    def commit(self, journal: Journal) -> None:
-        self._committed = True
-        pipe = self._pipe
-        if self._legacy:
-            pipe.delete(*self._legacy)
-        for k, doc in journal.accounts.items():
-            pipe.set(self._key("a", k), orjson.dumps(doc))
-        appended: dict[str, list[bytes]] = {}
-        for k, _, row in journal.account_rows:
-            appended.setdefault(k, []).append(orjson.dumps(row))
-        for k, rows in appended.items():
-            pipe.rpush(self._key("ar", k), *rows)
-        for k, doc in journal.accounts.items():  # the list keeps the rows from the cut on
-            cut = journal.account_cut.get(k)
-            if cut is not None:
-                pipe.ltrim(self._key("ar", k), -(doc["seq"] - cut), -1) if doc["seq"] > cut else \
-                    pipe.delete(self._key("ar", k))
-        by_terminal: dict[str, dict[str, bytes]] = {}
-        for k, row in [*journal.terminal_rows, *journal.labels]:
-            by_terminal.setdefault(k, {})[str(row[3])] = orjson.dumps(row)
-        for k, fields in by_terminal.items():
-            pipe.hset(self._key("t", k), mapping=fields)
-        dropped: dict[str, list[str]] = {}
-        for k, rid in journal.dropped:
-            dropped.setdefault(k, []).append(str(rid))
-        for k, rids in dropped.items():
-            pipe.hdel(self._key("t", k), *rids)
-
-    def reset(self, kind: str, key: str) -> bool:
-        with self.exclusive():
-            names = ([self._key("a", key), self._key("ar", key)] if kind == ACCOUNT else [self._key("t", key)])
-            found = self._redis.delete(*names, self._key(kind, key))
-        return bool(found)
-
-    def close(self) -> None:
-        self._closed.set()
-        if self._keeper is not None:
-            self._keeper.join(timeout=5)
-        self._redis.close()
-
-
-def open_state_store(folder: Path, redis_url: str | None = None) -> OnlineStateStore:
-    """Redis when a URL is given, else the SQLite file ``<folder>/fraud.sqlite``."""
-    if redis_url:
-        return RedisStateStore(redis_url)
-    return SqliteStateStore(folder / "fraud.sqlite")
 
 
 # ------------------------------------------------------------------------------------
@@ -1281,7 +803,7 @@ class _Batch:
                 horizon = times[-1] - delay_ns - (wmax + 1) * _NS_PER_DAY
                 drop = max(bisect.bisect_left(times, horizon), len(times) - self.state.max_terminal_rows)
                 if drop:
-                    journal.dropped += [(term_key, r[3]) for r in trows[:drop]]
+                    journal.dropped += [(term_key, r) for r in trows[:drop]]
                     del trows[:drop]
                     del times[:drop]
                     del n_known[:drop]

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from infra.errors import DataValidationError
+from infra.online_state.rocks import RocksStateStore
 from solutions.fraud.online import (
     ACCOUNT,
     OnlineFraudState,
     OrderError,
     Rows,
-    SqliteStateStore,
     fast_rows,
     validate_rows,
 )
@@ -134,7 +134,7 @@ def test_random_requests_agree_with_the_general_path() -> None:
 
 
 def test_a_transaction_id_twice_in_one_request_is_refused_and_changes_nothing(tmp_path) -> None:
-    store = SqliteStateStore(tmp_path / "s.sqlite")
+    store = RocksStateStore(tmp_path / "s")
     state = OnlineFraudState.for_model(store)
     rows = fast_rows([GOOD, {**GOOD, "timestamp": "2025-03-01T11:00:00"}])
     assert rows is not None  # valid as rows: the state refuses the second application
@@ -149,7 +149,7 @@ def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_
     often inserted before its latest one: the running label counts must follow every insert/drop."""
     rng = random.Random(3)
     clocks = {f"a{i}": 0 for i in range(6)}
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"))
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"))
     try:
         with state.update() as batch:
             for i in range(150):
