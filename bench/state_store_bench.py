@@ -116,7 +116,7 @@ def make_stream(n: int, keys: str, home: Path, seed: int = 0) -> list[Request]:
     from serve_bench import Transactions
 
     from infra.online_state import open_state_store
-    from solutions.fraud.online import OnlineFraudState, fast_rows
+    from solutions.fraud.online import OnlineFraudState, validate_rows
 
     tx = _random_transactions(seed) if keys == "random" else Transactions()
     rng = random.Random(seed)
@@ -124,8 +124,7 @@ def make_stream(n: int, keys: str, home: Path, seed: int = 0) -> list[Request]:
     out: list[Request] = []
     try:
         for _ in range(n):
-            rows = fast_rows(tx.body(ROWS)["transactions"])
-            assert rows is not None, "the bench's rows take the fast path"
+            rows = validate_rows(tx.body(ROWS)["transactions"])
             with state.update() as batch:
                 batch.load(rows.accounts, [])
                 batch.check(rows)

@@ -35,11 +35,8 @@ seen yet, or again when another writer committed meanwhile); it writes only what
 from __future__ import annotations
 
 import bisect
-import datetime as dt
 import logging
 import math
-import operator
-import re
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -48,15 +45,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from infra.errors import DataValidationError
 from infra.online_state import ACCOUNT, TERMINAL, AccountRow, Journal, OnlineStateStore, StateConflict
 from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.candidates import StoredBaseline
-from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC, FraudPreprocessor, scale_features
+from solutions.fraud.online_model import OnlineFraudModel, RowInputs
+from solutions.fraud.request_rows import MAX_ID_CHARS, Rows, check_values, validate_rows
+from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC
 
 __all__ = [
     "ACCOUNT",
@@ -72,7 +69,6 @@ __all__ = [
     "apply_labels",
     "challenger_fits",
     "check_values",
-    "fast_rows",
     "label_schema",
     "score_requests",
     "score_requests_with_inputs",
@@ -96,335 +92,8 @@ class DamagedState(OrderError):
     admin resets it; every other account scores as usual and the model's breaker counts nothing."""
 
 
-#: Longest id (transaction_id, account_id, terminal_id) or category value (channel, category,
-#: occupation) a request may carry. Ids are stored in the account's and the terminal's state
-#: documents: without a cap one client could grow a terminal's document (and so everyone's
-#: latency at that terminal) without bound.
-MAX_ID_CHARS = 128
-_ID_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID)
-_CHECKED_COLUMNS = (*_ID_COLUMNS, S.CHANNEL, S.CATEGORY, S.OCCUPATION)
-
-
-# ------------------------------------------------------------------------------------
-# request rows
-
-
-def _not_utf8(value: str) -> bool:
-    if value.isascii():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate ("\ud800"): no store can hold it
-        return True
-    return False
-
-
-def check_values(records: Sequence[Mapping[str, Any]],
-                 columns: Mapping[str, str] | None = None) -> Sequence[Mapping[str, Any]]:
-    """Refuse id and category values that no store can hold or that would grow the state without bound,
-    and give every id one type: text.
-
-    Each of transaction_id, account_id, terminal_id, channel, category and occupation (read
-    through the column mapping) must be a scalar (not a list or an object), at most
-    :data:`MAX_ID_CHARS` characters, and valid Unicode text (no lone surrogate). An id is a
-    string; an integer id is canonicalised to its decimal text (``5`` and ``"5"`` are one account,
-    as the batch path reads a numeric id column of a file), while a float (``5.0``) or a boolean
-    (``true``) id is refused: neither names one account unambiguously.
-
-    Returns:
-        ``records``, or a copy whose integer ids are strings.
-
-    Raises:
-        DataValidationError: naming the column and the rows (0-based) at fault.
-    """
-    mapping = dict(columns or {})
-    numeric: list[tuple[int, str]] = []  # (row, source column) of integer ids, made text below
-    for canonical in _CHECKED_COLUMNS:
-        src = mapping.get(canonical, canonical)
-        bad: list[int] = []
-        problem = ""
-        is_id = canonical in _ID_COLUMNS
-        for i, rec in enumerate(records):
-            value = rec.get(src)
-            if value is None:
-                continue
-            kind = type(value)
-            if is_id and kind is int:
-                if len(str(value)) > MAX_ID_CHARS:
-                    bad.append(i)
-                    problem = problem or f"longer than {MAX_ID_CHARS} characters"
-                numeric.append((i, src))
-                continue
-            if is_id and kind in (float, bool):
-                bad.append(i)
-                problem = problem or (f"must be a string (or an integer), not a {'boolean' if kind is bool else 'float'}"
-                                      ": ids are text, so 5, 5.0 and true cannot name three accounts")
-                continue
-            if kind in (int, float, bool):
-                continue
-            if kind is not str:
-                bad.append(i)
-                problem = problem or f"must be a string or a number, not a {type(value).__name__}"
-            elif len(value) > MAX_ID_CHARS:
-                bad.append(i)
-                problem = problem or f"longer than {MAX_ID_CHARS} characters"
-            elif _not_utf8(value):
-                bad.append(i)
-                problem = problem or "not valid Unicode text (a lone surrogate)"
-        if bad:
-            raise DataValidationError(f"{canonical} {problem}", source="request", column=canonical, rows=bad[:5])
-    if not numeric:
-        return records
-    out = [dict(rec) for rec in records]
-    for i, src in numeric:
-        out[i][src] = str(out[i][src])
-    return out
-
-
-def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None, *,
-                  max_amount: float = P.MAX_AMOUNT) -> pd.DataFrame:
-    """Request rows -> a validated canonical frame, as the batch path validates a file.
-
-    Args:
-        records: one mapping per transaction (source column names).
-        columns: the column mapping canonical -> source (as ``--columns`` of ``score``).
-        max_amount: the largest amount accepted (:func:`~solutions.fraud.pipeline.transaction_schema`).
-
-    Raises:
-        DataValidationError: naming the column and the rows (0-based) at fault, or rows of
-            one account out of time order.
-    """
-    frame = pd.DataFrame.from_records(list(records))
-    frame = S.ColumnMapping(dict(columns or {})).apply(frame)
-    schema = P.transaction_schema(for_scoring=True, max_amount=max_amount).model_copy(update={"min_rows": 1})
-    table = validate_table(frame, schema, source="request")
-    ts = table[S.TIMESTAMP]
-    prev = ts.groupby(table[S.ACCOUNT_ID], sort=False).shift(1)
-    back = (ts < prev).to_numpy()
-    if back.any():
-        rows = [int(i) for i in np.flatnonzero(back)[:5]]
-        raise DataValidationError(
-            "rows of one account must be in time order (the online state applies them in order)",
-            source="request", column=S.TIMESTAMP, rows=rows,
-        )
-    return table
-
-
 # ------------------------------------------------------------------------------------
 # features from the state
-
-
-@dataclass
-class RowInputs:
-    """What one transaction feeds the model, before the model's scaling.
-
-    Attributes:
-        steps: raw step features of the account's earlier rows and this one (oldest first;
-            at most ``history_len + 1``).
-        step_cats: (channel, category) strings of the same rows.
-        window: window features by name.
-        static: ``(age, account_age_days)`` raw (NaN when unknown).
-        occupation: occupation string or None.
-    """
-
-    steps: list[tuple[float, ...]]
-    step_cats: list[tuple[str | None, str | None]]
-    window: dict[str, float]
-    static: tuple[float, float]
-    occupation: str | None
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) else str(value)
-
-
-def _opt_float(value: Any) -> float:
-    return float("nan") if _opt_str(value) is None else float(value)
-
-
-@dataclass
-class Rows:
-    """Validated rows as plain Python lists, extracted once per batch (pandas per row is slow).
-
-    Build with :meth:`from_frame`; :meth:`part` cuts one request's rows out of a batch.
-    """
-
-    t_ns: list[int]
-    hours: list[int]
-    minutes: list[int]
-    dows: list[int]
-    accounts: list[str]
-    terminals: list[str | None]
-    amounts: list[float]
-    labels: list[float]
-    tx_ids: list[str | None]
-    channels: list[str | None]
-    categories: list[str | None]
-    ages: list[float]
-    acc_ages: list[float]
-    occupations: list[str | None]
-    has_terminal: bool
-
-    @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> Rows:
-        """From a validated frame (canonical columns), in row order."""
-        def column(name: str) -> list[Any]:
-            return frame[name].tolist() if name in frame.columns else [None] * len(frame)
-
-        stamps = pd.DatetimeIndex(frame[S.TIMESTAMP])
-        return cls(
-            t_ns=frame[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist(),
-            hours=stamps.hour.tolist(), minutes=stamps.minute.tolist(), dows=stamps.dayofweek.tolist(),
-            accounts=[str(a) for a in frame[S.ACCOUNT_ID].tolist()],
-            terminals=[_opt_str(t) for t in column(S.TERMINAL_ID)],
-            amounts=pd.to_numeric(frame[S.AMOUNT], errors="coerce").astype("float64").tolist(),
-            labels=[_opt_float(v) for v in column(S.LABEL)],
-            tx_ids=[_opt_str(v) for v in column(S.TRANSACTION_ID)],
-            channels=[_opt_str(v) for v in column(S.CHANNEL)],
-            categories=[_opt_str(v) for v in column(S.CATEGORY)],
-            ages=[_opt_float(v) for v in column(S.AGE)],
-            acc_ages=[_opt_float(v) for v in column(S.ACCOUNT_AGE_DAYS)],
-            occupations=[_opt_str(v) for v in column(S.OCCUPATION)],
-            has_terminal=S.TERMINAL_ID in frame.columns,
-        )
-
-    def __len__(self) -> int:
-        return len(self.t_ns)
-
-    def part(self, start: int, end: int) -> Rows:
-        """Rows ``start:end``."""
-        values = {name: getattr(self, name)[start:end] for name in self.__dataclass_fields__ if name != "has_terminal"}
-        return Rows(**values, has_terminal=self.has_terminal)
-
-
-# The fast path of small requests: plain Python over the records, no DataFrame. It accepts only
-# values whose meaning is unambiguous (ids and categories as strings, numbers as int/float,
-# timestamps as naive ISO strings) and returns None for anything else, so every refusal and every
-# unusual value goes through :func:`validate_rows` (the batch path's own validation) and gets
-# exactly its errors. tests/serve/test_fraud_fast_rows.py proves both paths give equal Rows.
-_ISO_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})[T ](\d{2}):(\d{2})(?::(\d{2})(?:\.(\d{1,9}))?)?")
-_EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
-_FAST_COLUMNS = (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TIMESTAMP, S.AMOUNT, S.LABEL, S.TERMINAL_ID, S.CATEGORY,
-                 S.CHANNEL, S.AGE, S.OCCUPATION, S.ACCOUNT_AGE_DAYS, S.SCENARIO)
-_MISSING = object()
-
-
-def _fast_time(value: Any) -> tuple[int, int, int, int] | None:
-    """(ns since the epoch, hour, minute, weekday) of a naive ISO timestamp string, else None."""
-    if type(value) is not str:
-        return None
-    m = _ISO_RE.fullmatch(value)
-    if m is None:
-        return None
-    year, month, day, hour, minute = int(m[1]), int(m[2]), int(m[3]), int(m[4]), int(m[5])
-    second = int(m[6]) if m[6] else 0
-    if not (1900 <= year <= 2200 and hour < 24 and minute < 60 and second < 60):
-        return None
-    try:
-        days = dt.date(year, month, day).toordinal() - _EPOCH_ORDINAL
-    except ValueError:
-        return None
-    frac = int(m[7].ljust(9, "0")) if m[7] else 0
-    return (((days * 24 + hour) * 60 + minute) * 60 + second) * _NS_PER_S + frac, hour, minute, (days + 3) % 7
-
-
-def _fast_number(value: Any, nullable: bool, bound: float) -> float | None:
-    """An int/float with ``|value| <= bound`` as float (NaN for a null where allowed); None: not for
-    the fast path."""
-    kind = type(value)
-    if kind is float:
-        if -bound <= value <= bound:
-            return value
-        return math.nan if nullable and math.isnan(value) else None
-    if kind is int and -(2**53) < value < 2**53 and -bound <= value <= bound:
-        return float(value)
-    if value is None or value is _MISSING:
-        return math.nan if nullable else None
-    return None
-
-
-def _fast_label(value: Any) -> float | None:
-    kind = type(value)
-    if value is None or value is _MISSING or (kind is float and math.isnan(value)):
-        return math.nan
-    if kind is bool:
-        return float(value)
-    if (kind is int or kind is float) and value in (0, 1):
-        return float(value)
-    return None
-
-
-def fast_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None = None, *,
-              max_amount: float = P.MAX_AMOUNT) -> Rows | None:
-    """Request rows -> :class:`Rows` without pandas, or None when :func:`validate_rows` must decide.
-
-    For records it accepts, the result equals ``Rows.from_frame(validate_rows(records, columns, max_amount=...))``;
-    anything it does not accept (a bad or unusual value, a missing column, a column mapping that
-    renames onto a canonical name, rows of one account out of time order) returns None.
-    """
-    if not records:
-        return None
-    source = {c: c for c in _FAST_COLUMNS}
-    if columns:
-        try:
-            mapping = S.ColumnMapping(dict(columns)).columns
-        except ValueError:
-            return None
-        if any(src in _FAST_COLUMNS and src != canonical for canonical, src in mapping.items()):
-            return None  # renames onto canonical names: the general path sorts that out
-        present_sources = set().union(*(r.keys() for r in records))
-        for canonical, src in mapping.items():
-            if src not in present_sources or (canonical != src and canonical in present_sources):
-                return None
-        source.update(mapping)
-    get = {c: source[c] for c in _FAST_COLUMNS}
-    src_tx, src_acct, src_ts, src_amount = get[S.TRANSACTION_ID], get[S.ACCOUNT_ID], get[S.TIMESTAMP], get[S.AMOUNT]
-    src_label, src_term = get[S.LABEL], get[S.TERMINAL_ID]
-    src_chan, src_cat, src_occ = get[S.CHANNEL], get[S.CATEGORY], get[S.OCCUPATION]
-    src_age, src_acc_age, src_scen = get[S.AGE], get[S.ACCOUNT_AGE_DAYS], get[S.SCENARIO]
-    n = len(records)
-    t_ns, hours, minutes, dows = [0] * n, [0] * n, [0] * n, [0] * n
-    accounts: list[str] = [""] * n
-    tx_ids: list[str | None] = [None] * n
-    amounts, labels, ages, acc_ages = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
-    terminals: list[str | None] = [None] * n
-    channels: list[str | None] = [None] * n
-    categories: list[str | None] = [None] * n
-    occupations: list[str | None] = [None] * n
-    has_terminal = False
-    last: dict[str, int] = {}
-    for i, rec in enumerate(records):
-        tx, acct = rec.get(src_tx), rec.get(src_acct)
-        if type(tx) is not str or type(acct) is not str:
-            return None
-        when = _fast_time(rec.get(src_ts))
-        amount = _fast_number(rec.get(src_amount, _MISSING), nullable=False, bound=max_amount)
-        label = _fast_label(rec.get(src_label, _MISSING))
-        age = _fast_number(rec.get(src_age, _MISSING), nullable=True, bound=P.MAX_STATIC)
-        acc_age = _fast_number(rec.get(src_acc_age, _MISSING), nullable=True, bound=P.MAX_STATIC)
-        if when is None or amount is None or amount < 0 or label is None or age is None or acc_age is None:
-            return None
-        if last.get(acct, when[0]) > when[0]:
-            return None  # out of time order: validate_rows names the rows
-        last[acct] = when[0]
-        term = rec.get(src_term, _MISSING)
-        if term is not _MISSING:
-            has_terminal = True
-            if term is not None and type(term) is not str:
-                return None
-            terminals[i] = term
-        chan, cat, occ = rec.get(src_chan), rec.get(src_cat), rec.get(src_occ)
-        scen = rec.get(src_scen)
-        if ((chan is not None and type(chan) is not str) or (cat is not None and type(cat) is not str)
-                or (occ is not None and type(occ) is not str) or (scen is not None and type(scen) is not str)):
-            return None
-        t_ns[i], hours[i], minutes[i], dows[i] = when
-        accounts[i], tx_ids[i], amounts[i], labels[i] = acct, tx, amount, label
-        ages[i], acc_ages[i] = age, acc_age
-        channels[i], categories[i], occupations[i] = chan, cat, occ
-    return Rows(t_ns=t_ns, hours=hours, minutes=minutes, dows=dows, accounts=accounts, terminals=terminals,
-                amounts=amounts, labels=labels, tx_ids=tx_ids, channels=channels, categories=categories,
-                ages=ages, acc_ages=acc_ages, occupations=occupations, has_terminal=has_terminal)
 
 
 @dataclass
@@ -868,185 +537,6 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
     return missing
 
 
-# ------------------------------------------------------------------------------------
-# the model side
-
-
-@dataclass(frozen=True)
-class OnlineFraudModel:
-    """A loaded fraud version of any registered kind, ready to score :class:`RowInputs`.
-
-    A sequence-model version has a network, a GBM version a baseline, an ensemble both (its
-    score is the mean of the two probabilities, as the batch path's
-    :func:`~solutions.fraud.scoring.score_transactions` averages them).
-
-    Attributes:
-        net: the network (eval mode); None for a GBM version.
-        preprocessor: its preprocessing (None without a network).
-        seq_len: steps per sequence (1 without a network: no history is read).
-        threshold: its decision threshold.
-        delay_days: the label delay of its terminal windows.
-        name: registry name. version: registry version.
-        baseline: the version's GBM (:class:`~solutions.fraud.candidates.StoredBaseline`), if any.
-    """
-
-    net: torch.nn.Module | None
-    preprocessor: FraudPreprocessor | None
-    seq_len: int
-    threshold: float
-    delay_days: int
-    name: str
-    version: int
-    baseline: StoredBaseline | None = None
-
-    @classmethod
-    def from_registry(cls, net: torch.nn.Module | None, preprocessor: FraudPreprocessor | None, seq_len: int,
-                      name: str, version: int, params: Mapping[str, Any],
-                      baseline: StoredBaseline | None = None) -> OnlineFraudModel:
-        """From a registered version's parts (threshold and delay read from its params)."""
-        if net is None and baseline is None:
-            raise ValueError(f"{name}:{version}: nothing to score with (no network and no baseline)")
-        if net is not None and preprocessor is None:
-            raise ValueError(f"{name}:{version}: a network needs its preprocessor")
-        delay = float(params.get("split", {}).get("delay_days", 7))
-        if net is not None:
-            net.eval()
-        return cls(net=net, preprocessor=preprocessor, seq_len=int(seq_len) if net is not None else 1,
-                   threshold=float(params.get("threshold", 0.5)),
-                   delay_days=P.window_transformer(delay).delay_days, name=name, version=int(version),
-                   baseline=baseline)
-
-    @property
-    def needs_terminal(self) -> bool:
-        """Whether its inputs include terminal windows (rows then need a ``terminal_id`` column)."""
-        names = list(self.preprocessor.window_feature_names) if self.preprocessor is not None else []
-        names += self.baseline.feature_names if self.baseline is not None else []
-        return any(name.startswith("term_") for name in names)
-
-    @property
-    def kind(self) -> str:
-        """``sequence``, ``baseline`` or ``ensemble`` (the candidate names of a training run)."""
-        if self.baseline is None:
-            return "sequence"
-        return "baseline" if self.net is None else "ensemble"
-
-    def tensors(self, rows: Sequence[RowInputs]) -> dict[str, torch.Tensor]:
-        """The model's batch for these rows, built like :class:`SequenceDataset` does.
-
-        Vectorised over the rows: every row's steps are scaled in one :func:`scale_features`
-        call (elementwise, so each value is what scaling the row alone gives).
-        """
-        pre = self.preprocessor
-        assert pre is not None, "a GBM version has no sequence tensors"
-        n, L = len(rows), self.seq_len
-        n_num = len(STEP_NUMERIC)
-        step_num = np.zeros((n, L, n_num + 1), dtype="float32")
-        step_cat = np.zeros((n, L, 2), dtype="int64")
-        lookups = self._lookups()
-        chan_of, cat_of, occ = lookups[S.CHANNEL], lookups[S.CATEGORY], lookups[S.OCCUPATION]
-        names = list(pre.window_feature_names)
-        kept = [row.steps[-L:] for row in rows]
-        lengths = np.fromiter((len(k) for k in kept), dtype="int64", count=n)
-        steps = np.asarray([s for k in kept for s in k], dtype="float64").reshape(-1, n_num)
-        row_idx = np.repeat(np.arange(n), lengths)
-        ends = np.cumsum(lengths)
-        col_idx = np.arange(len(row_idx)) - np.repeat(ends - lengths, lengths) + np.repeat(L - lengths, lengths)
-        step_num[row_idx, col_idx, :n_num] = scale_features(steps, pre.step_mean_, pre.step_std_).astype("float32")
-        step_num[row_idx, col_idx, n_num] = 1.0
-        cats = [c for row in rows for c in row.step_cats[-L:]]
-        step_cat[row_idx, col_idx, 0] = [chan_of.get(c, 0) if c is not None else 0 for c, _ in cats]
-        step_cat[row_idx, col_idx, 1] = [cat_of.get(c, 0) if c is not None else 0 for _, c in cats]
-        static = np.array([row.static for row in rows], dtype="float64").reshape(n, 2)
-        acc_age = static[:, 1]
-        with np.errstate(invalid="ignore"):
-            static[:, 1] = np.where(np.isnan(acc_age), np.nan, np.log1p(np.maximum(acc_age, 0.0)))
-        ctx = np.zeros((n, 2 + len(names)), dtype="float64")
-        ctx[:, :2] = scale_features(static, pre.static_mean_, pre.static_std_)
-        if names:
-            try:
-                pick = operator.itemgetter(*names)  # one C call per row (a list comprehension cost ~2 ms per 256)
-                win = np.array([pick(row.window) for row in rows], dtype="float64").reshape(n, len(names))
-            except KeyError as exc:
-                raise DataValidationError(
-                    f"the model needs window feature {exc.args[0]!r}, which these rows cannot give "
-                    "(is a column such as terminal_id missing?)", source="request",
-                ) from exc
-            ctx[:, 2:] = scale_features(win, pre.window_mean_, pre.window_std_)
-        ctx_cat = np.array([[occ.get(row.occupation, 0) if row.occupation is not None else 0] for row in rows],
-                           dtype="int64").reshape(n, 1)
-        return {
-            "step_num": torch.from_numpy(step_num),
-            "step_cat": torch.from_numpy(step_cat),
-            "ctx_num": torch.from_numpy(ctx.astype("float32")),
-            "ctx_cat": torch.from_numpy(ctx_cat),
-        }
-
-    def _lookups(self) -> dict[str, dict[str, int]]:
-        """Category -> index (0: unknown) of channel, category and occupation, built once per version."""
-        cached = self.__dict__.get("_lookups_cache")
-        if cached is None:
-            vocab = self.preprocessor.vocab_
-            cached = {col: {v: i + 1 for i, v in enumerate(vocab.get(col, []))}
-                      for col in (S.CHANNEL, S.CATEGORY, S.OCCUPATION)}
-            object.__setattr__(self, "_lookups_cache", cached)  # a frozen dataclass: a private cache
-        return cached
-
-    def baseline_frame(self, rows: Sequence[RowInputs]) -> pd.DataFrame:
-        """The GBM's input rows: its feature columns, valued as :class:`WindowFeatures` values them.
-
-        Window features come from the state; a one-hot column ``channel=v`` (``category=``,
-        ``occupation=``) is 1 when the row's value is ``v``; ``age`` and ``account_age_days``
-        are the raw values (NaN when unknown).
-
-        Raises:
-            DataValidationError: the GBM needs a window feature these rows cannot give.
-        """
-        assert self.baseline is not None
-        names = self.baseline.feature_names
-        getters: list[Any] = []
-        for name in names:
-            col, sep, value = name.partition("=")
-            if sep and col in (S.CHANNEL, S.CATEGORY, S.OCCUPATION):
-                getters.append((col, value))
-            elif name in (S.AGE, S.ACCOUNT_AGE_DAYS):
-                getters.append(name)
-            else:
-                getters.append(None)
-        out = np.empty((len(rows), len(names)), dtype="float64")
-        for i, row in enumerate(rows):
-            channel, category = row.step_cats[-1]
-            current = {S.CHANNEL: channel, S.CATEGORY: category, S.OCCUPATION: row.occupation}
-            for j, (name, get) in enumerate(zip(names, getters, strict=True)):
-                if get is None:
-                    try:
-                        out[i, j] = row.window[name]
-                    except KeyError:
-                        raise DataValidationError(
-                            f"the model needs window feature {name!r}, which these rows cannot give "
-                            "(is a column such as terminal_id missing?)", source="request",
-                        ) from None
-                elif type(get) is tuple:
-                    out[i, j] = float(current[get[0]] == get[1])
-                else:
-                    out[i, j] = row.static[0] if get == S.AGE else row.static[1]
-        return pd.DataFrame(out, columns=list(names))
-
-    def predict(self, rows: Sequence[RowInputs]) -> np.ndarray:
-        """Fraud probabilities of ``rows`` (float64), one call per model part (the mean of an ensemble's)."""
-        if not rows:
-            return np.zeros(0)
-        parts: list[np.ndarray] = []
-        if self.net is not None:
-            batch = self.tensors(rows)
-            device = next(self.net.parameters()).device
-            with torch.inference_mode():
-                logits = self.net({k: v.to(device) for k, v in batch.items()})
-            parts.append(torch.sigmoid(logits.float()).cpu().numpy().astype("float64"))
-        if self.baseline is not None:
-            parts.append(np.asarray(self.baseline.probabilities(self.baseline_frame(rows)), dtype="float64"))
-        return np.mean(parts, axis=0)
-
-
 @dataclass(frozen=True)
 class ScoredRequest:
     """One request scored by :func:`score_requests_with_inputs`: the model's scores (row order), the
@@ -1096,8 +586,8 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     """Score several requests' rows in order with one model call.
 
     Each request is validated on its own (what it is refused for, or scored as, never depends
-    on the other requests of the batch): its ids and categories (:func:`check_values`), its
-    rows (the fast path or the batch path's validation), its timestamps against
+    on the other requests of the batch): its rows by the one validator (:func:`validate_rows`:
+    the batch path's rules, ids and categories included), its timestamps against
     ``max_time_ns``, and whether it gives the terminal windows the model needs. Each request
     is then applied atomically: one whose rows break the time order of an account gets an
     :class:`OrderError` and leaves the state as it was. A request whose every row was already
@@ -1129,10 +619,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     frames: list[Rows | Exception] = []
     for rows in requests:
         try:
-            rows = check_values(rows, columns)
-            frame = fast_rows(rows, columns, max_amount=max_amount)
-            if frame is None:
-                frame = Rows.from_frame(validate_rows(rows, columns, max_amount=max_amount))
+            frame = validate_rows(rows, columns, max_amount=max_amount)
         except (DataValidationError, ValueError) as exc:
             frames.append(exc)
             continue
