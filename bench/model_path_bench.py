@@ -69,14 +69,14 @@ def real_inputs(model: Any, home: Path, warm_requests: int = 40) -> dict[str, An
     earlier ones filled the accounts' histories."""
     from serve_bench import Transactions
 
-    from solutions.fraud.online import OnlineFraudState, fast_rows, open_state_store
+    from infra.online_state import open_state_store
+    from solutions.fraud.online import OnlineFraudState, validate_rows
 
     tx = Transactions()
     state = OnlineFraudState.for_model(open_state_store(home / "state"), history_len=255)
     try:
         for _ in range(warm_requests + 1):
-            rows = fast_rows(tx.body(256)["transactions"])
-            assert rows is not None
+            rows = validate_rows(tx.body(256)["transactions"])
             with state.update() as batch:
                 batch.load(rows.accounts, [])
                 batch.check(rows)

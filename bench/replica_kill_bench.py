@@ -178,6 +178,8 @@ def check_state(home: Path, redis_url: str, streams: list[list[list[dict[str, An
     per client, per request, the replay's scores.
     """
     from flows.serve.fraud import HISTORY_LEN
+    from infra.online_state.redis_store import RedisStateStore
+    from infra.online_state.rocks import RocksStateStore
     from infra.registry import ModelRegistry
     from solutions.fraud import pipeline as P
     from solutions.fraud.online import (
@@ -185,8 +187,6 @@ def check_state(home: Path, redis_url: str, streams: list[list[list[dict[str, An
         TERMINAL,
         OnlineFraudModel,
         OnlineFraudState,
-        RedisStateStore,
-        SqliteStateStore,
         score_requests,
     )
 
@@ -203,7 +203,7 @@ def check_state(home: Path, redis_url: str, streams: list[list[list[dict[str, An
             return store.read(ACCOUNT, accounts), store.read(TERMINAL, terminals)
 
     with tempfile.TemporaryDirectory(prefix="replica-ref-") as tmp:
-        alone = OnlineFraudState.for_model(SqliteStateStore(Path(tmp) / "alone.sqlite"), history_len=HISTORY_LEN)
+        alone = OnlineFraudState.for_model(RocksStateStore(Path(tmp) / "alone"), history_len=HISTORY_LEN)
         scores: list[list[list[float]]] = []
         for stream in streams:
             scores.append([])
@@ -354,8 +354,8 @@ def main() -> None:
 
     from redis import Redis
 
+    from infra.online_state.redis_store import RedisStateStore
     from infra.serving.auth import KeyStore
-    from solutions.fraud.online import RedisStateStore
 
     load_before = os.getloadavg()
     per_stream = max(1, round(args.rate * args.seconds / args.streams))

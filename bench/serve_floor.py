@@ -9,8 +9,8 @@ goes and what rate the parts allow, on the same machine, model and request bodie
    closed-loop aiohttp clients at concurrency 1 and 16 (``bench/loadgen.py``). Its time per
    request includes the client's, which shares the 2 cores.
 2. **In process**, medians per 256-row request over ``--requests`` new requests (after a warm-up):
-   validation (:func:`check_values` and :func:`fast_rows`), the state update (load and order
-   check, :meth:`apply`, the SQLite commit with the scores) and the model (its input tensors and
+   validation (:func:`validate_rows`), the state update (load and order
+   check, :meth:`apply`, the state store's commit with the scores) and the model (its input tensors and
    forward pass: :meth:`OnlineFraudModel.predict`). Beside them, for comparison only, the time to
    commit the same changes as one append-only record in a SQLite file with the same settings
    (what a log-structured state store would pay inside the request).
@@ -106,14 +106,13 @@ def in_process(home: Path, tx: Any, n: int, warmup: int = 50) -> tuple[dict[str,
     import torch
     from serve_bench import MODEL
 
+    from infra.online_state import open_state_store
     from infra.registry import ModelRegistry
     from solutions.fraud import pipeline as P
     from solutions.fraud.online import (
         OnlineFraudModel,
         OnlineFraudState,
-        check_values,
-        fast_rows,
-        open_state_store,
+        validate_rows,
     )
 
     torch.set_num_threads(1)
@@ -133,9 +132,7 @@ def in_process(home: Path, tx: Any, n: int, warmup: int = 50) -> tuple[dict[str,
         for i in range(warmup + n):
             body = tx.body(ROWS)["transactions"]
             t0 = time.perf_counter()
-            check_values(body)
-            rows = fast_rows(body)
-            assert rows is not None, "the bench's rows take the fast path"
+            rows = validate_rows(body)
             t1 = time.perf_counter()
             with state.update() as batch:
                 batch.load(rows.accounts, [])

@@ -1,30 +1,31 @@
-"""The online fraud state's writes on three embedded stores, side by side. Prints one JSON line.
+"""The online fraud state's writes on two embedded stores, side by side. Prints one JSON line.
 
-Issue 47 chooses the default store of the online fraud state by measurement. This bench takes
+Issue 47 chose the default store of the online fraud state by measurement (RocksDB; SQLite, the
+store before it, was measured by this bench's first version and then deleted). This bench takes
 the state's real write pattern: 256-row requests of new transactions (``bench/serve_bench.py``'s
 generator, with accounts and terminals drawn at random by default) go through the real
 :class:`solutions.fraud.online.OnlineFraudState` once, and each request's keys and its
-:class:`Journal` (new account rows, account summaries, rows cut from the history, terminal rows,
+:class:`infra.online_state.Journal` (new account rows, account summaries, rows cut from the history, terminal rows,
 dropped rows) are kept. The same stream is then replayed on each store, one request at a time, as
 the server does it: read the request's accounts and terminals (decoded to the documents the state
 uses), then write its journal and a generation counter in one transaction.
 
 Stores:
 
-* ``sqlite``: :class:`solutions.fraud.online.SqliteStateStore` itself (its schema, WAL,
-  ``wal_autocheckpoint`` and checkpoint thread), nothing copied.
-* ``rocksdb`` (``rocksdict``) and ``lmdb`` (``lmdb``): the same rows as keys,
-  ``a\\0<account>`` (summary), ``r\\0<account>\\0<seq>`` (one history row), ``t\\0<terminal>\\0<row id>``
-  (one terminal row), ``g`` (generation), values in orjson; one write batch / one write
-  transaction per request; an account's history read by a prefix scan.
+* ``rocksdb``: :class:`infra.online_state.rocks.RocksStateStore` itself (the server's store: its
+  layout, one ``WriteBatch`` per request), nothing copied.
+* ``lmdb`` (``lmdb``, the runner-up): the same rows as keys, ``a\\0<account>`` (summary),
+  ``r\\0<account>\\0<seq>`` (one history row), ``t\\0<terminal>\\0<row id>`` (one terminal row), ``g``
+  (generation), values in orjson; one write transaction per request; an account's history read by
+  a prefix scan.
 
 Durability, like with like (``--durability``):
 
 * ``process``: a commit survives the process being killed, not a power cut (nothing fsynced per
-  commit). SQLite ``synchronous=NORMAL`` in WAL mode (what the server runs today), RocksDB's WAL
-  written without ``sync``, LMDB ``sync=False`` (its pages written to the file, no fsync).
-* ``fsync``: a commit is fsynced before it returns. SQLite ``synchronous=FULL``, RocksDB
-  ``WriteOptions.sync=True``, LMDB ``sync=True`` (its default).
+  commit). RocksDB's WAL written without ``sync`` (what the server runs), LMDB ``sync=False`` (its
+  pages written to the file, no fsync).
+* ``fsync``: a commit is fsynced before it returns. RocksDB ``WriteOptions.sync=True``
+  (``RocksStateStore(sync=True)``), LMDB ``sync=True`` (its default).
 
 The crash test runs each store in a child process writing the stream and printing each request's
 number once its commit returned; the parent kills it with SIGKILL mid-stream, reopens the store
@@ -34,11 +35,11 @@ an in-memory replay of that many journals says; the next child goes on from ther
 times per store, at random points).
 
 Times are wall milliseconds and, beside them (``*_cpu_ms``), the CPU time the whole process spent
-meanwhile (all its threads: RocksDB's flushes and SQLite's checkpoint thread included), which a busy
+meanwhile (all its threads: RocksDB's flushes included), which a busy
 machine's scheduler delays inflate far less than the wall time.
 
 Usage: ``nice -n 10 python bench/state_store_bench.py [--requests 600] [--durability process]
-[--keys random|sequential] [--stores sqlite,rocksdb,lmdb]``
+[--keys random|sequential] [--stores rocksdb,lmdb]``
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from solutions.fraud.online import ACCOUNT, TERMINAL, Journal
+from infra.online_state import ACCOUNT, TERMINAL, Journal
 
 ROWS = 256
 SEQ_LEN = 16  # serve_bench's model: sequences of 16 steps
@@ -111,10 +112,11 @@ def _random_transactions(seed: int) -> Any:
 
 
 def make_stream(n: int, keys: str, home: Path, seed: int = 0) -> list[Request]:
-    """``n`` requests through the real online state (on a throwaway SQLite file): keys and journals."""
+    """``n`` requests through the real online state (on a throwaway store): keys and journals."""
     from serve_bench import Transactions
 
-    from solutions.fraud.online import OnlineFraudState, fast_rows, open_state_store
+    from infra.online_state import open_state_store
+    from solutions.fraud.online import OnlineFraudState, validate_rows
 
     tx = _random_transactions(seed) if keys == "random" else Transactions()
     rng = random.Random(seed)
@@ -122,8 +124,7 @@ def make_stream(n: int, keys: str, home: Path, seed: int = 0) -> list[Request]:
     out: list[Request] = []
     try:
         for _ in range(n):
-            rows = fast_rows(tx.body(ROWS)["transactions"])
-            assert rows is not None, "the bench's rows take the fast path"
+            rows = validate_rows(tx.body(ROWS)["transactions"])
             with state.update() as batch:
                 batch.load(rows.accounts, [])
                 batch.check(rows)
@@ -161,7 +162,7 @@ def load_stream(path: Path) -> list[Request]:
 
 
 # ------------------------------------------------------------------------------------------
-# the stores: read(kind, keys) -> documents as SqliteStateStore.read gives them; write(journal)
+# the stores: read(kind, keys) -> documents as OnlineStateStore.read gives them; write(journal)
 
 
 Clock = tuple[float, float]  #: (wall seconds, this process's CPU seconds, all its threads)
@@ -180,19 +181,17 @@ def _terminal_doc(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
     return {"rows": rows}
 
 
-class SqliteBench:
+class RocksBench:
     """The server's store itself."""
 
-    name = "sqlite"
+    name = "rocksdb"
 
     def __init__(self, path: Path, durability: str) -> None:
-        from solutions.fraud.online import SqliteStateStore
+        from infra.online_state.rocks import RocksStateStore
 
-        self.store = SqliteStateStore(path / "fraud.sqlite")
-        if durability == "fsync":
-            self.store._conn.execute("PRAGMA synchronous=FULL")
-        self.mode = ("journal_mode=WAL, synchronous=" + ("FULL" if durability == "fsync" else "NORMAL")
-                     + ", wal_autocheckpoint=20000, PASSIVE checkpoint thread every 1 s")
+        self.store = RocksStateStore(path / "rocks", sync=durability == "fsync")
+        self.mode = (f"RocksStateStore on rocksdict {version('rocksdict')} defaults (WAL on), "
+                     f"WriteOptions.sync={durability == 'fsync'}, one WriteBatch per request")
 
     def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[Clock, Clock]:
         with self.store.exclusive():
@@ -210,7 +209,8 @@ class SqliteBench:
             return self.store.read(kind, keys)
 
     def generation(self) -> int:
-        return self.store._conn.execute("SELECT n FROM generation WHERE id = 0").fetchone()[0]
+        assert self.store._opened is not None
+        return self.store._opened.generation
 
     def close(self) -> None:
         self.store.close()
@@ -233,8 +233,8 @@ class _KvBench:
             self._put(w, _k(b"a\0", k), orjson.dumps(d, option=_OPTS))
         for k, r in (*journal.terminal_rows, *journal.labels):  # a label row is the whole row again
             self._put(w, _k(b"t\0", k, r[3]), orjson.dumps([r[0], r[1], r[2]], option=_OPTS))
-        for k, rid in journal.dropped:
-            self._delete(w, _k(b"t\0", k, rid))
+        for k, r in journal.dropped:
+            self._delete(w, _k(b"t\0", k, r[3]))
         self._put(w, b"g", generation.to_bytes(8, "big"))
 
     def _docs(self, r: Any, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -253,68 +253,6 @@ class _KvBench:
                 if rows:
                     out[key] = _terminal_doc(rows)
         return out
-
-
-class RocksBench(_KvBench):
-    name = "rocksdb"
-
-    def __init__(self, path: Path, durability: str) -> None:
-        import rocksdict
-
-        self._rd = rocksdict
-        opts = rocksdict.Options(raw_mode=True)
-        opts.create_if_missing(True)
-        self.db = rocksdict.Rdict(str(path / "rocks"), options=opts)
-        wo = rocksdict.WriteOptions()
-        wo.sync = durability == "fsync"
-        self.db.set_write_options(wo)
-        g = self.db.get(b"g")
-        self.gen = int.from_bytes(g, "big") if g is not None else 0
-        self.mode = (f"rocksdict {version('rocksdict')} defaults (WAL on), WriteOptions.sync={wo.sync}, "
-                     "one WriteBatch per request")
-
-    def _put(self, w: Any, k: bytes, v: bytes) -> None:
-        w.put(k, v)
-
-    def _delete(self, w: Any, k: bytes) -> None:
-        w.delete(k)
-
-    def _delete_range(self, w: Any, lo: bytes, hi: bytes) -> None:
-        w.delete_range(lo, hi)
-
-    def _get(self, r: Any, k: bytes) -> bytes | None:
-        return self.db.get(k)
-
-    def _scan(self, r: Any, prefix: bytes, with_keys: bool = False) -> Any:
-        it = self.db.iter()
-        it.seek(prefix)
-        while it.valid():
-            k = it.key()
-            if not k.startswith(prefix):
-                break
-            yield (k, it.value()) if with_keys else it.value()
-            it.next()
-
-    def request(self, accounts: list[str], terminals: list[str], journal: Journal | None) -> tuple[Clock, Clock]:
-        t0 = _now()
-        self._docs(None, ACCOUNT, accounts)
-        self._docs(None, TERMINAL, terminals)
-        t1 = _now()
-        if journal is not None:
-            w = self._rd.WriteBatch(raw_mode=True)
-            self._apply(w, journal, self.gen + 1)
-            self.db.write(w)
-            self.gen += 1
-        return _since(t0, t1), _since(t1, _now())
-
-    def read(self, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
-        return self._docs(None, kind, keys)
-
-    def generation(self) -> int:
-        return self.gen
-
-    def close(self) -> None:
-        self.db.close()
 
 
 class LmdbBench(_KvBench):
@@ -378,7 +316,7 @@ class LmdbBench(_KvBench):
         self.env.close()
 
 
-STORES = {"sqlite": SqliteBench, "rocksdb": RocksBench, "lmdb": LmdbBench}
+STORES = {"rocksdb": RocksBench, "lmdb": LmdbBench}
 
 
 # ------------------------------------------------------------------------------------------
@@ -399,8 +337,8 @@ class Reference:
         self.accounts.update(j.accounts)
         for k, r in (*j.terminal_rows, *j.labels):
             self.terminal_rows.setdefault(k, {})[r[3]] = list(r)
-        for k, rid in j.dropped:
-            self.terminal_rows.get(k, {}).pop(rid, None)
+        for k, r in j.dropped:
+            self.terminal_rows.get(k, {}).pop(r[3], None)
 
     def docs(self, kind: str) -> dict[str, Any]:
         if kind == ACCOUNT:
@@ -516,7 +454,7 @@ def main() -> None:
     parser.add_argument("--durability", choices=("process", "fsync"), default="process")
     parser.add_argument("--keys", choices=("random", "sequential"), default="random",
                         help="accounts/terminals at random, or serve_bench's n mod N")
-    parser.add_argument("--stores", default="sqlite,rocksdb,lmdb")
+    parser.add_argument("--stores", default="rocksdb,lmdb")
     parser.add_argument("--no-crash", action="store_true")
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs per store in the crash test")
     parser.add_argument("--crash-child", nargs=4, help=argparse.SUPPRESS)

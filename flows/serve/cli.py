@@ -79,9 +79,9 @@ def server_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, help="TCP port (default: INDUSFLOW_SERVE_PORT, 8000)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes (default: 1; rate limits are shared between them only "
-                        "through Redis; the fraud feature state through its SQLite file or Redis, where "
-                        "one account's concurrent requests may be applied out of order and refused (409); "
-                        "the embedded Milvus Lite file needs one process)")
+                        "through Redis; the fraud feature state only through Redis (its embedded RocksDB store is "
+                        "one process's), where one account's concurrent requests may be applied out of order "
+                        "and refused (409); the embedded Milvus Lite file needs one process)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                         help="uvicorn log level (default: warning)")
     parser.add_argument("--access-log", action="store_true",
@@ -225,6 +225,9 @@ def run_server(argv: Sequence[str]) -> int:
         raise UserError(f"--port {port}: not a TCP port")
     if args.workers < 1:
         raise UserError("--workers must be at least 1")
+    if args.workers > 1 and settings.fraud_model and not settings.redis_url:
+        raise UserError(f"--workers {args.workers}: the fraud feature state's embedded store (RocksDB) serves one "
+                        "process; set INDUSFLOW_SERVE_REDIS_URL to share it between worker processes")
     _log_to_stderr()
     shown = "127.0.0.1" if host in ("0.0.0.0", "") else f"[{host}]" if ":" in host else host
     threading.Thread(target=announce, args=(f"http://{shown}:{port}",), name="announce", daemon=True).start()

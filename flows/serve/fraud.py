@@ -237,7 +237,8 @@ def build(services: Services) -> Vertical | None:
     holder: dict[str, OnlineFraudState] = {}
 
     def state() -> OnlineFraudState:
-        from solutions.fraud.online import OnlineFraudState, open_state_store
+        from infra.online_state import open_state_store
+        from solutions.fraud.online import OnlineFraudState
 
         if "state" not in holder:
             # late rows within the clock skew are accepted (OnlineFraudState's late_tolerance_s): a row

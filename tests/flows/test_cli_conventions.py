@@ -32,6 +32,8 @@ BAD = [
     (["flows.compress", "--model", "no-such-model"], "no model named 'no-such-model'"),
     (["flows.compress", "--model", "m", "--tolerance", "2"], "--tolerance: Input should be less than 1"),
     (["flows.serve", "--port", "70000"], "--port 70000: not a TCP port"),
+    # the embedded fraud state (RocksDB) is one process's: several workers share it only through Redis
+    (["flows.serve", "--workers", "2"], "--workers 2: the fraud feature state's embedded store (RocksDB) serves one"),
     (["flows.serve", "keys", "add", "x", "--scope", "Fraud Score"], "scope 'Fraud Score' is not of the form"),
 ]
 

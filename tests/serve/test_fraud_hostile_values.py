@@ -23,14 +23,9 @@ import pandas as pd
 import pytest
 
 from infra.home import HomeLayout
-from solutions.fraud.online import (
-    ACCOUNT,
-    TERMINAL,
-    Journal,
-    OnlineFraudState,
-    SqliteStateStore,
-    validate_rows,
-)
+from infra.online_state import ACCOUNT, TERMINAL, Journal
+from infra.online_state.rocks import RocksStateStore
+from solutions.fraud.online import OnlineFraudState, validate_rows
 from tests.serve.fraud_helpers import FraudServer, TinyFraud, api_key, home_with_registry, train_tiny_fraud
 
 
@@ -73,7 +68,7 @@ def test_the_four_request_outage_stays_with_the_poisoned_account(tiny: tuple[Hom
 
     home = home_with_registry(src, tmp_path / "attacked")
     # an account whose running sum an earlier version stored as null (inf): what the overflow left
-    store = SqliteStateStore(home.online_state() / "fraud.sqlite")
+    store = RocksStateStore(home.online_state() / "rocksdb")
     with store.exclusive():
         store.commit(Journal(accounts={"POISONED": {"n": 2, "sum": None, "terms": [], "seq": 0}}))
     store.close()
@@ -143,7 +138,7 @@ def test_a_row_inside_the_skew_window_cannot_lock_an_account(tiny: tuple[HomeLay
 
 
 def test_a_terminals_rows_are_bounded_in_count(tmp_path: Path) -> None:
-    store = SqliteStateStore(tmp_path / "state.sqlite")
+    store = RocksStateStore(tmp_path / "state")
     state = OnlineFraudState(store, max_terminal_rows=50)
     start = pd.Timestamp("2025-03-01T00:00:00")
     records = [_row(f"t{i}", f"A{i % 7}", (start + pd.Timedelta(seconds=i)).isoformat(), 3.0, "BUSY")

@@ -132,8 +132,9 @@ def test_the_batcher_coalesces_requests_for_gbm_kinds(kinds: tuple[HomeLayout, d
                                                       tmp_path: Path) -> None:
     """Concurrent single-row submissions, coalesced by the dynamic batcher into one model call (one
     account twice in a call), give the batch path's scores for a GBM and an ensemble champion."""
+    from infra.online_state.rocks import RocksStateStore
     from infra.serving.batching import DynamicBatcher
-    from solutions.fraud.online import OnlineFraudState, SqliteStateStore, score_requests
+    from solutions.fraud.online import OnlineFraudState, score_requests
 
     src, all_data = kinds
     data = all_data[kind]
@@ -144,7 +145,7 @@ def test_the_batcher_coalesces_requests_for_gbm_kinds(kinds: tuple[HomeLayout, d
 
     model = serve_fraud.load_online_model(data.ref, _Services())  # type: ignore[arg-type]
     assert model.kind == kind
-    state = OnlineFraudState.for_model(SqliteStateStore(layout.online_state() / "fraud.sqlite"), history_len=63)
+    state = OnlineFraudState.for_model(RocksStateStore(layout.online_state() / "rocksdb"), history_len=63)
     history, period = _split(data)
     batches: list[list[str]] = []
 

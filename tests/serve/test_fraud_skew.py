@@ -72,7 +72,7 @@ def test_replay_matches_batch_scores_across_a_server_process_restart(tiny: tuple
             assert result["model"] == "fraud-seq" and result["model_version"] == data.ref.version
             assert result["flagged"] == (result["score"] >= result["threshold"])
             online[result["transaction_id"]] = result["score"]
-    assert (layout.online_state() / "fraud.sqlite").exists()
+    assert (layout.online_state() / "rocksdb").exists()
     # a new server process (python -m flows.serve) on the same home continues from the persisted state
     port = free_port()
     env = {**os.environ, "INDUSFLOW_HOME": str(layout.root), "INDUSFLOW_SERVE_SENSOR_MODEL": "",
@@ -140,7 +140,7 @@ def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFr
         denied = client.post(f"{a.url}/v1/fraud/labels", headers={"X-API-Key": api_key(layouts[0])},
                              json={"labels": labels[:1]})
         assert denied.status_code == 403
-    assert not (layouts[0].online_state() / "fraud.sqlite").exists()
+    assert not (layouts[0].online_state() / "rocksdb").exists()
     _compare(data, online)
 
 
@@ -150,9 +150,10 @@ def test_one_accounts_rows_in_one_batch_are_scored_in_arrival_order(tiny: tuple[
     account in one model call) give the batch path's scores: the state applies a batch in arrival order.
 
     In-process, so that the arrival order is exact (HTTP connections may reorder concurrent requests)."""
+    from infra.online_state.rocks import RocksStateStore
     from infra.registry import ModelRegistry
     from infra.serving.batching import DynamicBatcher
-    from solutions.fraud.online import OnlineFraudState, SqliteStateStore, score_requests
+    from solutions.fraud.online import OnlineFraudState, score_requests
 
     src, data = tiny
     layout = HomeLayout(tmp_path / "home")
@@ -162,7 +163,7 @@ def test_one_accounts_rows_in_one_batch_are_scored_in_arrival_order(tiny: tuple[
         registry = ModelRegistry(layout.registry())
 
     model = serve_fraud.load_online_model(data.ref, _Services())  # type: ignore[arg-type]
-    state = OnlineFraudState.for_model(SqliteStateStore(layout.online_state() / "fraud.sqlite"), history_len=63)
+    state = OnlineFraudState.for_model(RocksStateStore(layout.online_state() / "rocksdb"), history_len=63)
     history, period = _split(data)
     batches: list[list[str]] = []
 

@@ -1,8 +1,7 @@
 """The online state's stores (one stored row per transaction, the state kept in memory between
-updates): two writers on one store (two processes on one SQLite file, two replicas on one
+updates): two writers on one store (two store objects on one RocksDB folder, two replicas on one
 Redis) compute exactly what one writer computes, labels and resets included; a failed update
-leaves memory and store as they were; a store in the first layout (a JSON document per
-account and terminal) is read on and nothing is lost; an update writes what changed only; a
+leaves memory and store as they were; an update writes what changed only; a
 request sent again (to either writer) is answered from the stored scores and applied once; the
 Redis lock expires soon after a holder that stops renewing it, and an update that lost it writes
 nothing and is computed again."""
@@ -16,20 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 import pytest
 import redis
 
+from infra.online_state import ACCOUNT, TERMINAL, StateConflict
+from infra.online_state.redis_store import RedisStateStore
+from infra.online_state.rocks import RocksStateStore
 from solutions.fraud import schema as S
 from solutions.fraud.online import (
-    ACCOUNT,
-    TERMINAL,
     OnlineFraudState,
     OrderError,
-    RedisStateStore,
-    SqliteStateStore,
-    StateConflict,
     apply_labels,
     score_requests,
     score_requests_with_inputs,
@@ -71,18 +67,18 @@ def _replay(writers: list[OnlineFraudState], raw: pd.DataFrame, chunk: int = 23)
     return _inputs(out)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["rocksdb", "redis"])
 def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """A function opening a new connection to one shared store, per store kind."""
-    if request.param == "sqlite":
-        return lambda: SqliteStateStore(tmp_path / "shared.sqlite")
+    if request.param == "rocksdb":
+        return lambda: RocksStateStore(tmp_path / "shared")
     url = request.getfixturevalue("redis_url")
     return lambda: RedisStateStore(url)
 
 
 def test_two_writers_on_one_store_compute_what_one_writer_computes(open_store: Any, tmp_path: Path) -> None:
     raw = _frame()
-    alone = _replay([OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)], raw)
+    alone = _replay([OnlineFraudState.for_model(RocksStateStore(tmp_path / "alone"), history_len=8)], raw)
     one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
     shared = _replay([one, two], raw)
     np.testing.assert_array_equal(shared, alone)
@@ -115,8 +111,8 @@ def test_a_reset_account_scores_as_new_in_every_writer(open_store: Any) -> None:
 
 def test_a_failed_update_changes_neither_memory_nor_store(tmp_path: Path) -> None:
     raw = _frame(200)
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
-    reference = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "r.sqlite"), history_len=8)
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8)
+    reference = OnlineFraudState.for_model(RocksStateStore(tmp_path / "r"), history_len=8)
     first, second = raw.iloc[:100], raw.iloc[100:]
     _replay([state], first)
     _replay([reference], first)
@@ -126,53 +122,20 @@ def test_a_failed_update_changes_neither_memory_nor_store(tmp_path: Path) -> Non
     np.testing.assert_array_equal(_replay([state], second), _replay([reference], second))
 
 
-def _first_layout(docs: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    """Documents as the first layout stored them (no row ids, no sequence numbers)."""
-    if kind == ACCOUNT:
-        return {k: {"n": d["n"], "sum": d["sum"], "terms": d["terms"], "recent": d["recent"]} for k, d in docs.items()}
-    return {k: {"rows": [r[:3] for r in d["rows"]]} for k, d in docs.items()}
-
-
-def test_a_store_in_the_first_layout_is_read_on(open_store: Any, tmp_path: Path) -> None:
-    raw = _frame()
-    first, second = raw.iloc[:200], raw.iloc[200:]
-    reference = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "r.sqlite"), history_len=8)
-    _replay([reference], first)
-    with reference.store.exclusive():
-        old = {ACCOUNT: _first_layout(reference.store.read(ACCOUNT, list("abcde")), ACCOUNT),
-               TERMINAL: _first_layout(reference.store.read(TERMINAL, list("xyz")), TERMINAL)}
-    store = open_store()
-    if isinstance(store, SqliteStateStore):
-        store.close()
-        import sqlite3
-
-        path = tmp_path / "shared.sqlite"
-        path.unlink()
-        with sqlite3.connect(path) as conn:
-            conn.execute("CREATE TABLE state (kind TEXT NOT NULL, key TEXT NOT NULL, doc BLOB NOT NULL, "
-                         "PRIMARY KEY (kind, key))")
-            conn.executemany("INSERT INTO state VALUES (?, ?, ?)",
-                             [(kind, k, orjson.dumps(d)) for kind, docs in old.items() for k, d in docs.items()])
-        store = open_store()
-    else:
-        store._redis.mset({store._key(kind, k): orjson.dumps(d) for kind, docs in old.items() for k, d in docs.items()})
-    migrated = OnlineFraudState.for_model(store, history_len=8)
-    np.testing.assert_array_equal(_replay([migrated], second), _replay([reference], second))
-    again = OnlineFraudState.for_model(open_store(), history_len=8)  # the new layout alone holds it now
-    with again.update() as batch:
-        batch.load(list("abcde"), list("xyz"))
-        assert sum(d["n"] for d in batch.pending.accounts.values()) == len(raw)
-
-
 def test_an_update_writes_what_changed_only(tmp_path: Path) -> None:
     raw = _frame()
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8)
     _replay([state], raw.iloc[:300])
-    conn = state.store._conn
-    before = conn.total_changes
+    store, commit, written = state.store, state.store.commit, []
+
+    def counted(journal: Any) -> None:  # the write batch's puts and deletes, and the generation's put
+        commit(journal)
+        written.append(store._batch.len() + 1)
+
+    store.commit = counted  # type: ignore[method-assign]
     with state.update() as batch:
         batch.apply(validate_rows(raw.iloc[300:301].to_dict("records")), delay_days=7)
-    changed = conn.total_changes - before
+    [changed] = written
     # one account row, one terminal row, the account's summary, the generation, and the rows
     # that left the windows (a handful at most): not every row of the account and terminal
     assert 4 <= changed <= 12, changed
@@ -197,7 +160,7 @@ def test_a_request_sent_again_is_answered_as_the_first_time_and_applied_once(ope
     raw = _frame(60)
     requests = [raw.iloc[i : i + 5].to_dict("records") for i in range(0, len(raw), 5)]
     one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
-    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    alone = OnlineFraudState.for_model(RocksStateStore(tmp_path / "alone"), history_len=8)
     v3, v4 = _StubModel(), _StubModel(version=4, scale=10.0)  # v4: the champion after a promotion
     for k, request in enumerate(requests):
         writer, other = (one, two) if k % 2 else (two, one)
@@ -305,7 +268,7 @@ def test_scoring_overtaken_by_another_writer_is_computed_again(redis_url: str, t
     [scores] = score_requests(_StubModel(), one, [first])
     assert overtaken and not isinstance(scores, Exception)
     # as one writer applying `second` then `first` (the order the store saw them in) scores them
-    alone = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "alone.sqlite"), history_len=8)
+    alone = OnlineFraudState.for_model(RocksStateStore(tmp_path / "alone"), history_len=8)
     score_requests(_StubModel(), alone, [second])
     [expected] = score_requests(_StubModel(), alone, [first])
     np.testing.assert_array_equal(scores, expected)

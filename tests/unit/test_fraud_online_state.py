@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from infra.online_state.rocks import RocksStateStore
 from infra.tables import validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
@@ -15,7 +16,6 @@ from solutions.fraud.online import (
     TERMINAL,
     OnlineFraudState,
     OrderError,
-    SqliteStateStore,
     validate_rows,
 )
 from solutions.fraud.sequences import step_features
@@ -47,7 +47,7 @@ def test_rows_get_the_batch_paths_features(tmp_path) -> None:
     batch_steps = np.empty_like(steps.to_numpy())
     batch_steps[order] = steps.to_numpy()
 
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8)
     rows = []
     for start in range(0, len(raw), 37):  # requests of varying size, in arrival order
         with state.update() as batch:
@@ -59,7 +59,7 @@ def test_rows_get_the_batch_paths_features(tmp_path) -> None:
 
 
 def test_an_out_of_order_row_is_refused_and_changes_nothing(tmp_path) -> None:
-    store = SqliteStateStore(tmp_path / "s.sqlite")
+    store = RocksStateStore(tmp_path / "s")
     state = OnlineFraudState.for_model(store)
     row = {S.TRANSACTION_ID: "1", S.ACCOUNT_ID: "a", S.TIMESTAMP: "2025-01-02 10:00", S.AMOUNT: 5.0,
            S.TERMINAL_ID: "x"}
@@ -75,7 +75,7 @@ def test_an_out_of_order_row_is_refused_and_changes_nothing(tmp_path) -> None:
 
 
 def test_state_documents_stay_bounded(tmp_path) -> None:
-    store = SqliteStateStore(tmp_path / "s.sqlite")
+    store = RocksStateStore(tmp_path / "s")
     state = OnlineFraudState.for_model(store, history_len=4, max_recent=50)
     stamps = pd.date_range("2025-01-01", periods=900, freq="2h")  # 75 days, 12 a day
     rows = [{S.TRANSACTION_ID: str(i), S.ACCOUNT_ID: "a", S.TIMESTAMP: str(t), S.AMOUNT: 1.0, S.TERMINAL_ID: "x"}
@@ -97,7 +97,7 @@ def test_the_rows_in_memory_leave_the_garbage_collectors_walk(tmp_path) -> None:
     from solutions.fraud.online import apply_labels
 
     raw = _frame(200)
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"), history_len=8)
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8)
     with state.update() as batch:
         batch.apply(validate_rows(raw.to_dict("records")), delay_days=7)
     first = raw.iloc[-1]  # the newest: still inside its terminal's windows

@@ -137,8 +137,9 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
     import os
     import stat
 
+    from infra.online_state import Journal
+    from infra.online_state.rocks import RocksStateStore
     from infra.serving.audit import AuditLog
-    from solutions.fraud.online import SqliteStateStore
 
     def mode(path) -> int:
         return stat.S_IMODE(os.stat(path).st_mode)
@@ -147,8 +148,10 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
     try:
         log = AuditLog(tmp_path / "serving" / "audit.jsonl", salt=b"s" * 16)
         log.write({"route": "/v1/fraud/score"})
-        store = SqliteStateStore(tmp_path / "state" / "online.sqlite")
-        store._conn.execute("INSERT INTO account VALUES ('k', x'00')")  # the WAL file appears on write
+        store = RocksStateStore(tmp_path / "state" / "online")
+        with store.exclusive():
+            store.commit(Journal(accounts={"k": {"n": 0, "sum": 0.0, "terms": [], "seq": 0}}))
+        store.close()
         legacy = tmp_path / "legacy.jsonl"
         legacy.write_text("{}\n")
         os.chmod(legacy, 0o644)
@@ -156,8 +159,9 @@ def test_the_audit_log_and_the_online_state_are_owner_only(tmp_path) -> None:
     finally:
         os.umask(old)
     assert mode(tmp_path / "serving" / "audit.jsonl") == 0o600
-    assert mode(tmp_path / "state" / "online.sqlite") == 0o600
-    assert mode(tmp_path / "state" / "online.sqlite-wal") == 0o600
+    # RocksDB's files are created with the umask, inside a folder nobody else can open
+    assert mode(tmp_path / "state" / "online") == 0o700
+    assert any(p.suffix == ".log" for p in (tmp_path / "state" / "online").iterdir())  # its write-ahead log
     assert mode(legacy) == 0o600  # a home from before is made private when the server opens it
 
 

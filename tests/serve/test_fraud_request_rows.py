@@ -1,7 +1,8 @@
-"""The fraud route's fast path (``fast_rows``, plain Python) gives exactly the rows of the general
-path (``validate_rows``: the batch path's pandas validation) or steps aside: for valid requests
-the two agree value for value, and every request the general path refuses is left to it (so the
-errors are the batch path's own). Plus: a transaction id twice in one request is refused (409)."""
+"""The one request validator (``validate_rows``) reads a plain request column by column with exactly
+the values of the batch path's table validation (``validate_table`` with the transactions schema),
+and leaves every other request to it: for valid requests the two readings agree value for value,
+and every request the table validation refuses is refused with its error. Plain requests never
+reach the table validation. Plus: a transaction id twice in one request is refused (409)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from typing import Any
 import pytest
 
 from infra.errors import DataValidationError
+from infra.online_state.rocks import RocksStateStore
+from solutions.fraud import request_rows
 from solutions.fraud.online import (
     ACCOUNT,
     OnlineFraudState,
     OrderError,
     Rows,
-    SqliteStateStore,
-    fast_rows,
     validate_rows,
 )
 
@@ -36,24 +37,48 @@ def _plain(rows: Rows) -> dict[str, Any]:
     return {k: [fix(x) for x in v] if isinstance(v, list) else v for k, v in dataclasses.asdict(rows).items()}
 
 
-def _general(records: list[dict[str, Any]], columns: dict[str, str] | None) -> Rows | Exception:
-    try:
-        return Rows.from_frame(validate_rows(records, columns))
-    except (DataValidationError, ValueError) as exc:
-        return exc
+_TABLE_CALLS: list[int] = []  # one entry per table validation
+
+
+@pytest.fixture(autouse=True)
+def _count_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    validate = request_rows.validate_table
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        _TABLE_CALLS.append(1)
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(request_rows, "validate_table", counted)
+
+
+def _read(records: list[dict[str, Any]], columns: dict[str, str] | None,
+          table_only: bool = False) -> tuple[Rows | Exception, bool]:
+    """``validate_rows``'s answer, and whether it read the request as plain values; with ``table_only``,
+    the answer of the batch path's table validation alone."""
+    before = len(_TABLE_CALLS)
+    with pytest.MonkeyPatch.context() as patch:
+        if table_only:
+            patch.setattr(request_rows, "_plain_rows", lambda *args: None)
+        try:
+            rows: Rows | Exception = validate_rows(records, columns)
+        except (DataValidationError, ValueError) as exc:
+            rows = exc
+    return rows, len(_TABLE_CALLS) == before
 
 
 def _agree(records: list[dict[str, Any]], columns: dict[str, str] | None = None) -> Rows | None:
-    fast = fast_rows(records, columns)
-    general = _general(records, columns)
+    """The validator's rows when it read them as plain values (None: the table validation read them)."""
+    rows, plain = _read(records, columns)
+    general, _ = _read(records, columns, table_only=True)
     if isinstance(general, Exception):
-        assert fast is None, f"the general path refuses {records} ({general}) but the fast path took it"
-    elif fast is not None:
-        assert _plain(fast) == _plain(general), records
-    return fast
+        assert isinstance(rows, Exception) and str(rows) == str(general), (records, rows, general)
+        return None
+    assert not isinstance(rows, Exception), (records, rows)
+    assert _plain(rows) == _plain(general), records
+    return rows if plain else None
 
 
-def test_valid_requests_take_the_fast_path_with_the_general_paths_values() -> None:
+def test_valid_requests_are_read_as_plain_values_with_the_table_validations_values() -> None:
     cases: list[tuple[list[dict[str, Any]], dict[str, str] | None]] = [
         ([GOOD], None),
         ([GOOD, {**GOOD, "transaction_id": "t2", "timestamp": "2025-03-01 10:15:30.25", "amount": 0,
@@ -68,11 +93,11 @@ def test_valid_requests_take_the_fast_path_with_the_general_paths_values() -> No
     ]
     for records, columns in cases:
         assert _agree(records, columns) is not None, records
-    weekdays = [fast_rows([{**GOOD, "timestamp": f"2025-03-{d:02d}T00:00:00"}]).dows[0] for d in range(1, 8)]
+    weekdays = [validate_rows([{**GOOD, "timestamp": f"2025-03-{d:02d}T00:00:00"}]).dows[0] for d in range(1, 8)]
     assert weekdays == [5, 6, 0, 1, 2, 3, 4]  # 2025-03-01 was a Saturday
 
 
-def test_requests_the_general_path_refuses_are_left_to_it() -> None:
+def test_requests_the_table_validation_refuses_are_refused_with_its_error() -> None:
     bad: list[tuple[list[dict[str, Any]], dict[str, str] | None]] = [
         ([{k: v for k, v in GOOD.items() if k != "amount"}], None),
         ([{**GOOD, "amount": -1.0}], None),
@@ -93,11 +118,11 @@ def test_requests_the_general_path_refuses_are_left_to_it() -> None:
         ([GOOD], {"nonsense": "x"}),
     ]
     for records, columns in bad:
-        assert isinstance(_general(records, columns), Exception), records
-        assert fast_rows(records, columns) is None, records
+        assert isinstance(_read(records, columns, table_only=True)[0], Exception), records
+        assert _agree(records, columns) is None, records
 
 
-def test_random_requests_agree_with_the_general_path() -> None:
+def test_random_requests_agree_with_the_table_validation() -> None:
     rng = random.Random(7)
     pools: dict[str, list[Any]] = {
         "transaction_id": ["t1", "t2", 7, None, ""],
@@ -129,15 +154,15 @@ def test_random_requests_agree_with_the_general_path() -> None:
             records.append(record)
         fast = _agree(records)
         took_fast += fast is not None
-        refused += isinstance(_general(records, None), Exception)
+        refused += isinstance(_read(records, None, table_only=True)[0], Exception)
     assert took_fast > 20 and refused > 20  # both kinds were exercised
 
 
 def test_a_transaction_id_twice_in_one_request_is_refused_and_changes_nothing(tmp_path) -> None:
-    store = SqliteStateStore(tmp_path / "s.sqlite")
+    store = RocksStateStore(tmp_path / "s")
     state = OnlineFraudState.for_model(store)
-    rows = fast_rows([GOOD, {**GOOD, "timestamp": "2025-03-01T11:00:00"}])
-    assert rows is not None  # valid as rows: the state refuses the second application
+    rows = validate_rows([GOOD, {**GOOD, "timestamp": "2025-03-01T11:00:00"}])  # valid as rows: the state
+    # refuses the second application
     with pytest.raises(OrderError, match="appears twice"), state.update() as batch:
         batch.load(rows.accounts, [])
         batch.check(rows)
@@ -149,7 +174,7 @@ def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_
     often inserted before its latest one: the running label counts must follow every insert/drop."""
     rng = random.Random(3)
     clocks = {f"a{i}": 0 for i in range(6)}
-    state = OnlineFraudState.for_model(SqliteStateStore(tmp_path / "s.sqlite"))
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"))
     try:
         with state.update() as batch:
             for i in range(150):
@@ -158,7 +183,7 @@ def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_
                 stamp = "2025-01-01T00:00:00"
                 t = dt.datetime.fromisoformat(stamp) + dt.timedelta(seconds=clocks[acct])
                 label = rng.choice([None, 0, 1])
-                rows = fast_rows([{**GOOD, "transaction_id": f"t{i}", "account_id": acct,
+                rows = validate_rows([{**GOOD, "transaction_id": f"t{i}", "account_id": acct,
                                    "timestamp": t.isoformat(), "terminal_id": "x", "label": label}])
                 batch.load([], ["x"])
                 before = [list(r) for r in batch.pending.terminals["x"]["rows"]]
