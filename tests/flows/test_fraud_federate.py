@@ -104,13 +104,17 @@ def test_the_federation_stops_when_every_bank_has_died(monkeypatch: pytest.Monke
 
 
 def test_without_flower_federate_names_the_extra_to_install(tmp_path) -> None:
-    """A fresh process where ``flwr`` cannot be imported: one ``error:`` line, exit 2, no traceback."""
+    """Fresh processes where ``flwr`` cannot be imported (a sitecustomize hides it from every
+    process of the run, the server's too): one ``error:`` line, exit 2, no traceback."""
+    hide = tmp_path / "no_flower"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['flwr'] = None\n")
     argv = ["federate", *TINY, "--clients", "2", "--rounds", "1"]
-    code = f"import sys\nsys.modules['flwr'] = None\nfrom flows.fraud.cli import main\nsys.exit(main({argv!r}))"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    code = f"import sys\nfrom flows.fraud.cli import main\nsys.exit(main({argv!r}))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(Path(__file__).resolve().parents[2])]),
            "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
