@@ -5,20 +5,19 @@ Plain functions first (unit-testable without Prefect), thin tasks at the bottom.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 from prefect import task
-from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import DataValidationError
 from infra.home import home_layout
 from infra.store import atomic_path, sha256_file, stable_hash
 from infra.tables import TableSchema, describe_columns, read_table, validate_table
+from tasks.cache import RESULT_SERIALIZER, stored_table_policy
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,16 @@ class DatasetRef(BaseModel):
     source: str
 
     def read(self, columns: Sequence[str] | None = None) -> pd.DataFrame:
-        """Read the table (or some of its columns) back."""
+        """Read the table (or some of its columns) back.
+
+        Raises:
+            DataValidationError: the stored file is gone (deleted from the home after a run
+                that Prefect's cache now returns).
+        """
+        if not Path(self.path).exists():
+            raise DataValidationError(
+                "the stored table is gone from the home folder; run again with PREFECT_TASKS_REFRESH_CACHE=true "
+                "to store it anew", source=self.path)
         return pd.read_parquet(self.path, columns=list(columns) if columns else None)
 
 
@@ -49,8 +57,9 @@ def load_table(
     """Read, rename (canonical <- source), validate and store a table as Parquet.
 
     The stored file is content-addressed (source bytes + schema + mapping + a given CSV
-    encoding), so loading an unchanged file again reuses the stored Parquet without parsing
-    it. A CSV's encoding is detected unless ``encoding`` names it.
+    encoding): loading the same file again writes the same Parquet. Inside a flow the task
+    skips an unchanged file altogether (Prefect's cache: :func:`tasks.cache.stored_table_policy`).
+    A CSV's encoding is detected unless ``encoding`` names it.
     """
     path = Path(path)
     if not path.exists():
@@ -61,10 +70,6 @@ def load_table(
          **({"encoding": encoding} if encoding else {})}
     )
     target = home_layout().datasets() / f"{schema.name}-{key}.parquet"
-    meta_path = target.with_suffix(".json")
-    if target.exists() and meta_path.exists():
-        log.info("reusing validated %s for %s (content hash %s)", target.name, path, key)
-        return DatasetRef(**json.loads(meta_path.read_text()))
     df = read_table(path, encoding)
     if mapping:
         absent = [src for src in mapping.values() if src not in df.columns]
@@ -82,7 +87,7 @@ def load_table(
 
 
 def store_table(table: pd.DataFrame, target: Path, *, key: str, source: str) -> DatasetRef:
-    """Write a validated frame as Parquet plus its small JSON description, atomically."""
+    """Write a validated frame as Parquet, atomically."""
     with atomic_path(target) as tmp:
         table.to_parquet(tmp, index=False)
     ref = DatasetRef(
@@ -92,8 +97,6 @@ def store_table(table: pd.DataFrame, target: Path, *, key: str, source: str) -> 
         columns={c: str(t) for c, t in table.dtypes.items()},
         source=source,
     )
-    with atomic_path(target.with_suffix(".json")) as tmp:
-        tmp.write_text(ref.model_dump_json(indent=2))
     log.info("stored %d validated rows of %s as %s", len(table), source, target.name)
     return ref
 
@@ -102,12 +105,11 @@ def store_table(table: pd.DataFrame, target: Path, *, key: str, source: str) -> 
 # tasks
 
 
-# Cache policy: NONE on purpose. The store itself is content-addressed (source bytes +
-# schema + mapping), which survives Prefect result-storage resets and never returns a
-# reference to a deleted file.
 load_table_task = task(
     load_table,
     name="load-table",
-    description="Read, map, validate and store a CSV/Parquet table (content-addressed).",
-    cache_policy=NONE,
+    description="Read, map, validate and store a CSV/Parquet table (content-addressed); cached while the file is "
+    "unchanged.",
+    cache_policy=stored_table_policy(),
+    result_serializer=RESULT_SERIALIZER,
 )

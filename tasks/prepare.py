@@ -1,22 +1,21 @@
 """Content-addressed materialisation of derived tables (generated data, features).
 
-A derived table is stored once per key (its inputs' hashes + config + code version);
-re-running with unchanged inputs reads it back instead of recomputing it.
+A derived table is stored under its key (its inputs' hashes + config + code version); inside a
+flow the task is skipped while the key is unchanged (Prefect's cache: the run shows as Cached).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
 from prefect import task
-from prefect.cache_policies import NONE
 
 from infra.home import home_layout
 from infra.store import check_name, stable_hash
+from tasks.cache import RESULT_SERIALIZER, stored_table_policy
 from tasks.data import DatasetRef, store_table
 
 log = logging.getLogger(__name__)
@@ -25,27 +24,24 @@ log = logging.getLogger(__name__)
 def materialize_table(
     name: str, key: Mapping[str, Any], build: Callable[[], pd.DataFrame]
 ) -> DatasetRef:
-    """Return the stored table for ``(name, key)``, building and storing it if absent.
+    """Build the table of ``(name, key)`` and store it under that key.
 
     Args:
         name: a short name for the kind of table (``fraud-features``).
         key: everything the table depends on (input hashes, config, code version).
-        build: computes the table when it is not stored yet.
+        build: computes the table.
     """
     digest = stable_hash(dict(key))
     target = home_layout().prepared() / f"{check_name(name)}-{digest}.parquet"
-    meta = target.with_suffix(".json")
-    if target.exists() and meta.exists():
-        log.info("reusing prepared %s (key %s)", target.name, digest)
-        return DatasetRef(**json.loads(meta.read_text()))
     log.info("preparing %s (key %s)", name, digest)
     return store_table(build(), target, key=digest, source=name)
 
 
-# Cache policy NONE on purpose: the store is content-addressed by ``key`` already.
+# ``build`` is left out of the cache key: ``key`` describes everything the table depends on
 materialize_table_task = task(
     materialize_table,
     name="materialize-table",
-    description="Build a derived table once per content key, reuse it afterwards.",
-    cache_policy=NONE,
+    description="Build and store a derived table under its content key; cached while the key is unchanged.",
+    cache_policy=stored_table_policy("build"),
+    result_serializer=RESULT_SERIALIZER,
 )

@@ -56,6 +56,16 @@ def _check_files(kwargs: dict[str, Any], *names: str) -> None:
             raise ValueError(f"--{name.replace('_', '-')}: no such file: {value}")
 
 
+def check_federate(kwargs: dict[str, Any]) -> None:
+    """The data file exists and the federated extra is installed (one ``error:`` line, not a
+    traceback from the server process)."""
+    from solutions.fraud.flower_apps import require_federated_packages
+
+    _check_files(kwargs, "data")
+    config = kwargs.get("config")
+    require_federated_packages(dp=bool(config and config.federation.dp_epsilon))
+
+
 def _check_columns(kwargs: dict[str, Any], file: str | None = "data", *, for_scoring: bool = False) -> None:
     """The mapping names canonical columns, and the ``file`` parameter's header and first
     rows (read without the rest) have every required column, of its kind."""
@@ -348,7 +358,7 @@ COMMANDS = (
                "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
                "config.compare": "no-compare"},
         hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
-        check=lambda kwargs: _check_files(kwargs, "data"),
+        check=check_federate,
     ),
     evidence_command("flows.fraud.evidence:fraud_evidence",
                      "served scores per version (champion, challenger) joined to later labels; recommend (--promote)"),

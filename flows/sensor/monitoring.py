@@ -58,7 +58,7 @@ def drift_step(run: InboxRun, columns: Mapping[str, str], config: SensorConfig) 
     inputs = []
     for entry in scored_entries(BATCH_JOB, run.outputs) if run.outputs else []:
         plan = D.readings_plan(locate(entry.path) or Path(entry.path), None, dict(columns), config.align, data_sha256=entry.sha256)
-        grid_ref, _ = grid_table(plan)  # stored when the file was scored: read back, not rebuilt
+        grid_ref, _ = grid_table(plan)  # the grid of the scored file, stored under its content key
         inputs.append((M.monitored_features(grid_ref.read()),
                        pd.read_parquet(entry.output, columns=["predicted_rul"])["predicted_rul"].to_numpy()))
     return MON.check_batch_drift(BATCH_JOB, run.model, inputs)

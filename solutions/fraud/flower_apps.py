@@ -14,6 +14,7 @@ counts, the server sums them and sends the totals with the moments round.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -25,10 +26,13 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from infra.errors import InfrastructureError
 from infra.tables import TimeSplit
 from solutions.fraud import federated as FD
 from solutions.fraud.config import SequenceModelConfig
 
+#: How to install what the federation needs (Flower, and Opacus for DP-SGD): the ``federated`` extra.
+FEDERATED_EXTRA = 'pip install -e ".[federated]"'
 ROUNDS_FILE = "rounds.jsonl"
 FINAL_FILE = "global.npz"
 ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the flow registers the best)
@@ -342,6 +346,16 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def require_federated_packages(dp: bool) -> None:
+    """Raise :class:`InfrastructureError` naming the extra to install when Flower (or, with
+    differential privacy, Opacus) is not installed, before any process starts."""
+    missing = [name for name, needed in (("flwr", True), ("opacus", dp))
+               if needed and importlib.util.find_spec(name) is None]
+    if missing:
+        raise InfrastructureError(f"federated training needs {' and '.join(missing)}, not installed here: "
+                                  f"install the federated extra ({FEDERATED_EXTRA})")
+
+
 def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.FederateConfig, run_dir: Path,
                    faults: dict[int, ClientFault] | None = None, on_round: Any = None,
                    timeout_s: float = 3600) -> FederationOutcome:
@@ -350,6 +364,7 @@ def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fed
     from infra.processes import ProcessGroup, free_port
 
     fed = cfg.federation
+    require_federated_packages(dp=bool(fed.dp_epsilon))
     run_dir.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{fed.port or free_port()}"
     dp = (FD.DPSettings(epsilon=fed.dp_epsilon, delta=fed.dp_delta, max_grad_norm=fed.dp_max_grad_norm,

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +101,22 @@ def test_the_federation_stops_when_every_bank_has_died(monkeypatch: pytest.Monke
         compare=False, model_name="fraud-fed-gone")
     with pytest.raises(RuntimeError, match="every bank process exited"):
         fraud_federate(config=config, faults={0: ClientFault(crash_round=2), 1: ClientFault(crash_round=2)})
+
+
+def test_without_flower_federate_names_the_extra_to_install(tmp_path) -> None:
+    """Fresh processes where ``flwr`` cannot be imported (a sitecustomize hides it from every
+    process of the run, the server's too): one ``error:`` line, exit 2, no traceback."""
+    hide = tmp_path / "no_flower"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['flwr'] = None\n")
+    argv = ["federate", *TINY, "--clients", "2", "--rounds", "1"]
+    code = f"import sys\nfrom flows.fraud.cli import main\nsys.exit(main({argv!r}))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(Path(__file__).resolve().parents[2])]),
+           "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [proc.stderr.strip().splitlines()[-1]] and len(errors) == 1, proc.stderr
+    assert "flwr" in errors[0] and 'pip install -e ".[federated]"' in errors[0]
