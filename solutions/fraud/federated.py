@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from infra.determinism import seeded
 from infra.errors import DataValidationError
+from infra.store import sha256_file
 from infra.tables import TimeSplit, assign_periods, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
@@ -178,15 +179,6 @@ def partition_banks(df: pd.DataFrame, clients: int, by: str | None = None) -> np
     return banks
 
 
-def file_hash(path: Path) -> str:
-    """SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class BankPartition(BaseModel):
     """One bank's table as the orchestrator wrote it (its client gets only this)."""
 
@@ -207,7 +199,7 @@ def write_partitions(df: pd.DataFrame, banks: np.ndarray, out_dir: Path) -> list
         rows = df.loc[banks == bank].reset_index(drop=True)
         path = out_dir / f"bank-{bank}.parquet"
         rows.to_parquet(path, index=False)
-        parts.append(BankPartition(bank=bank, path=str(path), sha256=file_hash(path), rows=len(rows),
+        parts.append(BankPartition(bank=bank, path=str(path), sha256=sha256_file(path), rows=len(rows),
                                    accounts=int(rows[S.ACCOUNT_ID].nunique())))
     return parts
 
@@ -256,7 +248,7 @@ def load_bank(part: BankPartition, bounds: TimeSplit, delay_days: float) -> Bank
     validate it, split it on the shared time boundaries and compute its window features from
     its own rows. Raises :class:`BankRefused` on invalid data, AssertionError on a wrong file."""
     path = Path(part.path)
-    digest = file_hash(path)
+    digest = sha256_file(path)
     if digest != part.sha256:
         raise AssertionError(f"bank {part.bank}: {path.name} is not the partition written for this bank")
     try:

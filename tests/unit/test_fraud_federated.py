@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from infra.store import sha256_file
 from infra.tables import time_split
 from solutions.fraud import federated as FD
 from solutions.fraud import pipeline as P
@@ -62,7 +63,7 @@ def test_invalid_bank_data_is_refused_with_a_named_error(table: pd.DataFrame, tm
     bad.loc[3, S.AMOUNT] = "lots"
     path = tmp_path / "bank-0.parquet"
     bad.astype({S.AMOUNT: "string"}).to_parquet(path, index=False)
-    part = FD.BankPartition(bank=0, path=str(path), sha256=FD.file_hash(path), rows=len(bad), accounts=1)
+    part = FD.BankPartition(bank=0, path=str(path), sha256=sha256_file(path), rows=len(bad), accounts=1)
     bounds = time_split(table[S.TIMESTAMP], train_days=12, val_days=3, delay_days=3, test_days=5)
     with pytest.raises(FD.BankRefused, match=r"bank 0 refused: .*amount"):
         FD.load_bank(part, bounds, 3)
