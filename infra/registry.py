@@ -58,6 +58,7 @@ from infra.home import home_layout
 from infra.registry_anchor import publish_head, version_file_hashes
 from infra.registry_policy import (
     POLICY_FILE,
+    POLICY_PROPOSAL_FILE,
     ModelPolicy,
     SignedDecision,
     SignedPolicy,
@@ -70,6 +71,7 @@ from infra.registry_trail import (
     ALIAS_HISTORY_FILE,
     DOCUMENT,
     POLICY,
+    POLICY_PROPOSED,
     REGISTER,
     TRAIL_HEAD_FILE,
     TrailReport,
@@ -326,19 +328,47 @@ class ModelRegistry:
             return self._policy_unlocked(name)
 
     def set_policy(self, name: str, signed: SignedPolicy) -> str:
-        """Replace ``name``'s policy with ``signed`` (signed by an approver of the current policy, or of
-        itself for the first); the change is a trail entry. Returns the trail's new head."""
+        """Replace ``name``'s policy with ``signed``: signed by an approver of the current policy (of itself
+        for the first), and by a second person of the current policy where it enrols two or more
+        (:func:`~infra.registry_policy.signatures_needed`). A change one signature short is kept as a
+        proposal (``policy.proposed.json``, a ``policy-proposed`` trail entry) until a second approver
+        signs the same policy; the change itself is a ``policy`` trail entry holding the signed policy.
+        Returns the trail's new head."""
         if signed.policy.model != name:
             raise ApprovalError(f"the policy is for {signed.policy.model!r}, not {name!r}")
         with self._lock(name):
             current = self._policy_unlocked(name)
-            signer = check_policy_change(signed, current)
-            write_json_atomic(self._model_dir(name) / POLICY_FILE, signed.model_dump(mode="json"))
+            proposal = self._model_dir(name) / POLICY_PROPOSAL_FILE
+            proposed = self._read_proposal(proposal)
+            if proposed is not None and proposed.sha256 == signed.sha256:
+                signed = signed.with_signatures(proposed.signatures())  # the earlier valid signatures
             p = signed.policy
+            try:
+                signers = check_policy_change(signed, current)
+            except ApprovalError as exc:
+                if exc.code != "cosign":
+                    raise
+                write_json_atomic(proposal, signed.model_dump(mode="json"))
+                return self._append_trail(name, {
+                    "action": POLICY_PROPOSED, "policy_sha256": signed.sha256, "policy_seq": p.seq,
+                    "signed": signed.model_dump(mode="json"), "reason": str(exc)})
+            write_json_atomic(self._model_dir(name) / POLICY_FILE, signed.model_dump(mode="json"))
+            proposal.unlink(missing_ok=True)
+            names = ", ".join(s.person for s in signers)
             return self._append_trail(name, {
-                "action": POLICY, "policy_sha256": sha256_of(p), "policy_seq": p.seq, "signed_by": signer.person,
-                "signer_key": signed.public_key, "approval_required": p.approval_required,
-                "approvers": [a.person for a in p.approvers], "reason": f"policy {p.seq} signed by {signer.person}"})
+                "action": POLICY, "policy_sha256": signed.sha256, "policy_seq": p.seq, "signed_by": signers[0].person,
+                "signers": [s.person for s in signers], "signer_key": signed.public_key,
+                "signed": signed.model_dump(mode="json"), "approval_required": p.approval_required,
+                "approvers": [a.person for a in p.approvers], "reason": f"policy {p.seq} signed by {names}"})
+
+    @staticmethod
+    def _read_proposal(path: Path) -> SignedPolicy | None:
+        """The policy change waiting for a second signature (None: none, or a file that does not parse)."""
+        try:
+            return SignedPolicy.model_validate_json(path.read_text()) if path.exists() else None
+        except ValueError:
+            log.warning("%s does not parse: ignored (the next signature starts a new proposal)", path)
+            return None
 
     def verify_decision(self, name: str, alias: str, version: int, signed: SignedDecision, *,
                         initiators: list[str], run_id: str | None) -> str:
@@ -465,7 +495,7 @@ class ModelRegistry:
     def alias_history(self, name: str, alias: str | None = CHAMPION) -> list[dict[str, Any]]:
         """The recorded moves of ``alias`` (with None: every alias's moves and the approval events),
         oldest first."""
-        return [e for e in self.trail(name) if e.get("action") not in (REGISTER, DOCUMENT, POLICY)
+        return [e for e in self.trail(name) if e.get("action") not in (REGISTER, DOCUMENT, POLICY, POLICY_PROPOSED)
                 and (alias is None or e.get("alias") == alias)]
 
     def models(self) -> list[str]:

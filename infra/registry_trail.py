@@ -19,12 +19,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from infra.errors import ApprovalError
 from infra.registry_anchor import check_anchor, configured_anchors
+from infra.registry_policy import (
+    ModelPolicy,
+    SignedDecision,
+    SignedPolicy,
+    check_policy_change,
+    decision_signer,
+)
 
 ALIAS_HISTORY_FILE = "alias_history.jsonl"
 TRAIL_HEAD_FILE = "alias_history.head.json"
 #: Trail entries about a version's files and the model's policy (no alias moves).
 REGISTER, DOCUMENT, POLICY = "register", "document", "policy"
+#: A policy change waiting for a second approver's signature (no change yet).
+POLICY_PROPOSED = "policy-proposed"
 
 
 def sha256_text(text: str) -> str:
@@ -69,11 +79,16 @@ def recorded_files(entries: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, 
     """Version -> file -> SHA-256, as the trail's ``register`` and ``document`` entries recorded them."""
     out: dict[int, dict[str, str]] = {}
     for e in entries:
-        if e.get("action") == REGISTER:
-            out[int(e["version"])] = dict(e["files"])
-        elif e.get("action") == DOCUMENT and int(e["version"]) in out:
-            out[int(e["version"])][str(e["file"])] = str(e["sha256"])
+        add_files(out, e)
     return out
+
+
+def add_files(files: dict[int, dict[str, str]], e: Mapping[str, Any]) -> None:
+    """Add what a ``register`` or ``document`` entry records to ``files`` (version -> file -> SHA-256)."""
+    if e.get("action") == REGISTER:
+        files[int(e["version"])] = dict(e["files"])
+    elif e.get("action") == DOCUMENT and int(e["version"]) in files:
+        files[int(e["version"])][str(e["file"])] = str(e["sha256"])
 
 
 def json_or_none(line: str) -> Any:
@@ -163,6 +178,95 @@ def check_files(recorded: dict[int, dict[str, str]],
     return problems, unproven
 
 
+#: Trail actions of an alias move the policy authorises (``clear`` takes a challenger out: no approval).
+AUTHORISED_MOVES = ("set", "promote", "force", "rollback")
+#: Trail events that record a signed decision given to a waiting run (tasks.approval).
+DECISION_EVENTS = ("approved", "rejected")
+
+
+def _signed_decision_problem(entry: Mapping[str, Any], signed: Any, policy: ModelPolicy, name: str,
+                             files: Mapping[int, Mapping[str, str]]) -> str | None:
+    """What is wrong with a trail entry's signed decision (None: it holds for this entry)."""
+    try:
+        approver = decision_signer(policy, signed, name)
+    except ApprovalError as exc:
+        return str(exc)
+    s = signed.statement
+    if "alias" in entry:  # a move: the decision is about this alias and version
+        version, alias = entry.get("version"), entry.get("alias")
+        said = {"decision_sha256": signed.sha256, "approved_by": approver.person, "approver_key": signed.public_key}
+        if any(entry.get(k) != v for k, v in said.items()):
+            return "the entry's approver or decision hash is not the signed decision's"
+    else:  # an approval event: the decision is about the candidate, and says what the event says
+        version, alias = entry.get("candidate"), entry.get("for_alias", s.alias)
+        if (entry.get("by"), entry.get("run"), entry.get("action")) != (
+                approver.person, s.run_id, "approved" if s.decision == "approve" else "rejected"):
+            return "the entry's approver, run or outcome is not the signed decision's"
+    if (s.model, s.version, s.alias) != (name, version, alias):
+        return f"the signed decision is about {s.model}@{s.alias} v{s.version}, the entry about {alias} v{version}"
+    if version is not None and s.files != dict(files.get(int(version), {})):
+        return "the signed decision's file hashes are not those the trail recorded for that version"
+    return None
+
+
+def check_signatures(name: str, entries: Sequence[tuple[int, Mapping[str, Any]]]) -> tuple[list[TrailProblem],
+                                                                                            list[str]]:
+    """(problems, unproven) of the signatures the trail holds: every policy change against the policy
+    before it (two people where it enrolled two), every signed decision of a move or an approval event
+    against the policy then in force (an enrolled key, a valid signature over what the entry says), and
+    no authorised move of a gated model without one. An edited entry fails here even when the trail
+    was re-chained."""
+    problems: list[TrailProblem] = []
+    unproven: list[str] = []
+    policy: ModelPolicy | None = None
+    known = True  # every policy so far was recorded in full
+    files: dict[int, dict[str, str]] = {}
+    for line, e in entries:
+        action = e.get("action")
+        if action in (REGISTER, DOCUMENT):
+            add_files(files, e)
+            continue
+        if action == POLICY:
+            if "signed" not in e:
+                known, policy = False, None
+                unproven.append(f"line {line}: a policy recorded before policies were kept in full on the trail: "
+                                "its signatures and those of the moves after it are not proven")
+                continue
+            try:
+                signed_policy = SignedPolicy.model_validate(e["signed"])
+                if signed_policy.sha256 != e.get("policy_sha256"):
+                    raise ApprovalError("the entry's policy hash is not its signed policy's")
+                check_policy_change(signed_policy, policy)
+            except (ApprovalError, ValueError) as exc:
+                problems.append(TrailProblem(line=line, problem=f"policy change: {exc}"))
+                continue
+            policy, known = signed_policy.policy, True
+            continue
+        if "alias" in e:
+            signed_raw = (e.get("approval") or {}).get("signed")
+        elif action in DECISION_EVENTS:
+            signed_raw = e.get("signed")
+        else:  # another event (requested, refused, expired, a policy proposal): nothing signed it holds counts
+            continue
+        if signed_raw is None:
+            if (known and policy is not None and policy.approval_required and action in AUTHORISED_MOVES
+                    and not e.get("emergency")):
+                problems.append(TrailProblem(line=line, problem=f"{action} of {e.get('alias')} to v{e.get('version')} "
+                                             "without a signed decision although the policy then required one"))
+            continue
+        if not known or policy is None:
+            continue
+        try:
+            signed = SignedDecision.model_validate(signed_raw)
+        except ValueError:
+            problems.append(TrailProblem(line=line, problem="the signed decision cannot be read"))
+            continue
+        why = _signed_decision_problem(e, signed, policy, name, files)
+        if why is not None:
+            problems.append(TrailProblem(line=line, problem=f"signed decision: {why} (edited after it was written)"))
+    return problems, unproven
+
+
 def check_trail(name: str, lines: Sequence[str], head: Mapping[str, Any] | None, aliases: Mapping[str, int],
                 stored: dict[int, dict[str, str]], policy_problem: str | None = None) -> TrailReport:
     """The report of ``name``'s trail (see the module docstring); ``stored`` is the hashes of the version
@@ -170,10 +274,14 @@ def check_trail(name: str, lines: Sequence[str], head: Mapping[str, Any] | None,
     problems = [TrailProblem(line=None, problem=policy_problem)] if policy_problem is not None else []
     chain_problems, chained, unchained = check_chain(lines, head)
     problems += chain_problems
-    entries = [e for e in (json_or_none(line) for line in lines) if isinstance(e, dict)]
+    numbered = [(i + 1, e) for i, e in enumerate(json_or_none(line) for line in lines) if isinstance(e, dict)]
+    entries = [e for _, e in numbered]
     problems += [TrailProblem(line=None, problem=p) for p in check_aliases(entries, aliases)]
     file_problems, unproven = check_files(recorded_files(entries), stored)
     problems += [TrailProblem(line=None, problem=p) for p in file_problems]
+    signature_problems, not_proven = check_signatures(name, numbered)
+    problems += signature_problems
+    unproven += not_proven
     heads = [sha256_text(line) for line in lines]
     anchors = configured_anchors()
     pinned = []

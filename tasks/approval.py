@@ -348,6 +348,7 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
         registry.record_event(ref.name, "approved" if approved else "rejected", candidate=ref.version,
                               champion=decision.champion_version, reason=statement.reason, by=signer, run_id=run_id,
                               extra={"decision_sha256": signed.sha256, "signer_key": signed.public_key,
+                                     "signed": signed.model_dump(mode="json"), "for_alias": alias,
                                      "via": answer.via})
         now = _now().isoformat()
         _write(registry, request.model_copy(update={
