@@ -217,8 +217,15 @@ class Served:
 
 
 def _id_text(value: Any) -> str | None:
-    """An id as the online state reads it (a string, or an integer as its decimal text); None otherwise."""
-    return value if isinstance(value, str) else str(value) if type(value) is int else None
+    """An id as the online state reads it (a string, or an integer as its decimal text); None otherwise,
+    and for text no store can hold (a lone surrogate: the validation refuses that row)."""
+    text = value if isinstance(value, str) else str(value) if type(value) is int else None
+    if text is not None and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return text
 
 
 def _label_value(value: Any) -> int | None:
