@@ -7,7 +7,8 @@ evidence) and a label counts only when it names the account the id was scored un
 keeps, per model and transaction id, a keyed hash of the account (the audit log's
 :meth:`~infra.serving.audit.AuditLog.hash_id`: no account id is stored). A claim is atomic, on
 every replica: an SQLite file beside the score log (one machine) or the Redis of
-``INDUSFLOW_SERVE_REDIS_URL`` (replicas), ``SET NX`` per id.
+``INDUSFLOW_SERVE_REDIS_URL`` (replicas), ``SET NX`` per id. Replicas must hash with one salt (a
+shared home, or one ``INDUSFLOW_SERVE_AUDIT_SALT``), as the challenger split already needs.
 
 Ids claimed by a request the model then refused are released, so a corrected request can claim
 them again. Ids scored before this index existed are unknown to it: their labels are refused.
