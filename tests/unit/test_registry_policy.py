@@ -214,3 +214,20 @@ def test_verify_checks_every_signature_on_the_trail_even_re_chained(tmp_path: Pa
     expected = {"edited": "signature does not verify", "forged": "no approver of its policy",
                 "stripped": "without a signed decision", "policy": "policy change:"}[how]
     assert any(expected in p.problem for p in report.problems), report.problems
+
+
+def test_the_policy_command_keeps_one_signature_as_a_proposal_until_a_second_person_signs(tmp_path: Path) -> None:
+    """``flows.registry policy`` run by alice, then by bob with the same arguments: the first is a
+    proposal (not in force, saying who else must sign), the second puts it in force."""
+    from tasks.champion import set_policy
+
+    registry, people = _gated(tmp_path)
+    carol = person(tmp_path / "keys", "carol")
+    approvers = [f"alice:{people['alice'].public_key}", f"bob:{people['bob'].public_key}",
+                 f"carol:{carol.public_key}"]
+    first = set_policy("m", approvers, people["alice"].key_path, registry=registry)
+    assert (first.in_force, first.signed_by, first.seq) == (False, "alice", 2)
+    assert "one of bob must sign" in (first.waiting_for or "") and registry.policy("m").seq == 1
+    second = set_policy("m", approvers, people["bob"].key_path, registry=registry)
+    assert (second.in_force, second.signed_by, second.approvers) == (True, "bob, alice", ["alice", "bob", "carol"])
+    assert registry.policy("m").seq == 2 and not (registry.root / "m" / "policy.proposed.json").exists()
