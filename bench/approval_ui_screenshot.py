@@ -102,18 +102,10 @@ def drive(ui: str, run_id: str, out_dir: Path, signed: str, approver: str) -> di
             page.screenshot(path=shots["filled"], full_page=True)
             dialog.get_by_role("button", name="Submit").click()
             page.get_by_text("Completed").first.wait_for(timeout=180_000)
-            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first
-            page.get_by_text("approval-gate").first.wait_for()  # its versions, with the task that made each
-            href = page.evaluate("""() => {  // the version the approval gate published
-                for (const a of document.querySelectorAll("a[href*='/artifacts/artifact/']")) {
-                    let el = a;
-                    while (el && !(el.innerText || "").includes("Task run")) el = el.parentElement;
-                    if (el && el.innerText.includes("approval-gate")) return a.getAttribute("href");
-                }
-                return null;
-            }""")
-            if not href:
-                raise SystemExit("error: the approval gate published no promotion artifact")
+            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first: the approval gate's
+            link = page.locator("a[href*='/artifacts/artifact/']").first
+            link.wait_for()
+            href = link.get_attribute("href") or ""
             page.goto(ui + href if href.startswith("/") else href)
             page.get_by_text("promoted to champion").first.wait_for()
             page.get_by_text(approver).first.wait_for()
