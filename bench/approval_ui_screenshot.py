@@ -2,11 +2,14 @@
 Prints one JSON line.
 
 Starts a Prefect server (``python -m infra.prefect_server``, what ``make ui`` runs) on a throwaway
-home, runs ``python -m flows.fraud train --candidates baseline`` against it with
-``INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED='["fraud-seq"]'`` (the first champion of a fresh home needs
-the approval too), and drives Debian's headless Chromium through Playwright as a validator would:
-open the paused run, press *Resume*, read the approval form (comparison, model card, lineage),
-fill it in as a different person and submit it; then open the promotion artifact. Writes
+home and, against it: trains ``fraud-seq`` twice on small synthetic data (``python -m flows.fraud
+train --candidates baseline``: v1 champion, v2 registered), makes two approvers' signing keys (``flows.registry keygen
+alice|bob``, kept outside the home) and a policy enrolling them (alice is this OS account: she
+starts the runs), then promotes the version that is not champion by hand (``flows.fraud promote
+--model fraud-seq:N``), which pauses for a signed decision. bob signs it (``flows.registry sign RUN --key bob.pem``), and headless Chromium,
+driven through Playwright as a validator would, opens the paused run, presses *Resume*, reads the
+approval form (comparison, model card, lineage), pastes the signed decision into its one field and
+submits it; then opens the promotion artifact, which names bob. Writes
 ``bench/results/approval_form.png``, ``approval_form_filled.png`` and ``approval_promotion.png``.
 
 Usage: ``python bench/approval_ui_screenshot.py [--out-dir bench/results]``
@@ -51,7 +54,27 @@ def _waiting(home: Path, timeout_s: float = 600) -> dict:
     raise SystemExit(f"error: no approval request appeared within {timeout_s:.0f} s")
 
 
-def drive(ui: str, run_id: str, out_dir: Path, approver: str) -> dict[str, str]:
+def _cli(env: dict[str, str], *args: str) -> dict:
+    """``python -m <args> --json``: the typed result on the last line of stdout (exits on failure)."""
+    done = subprocess.run([sys.executable, "-m", *args, "--json"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"error: {' '.join(args[:2])} exited {done.returncode}: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def enrol(env: dict[str, str], keys: Path) -> Path:
+    """alice (this OS account) and bob enrolled as approvers of the model; returns bob's key path."""
+    from infra.registry import current_actor
+
+    public = {p: _cli(env, "flows.registry", "keygen", p, "--out", str(keys / f"{p}.pem"))["public_key"]
+              for p in ("alice", "bob")}
+    _cli(env, "flows.registry", "policy", "--model", MODEL, "--key", str(keys / "alice.pem"), "--approvers",
+         f"alice:{public['alice']}:{current_actor()}", f"bob:{public['bob']}")
+    return keys / "bob.pem"
+
+
+def drive(ui: str, run_id: str, out_dir: Path, signed: str, approver: str) -> dict[str, str]:
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.sync_api import sync_playwright
 
@@ -72,30 +95,17 @@ def drive(ui: str, run_id: str, out_dir: Path, approver: str) -> dict[str, str]:
             shots["form"] = str(out_dir / "approval_form.png")
             page.screenshot(path=shots["form"], full_page=True)
             dialog = page.get_by_role("dialog")
-            fields = dialog.locator("textarea, input[type=text]")  # the form's fields: reason, approver
-            fields.nth(0).fill("Card, comparison with the champion and lineage reviewed")
-            fields.nth(1).fill(approver)
-            control = dialog.locator(".p-select-button__control").first  # the decision: Prefect's own select
-            control.focus()
-            control.press("Space")  # opens its options (a click in the modal does not, headless)
-            page.locator(".p-select-option", has_text="approve").first.click()
+            # the form's first field is the signed decision (the second, "via", is the API's)
+            dialog.locator("textarea, input[type=text]").first.fill(signed)
             page.wait_for_timeout(500)
             shots["filled"] = str(out_dir / "approval_form_filled.png")
             page.screenshot(path=shots["filled"], full_page=True)
             dialog.get_by_role("button", name="Submit").click()
             page.get_by_text("Completed").first.wait_for(timeout=180_000)
-            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first
-            page.get_by_text("approval-gate").first.wait_for()  # its versions, with the task that made each
-            href = page.evaluate("""() => {  // the version the approval gate published
-                for (const a of document.querySelectorAll("a[href*='/artifacts/artifact/']")) {
-                    let el = a;
-                    while (el && !(el.innerText || "").includes("Task run")) el = el.parentElement;
-                    if (el && el.innerText.includes("approval-gate")) return a.getAttribute("href");
-                }
-                return null;
-            }""")
-            if not href:
-                raise SystemExit("error: the approval gate published no promotion artifact")
+            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first: the approval gate's
+            link = page.locator("a[href*='/artifacts/artifact/']").first
+            link.wait_for()
+            href = link.get_attribute("href") or ""
             page.goto(ui + href if href.startswith("/") else href)
             page.get_by_text("promoted to champion").first.wait_for()
             page.get_by_text(approver).first.wait_for()
@@ -120,19 +130,24 @@ def main() -> None:
     try:
         server = spawn_server([sys.executable, "-m", "infra.prefect_server", "--host", "127.0.0.1", "--port", str(port)],
                               env=env, cwd=ROOT, log=tmp / "server.log", ready_url=f"{api}/health", timeout_s=180)
+        for seed in ("7", "8"):  # v1 becomes champion (no policy yet), v2 is registered (small data: minutes)
+            _cli(env, "flows.fraud", "train", "--candidates", "baseline", "--n-accounts", "300", "--n-terminals", "100",
+                 "--seed", seed)
+        bob = enrol(env, tmp / "keys")
+        aliases = json.loads((tmp / "indusflow" / "registry" / MODEL / "aliases.json").read_text())
+        other = 1 if aliases["champion"] == 2 else 2  # v2 may have won the champion rule: promote the other
         started = time.perf_counter()
         with open(tmp / "train.log", "wb") as log:
-            train = subprocess.Popen([sys.executable, "-m", "flows.fraud", "train", "--candidates", "baseline", "--json"],
-                                     env={**env, "INDUSFLOW_GOVERNANCE_APPROVAL_REQUIRED": json.dumps([MODEL]),
-                                          "INDUSFLOW_GOVERNANCE_ACTOR": "ml-engineer"},
-                                     cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            train = subprocess.Popen([sys.executable, "-m", "flows.fraud", "promote", "--model", f"{MODEL}:{other}",
+                                      "--json"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         request = _waiting(tmp)
         waited_s = time.perf_counter() - started
+        signed = _cli(env, "flows.registry", "sign", request["run_id"], "--key", str(bob), "--reason",
+                      "Card, comparison with the champion and lineage reviewed")
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        shots = drive(ui, request["run_id"], args.out_dir, approver="validator-anna")
+        shots = drive(ui, request["run_id"], args.out_dir, json.dumps(signed), approver="bob")
         rc = train.wait(300)
-        result = json.loads((tmp / "train.log").read_text().strip().splitlines()[-1])
-        promotion = result["promotion"]
+        promotion = json.loads((tmp / "train.log").read_text().strip().splitlines()[-1])
         print(json.dumps({"bench": "approval_ui_screenshot", "screenshots": shots, "train_rc": rc,
                           "seconds_to_pause": round(waited_s, 1), "promoted": promotion["promoted"],
                           "approved_by": (promotion.get("approval") or {}).get("decided_by"),

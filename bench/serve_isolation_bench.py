@@ -108,8 +108,8 @@ async def timed(client: aiohttp.ClientSession, method: str, url: str, key: str, 
 
 
 async def load(url: str, keys: dict[str, str], asks: int, seconds: float, rate: float) -> dict[str, Any]:
-    label = {"labels": [{"transaction_id": "tx-1", "terminal_id": "T1", "timestamp": "2025-03-01T10:00:00",
-                         "label": 1}]}
+    label = {"labels": [{"transaction_id": "tx-1", "account_id": "A1", "terminal_id": "T1",
+                         "timestamp": "2025-03-01T10:00:00", "label": 1}]}
     routes = {
         "labels": ("POST", f"{url}/v1/fraud/labels", keys["labeller"], label),
         "approvals": ("GET", f"{url}/v1/registry/approvals", keys["approver"], None),

@@ -50,19 +50,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra import sealed
 from infra.errors import ApprovalError, QualityGateError, RegistryError
 from infra.home import home_layout
-from infra.registry_anchor import (
-    check_anchor,
-    configured_anchors,
-    publish_head,
-    version_file_hashes,
-)
+from infra.registry_anchor import publish_head, version_file_hashes
 from infra.registry_policy import (
     POLICY_FILE,
+    POLICY_PROPOSAL_FILE,
     ModelPolicy,
     SignedDecision,
     SignedPolicy,
@@ -71,22 +67,30 @@ from infra.registry_policy import (
     read_policy,
     sha256_of,
 )
+from infra.registry_trail import (
+    ALIAS_HISTORY_FILE,
+    DOCUMENT,
+    POLICY,
+    POLICY_PROPOSED,
+    REGISTER,
+    TRAIL_HEAD_FILE,
+    TrailReport,
+    check_trail,
+    recorded_files,
+    sha256_text,
+)
 from infra.store import check_name, safe_join, sha256_file, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "weights.safetensors"
 META_FILE = "meta.json"
-ALIAS_HISTORY_FILE = "alias_history.jsonl"
-TRAIL_HEAD_FILE = "alias_history.head.json"
 CARD_FILE = "card.json"
 CHAMPION = "champion"
 #: The alias a serving process scores beside the champion (shadow or split; flows.serve).
 CHALLENGER = "challenger"
 #: Trail entries that move no alias: the approval of a champion move (tasks.approval).
 TRAIL_EVENTS = ("approval-requested", "approved", "rejected", "approval-refused", "approval-expired")
-#: Trail entries about a version's files and the model's policy (no alias moves).
-REGISTER, DOCUMENT, POLICY = "register", "document", "policy"
 #: ``ModelRef.kind`` values: what a version's files load into (compressed variants: tasks.compress).
 KIND_TORCH = "torch"
 KIND_SKLEARN = "sklearn-skops"  # a scikit-learn model in a skops file (infra.sklearn_store), no tensors
@@ -186,44 +190,6 @@ def current_actor() -> str:
         return f"uid:{os.getuid()}"
 
 
-def _sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class TrailProblem(BaseModel):
-    """One thing :meth:`ModelRegistry.verify_trail` found wrong."""
-
-    model_config = ConfigDict(frozen=True)
-
-    line: int | None = Field(description="1-based line of alias_history.jsonl (None: the file as a whole).")
-    problem: str
-
-
-class TrailReport(BaseModel):
-    """The verification of one model's registry trail."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    entries: int
-    chained: int = Field(description="Entries with a hash link to the line before (or the first line).")
-    unchained: int = Field(description="Lines written before the trail was hash-chained (not verifiable).")
-    head_sha256: str | None
-    ok: bool = Field(description="No problem found (the chain, the files, the aliases, the policy, the anchors).")
-    problems: list[TrailProblem]
-    files_checked: int = Field(default=0, description="Version files re-hashed against their trail entries.")
-    anchors: list[str] = Field(default_factory=list, description="The anchors the head was checked against.")
-    anchored: int = Field(default=0, description="Entries pinned by every anchor (0: none configured).")
-    unproven: list[str] = Field(default_factory=list, description="What could not be proven (no anchor, versions "
-                                "registered before file hashing).")
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def status(self) -> str:
-        """``failed`` (a problem), ``unanchored`` (consistent, but nothing outside the folder pins it), or ``ok``."""
-        return "failed" if not self.ok else "unanchored" if not self.anchors else "ok"
-
-
 class ChampionComparison(BaseModel):
     """The candidate compared with one champion version on the candidate's evaluation data.
 
@@ -301,7 +267,7 @@ class ModelRegistry:
             if path.is_file():
                 out[key] = hashlib.sha256(path.read_bytes()).hexdigest()
         if comparison is not None:
-            out["comparison_sha256"] = _sha256_text(json.dumps(comparison, sort_keys=True, default=str))
+            out["comparison_sha256"] = sha256_text(json.dumps(comparison, sort_keys=True, default=str))
         return out
 
     def _trail_lines(self, name: str) -> list[str]:
@@ -313,28 +279,22 @@ class ModelRegistry:
         returns the new head (the line's hash)."""
         lines = self._trail_lines(name)
         entry = {**entry, "seq": len(lines) + 1, "at": dt.datetime.now(dt.UTC).isoformat(),
-                 "prev": _sha256_text(lines[-1]) if lines else None}
+                 "prev": sha256_text(lines[-1]) if lines else None}
         entry.setdefault("by", current_actor())
         line = json.dumps(entry, sort_keys=True)
         with open(self._model_dir(name) / ALIAS_HISTORY_FILE, "a") as handle:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        head = _sha256_text(line)
+        head = sha256_text(line)
         write_json_atomic(self._model_dir(name) / TRAIL_HEAD_FILE, {"entries": len(lines) + 1, "last_sha256": head})
         publish_head(name, len(lines) + 1, head)
         return head
 
     # -- files and policy on the trail -------------------------------------------------
-    def _recorded_files(self, name: str, entries: list[dict[str, Any]] | None = None) -> dict[int, dict[str, str]]:
+    def _recorded_files(self, name: str) -> dict[int, dict[str, str]]:
         """Version -> file -> SHA-256, as the trail's ``register`` and ``document`` entries recorded them."""
-        out: dict[int, dict[str, str]] = {}
-        for e in entries if entries is not None else self.trail(name):
-            if e.get("action") == REGISTER:
-                out[int(e["version"])] = dict(e["files"])
-            elif e.get("action") == DOCUMENT and int(e["version"]) in out:
-                out[int(e["version"])][str(e["file"])] = str(e["sha256"])
-        return out
+        return recorded_files(self.trail(name))
 
     def version_files(self, name: str, version: int) -> dict[str, str]:
         """The SHA-256 of each file of a version as the trail recorded them (what an approver signs);
@@ -368,19 +328,47 @@ class ModelRegistry:
             return self._policy_unlocked(name)
 
     def set_policy(self, name: str, signed: SignedPolicy) -> str:
-        """Replace ``name``'s policy with ``signed`` (signed by an approver of the current policy, or of
-        itself for the first); the change is a trail entry. Returns the trail's new head."""
+        """Replace ``name``'s policy with ``signed``: signed by an approver of the current policy (of itself
+        for the first), and by a second person of the current policy where it enrols two or more
+        (:func:`~infra.registry_policy.signatures_needed`). A change one signature short is kept as a
+        proposal (``policy.proposed.json``, a ``policy-proposed`` trail entry) until a second approver
+        signs the same policy; the change itself is a ``policy`` trail entry holding the signed policy.
+        Returns the trail's new head."""
         if signed.policy.model != name:
             raise ApprovalError(f"the policy is for {signed.policy.model!r}, not {name!r}")
         with self._lock(name):
             current = self._policy_unlocked(name)
-            signer = check_policy_change(signed, current)
-            write_json_atomic(self._model_dir(name) / POLICY_FILE, signed.model_dump(mode="json"))
+            proposal = self._model_dir(name) / POLICY_PROPOSAL_FILE
+            proposed = self._read_proposal(proposal)
+            if proposed is not None and proposed.sha256 == signed.sha256:
+                signed = signed.with_signatures(proposed.signatures())  # the earlier valid signatures
             p = signed.policy
+            try:
+                signers = check_policy_change(signed, current)
+            except ApprovalError as exc:
+                if exc.code != "cosign":
+                    raise
+                write_json_atomic(proposal, signed.model_dump(mode="json"))
+                return self._append_trail(name, {
+                    "action": POLICY_PROPOSED, "policy_sha256": signed.sha256, "policy_seq": p.seq,
+                    "signed": signed.model_dump(mode="json"), "reason": str(exc)})
+            write_json_atomic(self._model_dir(name) / POLICY_FILE, signed.model_dump(mode="json"))
+            proposal.unlink(missing_ok=True)
+            names = ", ".join(s.person for s in signers)
             return self._append_trail(name, {
-                "action": POLICY, "policy_sha256": sha256_of(p), "policy_seq": p.seq, "signed_by": signer.person,
-                "signer_key": signed.public_key, "approval_required": p.approval_required,
-                "approvers": [a.person for a in p.approvers], "reason": f"policy {p.seq} signed by {signer.person}"})
+                "action": POLICY, "policy_sha256": signed.sha256, "policy_seq": p.seq, "signed_by": signers[0].person,
+                "signers": [s.person for s in signers], "signer_key": signed.public_key,
+                "signed": signed.model_dump(mode="json"), "approval_required": p.approval_required,
+                "approvers": [a.person for a in p.approvers], "reason": f"policy {p.seq} signed by {names}"})
+
+    @staticmethod
+    def _read_proposal(path: Path) -> SignedPolicy | None:
+        """The policy change waiting for a second signature (None: none, or a file that does not parse)."""
+        try:
+            return SignedPolicy.model_validate_json(path.read_text()) if path.exists() else None
+        except ValueError:
+            log.warning("%s does not parse: ignored (the next signature starts a new proposal)", path)
+            return None
 
     def verify_decision(self, name: str, alias: str, version: int, signed: SignedDecision, *,
                         initiators: list[str], run_id: str | None) -> str:
@@ -456,11 +444,11 @@ class ModelRegistry:
     def trail_head(self, name: str) -> str | None:
         """The hash of the trail's last line (what a promotion's artifact and card show)."""
         lines = self._trail_lines(name)
-        return _sha256_text(lines[-1]) if lines else None
+        return sha256_text(lines[-1]) if lines else None
 
     def verify_trail(self, name: str) -> TrailReport:
-        """Recompute ``name``'s trail: every ``prev`` link, the head file, and ``aliases.json``
-        against the trail's last move of each alias (see the module docstring)."""
+        """Recompute ``name``'s trail: every ``prev`` link, the head file, ``aliases.json`` against the
+        trail's last move of each alias, every version's files and the anchors (:mod:`infra.registry_trail`)."""
         model_dir = self._model_dir(name)  # checks the name
         policy_problem = None
         with self._lock(name) if model_dir.is_dir() else contextlib.nullcontext():
@@ -476,105 +464,7 @@ class ModelRegistry:
                 policy_problem = f"{POLICY_FILE} cannot be read: {exc}"
             stored = {v: version_file_hashes(model_dir / str(v)) for v in self._versions(model_dir)} \
                 if model_dir.is_dir() else {}
-        problems: list[TrailProblem] = []
-        if policy_problem is not None:
-            problems.append(TrailProblem(line=None, problem=policy_problem))
-        chained = unchained = 0
-        last: dict[str, int | None] = {}
-        for i, line in enumerate(lines):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                problems.append(TrailProblem(line=i + 1, problem="not a JSON object"))
-                continue
-            if "prev" not in entry:
-                if chained:
-                    problems.append(TrailProblem(line=i + 1, problem="an entry without a hash link after the "
-                                                 "chain began (inserted or edited)"))
-                unchained += 1
-            else:
-                chained += 1
-                want = _sha256_text(lines[i - 1]) if i else None
-                if entry["prev"] != want:
-                    problems.append(TrailProblem(line=i + 1, problem=(
-                        "the line before it was edited or removed (its hash link does not match)" if i
-                        else "the first line links to an earlier one: the start of the trail was removed")))
-                if entry.get("seq") is not None and entry["seq"] != i + 1:
-                    problems.append(TrailProblem(line=i + 1, problem=f"sequence number {entry['seq']}, "
-                                                 f"expected {i + 1}: lines were removed or reordered"))
-            if isinstance(entry, dict) and "alias" in entry and "version" in entry:
-                last[str(entry["alias"])] = None if entry["version"] is None else int(entry["version"])
-        if chained:
-            if head is None:
-                problems.append(TrailProblem(line=None, problem=f"{TRAIL_HEAD_FILE} is missing"))
-            elif head.get("entries") != len(lines) or head.get("last_sha256") != _sha256_text(lines[-1]):
-                problems.append(TrailProblem(line=None, problem=(
-                    f"{TRAIL_HEAD_FILE} says {head.get('entries')} entries ending in "
-                    f"{str(head.get('last_sha256'))[:12]}…; the trail has {len(lines)}: the last lines were "
-                    "edited, removed or appended outside the registry")))
-        elif head is not None:
-            problems.append(TrailProblem(line=None, problem=f"{TRAIL_HEAD_FILE} exists but the trail has no "
-                                         "chained entry: the trail was replaced"))
-        for alias, version in sorted(aliases.items()):
-            if alias in last and last[alias] != version:
-                moved = "cleared it" if last[alias] is None else f"at v{last[alias]}"
-                problems.append(TrailProblem(line=None, problem=(
-                    f"aliases.json points {alias} at v{version}, the trail's last move {moved}: "
-                    "the alias was moved outside the registry")))
-        for alias, version in sorted(last.items()):
-            if version is not None and alias not in aliases:
-                problems.append(TrailProblem(line=None, problem=(
-                    f"aliases.json has no {alias}, the trail's last move points it at v{version}: "
-                    "the alias was removed outside the registry")))
-        entries = [e for e in (self._json_or_none(line) for line in lines) if isinstance(e, dict)]
-        file_problems, unproven = self._check_files(self._recorded_files(name, entries), stored)
-        problems += [TrailProblem(line=None, problem=p) for p in file_problems]
-        heads = [_sha256_text(line) for line in lines]
-        anchors = configured_anchors()
-        pinned = []
-        for anchor in anchors:
-            count, found = check_anchor(anchor, name, heads)
-            pinned.append(count)
-            problems += [TrailProblem(line=None, problem=p) for p in found]
-        if not anchors:
-            unproven.insert(0, "no anchor is configured (INDUSFLOW_GOVERNANCE_TRAIL_ANCHORS): the trail is only "
-                            "consistent with itself; a trail rewritten, re-chained or deleted as a whole is not "
-                            "detectable")
-        return TrailReport(name=name, entries=len(lines), chained=chained, unchained=unchained,
-                           head_sha256=heads[-1] if heads else None, ok=not problems,
-                           problems=problems, files_checked=sum(len(f) for f in stored.values()),
-                           anchors=[a.name for a in anchors], anchored=min(pinned) if pinned else 0,
-                           unproven=unproven)
-
-    @staticmethod
-    def _json_or_none(line: str) -> Any:
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            return None
-
-    @staticmethod
-    def _check_files(recorded: dict[int, dict[str, str]],
-                     stored: dict[int, dict[str, str]]) -> tuple[list[str], list[str]]:
-        """(problems, unproven) of the version folders on disk against their trail entries."""
-        problems, unproven = [], []
-        first = min(recorded) if recorded else None
-        for version, files in sorted(stored.items()):
-            want = recorded.get(version)
-            if want is None:
-                if first is None or version < first:
-                    unproven.append(f"v{version} was registered before files were hashed: its files are not proven")
-                else:
-                    problems.append(f"v{version}: the folder has no registration entry on the trail "
-                                    "(written or swapped in outside the registry)")
-                continue
-            differ = sorted(k for k in set(files) | set(want) if files.get(k) != want.get(k))
-            if differ:
-                problems.append(f"v{version}: {', '.join(differ)} differ from the trail's hashes "
-                                "(edited, added, removed, or the folder was swapped with another version's)")
-        for version in sorted(set(recorded) - set(stored)):
-            problems.append(f"v{version} is registered on the trail but its folder is gone")
-        return problems, unproven
+        return check_trail(name, lines, head, aliases, stored, policy_problem)
 
     def _alias_stack(self, name: str, alias: str, current: int | None) -> list[int]:
         """The alias's versions, oldest first, as promotions pushed and rollbacks popped them;
@@ -605,7 +495,7 @@ class ModelRegistry:
     def alias_history(self, name: str, alias: str | None = CHAMPION) -> list[dict[str, Any]]:
         """The recorded moves of ``alias`` (with None: every alias's moves and the approval events),
         oldest first."""
-        return [e for e in self.trail(name) if e.get("action") not in (REGISTER, DOCUMENT, POLICY)
+        return [e for e in self.trail(name) if e.get("action") not in (REGISTER, DOCUMENT, POLICY, POLICY_PROPOSED)
                 and (alias is None or e.get("alias") == alias)]
 
     def models(self) -> list[str]:

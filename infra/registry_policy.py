@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from infra.errors import ApprovalError
 
 POLICY_FILE = "policy.json"
+#: A policy change signed by fewer approvers than it needs, waiting for the others' signatures.
+POLICY_PROPOSAL_FILE = "policy.proposed.json"
 #: How a decision or a policy is signed (the only algorithm accepted).
 ALGORITHM: Final = "ed25519"
 
@@ -146,6 +148,15 @@ class ModelPolicy(BaseModel):
         return next((a for a in self.approvers if a.public_key == public_key), None)
 
 
+class PolicySignature(BaseModel):
+    """One approver's signature over a policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    public_key: str
+    signature: str
+
+
 class SignedPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -153,23 +164,54 @@ class SignedPolicy(BaseModel):
     public_key: str = Field(description="The signer's public key (an approver of the policy it replaces).")
     signature: str
     algorithm: Literal["ed25519"] = ALGORITHM
+    cosignatures: list[PolicySignature] = Field(
+        default_factory=list, description="Other approvers' signatures over the same policy (a change of a policy "
+        "that enrols two people or more needs two: :func:`signatures_needed`).")
+
+    @property
+    def sha256(self) -> str:
+        return sha256_of(self.policy)
+
+    def signatures(self) -> list[PolicySignature]:
+        return [PolicySignature(public_key=self.public_key, signature=self.signature), *self.cosignatures]
+
+    def with_signatures(self, extra: list[PolicySignature]) -> SignedPolicy:
+        """This policy with the signatures of ``extra`` by keys that have not signed it yet (valid ones only)."""
+        have = {s.public_key for s in self.signatures()}
+        new = [s for s in extra if s.public_key not in have and signature_valid(s.public_key, canonical(self.policy),
+                                                                                 s.signature)]
+        return self.model_copy(update={"cosignatures": [*self.cosignatures, *new]})
 
 
 def sign_policy(key: Any, policy: ModelPolicy) -> SignedPolicy:
     return SignedPolicy(policy=policy, public_key=public_key_of(key), signature=sign_bytes(key, canonical(policy)))
 
 
-def check_policy_change(new: SignedPolicy, current: ModelPolicy | None) -> Approver:
-    """The approver who signed ``new``, once the signature and the chain to ``current`` hold."""
+def signatures_needed(current: ModelPolicy | None) -> int:
+    """People of ``current`` who must sign its replacement: two where it enrols two people or more (no
+    approver alone widens their own rights: enrols a second key they hold, removes their accounts,
+    turns approval off), else one (a first policy, or a policy of one approver)."""
+    if current is None:
+        return 1
+    return 2 if len({" ".join(a.person.split()).casefold() for a in current.approvers}) >= 2 else 1
+
+
+def check_policy_change(new: SignedPolicy, current: ModelPolicy | None) -> list[Approver]:
+    """The approvers who signed ``new``, once every signature and the chain to ``current`` hold and
+    enough different people of ``current`` signed (ApprovalError ``cosign`` when one more is needed)."""
     policy = new.policy
     signer_in = current if current is not None else policy
-    signer = signer_in.approver(new.public_key)
-    if signer is None:
-        whose = "the current policy" if current is not None else "the policy it enrols (a first policy)"
-        raise ApprovalError(f"policy of {policy.model}: signed by a key that is no approver of {whose}",
-                            code="not_approver")
-    if not signature_valid(new.public_key, canonical(policy), new.signature):
-        raise ApprovalError(f"policy of {policy.model}: the signature does not verify", code="signature")
+    whose = "the current policy" if current is not None else "the policy it enrols (a first policy)"
+    signers: list[Approver] = []
+    for sig in new.signatures():
+        signer = signer_in.approver(sig.public_key)
+        if signer is None:
+            raise ApprovalError(f"policy of {policy.model}: signed by a key that is no approver of {whose}",
+                                code="not_approver")
+        if not signature_valid(sig.public_key, canonical(policy), sig.signature):
+            raise ApprovalError(f"policy of {policy.model}: the signature does not verify", code="signature")
+        if not any(same_person(signer.person, s.person) for s in signers):
+            signers.append(signer)
     want_seq, want_prev = (1, None) if current is None else (current.seq + 1, sha256_of(current))
     if (policy.seq, policy.previous_sha256) != (want_seq, want_prev):
         raise ApprovalError(f"policy of {policy.model}: seq {policy.seq} / previous {policy.previous_sha256} does "
@@ -177,7 +219,13 @@ def check_policy_change(new: SignedPolicy, current: ModelPolicy | None) -> Appro
                             code="stale")
     if not policy.approvers:
         raise ApprovalError(f"policy of {policy.model}: enrols no approver")
-    return signer
+    need = signatures_needed(current)
+    if len(signers) < need:
+        others = [a.person for a in signer_in.approvers if not any(same_person(a.person, s.person) for s in signers)]
+        raise ApprovalError(f"policy of {policy.model}: signed by {', '.join(s.person for s in signers)}; a change "
+                            f"needs {need} different approvers of the current policy: one of {', '.join(others)} "
+                            "must sign the same policy too", code="cosign")
+    return signers
 
 
 # ------------------------------------------------------------------------------------
@@ -224,22 +272,29 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
 
 
+def decision_signer(policy: ModelPolicy, signed: SignedDecision, model: str) -> Approver:
+    """The enrolled approver whose key signed ``signed`` (ApprovalError ``not_approver`` / ``signature``):
+    what a move checks, and what ``verify`` checks again of every signed entry on the trail."""
+    approver = policy.approver(signed.public_key)
+    if approver is None:
+        raise ApprovalError(f"{model}: the decision is signed by a key no approver of its policy holds "
+                            "(enrol it: python -m flows.registry policy)", code="not_approver")
+    if not signature_valid(signed.public_key, canonical(signed.statement), signed.signature):
+        raise ApprovalError(f"{model}: the decision's signature does not verify (edited after signing?)",
+                            code="signature")
+    if not same_person(signed.statement.signer, approver.person):
+        raise ApprovalError(f"{model}: the statement names {signed.statement.signer!r} but the key is "
+                            f"{approver.person!r}'s", code="signature")
+    return approver
+
+
 def check_decision(policy: ModelPolicy, signed: SignedDecision, *, model: str, version: int, alias: str,
                    files: dict[str, str], initiators: list[str], run_id: str | None = None) -> Approver:
     """The enrolled approver who signed ``signed``, once it holds for this move: a valid signature by
     an enrolled key, over this model, version, alias, files (and run, when one waits), recent, and
     the signer is none of ``initiators``. ApprovalError says which check failed (``code``)."""
     s = signed.statement
-    approver = policy.approver(signed.public_key)
-    if approver is None:
-        raise ApprovalError(f"{model}: the decision is signed by a key no approver of its policy holds "
-                            "(enrol it: python -m flows.registry policy)", code="not_approver")
-    if not signature_valid(signed.public_key, canonical(s), signed.signature):
-        raise ApprovalError(f"{model}: the decision's signature does not verify (edited after signing?)",
-                            code="signature")
-    if not same_person(s.signer, approver.person):
-        raise ApprovalError(f"{model}: the statement names {s.signer!r} but the key is {approver.person!r}'s",
-                            code="signature")
+    approver = decision_signer(policy, signed, model)
     wanted = {"model": model, "version": version, "alias": alias, "files": files}
     got = {"model": s.model, "version": s.version, "alias": s.alias, "files": s.files}
     if run_id is not None:

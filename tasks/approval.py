@@ -348,6 +348,7 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
         registry.record_event(ref.name, "approved" if approved else "rejected", candidate=ref.version,
                               champion=decision.champion_version, reason=statement.reason, by=signer, run_id=run_id,
                               extra={"decision_sha256": signed.sha256, "signer_key": signed.public_key,
+                                     "signed": signed.model_dump(mode="json"), "for_alias": alias,
                                      "via": answer.via})
         now = _now().isoformat()
         _write(registry, request.model_copy(update={
@@ -457,8 +458,8 @@ def _claim(registry: ModelRegistry, request: ApprovalRequest) -> Path:
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
-        raise ApprovalError(f"run {request.run_id} ({request.model} v{request.candidate_version}): another decision "
-                            "was given a moment ago", code="decided") from None
+        raise ApprovalError(f"{request.model} v{request.candidate_version}: another decision was given a moment ago",
+                            code="decided") from None
     return path
 
 
@@ -479,19 +480,25 @@ def decide(run_id: str, *, signed: SignedDecision, via: str | None = None, wait_
 
     registry = registry or ModelRegistry()
     request = find_request(run_id, registry)
+
+    def refuse(exc: ApprovalError) -> ApprovalError:
+        """``exc`` recorded on the trail (with the decision it refused), to be raised."""
+        registry.record_event(request.model, "approval-refused", candidate=request.candidate_version,
+                              champion=request.champion_version, reason=f"refused: {exc}", by="(unverified)",
+                              run_id=request.run_id, extra={"via": via, "refused_code": exc.code,
+                                                            "decision_sha256": signed.sha256})
+        return ApprovalError(f"run {request.run_id}: {exc}", code=exc.code)
+
     if request.status != "waiting":
         by = f" by {request.decided_by}" if request.decided_by else ""
-        raise ApprovalError(f"run {request.run_id} ({request.model} v{request.candidate_version}) was already "
-                            f"{request.status}{by} at {request.decided_at}", code="decided")
+        raise refuse(ApprovalError(f"{request.model} v{request.candidate_version} was already {request.status}{by} "
+                                   f"at {request.decided_at}", code="decided"))
     try:
         registry.verify_decision(request.model, request.alias, request.candidate_version, signed,
                                  initiators=[request.requested_by], run_id=request.run_id)
+        claim = _claim(registry, request)
     except ApprovalError as exc:
-        registry.record_event(request.model, "approval-refused", candidate=request.candidate_version,
-                              champion=request.champion_version, reason=f"refused: {exc}", by="(unverified)",
-                              run_id=request.run_id, extra={"via": via})
-        raise ApprovalError(f"run {request.run_id}: {exc}", code=exc.code) from None
-    claim = _claim(registry, request)
+        raise refuse(exc) from None
     answer = ApprovalInput(signed_decision=signed.model_dump_json(), via=via)
     try:
         with _prefect_api(request.api_url):
@@ -500,8 +507,8 @@ def decide(run_id: str, *, signed: SignedDecision, via: str | None = None, wait_
         raise ApprovalError(f"run {request.run_id} is not known to the Prefect API at {request.api_url}",
                             code="gone") from None
     except NotPausedError:
-        raise ApprovalError(f"run {request.run_id} is not paused: it finished, or another decision resumed "
-                            "it a moment ago", code="decided") from None
+        raise refuse(ApprovalError("the run is not paused: it finished, or another decision resumed it a moment "
+                                   "ago", code="decided")) from None
     except FlowPauseTimeout:
         raise ApprovalError(f"run {request.run_id}: its wait for approval timed out", code="decided") from None
     except RuntimeError as exc:  # a resume the server rejected (e.g. the input): the claim is released

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import RegistryError
 from infra.registry import (
@@ -234,6 +234,9 @@ class PolicyChange(BaseModel):
     approvers: list[str]
     signed_by: str
     trail_sha256: str
+    in_force: bool = Field(default=True, description="False: the change waits for a second approver's signature "
+                           "(a policy enrolling two people or more changes only with two).")
+    waiting_for: str | None = Field(default=None, description="Why it is not in force yet (who else must sign).")
 
 
 def parse_approver(text: str) -> Approver:
@@ -249,7 +252,8 @@ def parse_approver(text: str) -> Approver:
 def set_policy(model: str, approvers: list[str], key_path: Path, *, approval_required: bool = True,
                emergency_rollback: bool = True, registry: ModelRegistry | None = None) -> PolicyChange:
     """Sign a new policy for ``model`` with the key in ``key_path`` and hand it to the registry."""
-    from infra.registry_policy import ModelPolicy, load_signing_key, sha256_of, sign_policy
+    from infra.registry import POLICY
+    from infra.registry_policy import ModelPolicy, load_signing_key, public_key_of, sha256_of, sign_policy
 
     registry = registry or ModelRegistry()
     registry.get(model, "latest")  # the model exists
@@ -259,9 +263,15 @@ def set_policy(model: str, approvers: list[str], key_path: Path, *, approval_req
                          approval_required=approval_required, approvers=[parse_approver(a) for a in approvers],
                          emergency_rollback=emergency_rollback)
     head = registry.set_policy(model, sign_policy(load_signing_key(key_path), policy))
-    signer = registry.trail(model)[-1]["signed_by"]
+    entry = registry.trail(model)[-1]
+    if entry["action"] == POLICY:
+        return PolicyChange(model=model, seq=policy.seq, approval_required=approval_required,
+                            approvers=[a.person for a in policy.approvers], signed_by=", ".join(entry["signers"]),
+                            trail_sha256=head)
+    signer = (current or policy).approver(public_key_of(load_signing_key(key_path)))
     return PolicyChange(model=model, seq=policy.seq, approval_required=approval_required,
-                        approvers=[a.person for a in policy.approvers], signed_by=signer, trail_sha256=head)
+                        approvers=[a.person for a in policy.approvers], signed_by=signer.person if signer else "?",
+                        trail_sha256=head, in_force=False, waiting_for=entry["reason"])
 
 
 set_policy_task = task(set_policy, name="set-registry-policy", cache_policy=NONE)

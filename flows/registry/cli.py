@@ -60,6 +60,8 @@ def keygen_summary(result: Any) -> str:
 
 
 def policy_summary(result: Any) -> str:
+    if not result.in_force:
+        return f"{result.model}: policy {result.seq} signed by {result.signed_by}, not in force yet: {result.waiting_for}"
     need = "need" if result.approval_required else "do not need"
     return (f"{result.model}: policy {result.seq} signed by {result.signed_by}; alias moves {need} approval by "
             f"one of {', '.join(result.approvers)}")

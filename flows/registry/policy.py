@@ -43,7 +43,9 @@ def registry_policy(model: str, approvers: list[str], key: str, approval_require
     """Set a model's approval policy: who may approve its champion and challenger moves. The
     registry then refuses every alias move of the model without a decision signed by one of them
     who did not start it. The policy is signed with --key: the first policy by one of the approvers
-    it enrols, a later one by an approver of the policy it replaces; the change is on the trail.
+    it enrols; a change by two people of the policy it replaces when it enrols two or more (each runs
+    this command with the same arguments and their own --key; the first signature is kept as a
+    proposal until the second arrives). Proposals and changes are on the trail.
 
     Args:
         model: the model NAME.

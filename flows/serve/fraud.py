@@ -35,9 +35,10 @@ from infra.serving.audit import record_audit
 from infra.serving.auth import ADMIN, Principal, require_scope
 from infra.serving.batching import DynamicBatcher
 from infra.serving.breaker import USER_ERRORS
-from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
+from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, SCORES_DIR, ScoreRecord
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
+from infra.serving.tx_owners import TransactionOwners, open_owners
 from solutions.fraud import schema as S
 
 if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
@@ -112,9 +113,10 @@ class FraudLabelRequest(BaseModel):
 
     labels: list[dict[str, Any]] = Field(
         min_length=1,
-        description="One object per transaction: transaction_id, terminal_id, timestamp (as scored), label (0/1).",
-        examples=[[{"transaction_id": "tx-1001", "terminal_id": "T9", "timestamp": "2025-02-27T14:03:11",
-                    "label": 1}]],
+        description="One object per transaction: transaction_id, account_id, terminal_id, timestamp (as scored), "
+        "label (0/1). A label counts only for a transaction scored with that id under that account.",
+        examples=[[{"transaction_id": "tx-1001", "account_id": "A17", "terminal_id": "T9",
+                    "timestamp": "2025-02-27T14:03:11", "label": 1}]],
     )
     columns: dict[str, str] | None = Field(default=None, description="Column mapping canonical -> source name.")
 
@@ -123,7 +125,8 @@ class FraudLabelResponse(BaseModel):
     """How many labels were recorded; the ids the state does not hold."""
 
     recorded: int
-    unknown: list[str] = Field(description="Transaction ids never scored, or older than the terminal windows keep.")
+    unknown: list[str] = Field(description="Transaction ids never scored under the account given, or older than the "
+                               "terminal windows keep.")
 
 
 class FraudStateReset(BaseModel):
@@ -213,6 +216,18 @@ class Served:
     by_challenger: np.ndarray
 
 
+def _id_text(value: Any) -> str | None:
+    """An id as the online state reads it (a string, or an integer as its decimal text); None otherwise,
+    and for text no store can hold (a lone surrogate: the validation refuses that row)."""
+    text = value if isinstance(value, str) else str(value) if type(value) is int else None
+    if text is not None and not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return text
+
+
 def _label_value(value: Any) -> int | None:
     """A label as validated by ``apply_labels`` (0/1, a number or its text), as an int."""
     try:
@@ -247,6 +262,39 @@ def build(services: Services) -> Vertical | None:
                 open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN,
                 late_tolerance_s=services.settings.max_clock_skew_s)
         return holder["state"]
+
+    owners_holder: dict[str, TransactionOwners] = {}
+
+    def owners() -> TransactionOwners:
+        """Which account each transaction id was scored under (:mod:`infra.serving.tx_owners`)."""
+        if "owners" not in owners_holder:
+            owners_holder["owners"] = open_owners(services.layout.serving() / SCORES_DIR, name, redis_url)
+        return owners_holder["owners"]
+
+    def id_pairs(rows: list[dict[str, Any]], columns: dict[str, str] | None) -> list[tuple[str | None, str | None]]:
+        """(transaction id, hashed account id) of each row (None where a value is missing or no id)."""
+        id_col = (columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
+        acct_col = (columns or {}).get(S.ACCOUNT_ID, S.ACCOUNT_ID)
+        out: list[tuple[str | None, str | None]] = []
+        for row in rows:
+            acct = _id_text(row.get(acct_col))
+            out.append((_id_text(row.get(id_col)), services.audit.hash_id(acct) if acct is not None else None))
+        return out
+
+    def claim_ids(rows: list[dict[str, Any]], columns: dict[str, str] | None) -> tuple[Exception | None, list[str]]:
+        """Claim a request's transaction ids for their accounts: (the error refusing the request when one
+        of them was scored under another account, the ids newly claimed)."""
+        from solutions.fraud.online import OrderError
+
+        pairs = [(i, tx, who) for i, (tx, who) in enumerate(id_pairs(rows, columns)) if tx is not None and who]
+        if not pairs:
+            return None, []
+        taken, new = owners().claim([tx for _, tx, _ in pairs], [who for _, _, who in pairs])
+        if taken:
+            row, tx, _ = pairs[taken[0]]
+            return OrderError(f"row {row}: transaction {tx!r} was already scored under another account; a transaction "
+                              "id names one transaction (send it under its own account, or give this one its own id)"), []
+        return None, new
 
     max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
 
@@ -310,6 +358,30 @@ def build(services: Services) -> Vertical | None:
         ref, model = slot.current()  # one version for the whole batch
         paired = pick_challenger(model)
         keep = paired[1].seq_len if paired is not None else None
+        claims = [claim_ids(rows, columns) for rows, columns in items]
+        live = [i for i, (refused, _) in enumerate(claims) if refused is None]
+        scored: list[Any] = [refused for refused, _ in claims]
+        for i, result in zip(live, score_items(model, [items[i] for i in live], keep), strict=True):
+            scored[i] = result
+            if isinstance(result, Exception) and claims[i][1]:  # refused: its ids may be sent again
+                owners().release(claims[i][1])
+        services.metrics.observe_batch(name, sum(len(rows) for rows, _ in items))
+        shadows = shadow_scores(paired[1], scored) if paired is not None else [None] * len(scored)
+        out: list[_Result] = []
+        for result, shadow in zip(scored, shadows, strict=True):
+            if not isinstance(result, ScoredRequest):
+                out.append((ref, result))
+                continue
+            by_challenger = (challenger.answers(result.accounts) if shadow is not None and challenger is not None
+                             else np.zeros(len(result.scores), dtype=bool))
+            out.append((ref, Served(result, paired[0] if shadow is not None and paired else None, shadow,
+                                    by_challenger)))
+        record_scores(ref, out)
+        return out
+
+    def score_items(model: OnlineFraudModel, items: list[_Item], keep: int | None) -> list[Any]:
+        """Each request's ScoredRequest or the error that refused it, requests with one column mapping
+        scored together."""
         scored: list[Any] = []
         # requests with different column mappings are validated separately, in order
         start = 0
@@ -331,19 +403,7 @@ def build(services: Services) -> Vertical | None:
                         results.append(exc)
             scored += results
             start = end
-        services.metrics.observe_batch(name, sum(len(rows) for rows, _ in items))
-        shadows = shadow_scores(paired[1], scored) if paired is not None else [None] * len(scored)
-        out: list[_Result] = []
-        for result, shadow in zip(scored, shadows, strict=True):
-            if not isinstance(result, ScoredRequest):
-                out.append((ref, result))
-                continue
-            by_challenger = (challenger.answers(result.accounts) if shadow is not None and challenger is not None
-                             else np.zeros(len(result.scores), dtype=bool))
-            out.append((ref, Served(result, paired[0] if shadow is not None and paired else None, shadow,
-                                    by_challenger)))
-        record_scores(ref, out)
-        return out
+        return scored
 
     def record_scores(ref: ModelRef, out: list[_Result]) -> None:
         served = [r for _, r in out if isinstance(r, Served) and r.scored.versions is None]  # not a retry again
@@ -444,8 +504,19 @@ def build(services: Services) -> Vertical | None:
         from solutions.fraud.online import apply_labels
 
         check_rows(request, len(body.labels))
+        pairs = id_pairs(body.labels, body.columns)
+        no_account = [i for i, (_, who) in enumerate(pairs) if who is None]
+        if no_account:
+            raise HTTPException(status_code=422, detail={
+                "error": f"{S.ACCOUNT_ID} is required: a label counts only for the transaction scored with that id "
+                "under that account", "column": S.ACCOUNT_ID, "rows": no_account[:5]})
+        ids = [tx for tx, _ in pairs if tx is not None]
+        owned = iter(await run_in_threadpool(owners().owned, ids, [who for tx, who in pairs if tx is not None]))
+        # a row without a readable id goes on to the validation, which names it (422)
+        mine = [tx is None or next(owned) for tx, _ in pairs]
+        rows = [row for row, ok in zip(body.labels, mine, strict=True) if ok]
         try:
-            unknown = await run_in_threadpool(apply_labels, state(), body.labels, body.columns)
+            missing = set(await run_in_threadpool(apply_labels, state(), rows, body.columns) if rows else [])
         except DataValidationError as exc:
             raise HTTPException(status_code=422, detail={"error": str(exc), "column": exc.column,
                                                          "rows": exc.rows}) from exc
@@ -453,8 +524,11 @@ def build(services: Services) -> Vertical | None:
             raise HTTPException(status_code=422, detail={"error": str(exc)}) from exc
         id_col = (body.columns or {}).get(S.TRANSACTION_ID, S.TRANSACTION_ID)
         label_col = (body.columns or {}).get(S.LABEL, S.LABEL)
-        known = [(str(r.get(id_col)), _label_value(r.get(label_col))) for r in body.labels]
-        unscored = {str(tx) for tx in unknown}  # evidence only for transactions this server scored
+        # in request order: not scored under that account, or not in the state
+        unknown = [str(r.get(id_col)) for r, ok in zip(body.labels, mine, strict=True)
+                   if not ok or str(r.get(id_col)) in missing]
+        known = [(str(r.get(id_col)), _label_value(r.get(label_col))) for r in rows]
+        unscored = {str(tx) for tx in missing}  # evidence only for transactions this server scored
         known = [(tx, label) for tx, label in known if label is not None and tx not in unscored]
         services.scores.record_labels(name, [tx for tx, _ in known], [label for _, label in known],
                                       source=principal.key_id)
@@ -487,5 +561,7 @@ def build(services: Services) -> Vertical | None:
         batcher.close()
         if "state" in holder:
             holder.pop("state").store.close()
+        if "owners" in owners_holder:
+            owners_holder.pop("owners").close()
 
     return Vertical("fraud", router, [slot], on_stop=stop)

@@ -318,6 +318,15 @@ def test_racing_decisions_one_wins_the_other_is_refused(approval_env: Callable[[
         t.join(60)
     assert sorted(outcomes) == ["approved", "decided"], outcomes
     assert run.join().decision.promoted
+    # the trail says what happened: one decision approved and moved it, the other was refused as late
+    registry = ModelRegistry()
+    events = [e for e in registry.alias_history(name, None) if e.get("run") == run_id or e.get("alias")]
+    assert [e["action"] for e in events][-3:] in (["approval-refused", "approved", "promote"],
+                                                   ["approved", "approval-refused", "promote"],
+                                                   ["approved", "promote", "approval-refused"])
+    [late] = [e for e in events if e["action"] == "approval-refused"]
+    assert late["refused_code"] == "decided" and late["decision_sha256"]
+    assert registry.verify_trail(name).status != "failed"
 
 
 def test_a_sensor_promotion_by_hand_waits_too(approval_env: Callable[[str], dict[str, Person]]) -> None:

@@ -143,7 +143,7 @@ def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monk
             answered += post_scores(client, server.url, key, rows[a : a + CHUNK])
         assert {r["model_version"] for r in answered} == {1}  # shadow: the champion answers
         # the labels arrive later, through the API, from two sources
-        labels = served[[S.TRANSACTION_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL]].to_dict("records")
+        labels = served[[S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL]].to_dict("records")
         for n, a in enumerate(range(0, len(labels), 500)):
             response = client.post(f"{server.url}/v1/fraud/labels", json={"labels": [jsonable(r) for r in
                                                                                      labels[a : a + 500]]},

@@ -116,7 +116,7 @@ def test_replay_with_redis_shared_by_two_replicas(tiny: tuple[HomeLayout, TinyFr
     history, period = _split(data)
     assert data.risky_rows > 0  # the labels change scores: without them the comparison would fail
     unlabelled = [{k: v for k, v in r.items() if k != S.LABEL} for r in history]
-    labels = [{k: r[k] for k in (S.TRANSACTION_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL)} for r in history]
+    labels = [{k: r[k] for k in (S.TRANSACTION_ID, S.ACCOUNT_ID, S.TERMINAL_ID, S.TIMESTAMP, S.LABEL)} for r in history]
     online: dict[str, float] = {}
     with FraudServer(layouts[0], redis_url=redis_url) as a, FraudServer(layouts[1], redis_url=redis_url) as b, \
             httpx.Client() as client:

@@ -113,11 +113,41 @@ def test_the_policy_is_signed_chained_and_on_the_trail(tmp_path: Path) -> None:
     change = grab.model_copy(update={"approvers": [*current.approvers,
                                                    Approver(person="carol", public_key=mallory.public_key)],
                                      "approval_required": True})
-    registry.set_policy("m", sign_policy(people["bob"].key(), change))
+    registry.set_policy("m", sign_policy(people["bob"].key(), change))  # one of two signatures: a proposal
+    registry.set_policy("m", sign_policy(people["alice"].key(), change))
     entry = registry.trail("m")[-1]
-    assert (entry["action"], entry["signed_by"], entry["policy_seq"]) == ("policy", "bob", 2)
+    assert (entry["action"], entry["signers"], entry["policy_seq"]) == ("policy", ["alice", "bob"], 2)
     with pytest.raises(ApprovalError, match="does not follow"):  # a replay of an older change
         registry.set_policy("m", sign_policy(people["bob"].key(), change))
+
+
+def test_one_approver_alone_cannot_widen_their_own_rights(tmp_path: Path) -> None:
+    """The insider: alice, enrolled, signs a policy that drops the account that makes her the
+    initiator of her own runs and enrols a second key she holds. Alone it stays a proposal (on the
+    trail), her own decision is still refused; bob's signature over the same policy puts it in force."""
+    registry, people = _gated(tmp_path)
+    alice, bob = people["alice"], people["bob"]
+    current = registry.policy("m")
+    spare = person(tmp_path / "keys", "carol")  # a key alice holds, under another name
+    widened = ModelPolicy(model="m", seq=2, previous_sha256=sha256_of(current),
+                          approvers=[Approver(person="alice", public_key=alice.public_key),
+                                     Approver(person="bob", public_key=bob.public_key),
+                                     Approver(person="carol", public_key=spare.public_key)])
+    registry.set_policy("m", sign_policy(alice.key(), widened))
+    registry.set_policy("m", sign_policy(alice.key(), widened))  # twice by one person is still one
+    with pytest.raises(ApprovalError, match="no approver of the current policy"):
+        registry.set_policy("m", sign_policy(spare.key(), widened))  # her spare key is not enrolled yet
+    assert registry.policy("m") == current
+    proposed = [e for e in registry.trail("m") if e["action"] == "policy-proposed"]
+    assert len(proposed) == 2 and "one of bob must sign the same policy too" in proposed[-1]["reason"]
+    with pytest.raises(ApprovalError, match="four eyes: alice started this move"):
+        registry.promote(registry.get("m", 2), approval=_approval(registry, alice))
+    assert registry.aliases("m") == {"champion": 1}
+    assert registry.verify_trail("m").problems == []
+    registry.set_policy("m", sign_policy(bob.key(), widened))
+    entry = registry.trail("m")[-1]
+    assert (entry["action"], entry["signers"]) == ("policy", ["bob", "alice"])
+    assert registry.policy("m") == widened and registry.verify_trail("m").ok
 
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
@@ -135,3 +165,69 @@ def test_a_policy_file_changed_outside_the_registry_stops_every_move(tmp_path: P
         registry.set_alias("m", "champion", 2)
     report = registry.verify_trail("m")
     assert not report.ok and any("policy.json does not match" in p.problem for p in report.problems)
+
+
+def _rechain(registry: ModelRegistry, edit) -> None:
+    """Edit the trail's entries with ``edit`` and re-chain every line and the head, as someone who can
+    write the registry folder would (no anchor is configured: only the signatures can tell)."""
+    import hashlib
+
+    path = registry.root / "m" / "alias_history.jsonl"
+    entries = [edit(json.loads(line)) for line in path.read_text().splitlines()]
+    lines: list[str] = []
+    for e in entries:
+        e["prev"] = hashlib.sha256(lines[-1].encode()).hexdigest() if lines else None
+        lines.append(json.dumps(e, sort_keys=True))
+    path.write_text("".join(line + "\n" for line in lines))
+    (registry.root / "m" / "alias_history.head.json").write_text(json.dumps(
+        {"entries": len(lines), "last_sha256": hashlib.sha256(lines[-1].encode()).hexdigest()}))
+
+
+@pytest.mark.parametrize("how", ["edited", "forged", "stripped", "policy"])
+def test_verify_checks_every_signature_on_the_trail_even_re_chained(tmp_path: Path, how: str) -> None:
+    """Each signed entry keeps its signature (a move: the decision; a policy change: the signed
+    policy) and verify checks it against the policy then in force: an edited reason, a decision
+    re-signed by a key nobody enrolled, a gated move stripped of its decision, or a policy entry
+    naming another approver is found although the trail was re-chained."""
+    registry, people = _gated(tmp_path)
+    registry.promote(registry.get("m", 2), approval=_approval(registry, people["bob"]))
+    assert registry.verify_trail("m").status == "unanchored"  # consistent; nothing outside pins it
+    mallory = person(tmp_path / "keys", "mallory")
+    forged = statement_for(registry, "m", 2, mallory)
+
+    def edit(e: dict) -> dict:
+        if e.get("action") == "promote" and e.get("approval"):
+            if how == "edited":
+                e["approval"]["signed"]["statement"]["reason"] = "approved by the model-risk committee"
+            elif how == "forged":
+                e["approval"]["signed"] = json.loads(forged.model_dump_json())
+                e["approver_key"], e["decision_sha256"] = mallory.public_key, forged.sha256
+            elif how == "stripped":
+                del e["approval"], e["approved_by"], e["approver_key"], e["decision_sha256"]
+        if how == "policy" and e.get("action") == "policy":
+            e["signed"]["policy"]["approvers"][1]["public_key"] = mallory.public_key
+        return e
+
+    _rechain(registry, edit)
+    report = registry.verify_trail("m")
+    assert report.status == "failed", report
+    expected = {"edited": "signature does not verify", "forged": "no approver of its policy",
+                "stripped": "without a signed decision", "policy": "policy change:"}[how]
+    assert any(expected in p.problem for p in report.problems), report.problems
+
+
+def test_the_policy_command_keeps_one_signature_as_a_proposal_until_a_second_person_signs(tmp_path: Path) -> None:
+    """``flows.registry policy`` run by alice, then by bob with the same arguments: the first is a
+    proposal (not in force, saying who else must sign), the second puts it in force."""
+    from tasks.champion import set_policy
+
+    registry, people = _gated(tmp_path)
+    carol = person(tmp_path / "keys", "carol")
+    approvers = [f"alice:{people['alice'].public_key}", f"bob:{people['bob'].public_key}",
+                 f"carol:{carol.public_key}"]
+    first = set_policy("m", approvers, people["alice"].key_path, registry=registry)
+    assert (first.in_force, first.signed_by, first.seq) == (False, "alice", 2)
+    assert "one of bob must sign" in (first.waiting_for or "") and registry.policy("m").seq == 1
+    second = set_policy("m", approvers, people["bob"].key_path, registry=registry)
+    assert (second.in_force, second.signed_by, second.approvers) == (True, "bob, alice", ["alice", "bob", "carol"])
+    assert registry.policy("m").seq == 2 and not (registry.root / "m" / "policy.proposed.json").exists()
