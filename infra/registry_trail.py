@@ -148,9 +148,9 @@ def check_aliases(entries: Sequence[Mapping[str, Any]], aliases: Mapping[str, in
             moved = "cleared it" if last[alias] is None else f"at v{last[alias]}"
             problems.append(f"aliases.json points {alias} at v{version}, the trail's last move {moved}: "
                             "the alias was moved outside the registry")
-    for alias, version in sorted(last.items()):
-        if version is not None and alias not in aliases:
-            problems.append(f"aliases.json has no {alias}, the trail's last move points it at v{version}: "
+    for alias, moved_to in sorted(last.items()):
+        if moved_to is not None and alias not in aliases:
+            problems.append(f"aliases.json has no {alias}, the trail's last move points it at v{moved_to}: "
                             "the alias was removed outside the registry")
     return problems
 

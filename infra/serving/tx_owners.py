@@ -20,7 +20,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 #: The SQLite file of the index, beside a model's score log.
 OWNERS_FILE = "transaction-owners.sqlite"
@@ -107,7 +107,7 @@ class RedisOwners:
             pipe.set(self._prefix + tx, who, nx=True)
         made = pipe.execute()
         new = [tx for tx, ok in zip(ids, made, strict=True) if ok]
-        held = self._redis.mget([self._prefix + tx for tx in ids])
+        held: list[Any] = list(self._redis.mget([self._prefix + tx for tx in ids]))  # type: ignore[arg-type]
         taken = [i for i, (who, got) in enumerate(zip(owners, held, strict=True))
                  if got is None or got.decode() != who]
         if taken and new:
@@ -120,7 +120,7 @@ class RedisOwners:
             self._redis.delete(*[self._prefix + tx for tx in ids])
 
     def owned(self, ids: Sequence[str], owners: Sequence[str]) -> list[bool]:
-        held = self._redis.mget([self._prefix + tx for tx in ids]) if ids else []
+        held: list[Any] = list(self._redis.mget([self._prefix + tx for tx in ids])) if ids else []  # type: ignore[arg-type]
         return [got is not None and got.decode() == who for who, got in zip(owners, held, strict=True)]
 
     def close(self) -> None:
