@@ -1,7 +1,7 @@
-"""The files README.md's commands name, written into the folder they run in.
+"""The files the commands of README.md and docs/ name, written into the folder they run in.
 
-Each is small (the README test is the slowest test of the suite) and made from what the
-README itself says about it:
+Each is small (the docs test is the slowest test of the suite) and made from what the
+pages themselves say about them:
 
 - ``tx.csv``: a Fraud Detection Handbook-format CSV (TRANSACTION_ID, TX_DATETIME, CUSTOMER_ID,
   TERMINAL_ID, TX_AMOUNT, TX_TIME_SECONDS, TX_TIME_DAYS, TX_FRAUD, TX_FRAUD_SCENARIO), the
