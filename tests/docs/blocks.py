@@ -71,8 +71,8 @@ SECTION_NAMES = [s.name for s in SECTIONS]
 
 
 def pages() -> list[Path]:
-    """README.md and every Markdown page of the documentation site."""
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    """README.md and every Markdown page of the documentation site (not the example files under it)."""
+    return [README, *sorted(p for p in DOCS.rglob("*.md") if "examples" not in p.relative_to(DOCS).parts)]
 
 
 #: What a command's first word may be (after VAR=value prefixes).
