@@ -55,17 +55,17 @@ SECTIONS: list[Section] = [
     Section("readme_sensor", "README.md", "2. Sensor", home="readme"),
     Section("readme_kb", "README.md", "3. Knowledge base", home="readme"),
     Section("fraud_flows", "docs/fraud.md", "Train and score"),
-    Section("rag", "docs/rag.md"),
+    Section("rag", "docs/rag.md", home="rag"),
     Section("fraud_tune", "docs/fraud.md", "Tuning"),
     Section("sensor", "docs/sensor.md"),
-    Section("forecasting", "docs/forecasting.md", "Commands"),
+    Section("forecasting", "docs/forecasting.md", "Commands", home="forecasting"),
     Section("compress", "docs/fraud.md", "Compression"),
     Section("governance", "docs/governance.md", "Lineage"),
     Section("federated", "docs/fraud.md", "Federated training"),
     Section("model_risk", "docs/governance.md"),
     Section("deployments", "docs/deployments.md"),
     Section("serving", "docs/serving.md"),
-    Section("kb_api", "docs/kb.md"),
+    Section("kb_api", "docs/kb.md", home="kb"),
 ]
 SECTION_NAMES = [s.name for s in SECTIONS]
 

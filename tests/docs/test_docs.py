@@ -4,8 +4,9 @@
 block or not one (marked ``not commands``, or a fence of another language), every skip names its
 reason and matches a line, every synopsis has a concrete example, every runnable command belongs
 to a section. The section tests run the commands in a fresh home per home of
-:data:`blocks.SECTIONS` (README.md's three runs have one, the docs pages share one), in order: a
-section selected alone (``pytest -m docs_run -k serving``) runs its home's sections before it first.
+:data:`blocks.SECTIONS` (README.md's three runs share one, the RAG, forecasting and KB pages have one
+each, the other pages share one), in order: a section selected alone (``pytest -m docs_run -k serving``) runs
+its home's sections before it first (``-k kb_api``: that page alone).
 Each prints its report (commands, substitutions, skipped lines with reasons, seconds) even when it
 passes.
 """
