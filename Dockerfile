@@ -1,4 +1,4 @@
-# Worker image for docker / kubernetes work pools (see README "Deployments").
+# Worker image for docker / kubernetes work pools (see docs/deployments.md).
 #   docker build -t indusflow-worker .                          # CPU torch
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 -t indusflow-worker:gpu .
 # The image holds the project installed with all extras; flow runs import the flows by
@@ -8,7 +8,7 @@
 #   docker run -v indusflow-home:/data/indusflow indusflow-worker ...
 # The folder exists in the image, owned by the run user, so a new named volume takes that owner.
 #
-# Second target, the REST API (python -m flows.serve; README "Serving"):
+# Second target, the REST API (python -m flows.serve; docs/serving.md):
 #   docker build --target serve -t indusflow-serve .
 #   docker run -p 8000:8000 -v indusflow-home:/data/indusflow indusflow-serve
 # It listens on 0.0.0.0:8000 inside the container (every scoring route needs an API key or a

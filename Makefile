@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PORT ?= 4200
 
-.PHONY: install constraints demo test test-fast test-readme lint ui bench clean-home
+.PHONY: install constraints demo test test-fast test-docs docs docs-build lint ui bench clean-home
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 		echo "installing $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX))"; \
 		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -q -c constraints.txt -e ".[all,dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[all,dev,docs]"
 	@# Flower 1.42 pins fastapi/uvicorn/rich/typer/protobuf below the serving stack's: install it and
 	@# Opacus beside them without their pins (python -m flows.fraud federate and its tests run so)
 	$(PY) -m pip install -q -c constraints.txt --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
@@ -43,7 +43,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not readme_run"
+	$(PY) -m pytest -q -m "not docs_run"
 
 # The tier a developer runs often (a few minutes on 2 cores): the import contracts and the unit
 # tests that start no server and train no flow-sized model (`slow` and `gpu` are left out).
@@ -51,9 +51,19 @@ test-fast: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/unit -m "not slow and not gpu"
 
-# Runs every README command block as written, section by section, in a fresh home (tests/readme).
-test-readme: install
-	$(PY) -m pytest -q -m readme_run
+# Runs every command block of README.md and docs/ as written, section by section, in a fresh home
+# (tests/docs; one section and those before it: make test-docs K=serving).
+K ?=
+test-docs: install
+	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K))
+
+# The documentation site (MkDocs + Material, mkdocs.yml): served with live reload on 127.0.0.1:8001,
+# or built with every warning an error into site/ (make test runs the same strict build).
+docs: install
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8001
+
+docs-build: install
+	$(VENV)/bin/mkdocs build --strict
 
 lint: install
 	$(VENV)/bin/ruff check flows tasks solutions infra tests bench

@@ -1,7 +1,7 @@
 """Every setting of the project: one pydantic-settings class per area, each with its own env prefix.
 
-This is the one place a newcomer looks for an environment variable: the README's
-configuration table is checked against these classes by a test. Settings are read lazily:
+This is the one place a newcomer looks for an environment variable: the configuration table of
+the docs (docs/configuration.md) is checked against these classes by a test. Settings are read lazily:
 call the ``get_*`` functions when a value is needed (inside a flow or task run), never at
 import time, so that tests and users can change the environment before a run starts, and a
 run started from the CLI, the UI or a deployment behaves the same. Settings hold URLs, keys
@@ -636,7 +636,7 @@ def get_kb_settings() -> KbSettings:
 
 
 # ------------------------------------------------------------------------------------
-# the configuration table of the README is generated from these classes
+# the configuration table of the docs (docs/configuration.md) is generated from these classes
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
@@ -671,12 +671,12 @@ def secret_variables() -> frozenset[str]:
 
 
 def markdown_table() -> str:
-    """The README's configuration table."""
+    """The configuration table of docs/configuration.md."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for var, default, text in environment_variables():
         lines.append(f"| `{var}` | `{default}` | {text.replace('|', '/')} |")
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m infra.settings: print the README table
+if __name__ == "__main__":  # python -m infra.settings: print the docs' configuration table
     print(markdown_table())

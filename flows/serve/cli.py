@@ -33,7 +33,7 @@ knowledge base (/v1/kb: search, cited answers, document uploads; collections IND
   python -m flows.serve keys add NAME --scope kb:legal:read  a key that may search/ask collection legal
   python -m flows.serve keys list | keys revoke KEY_ID      list keys (no secrets), revoke one
 
-Settings: INDUSFLOW_SERVE_* (README, Configuration); keys live hashed under <home>/serving/."""
+Settings: INDUSFLOW_SERVE_* (docs/configuration.md); keys live hashed under <home>/serving/."""
 
 
 #: Every scope a route of the API checks (flows/serve/{fraud,sensor,app}.py; ``admin`` grants all):

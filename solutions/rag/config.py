@@ -39,7 +39,7 @@ class ChunkParams(BaseModel):
     tokens: int | None = Field(
         default=None, ge=16, le=8192,
         description="Window size in tokens (default: what the embedding model sees at once, less its special "
-        "and prefix tokens: 507 for multilingual-e5-small, 254 for all-MiniLM-L6-v2).",
+        "and prefix tokens: 508 for multilingual-e5-small, 254 for all-MiniLM-L6-v2).",
     )
     overlap: int | None = Field(
         default=None, ge=0, description="Tokens shared by consecutive windows (default: half the window; < the window)."

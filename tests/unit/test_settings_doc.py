@@ -1,4 +1,4 @@
-"""Every environment variable of the settings classes is documented in the README, none invented."""
+"""Every environment variable of the settings classes is documented in the docs' configuration page, none invented."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pydantic_settings import BaseSettings
 import infra.settings as settings_module
 from infra.settings import ALL_SETTINGS, environment_variables, markdown_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIG_PAGE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 START, END = "<!-- settings-table:start -->", "<!-- settings-table:end -->"
 
 
-def _readme_table() -> str:
-    text = README.read_text(encoding="utf-8")
-    assert START in text and END in text, f"{README.name} lacks the {START} ... {END} markers"
+def _documented_table() -> str:
+    text = CONFIG_PAGE.read_text(encoding="utf-8")
+    assert START in text and END in text, f"{CONFIG_PAGE.name} lacks the {START} ... {END} markers"
     return text.split(START, 1)[1].split(END, 1)[0].strip()
 
 
@@ -28,12 +28,12 @@ def test_every_settings_class_is_in_the_table() -> None:
     assert classes == set(ALL_SETTINGS)
 
 
-def test_readme_table_is_the_generated_one() -> None:
-    documented = set(re.findall(r"`(INDUSFLOW_[A-Z0-9_]+)`", _readme_table()))
+def test_documented_table_is_the_generated_one() -> None:
+    documented = set(re.findall(r"`(INDUSFLOW_[A-Z0-9_]+)`", _documented_table()))
     real = {var for var, _, _ in environment_variables()}
     assert not real - documented, f"undocumented: {sorted(real - documented)}"
     assert not documented - real, f"documented but no such setting: {sorted(documented - real)}"
-    assert _readme_table() == markdown_table(), "regenerate it: python -m infra.settings"
+    assert _documented_table() == markdown_table(), "regenerate it into docs/configuration.md: python -m infra.settings"
 
 
 def test_no_indusflow_variable_is_read_outside_the_settings_module() -> None:

@@ -1,7 +1,7 @@
-"""The files README.md's commands name, written into the folder they run in.
+"""The files the commands of README.md and docs/ name, written into the folder they run in.
 
-Each is small (the README test is the slowest test of the suite) and made from what the
-README itself says about it:
+Each is small (the docs test is the slowest test of the suite) and made from what the
+pages themselves say about them:
 
 - ``tx.csv``: a Fraud Detection Handbook-format CSV (TRANSACTION_ID, TX_DATETIME, CUSTOMER_ID,
   TERMINAL_ID, TX_AMOUNT, TX_TIME_SECONDS, TX_TIME_DAYS, TX_FRAUD, TX_FRAUD_SCENARIO), the
@@ -11,7 +11,8 @@ README itself says about it:
   unlabelled: a day of the regime the champion was adapted to, whose history (the days
   before it) the batch job reads from the champion's training table; ``incoming/next-days/``:
   two more days like ``new.parquet``'s, one file each (the Ray fan-out's batch);
-- ``manuals/``, ``qa.jsonl``: a few documents and questions with answers found in them;
+- ``manuals/``, ``qa.jsonl``: a few documents (``docs/examples/manuals``) and questions with answers
+  found in them;
 - ``readings.csv`` / ``events.csv``: long-format sensor readings and failure events;
   ``incoming/sensor/``, ``failures/``: later readings of other assets and their failures;
 - ``lease.pdf``, ``annex.docx``: the two documents uploaded to the ``legal`` collection.
@@ -22,6 +23,7 @@ Every file is older than the batch flows' settle time (30 s), as a file dropped 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -31,30 +33,9 @@ import pandas as pd
 HANDBOOK_NAMES = {"transaction_id": "TRANSACTION_ID", "timestamp": "TX_DATETIME", "account_id": "CUSTOMER_ID",
                   "terminal_id": "TERMINAL_ID", "amount": "TX_AMOUNT", "label": "TX_FRAUD"}
 
-MANUALS = {
-    "pump-maintenance.md": """# Centrifugal pump P-200: maintenance
-
-The mechanical seal of the P-200 pump is replaced every 4,000 operating hours or when the leak
-rate exceeds ten drops per minute. Before opening the casing, isolate the pump, drain it and
-lock out the motor starter.
-
-Bearings are greased every 500 hours with a lithium complex grease; overgreasing raises the
-bearing temperature. A bearing running above 85 degrees Celsius must be inspected the same day.
-""",
-    "vibration-limits.html": """<html><head><title>Vibration limits</title></head><body>
-<h1>Vibration limits for rotating equipment</h1>
-<p>Overall vibration velocity is measured on the bearing housings. Below 2.8 mm/s the machine is
-in good condition; between 2.8 and 7.1 mm/s it is acceptable for continuous operation; above
-7.1 mm/s it must be stopped and the cause found, usually misalignment or an unbalanced impeller.</p>
-</body></html>
-""",
-    "shift-handover.txt": """Shift handover procedure
-
-At every shift change the outgoing operator walks the line with the incoming operator, reads the
-alarm log aloud and hands over the permit-to-work folder. Open work permits are signed by both.
-The compressor room logbook records the discharge pressure of each compressor at handover.
-""",
-}
+#: A few maintenance documents (Markdown, HTML, text), shipped with the docs: README.md ingests them
+#: from there, the RAG guide from ``manuals/``; ``qa.jsonl``'s answers are found in them.
+MANUALS = Path(__file__).resolve().parents[2] / "docs" / "examples" / "manuals"
 
 QA = [
     {"question": "How often is the mechanical seal of the pump replaced?", "answers": ["4,000 operating hours"]},
@@ -206,10 +187,7 @@ def write_all(cwd: Path) -> list[str]:
     days = canonical_transactions(seed=3, n_days=2)
     for i, (_, day) in enumerate(days.groupby(days["timestamp"].dt.normalize())):
         day.to_csv(later / f"day-{i + 2}.csv", index=False)
-    manuals = cwd / "manuals"
-    manuals.mkdir()
-    for name, text in MANUALS.items():
-        (manuals / name).write_text(text, encoding="utf-8")
+    shutil.copytree(MANUALS, cwd / "manuals")
     (cwd / "qa.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QA), encoding="utf-8")
     sensor_files(cwd)
     (cwd / "lease.pdf").write_bytes(_pdf(LEASE_TEXT))

@@ -1,15 +1,16 @@
-"""Runs README.md's commands as a user types them, section by section, in one fresh home.
+"""Runs the commands of README.md and docs/ as a user types them, section by section, in a fresh home.
 
-The commands run in a scratch folder that holds the repository (links), a ``.venv`` that is
-the installed environment, and the files the README names (:mod:`readme_fixtures`). ``HOME`` is
+A home's sections (:data:`blocks.SECTIONS`) run in order in one scratch folder that holds the
+repository (links), a ``.venv`` that is the installed environment, and the files the pages name
+(:mod:`fixtures`). ``HOME`` is
 a fresh folder, so the default ``~/.indusflow`` and ``~/.prefect`` start empty; no ``INDUSFLOW_*``
 or ``PREFECT_*`` variable of the calling shell is passed on, and the venv is not on ``PATH``
-(the README spells ``.venv/bin/...``). Each section starts with that environment (a new
+(the pages spell ``.venv/bin/...``). Each section starts with that environment (a new
 terminal); ``export`` lines and the values below carry on to the section's later lines.
 
 A command fails on a non-zero exit status (curl gets ``--fail-with-body`` from a ``.curlrc``, so
 an HTTP 4xx/5xx is one), a traceback, a WARNING/ERROR/CRITICAL log line, a ``warning:``/``error:``
-line or a Python warning in its output. Servers the README starts in a terminal of their own
+line or a Python warning in its output. Servers a page starts in a terminal of their own
 run in the background until the end of their section, then get Ctrl-C (SIGINT); their output
 is checked the same way (only ``AT_CTRL_C``, Prefect's queue drain after Ctrl-C, is reported as
 a note instead).
@@ -19,7 +20,7 @@ the report says which, for every line:
 ``SUBSTITUTIONS`` (ports: two servers on fixed ports would collide with anything else on the
 machine), ``CAPTURES`` (``$KEY`` and friends, filled from an earlier command's output as the
 user copies them), ``POLLS`` (a status the user re-checks until it settles).
-Run it alone: ``.venv/bin/python -m tests.readme.harness [SECTION ...]`` (from the repository root).
+Run it alone: ``.venv/bin/python -m tests.docs.harness [SECTION ...]`` (from the repository root).
 """
 
 from __future__ import annotations
@@ -40,18 +41,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
-    from tests.readme import readme_blocks as rb
-    from tests.readme import readme_fixtures
+    from tests.docs import blocks as rb
+    from tests.docs import fixtures as page_fixtures
 except ImportError:  # run as a file
     sys.path.insert(0, str(Path(__file__).parent))
-    import readme_blocks as rb  # type: ignore[no-redef]
-    import readme_fixtures  # type: ignore[no-redef]
+    import blocks as rb  # type: ignore[no-redef]
+    import fixtures as page_fixtures  # type: ignore[no-redef]
 
 ROOT = rb.ROOT
 COMMAND_TIMEOUT_S = 1200
 TAIL_LINES = 25
 
-#: (text in the README, what runs instead, why). Applied to every line that holds the text.
+#: (text on a page, what runs instead, why). Applied to every line that holds the text.
 SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("localhost:8000", "localhost:{serve_port}",
      "the API listens on a free port (INDUSFLOW_SERVE_PORT={serve_port}), not 8000"),
@@ -90,11 +91,12 @@ def _first_run_id(out: str) -> str:
     return m.group(1) if m else ""
 
 
-#: (regex on the README line, {variable: how to read it from the command's stdout}).
+#: (regex on the page's line, {variable: how to read it from the command's stdout}).
 CAPTURES: list[tuple[str, dict[str, Callable[[str], str]]]] = [
     (r'keys add "card-auth"', {"KEY": _last_line, "KEY_ID": _key_id}),
     (r'keys add "ops"', {"OPS_KEY": _last_line}),
     (r'keys add "legal team"', {"KEY": _last_line}),
+    (r'keys add "kb-team"', {"KEY": _last_line}),
     (r"-F files=@lease\.pdf", {"JOB_ID": _json_field("job_id")}),
     (r"-m flows\.\w+ approvals\b", {"RUN": _first_run_id}),
     (r"registry keygen alice\b", {"ALICE_PUB": _public_key}),
@@ -118,7 +120,7 @@ def _answers_2xx(rc: int, out: str) -> tuple[bool, str | None]:
     return rc == 0, None  # curl --fail-with-body: 22 on a 4xx/5xx (503 while the champions load)
 
 
-#: (regex on the README line, settled(rc, stdout) -> (settled, problem), seconds at most).
+#: (regex on the page's line, settled(rc, stdout) -> (settled, problem), seconds at most).
 POLLS: list[tuple[str, Callable[[int, str], tuple[bool, str | None]], float]] = [
     (r"/v1/kb/jobs/\$JOB_ID", _job_settled, 900.0),
     (r"curl -s localhost:8000/readyz", _answers_2xx, 180.0),  # "ready once the champions are loaded"
@@ -127,7 +129,7 @@ POLLS: list[tuple[str, Callable[[int, str], tuple[bool, str | None]], float]] = 
 
 @dataclass(frozen=True)
 class Background:
-    """A README command that runs until stopped (its own terminal, Ctrl-C)."""
+    """A command that runs until stopped (its own terminal, Ctrl-C)."""
 
     pattern: str
     ready: str  #: "http:URL" (answers 2xx) or "log:TEXT" (printed)
@@ -167,7 +169,7 @@ AT_CTRL_C: list[tuple[re.Pattern[str], str]] = [
 
 
 def noise_lines(text: str) -> list[str]:
-    """Lines of output a README command must not print (first of each kind)."""
+    """Lines of output a documented command must not print (first of each kind)."""
     found = []
     for line in text.splitlines():
         for pattern, kind in NOISE:
@@ -207,10 +209,10 @@ class SectionResult:
 
     def report(self) -> str:
         ran = [o for o in self.outcomes if o.status != "skipped"]
-        out = [(f"README section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
+        out = [(f"docs section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
                f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s")]
         for o in self.outcomes:
-            head = f"  [{o.status}] README line {o.cmd.lineno}: {o.cmd.first_line.strip()[:110]}"
+            head = f"  [{o.status}] {o.cmd.where}: {o.cmd.first_line.strip()[:110]}"
             if o.status == "skipped":
                 out.append(f"{head}\n      skipped: {o.reason}")
                 continue
@@ -220,9 +222,9 @@ class SectionResult:
         return "\n".join(out)
 
     def failure_message(self) -> str:
-        parts = [f"README section {self.name}: {len(self.failed)} command(s) failed"]
+        parts = [f"docs section {self.name}: {len(self.failed)} command(s) failed"]
         for o in self.failed:
-            parts.append(f"\n--- README line {o.cmd.lineno}: {o.ran.strip()}\n" + "\n".join(
+            parts.append(f"\n--- {o.cmd.where}: {o.ran.strip()}\n" + "\n".join(
                 f"    {p}" for p in o.problems) + f"\n  output tail:\n{o.tail()}")
         return "\n".join(parts)
 
@@ -242,18 +244,19 @@ def free_port() -> int:
 
 def _venv() -> Path:
     if sys.prefix == sys.base_prefix:
-        raise RuntimeError("the README test runs in the project's virtual environment (.venv/bin/python -m pytest)")
+        raise RuntimeError("the docs test runs in the project's virtual environment (.venv/bin/python -m pytest)")
     return Path(sys.prefix)
 
 
 class Workspace:
-    """The folder the README's commands run in, its fresh home, and the servers it started."""
+    """The folder one home's commands run in, its fresh home, and the servers it started."""
 
-    def __init__(self, root: Path, reuse: bool = False) -> None:
+    def __init__(self, root: Path, reuse: bool = False, home: str = "docs") -> None:
         self.root = root
         self.cwd = root / "work"
         self.home = root / "home"
-        self.blocks = rb.parse()
+        self.sections = [s.name for s in rb.SECTIONS if s.home == home]
+        self.blocks = rb.parse_all()
         _default_sigint()
         self.done: dict[str, SectionResult] = {}
         if reuse:  # a workspace an earlier run left (developing one section): its home and ports
@@ -262,7 +265,7 @@ class Workspace:
             return
         self.cwd.mkdir(parents=True)
         self.home.mkdir()
-        self.fixtures = readme_fixtures.write_all(self.cwd)
+        self.fixtures = page_fixtures.write_all(self.cwd)
         for entry in ROOT.iterdir():
             if entry.name not in (".venv", ".git") and not (self.cwd / entry.name).exists():
                 (self.cwd / entry.name).symlink_to(entry)
@@ -294,8 +297,8 @@ class Workspace:
         return [c for b in self.blocks for c in b.commands if c.section == section]
 
     def run_through(self, section: str) -> SectionResult:
-        """Runs every section up to and including ``section`` (once each, README order)."""
-        for name in rb.SECTIONS:
+        """Runs every section of this home up to and including ``section`` (once each, in order)."""
+        for name in self.sections:
             if name not in self.done:
                 self.done[name] = self.run_section(name)
             if name == section:
@@ -317,7 +320,7 @@ class Workspace:
                 marks = rb.synopsis_marks(cmd.text)
                 if marks:
                     example = runnable.get(rb.command_key(cmd.text))
-                    where = f"its concrete example runs at README line {example.lineno}" if example else "NO example"
+                    where = f"its concrete example runs at {example.where}" if example else "NO example"
                     outcomes.append(Outcome(cmd, "skipped", reason=f"synopsis ({', '.join(marks)}); {where}"))
                     continue
                 bg = next((b for b in BACKGROUND if re.search(b.pattern, cmd.text)), None)
@@ -336,8 +339,8 @@ class Workspace:
 
     @staticmethod
     def _print_progress(section: str, o: Outcome) -> None:
-        if os.environ.get("README_TEST_VERBOSE"):
-            print(f"[{section}] {o.status} line {o.cmd.lineno} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}"
+        if os.environ.get("DOCS_TEST_VERBOSE"):
+            print(f"[{section}] {o.status} {o.cmd.where} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}"
                   + "".join(f"\n    {p[:200]}" for p in o.problems[:3]), file=sys.__stderr__, flush=True)
 
     def _prepare(self, cmd: rb.Command) -> tuple[str, list[str]]:
@@ -355,7 +358,7 @@ class Workspace:
         text, notes = self._prepare(cmd)
         poll = next((p for p in POLLS if re.search(p[0], cmd.text)), None)
         envfile = self.root / "env.out"
-        script = f"{text}\n__readme_rc=$?\nenv -0 > {envfile}\nexit $__readme_rc\n"
+        script = f"{text}\n__docs_rc=$?\nenv -0 > {envfile}\nexit $__docs_rc\n"
         outcome = Outcome(cmd, "ok", ran=text, notes=notes)
         start = time.monotonic()
         deadline = start + (poll[2] if poll else 0)
@@ -392,7 +395,7 @@ class Workspace:
         if outcome.rc == 0 and envfile.exists():
             for item in envfile.read_text().split("\0"):
                 key, sep, value = item.partition("=")
-                if sep and key not in ("_", "SHLVL", "PWD", "OLDPWD") and not key.startswith("__readme"):
+                if sep and key not in ("_", "SHLVL", "PWD", "OLDPWD") and not key.startswith("__docs"):
                     env[key] = value
         for pattern, fields in CAPTURES:
             if re.search(pattern, cmd.text):
@@ -488,16 +491,21 @@ def main(argv: list[str]) -> int:
     reuse = None
     if argv[:1] == ["--workspace"]:
         reuse, argv = Path(argv[1]), argv[2:]
-    sections = argv or list(rb.SECTIONS)
-    problems = rb.problems(rb.parse())
+    sections = argv or rb.SECTION_NAMES
+    problems = rb.problems(rb.parse_all())
     for p in problems:
-        print(f"README problem: {p}")
-    root = reuse or Path(tempfile.mkdtemp(prefix="readme-test-"))
-    os.environ.setdefault("README_TEST_VERBOSE", "1")
-    ws = Workspace(root, reuse=reuse is not None)
-    print(f"workspace {root}; fixtures: {', '.join(ws.fixtures)}")
+        print(f"docs problem: {p}")
+    homes = {s.name: s.home for s in rb.SECTIONS}
+    workspaces: dict[str, Workspace] = {}
+    os.environ.setdefault("DOCS_TEST_VERBOSE", "1")
     failed = 0
     for name in sections:
+        home = homes[name]
+        if home not in workspaces:
+            root = reuse or Path(tempfile.mkdtemp(prefix=f"docs-test-{home}-"))
+            workspaces[home] = Workspace(root, reuse=reuse is not None, home=home)
+            print(f"workspace {root}; fixtures: {', '.join(workspaces[home].fixtures)}")
+        ws = workspaces[home]
         result = ws.run_section(name) if reuse else ws.run_through(name)
         print(result.report(), flush=True)
         if result.failed:

@@ -1,0 +1,94 @@
+"""README.md and docs/ are a test: their command blocks run as written, section by section (harness.py).
+
+``test_pages_are_runnable_as_written`` only reads the pages (fast): every code block is a command
+block or not one (marked ``not commands``, or a fence of another language), every skip names its
+reason and matches a line, every synopsis has a concrete example, every runnable command belongs
+to a section. The section tests run the commands in a fresh home per home of
+:data:`blocks.SECTIONS` (README.md's three runs share one, the RAG, forecasting and KB pages have one
+each, the other pages share one), in order: a section selected alone (``pytest -m docs_run -k serving``) runs
+its home's sections before it first (``-k kb_api``: that page alone).
+Each prints its report (commands, substitutions, skipped lines with reasons, seconds) even when it
+passes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.docs import blocks as rb
+from tests.docs.harness import Workspace
+
+pytestmark = pytest.mark.docs
+
+
+def test_pages_are_runnable_as_written() -> None:
+    blocks = rb.parse_all()
+    assert not rb.problems(blocks), "\n".join(rb.problems(blocks))
+    sections = {c.section for b in blocks for c in b.commands if not c.skip}
+    assert sections == set(rb.SECTION_NAMES), f"sections with no command run: {set(rb.SECTION_NAMES) - sections}"
+
+
+def test_every_page_is_read() -> None:
+    pages = {str(p.relative_to(rb.ROOT)) for p in rb.pages()}
+    assert {"README.md", "docs/index.md", "docs/serving.md"} <= pages
+    assert {s.page for s in rb.SECTIONS} <= pages, "a section names a page that does not exist"
+
+
+def test_synopsis_notation_is_recognised() -> None:
+    assert rb.synopsis_marks(".venv/bin/python -m flows.rag eval --data qa.jsonl|squad.json")
+    assert rb.synopsis_marks(".venv/bin/python -m flows.serve keys revoke KEY_ID")
+    assert rb.synopsis_marks(".venv/bin/python -m flows.rag ingest [DOCS_DIR ...]")
+    runnable = [
+        "curl -s -X POST localhost:8000/v1/kb/search -H \"X-API-Key: $KEY\" -d '{\"top_k\": [5]}'",
+        ".venv/bin/python -m flows.fraud train --columns account_id=CUSTOMER_ID,label=TX_FRAUD",
+        "INDUSFLOW_KB_COLLECTIONS=default,legal .venv/bin/python -m flows.serve  # a|b [c] DIR",
+    ]
+    assert [rb.synopsis_marks(t) for t in runnable] == [[], [], []]
+
+
+def test_fences_and_sections(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Serving\n\n```bash\ncurl -s localhost:8000/readyz\n```\n\n```json\n{\"a\": 1}\n```\n\n"
+                    "<!-- docs-test: skip (needs Docker) -->\n\n    docker build .\n", encoding="utf-8")
+    blocks = rb.parse(page)
+    assert [len(b.commands) for b in blocks] == [1, 0, 1]
+    assert blocks[1].not_commands == "a ```json block"
+    assert blocks[2].commands[0].skip == "needs Docker"
+    assert rb.section_of("docs/fraud.md", ("Fraud detection", "Federated training")) == "federated"
+    assert rb.section_of("docs/governance.md", ("Model governance", "Approval")) == "model_risk"
+    assert rb.section_of("docs/benchmarks.md", ("Benchmarks",)) is None
+
+
+def test_mkdocs_build_is_strict(tmp_path: Path) -> None:
+    """The documentation site builds with no warning (a broken link, a page missing from the nav)."""
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                          cwd=rb.ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Workspace]:
+    homes: dict[str, Workspace] = {}
+
+    def get(home: str) -> Workspace:
+        if home not in homes:
+            homes[home] = Workspace(tmp_path_factory.mktemp(f"docs-{home}"), home=home)
+        return homes[home]
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.docs_run
+@pytest.mark.parametrize("section", rb.SECTIONS, ids=rb.SECTION_NAMES)
+def test_docs_section(section: rb.Section, workspace: Callable[[str], Workspace],
+                      capsys: pytest.CaptureFixture[str]) -> None:
+    result = workspace(section.home).run_through(section.name)
+    with capsys.disabled():
+        print("\n" + result.report())
+    assert not result.failed, result.failure_message()
