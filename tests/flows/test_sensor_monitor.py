@@ -12,7 +12,8 @@ import yaml
 
 from flows.sensor import sensor_batch_score, sensor_monitor, sensor_train
 from flows.sensor.cli import main
-from infra.deploy_config import config_path, current_config
+from infra.deploy import declared_parameters
+from infra.deploy_config import config_path
 from infra.errors import DataValidationError
 from solutions.sensor.config import (
     FinetuneConfig,
@@ -99,8 +100,7 @@ def test_sensor_monitor_judges_rul_per_version_and_retrains_on_the_accumulated_d
     readings.to_parquet(inbox / "day2.parquet", index=False)
     sensor_batch_score(inbox=str(inbox), model="rul-mon", settle_seconds=0, config=config)
     # the weekly retrain, with its deployment's parameters, trains on the accumulated data
-    deployment = current_config().deployment("sensor-train", "weekly-retrain")
-    assert deployment is not None and deployment.parameters == {"source": {"origin": "accumulated"}}
+    assert declared_parameters("sensor-train", "weekly-retrain") == {"source": {"origin": "accumulated"}}
     # the second judged run above the gate: the monitor starts the weekly retrain (its parameters)
     closing = sensor_monitor(failures=str(failures), settle_seconds=0, model="rul-mon", retrain_parameters=retrain_with)
     assert closing.decision is not None and closing.decision.trigger, closing.decision
