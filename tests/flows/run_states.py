@@ -1,4 +1,5 @@
-"""The task-run states of a flow run, as the Prefect API records them (for the flow tests)."""
+"""The shared test Prefect API, for the flow tests: the task-run states of a flow run as the API
+records them, and forgetting deployments a test registered."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from uuid import UUID
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.sorting import FlowRunSort
+from prefect.exceptions import ObjectNotFound
 
 FINAL = {"Completed", "Cached", "Failed", "Crashed"}
 
@@ -36,3 +38,22 @@ def latest_flow_run_id(flow_name: str) -> UUID:
         (run,) = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
                                        sort=FlowRunSort.START_TIME_DESC, limit=1)
     return run.id
+
+
+def forget_deployments(*names: str, pool: str | None = None) -> None:
+    """Delete deployments (``flow-name/deployment-name``) and a work pool of the shared test API.
+
+    A registered deployment changes what other tests do: a monitor sends its retrain there instead
+    of running it in-process, and the KB sends upload jobs to ``rag-ingest/kb-upload-ingest`` while
+    its pool still counts a stopped worker as polling."""
+    with get_client(sync_client=True) as client:
+        for name in names:
+            try:
+                client.delete_deployment(client.read_deployment_by_name(name).id)
+            except ObjectNotFound:
+                pass
+        if pool is not None:
+            try:
+                client.delete_work_pool(pool)
+            except ObjectNotFound:
+                pass

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 
 from flows.fraud.cli import main
@@ -20,6 +22,7 @@ from infra.deploy_config import load_deploy_config
 from infra.resources import TrainerArgs, gpu_slot
 from solutions.fraud.synthetic import generate_transactions
 from tasks.ledger import FileLedger
+from tests.flows.run_states import forget_deployments
 
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -35,6 +38,13 @@ EXPECTED = {
     "rag-ingest/reingest-watched-folder": "*/15 * * * *",
     "rag-ingest/kb-upload-ingest": None,
 }
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered_here_only() -> Iterator[None]:
+    """The deployments and the pool registered here leave the shared test API with this module."""
+    yield
+    forget_deployments(*EXPECTED, pool="local")
 
 
 def _api_url() -> str:

@@ -26,6 +26,7 @@ from solutions.fraud.config import (
 from solutions.fraud.synthetic import generate_transactions
 from tasks import monitoring as MON
 from tasks.dispatch import dispatch
+from tests.flows.run_states import forget_deployments
 
 START = pd.Timestamp("2025-01-01")
 #: Reads the account's last transactions; no window features (their delayed terminal-risk
@@ -49,20 +50,10 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "deployments.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(path))
-    _forget_deployment("fraud-adapt/on-drift-adapt")  # another test may have registered it (no worker here)
+    forget_deployments("fraud-adapt/on-drift-adapt")  # another test may have registered it (no worker here)
     return tmp_path
 
 
-def _forget_deployment(name: str) -> None:
-    """Delete a deployment of the shared test API, so the monitor runs adapt in-process."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.delete_deployment(client.read_deployment_by_name(name).id)
-        except ObjectNotFound:
-            pass
 
 
 def _day(frame: pd.DataFrame, day: int, history: int = 0) -> pd.DataFrame:

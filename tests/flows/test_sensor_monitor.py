@@ -24,6 +24,7 @@ from solutions.sensor.config import (
 )
 from solutions.sensor.synthetic import generate_fleet
 from tasks import monitoring as MON
+from tests.flows.run_states import forget_deployments
 
 H = 3600.0
 CUTS = (4, 8, 12, 16, 20)  # steps before its failure at which each asset's first file ends
@@ -65,7 +66,7 @@ def test_sensor_monitor_judges_rul_per_version_and_retrains_on_the_accumulated_d
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("INDUSFLOW_DEPLOY_CONFIG", str(_config_with_gate(tmp_path)))
-    _forget_deployment("sensor-train/weekly-retrain")  # no worker here: the monitor runs the flow in-process
+    forget_deployments("sensor-train/weekly-retrain")  # no worker here: the monitor runs the flow in-process
     config = _config()
     retrain_with = {"config": config.model_dump(mode="json")}  # the test's small model, same name
     assert sensor_train(config=config).model.version == 1
@@ -130,15 +131,6 @@ def test_sensor_monitor_judges_rul_per_version_and_retrains_on_the_accumulated_d
     assert len(triggers) == 1 and triggers["champion"].iloc[0] == "rul-mon:1"
 
 
-def _forget_deployment(name: str) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            client.delete_deployment(client.read_deployment_by_name(name).id)
-        except ObjectNotFound:
-            pass
 
 
 def test_monitor_command_names_a_missing_failures_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
