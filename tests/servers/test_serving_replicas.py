@@ -158,9 +158,15 @@ def test_a_replica_killed_under_load_loses_no_transaction_and_applies_none_twice
     # when the dead replica held it; from the stored scores when its update was written (nothing
     # applied again). (Caught after the commit, the kill comes within a Redis round trip of it; the
     # answer has the lock's release, the route and the audit line ahead of it.)
-    assert client.attempts[killed_request] == [(0, 599), (1, 200)], client.attempts[killed_request]
+    # At the moment "answer" the SIGKILL is sent from outside once the generation moved: now and
+    # then the answer is already on its way (seen in 1 of 2 runs of this module at load ~3). That
+    # request is then answered once by the dead replica and replayed by nobody; what this test
+    # guards (nothing lost, nothing applied twice, the scores) is checked below either way.
+    lost = client.attempts[killed_request]
+    beaten = moment == "answer" and committed and lost == [(0, 200)]
+    assert beaten or lost == [(0, 599), (1, 200)], lost
     assert [i for i, a in enumerate(client.answers) if a and a.get("replayed")] == (
-        [killed_request] if committed else [])
+        [killed_request] if committed and not beaten else [])
     after = client.attempts[killed_request + 1:]
     assert all(a[-1] == (1, 200) for a in after)  # the survivor answered everything after the kill
     assert all(a == [(0, 599), (1, 200)] for a in after[1::2])  # and the dead replica nothing
@@ -171,5 +177,6 @@ def test_a_replica_killed_under_load_loses_no_transaction_and_applies_none_twice
     for i, (answer, want) in enumerate(zip(client.answers, state["scores"][0], strict=True)):
         assert answer is not None
         np.testing.assert_allclose([r["score"] for r in answer["results"]], want, atol=1e-5, err_msg=f"request {i}")
-    print(f"replica killed at request {killed_request} ({moment}), update written: {committed}, answered "
+    print(f"replica killed at request {killed_request} ({moment}), update written: {committed}, answer sent "
+          f"before the kill: {beaten}, answered "
           f"{retried_s:.2f} s after the kill; test {time.monotonic() - started:.1f} s")
