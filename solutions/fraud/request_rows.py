@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,10 +243,9 @@ def _plain_text(values: list[Any], spec: ColumnSpec) -> list[str | None] | None:
     return values
 
 
-def _plain_number(values: list[Any], spec: ColumnSpec) -> list[float] | None:
-    """Numbers: int/float inside the schema's bounds (NaN for a missing value the schema allows)."""
-    low = -math.inf if spec.min_value is None else spec.min_value
-    bound = math.inf if spec.max_abs is None else spec.max_abs
+def _plain_floats(values: list[Any], spec: ColumnSpec, accept: Callable[[Any, type], bool]) -> list[float] | None:
+    """The values as floats where ``accept(value, type(value))`` holds for each (NaN for a missing
+    value the schema allows); None when one is refused."""
     out: list[float] = []
     for v in values:
         kind = type(v)
@@ -254,27 +253,24 @@ def _plain_number(values: list[Any], spec: ColumnSpec) -> list[float] | None:
             if not spec.nullable:
                 return None
             out.append(math.nan)
-        elif (kind is float or (kind is int and -(2**53) < v < 2**53)) and low <= v and -bound <= v <= bound:
+        elif accept(v, kind):
             out.append(float(v))
         else:
             return None
     return out
+
+
+def _plain_number(values: list[Any], spec: ColumnSpec) -> list[float] | None:
+    """Numbers: int/float inside the schema's bounds."""
+    low = -math.inf if spec.min_value is None else spec.min_value
+    bound = math.inf if spec.max_abs is None else spec.max_abs
+    return _plain_floats(values, spec, lambda v, kind: (kind is float or (kind is int and -(2**53) < v < 2**53))
+                         and low <= v and -bound <= v <= bound)
 
 
 def _plain_label(values: list[Any], spec: ColumnSpec) -> list[float] | None:
     """Labels: booleans or the numbers 0 and 1 (NaN when unknown)."""
-    out: list[float] = []
-    for v in values:
-        kind = type(v)
-        if v is None or (kind is float and math.isnan(v)):
-            if not spec.nullable:
-                return None
-            out.append(math.nan)
-        elif kind is bool or ((kind is int or kind is float) and v in (0, 1)):
-            out.append(float(v))
-        else:
-            return None
-    return out
+    return _plain_floats(values, spec, lambda v, kind: kind is bool or ((kind is int or kind is float) and v in (0, 1)))
 
 
 def _plain_times(values: list[Any]) -> pd.DatetimeIndex | None:
