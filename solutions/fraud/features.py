@@ -8,9 +8,9 @@ Every feature of a transaction uses only that transaction and earlier ones, so a
 later transaction (its amount, its label, its existence) never changes an earlier
 row's features.
 
-Windows are computed exactly with sorted keys and ``np.searchsorted`` over cumulative
-sums (one pass per window, no Python loop over groups): ~370k rows take about 3 s
-on 2 cores.
+The numeric features are defined once, in :mod:`solutions.fraud.feature_defs` (online
+scoring computes them with the same functions): here the whole file is one time-ordered
+chunk with no history.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from solutions.fraud.feature_defs import KeyedRows, account_windows, row_features, terminal_windows
 from solutions.fraud.schema import (
     ACCOUNT_AGE_DAYS,
     ACCOUNT_ID,
@@ -38,11 +39,6 @@ from solutions.fraud.schema import (
 )
 
 __all__ = ["WindowFeatureBaseline", "WindowFeatures"]
-
-_NS_PER_DAY = 86_400 * 10**9
-_NS_PER_S = 10**9
-_NIGHT_HOURS = (22, 6)  # [22:00, 06:00)
-
 
 def _timestamps_ns(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """Timestamps as int64 nanoseconds: (absolute time, local wall-clock time).
@@ -62,37 +58,6 @@ def _timestamps_ns(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         return utc.astype("datetime64[ns]").to_numpy().astype(np.int64), local
     naive = ts.astype("datetime64[ns]").to_numpy().astype(np.int64)
     return naive, naive
-
-
-class _Windows:
-    """Exact time-window sums per group over a fixed set of rows.
-
-    Rows are ordered by (group, time, input order). Because time is replaced by its
-    dense rank among all timestamps, the composite key fits in int64 at any
-    timestamp resolution.
-    """
-
-    def __init__(self, groups: np.ndarray, t_ns: np.ndarray, uniq_t: np.ndarray) -> None:
-        self.uniq_t = uniq_t
-        self.stride = np.int64(len(uniq_t) + 1)
-        rank = np.searchsorted(uniq_t, t_ns)
-        key = groups.astype(np.int64) * self.stride + rank
-        # Input rows are already in time order, so a stable sort keeps ties in order.
-        self.order = np.argsort(key, kind="stable")
-        self.key = key[self.order]
-        self.groups = groups
-        self.pos = np.empty(len(key), dtype=np.int64)
-        self.pos[self.order] = np.arange(len(key))
-
-    def cumsum(self, values: np.ndarray) -> np.ndarray:
-        """Cumulative sums (with a leading 0) of ``values`` in window order."""
-        return np.concatenate([[0.0], np.cumsum(values[self.order], dtype=np.float64)])
-
-    def bound(self, t_ns: np.ndarray, side: str) -> np.ndarray:
-        """Sorted position of the first row of the row's group with time >= t
-        (``side="left"``) or > t (``side="right"``)."""
-        rank = np.searchsorted(self.uniq_t, t_ns, side=side)
-        return np.searchsorted(self.key, self.groups.astype(np.int64) * self.stride + rank, side="left")
 
 
 class WindowFeatures(TransformerMixin, BaseEstimator):
@@ -225,58 +190,18 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
         perm = np.argsort(t_all, kind="stable")
         t = t_all[perm]
         amount = pd.to_numeric(X[AMOUNT], errors="coerce").to_numpy(dtype=np.float64)[perm]
-        uniq_t = np.unique(t)
-        feats: dict[str, np.ndarray] = {}
 
         ts = pd.DatetimeIndex(local_all[perm].astype("datetime64[ns]"))
-        hour = ts.hour.to_numpy()
-        feats["amount"] = amount
-        feats["log_amount"] = np.log1p(np.clip(amount, 0.0, None))
-        feats["hour"] = hour.astype(np.float64)
-        feats["is_weekend"] = (ts.dayofweek.to_numpy() >= 5).astype(np.float64)
-        feats["is_night"] = ((hour >= _NIGHT_HOURS[0]) | (hour < _NIGHT_HOURS[1])).astype(np.float64)
-
-        # Customer windows: (t - w, t], the current transaction included.
+        feats = row_features(amount, ts.hour.to_numpy(), ts.dayofweek.to_numpy())
         acc_codes = pd.factorize(X[ACCOUNT_ID].to_numpy()[perm], use_na_sentinel=False)[0]
-        cw = _Windows(acc_codes, t, uniq_t)
-        cap_s = float(max(self.windows_days)) * 86_400.0
-        p = cw.pos
-        prev_same = (p > 0) & (cw.key[np.maximum(p - 1, 0)] // cw.stride == acc_codes)
-        prev_t = t[cw.order[np.maximum(p - 1, 0)]]
-        gap = np.where(prev_same, (t - prev_t) / _NS_PER_S, cap_s)
-        feats["secs_since_prev"] = np.minimum(gap, cap_s)
-        cs_amt = cw.cumsum(np.nan_to_num(amount))
-        for w in self.windows_days:
-            lo = cw.bound(t - w * _NS_PER_DAY, side="right")
-            nb = (p + 1 - lo).astype(np.float64)
-            feats[f"cust_nb_tx_{w}d"] = nb
-            feats[f"cust_mean_amount_{w}d"] = (cs_amt[p + 1] - cs_amt[lo]) / nb
-        wmax = max(self.windows_days)
-        mean_max = feats[f"cust_mean_amount_{wmax}d"]
-        feats[f"amount_over_cust_mean_{wmax}d"] = np.divide(
-            amount, mean_max, out=np.ones(n), where=mean_max > 0
-        )
-
-        # Terminal windows: [t - delay - w, t - delay), labels known after the delay.
+        feats.update(account_windows(self.windows_days, KeyedRows(acc_codes, t, (amount,))))
         if self.has_terminal_:
             term_codes = pd.factorize(X[TERMINAL_ID].to_numpy()[perm], use_na_sentinel=False)[0]
-            tw = _Windows(term_codes, t, uniq_t)
             if LABEL in X.columns:
                 lab = pd.to_numeric(X[LABEL], errors="coerce").to_numpy(dtype=np.float64)[perm]
             else:
                 lab = np.full(n, np.nan)
-            known = ~np.isnan(lab)
-            cs_known = tw.cumsum(known.astype(np.float64))
-            cs_fraud = tw.cumsum(np.where(known, lab > 0, False).astype(np.float64))
-            delay = self.delay_days * _NS_PER_DAY
-            hi = tw.bound(t - delay, side="left")
-            for w in self.windows_days:
-                lo = tw.bound(t - delay - w * _NS_PER_DAY, side="left")
-                n_known = cs_known[hi] - cs_known[lo]
-                feats[f"term_nb_tx_{w}d"] = (hi - lo).astype(np.float64)
-                feats[f"term_risk_{w}d"] = np.divide(
-                    cs_fraud[hi] - cs_fraud[lo], n_known, out=np.zeros(n), where=n_known > 0
-                )
+            feats.update(terminal_windows(self.windows_days, self.delay_days, KeyedRows(term_codes, t, (lab,))))
 
         def one_hot(col: str, values: list[str]) -> None:
             if not values:

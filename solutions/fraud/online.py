@@ -2,16 +2,13 @@
 batch path would have scored it inside a file holding everything seen before it.
 
 The batch path (:func:`solutions.fraud.scoring.score_transactions`) computes two kinds of
-per-transaction inputs from a file, both from the past only:
-
-* the sequence model's step features (:func:`solutions.fraud.sequences.step_features`):
-  gap to the account's previous transaction, the mean of ALL its earlier amounts, whether
-  the (account, terminal) pair is new, hour and weekday; a row's step features never
-  change once computed, so the state keeps them as computed;
-* the window features (:class:`solutions.fraud.features.WindowFeatures`): the account's
-  count and mean amount over ``(t - w, t]`` and the terminal's count and fraud share over
-  ``[t - delay - w, t - delay)`` (the DELAYED terminal risk: labels are known ``delay``
-  days late), for ``w`` in the windows (1/7/30 days).
+per-transaction inputs from a file, both from the past only: the sequence model's step features
+and the window features (account windows over ``(t - w, t]``, terminal windows over
+``[t - delay - w, t - delay)``: labels are known ``delay`` days late). Both are defined once, in
+:mod:`solutions.fraud.feature_defs`, as vectorised updates over a chunk of rows and the earlier
+rows of their keys: the batch path passes a whole file with no history, this module a run of a
+request's rows in time order with the rows its state keeps. A row's step features never change
+once computed, so the state keeps them as computed.
 
 The minimal state for that, per account: the count and sum of its amounts, the terminals
 it used, and its recent rows (those inside the longest window, at least the last
@@ -49,11 +46,11 @@ import pandas as pd
 from infra.errors import DataValidationError
 from infra.online_state import ACCOUNT, TERMINAL, AccountRow, Journal, OnlineStateStore, StateConflict
 from infra.tables import ColumnSpec, TableSchema, validate_table
+from solutions.fraud import feature_defs as FD
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.online_model import OnlineFraudModel, RowInputs
 from solutions.fraud.request_rows import MAX_ID_CHARS, Rows, check_values, validate_rows
-from solutions.fraud.sequences import MAX_GAP_S, STEP_NUMERIC
 
 __all__ = [
     "ACCOUNT",
@@ -80,6 +77,7 @@ log = logging.getLogger(__name__)
 _NS_PER_DAY = 86_400 * 10**9
 _NS_PER_S = 10**9
 _NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids together
+_NEW_TERMINAL = FD.STEP_NUMERIC.index("new_terminal")
 
 
 class OrderError(ValueError):
@@ -151,9 +149,6 @@ class OnlineFraudState:
         self.cache_accounts = int(cache_accounts)
         self.cache_terminals = int(cache_terminals)
         self._cache = _Pending()
-        # per cached terminal, kept in step with its rows: the row times, and running counts of
-        # known labels and of positive labels (count[j] - count[i] = labels among rows i..j-1)
-        self._term_index: dict[str, tuple[list[int], list[int], list[int]]] = {}
 
     @classmethod
     def for_model(cls, store: OnlineStateStore, **kwargs: Any) -> OnlineFraudState:
@@ -162,7 +157,6 @@ class OnlineFraudState:
 
     def _forget(self) -> None:
         self._cache = _Pending()
-        self._term_index = {}
 
     @contextmanager
     def update(self) -> Iterator[_Batch]:
@@ -182,7 +176,7 @@ class OnlineFraudState:
         while len(cache.accounts) > self.cache_accounts:
             cache.accounts.popitem(last=False)
         while len(cache.terminals) > self.cache_terminals:
-            self._term_index.pop(cache.terminals.popitem(last=False)[0], None)
+            cache.terminals.popitem(last=False)
 
     def reset(self, kind: str, key: str) -> bool:
         """Forget one account's (or terminal's) online state, in the store and in memory: its next
@@ -228,7 +222,6 @@ class _Batch:
     def __init__(self, state: OnlineFraudState) -> None:
         self.state = state
         self.pending = state._cache
-        self._term_index = state._term_index
         self._touched: set[str] = set()
         self._journal = Journal()
         self._applied: list[tuple[str, int]] = []  # per applied row: its account, its place in the journal
@@ -240,17 +233,6 @@ class _Batch:
             doc = accounts[a]
             self._journal.accounts[a] = {"n": doc["n"], "sum": doc["sum"], "terms": doc["terms"], "seq": doc["seq"]}
         return self._journal
-
-    def _index(self, terminal: str) -> tuple[list[int], list[int], list[int]]:
-        index = self._term_index.get(terminal)
-        if index is None:
-            rows = self.pending.terminals[terminal]["rows"]
-            known, positive = [0], [0]
-            for r in rows:
-                known.append(known[-1] + (r[1] is not None))
-                positive.append(positive[-1] + (r[1] is not None and r[1] > 0))
-            index = self._term_index[terminal] = ([r[0] for r in rows], known, positive)
-        return index
 
     def load(self, accounts: Sequence[str], terminals: Sequence[str]) -> None:
         """Bring the documents the next rows need into memory (each read from the store once)."""
@@ -338,8 +320,50 @@ class _Batch:
                     break
         self._applied = []
 
+    def _features(self, r: Rows, start: int, end: int,
+                  delay_days: int) -> tuple[list[tuple[float, ...]], list[dict[str, float]]]:
+        """The sequence steps and window features of rows ``start:end`` (in time order) from the state
+        before them: the one definition (:mod:`solutions.fraud.feature_defs`) over what the state
+        keeps for their accounts and terminals."""
+        windows, late = self.state.windows_days, np.iinfo(np.int64).min
+        span_ns, delay_ns = max(windows) * _NS_PER_DAY, int(delay_days) * _NS_PER_DAY
+        t_own, amounts = np.array(r.t_ns[start:end], np.int64), np.array(r.amounts[start:end], np.float64)
+        accounts, terminals = r.accounts[start:end], r.terminals[start:end]
+        earliest = dict(zip(reversed(accounts), reversed(r.t_ns[start:end]), strict=True))
+        key, first = _codes(accounts), {a: earliest[a] for a in dict.fromkeys(accounts)}  # in code order
+        docs = [self.pending.accounts[a] for a in first]
+        summary = FD.AccountSummary(np.array([d["n"] for d in docs], np.int64), np.array([d["sum"] for d in docs]),
+                                    np.array([d["recent"][-1][0] if d["recent"] else late for d in docs], np.int64))
+        chunk = FD.KeyedRows(key, np.maximum(t_own, summary.latest[key]), (amounts,))  # a late row joins after
+        # only rows inside the longest window of an account's first row can count
+        history = _history([(d["recent"], max(first[a], latest) - span_ns, latest + 1)
+                            for a, d, latest in zip(first, docs, summary.latest.tolist(), strict=True)], side="right")
+        hours, dows = np.array(r.hours[start:end]), np.array(r.dows[start:end])
+        feats = {**FD.row_features(amounts, hours, dows),
+                 **FD.account_windows(windows, chunk, history, max_rows=self.state.max_recent)}
+        term_codes = known_pair = None
+        if r.has_terminal:
+            term_codes = _codes(terminals)
+            known_pair = np.fromiter((t is not None and t in d["terms"] for d, t in
+                                      zip((self.pending.accounts[a] for a in accounts), terminals, strict=True)),
+                                     bool, len(accounts))
+            term_keys = [t if t is not None else _NULL_TERMINAL for t in terminals]
+            lo, hi = int(t_own.min()) - delay_ns - span_ns, int(t_own.max()) - delay_ns
+            feats.update(FD.terminal_windows(
+                windows, delay_days, FD.KeyedRows(_codes(term_keys), t_own, (np.array(r.labels[start:end]),)),
+                _history([(self.pending.terminals[t]["rows"], lo, hi) for t in dict.fromkeys(term_keys)])))
+        steps = FD.step_features(chunk, hours + np.array(r.minutes[start:end]) / 60.0, dows,
+                                 np.where(np.array([t is None for t in terminals]), -1, term_codes)
+                                 if term_codes is not None else None, summary, known_pair)
+        names = list(feats)
+        wins = [dict(zip(names, row, strict=True)) for row in zip(*(feats[k].tolist() for k in names), strict=True)]
+        return [tuple(step) for step in steps.tolist()], wins
+
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
+
+        The features of each run of rows in time order are computed together from the state
+        before the run (:meth:`_features`); the rows are then added one by one.
 
         Args:
             rows: validated rows (a frame with canonical columns, or its :class:`Rows`), in arrival order.
@@ -348,25 +372,29 @@ class _Batch:
                 predecessors); None: as many as the state keeps.
         """
         r = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
-        windows = self.state.windows_days
-        wmax = max(windows)
-        cap_s = float(wmax) * 86_400.0
+        wmax = max(self.state.windows_days)
         delay_ns = int(delay_days) * _NS_PER_DAY
         has_terminal = r.has_terminal
-        t_ns, hours, minutes, dows = r.t_ns, r.hours, r.minutes, r.dows
+        t_ns = r.t_ns
         accounts, terminals, amounts, labels, tx_ids = r.accounts, r.terminals, r.amounts, r.labels, r.tx_ids
         channels, categories = r.channels, r.categories
         ages, acc_ages, occupations = r.ages, r.acc_ages, r.occupations
         self.load(accounts, [t if t is not None else _NULL_TERMINAL for t in terminals] if has_terminal else [])
         journal, touched = self._journal, self._touched
-        cust_keys = [(w, f"cust_nb_tx_{w}d", f"cust_mean_amount_{w}d") for w in windows]
-        term_keys = [(w, f"term_nb_tx_{w}d", f"term_risk_{w}d") for w in windows]
-        mean_max_key = f"cust_mean_amount_{wmax}d"
         hist = self.state.history_len if keep is None else min(self.state.history_len, max(int(keep) - 1, 0))
+        runs = np.flatnonzero(np.diff(np.array(t_ns, dtype=np.int64)) < 0) + 1  # where time goes back
+        run_ends = [*runs.tolist(), len(r)]
+        steps: list[tuple[float, ...]] = []
+        wins: list[dict[str, float]] = []
+        run_start = run_end = 0
 
         out: list[RowInputs] = []
         late_ns = self.state.late_ns
         for i, acct_id in enumerate(accounts):
+            if i == run_end:
+                run_start, run_end = i, run_ends.pop(0)
+                steps, wins = self._features(r, run_start, run_end, delay_days)
+            step, win = steps[i - run_start], wins[i - run_start]
             t_own, amount = t_ns[i], amounts[i]
             acct = self.pending.accounts[acct_id]
             recent: list[AccountRow] = acct["recent"]
@@ -374,55 +402,7 @@ class _Batch:
                 raise OrderError(f"row {i}: older than the latest transaction already scored for its account")
             # a late row (within the tolerance) joins its account right after the latest row
             t = max(t_own, recent[-1][0]) if recent else t_own
-            # -- step features (solutions.fraud.sequences.step_features)
-            amount_c = max(amount, 0.0) if not math.isnan(amount) else amount
-            gap = (t - recent[-1][0]) / _NS_PER_S if recent else None
-            prior_mean = acct["sum"] / acct["n"] if acct["n"] > 0 else amount_c
             term = terminals[i]
-            new_terminal = has_terminal and term is not None and term not in acct["terms"]
-            hour = hours[i] + minutes[i] / 60.0
-            # math's functions on floats: the same IEEE results as numpy's to the last bit or two
-            # (the features are compared to the batch path's at 1e-9), ~10x cheaper per scalar
-            log_amount = math.log1p(amount_c)
-            step = (
-                log_amount,
-                math.log1p(min(max(MAX_GAP_S if gap is None else gap, 0.0), MAX_GAP_S)),
-                math.sin(2 * math.pi * hour / 24),
-                math.cos(2 * math.pi * hour / 24),
-                math.sin(2 * math.pi * dows[i] / 7),
-                math.cos(2 * math.pi * dows[i] / 7),
-                float(new_terminal),
-                log_amount - math.log1p(prior_mean),
-                float(gap is None),
-            )
-            assert len(step) == len(STEP_NUMERIC)
-            # -- window features (solutions.fraud.features.WindowFeatures)
-            win: dict[str, float] = {
-                "amount": amount,
-                "log_amount": math.log1p(max(amount, 0.0)),
-                "hour": float(hours[i]),
-                "is_weekend": float(dows[i] >= 5),
-                "is_night": float(hours[i] >= 22 or hours[i] < 6),
-                "secs_since_prev": min(gap, cap_s) if gap is not None else cap_s,
-            }
-            amt0 = 0.0 if math.isnan(amount) else amount
-            for w, nb_key, mean_key in cust_keys:
-                # the account's rows are in time order: those inside (t - w, t] are a suffix
-                start = bisect.bisect_right(recent, t - w * _NS_PER_DAY, key=_row_time)
-                nb = len(recent) - start + 1
-                win[nb_key] = float(nb)
-                win[mean_key] = (math.fsum([r[1] for r in recent[start:]]) + amt0) / nb
-            mean_max = win[mean_max_key]
-            win[f"amount_over_cust_mean_{wmax}d"] = amount / mean_max if mean_max > 0 else 1.0
-            term_key = (term if term is not None else _NULL_TERMINAL) if has_terminal else None
-            if term_key is not None:
-                times, n_known, n_pos = self._index(term_key)
-                hi = bisect.bisect_left(times, t_own - delay_ns)
-                for w, nb_key, risk_key in term_keys:
-                    lo = bisect.bisect_left(times, t_own - delay_ns - w * _NS_PER_DAY)
-                    known = n_known[hi] - n_known[lo]
-                    win[nb_key] = float(hi - lo)
-                    win[risk_key] = (n_pos[hi] - n_pos[lo]) / known if known else 0.0
             out.append(RowInputs(
                 steps=[r[4] for r in recent[-hist:]] + [step] if hist else [step],
                 step_cats=[(r[2], r[3]) for r in recent[-hist:]] + [(channels[i], categories[i])]
@@ -446,38 +426,51 @@ class _Batch:
             if cut:
                 del recent[:cut]
                 journal.account_cut[acct_id] = acct["seq"] - len(recent)
-            if not math.isnan(amount_c):
+            if not math.isnan(amount):
                 acct["n"] += 1
-                acct["sum"] += amount_c
-            if new_terminal:
+                acct["sum"] += max(amount, 0.0)
+            if step[_NEW_TERMINAL]:
                 acct["terms"].append(term)
-            if term_key is not None:
-                tdoc = self.pending.terminals[term_key]
-                trows = tdoc["rows"]
-                times, n_known, n_pos = self._index(term_key)
-                label = None if math.isnan(labels[i]) else float(labels[i])
-                pos = bisect.bisect_right(times, t_own)
-                trow = (t_own, label, tx_ids[i], tdoc["next"])
-                tdoc["next"] += 1
-                trows.insert(pos, trow)
-                journal.terminal_rows.append((term_key, trow))
-                times.insert(pos, t_own)
-                k, p = int(label is not None), int(label is not None and label > 0)
-                if pos == len(times) - 1:  # the usual case: the newest row of its terminal
-                    n_known.append(n_known[-1] + k)
-                    n_pos.append(n_pos[-1] + p)
-                else:
-                    n_known[pos + 1 :] = [n_known[pos] + k, *(c + k for c in n_known[pos + 1 :])]
-                    n_pos[pos + 1 :] = [n_pos[pos] + p, *(c + p for c in n_pos[pos + 1 :])]
-                horizon = times[-1] - delay_ns - (wmax + 1) * _NS_PER_DAY
-                drop = max(bisect.bisect_left(times, horizon), len(times) - self.state.max_terminal_rows)
-                if drop:
-                    journal.dropped += [(term_key, r) for r in trows[:drop]]
-                    del trows[:drop]
-                    del times[:drop]
-                    del n_known[:drop]
-                    del n_pos[:drop]
+            if has_terminal:
+                self._add_terminal_row(term if term is not None else _NULL_TERMINAL, t_own, labels[i], tx_ids[i],
+                                       delay_ns + (wmax + 1) * _NS_PER_DAY)
         return out
+
+    def _add_terminal_row(self, term_key: str, t: int, label: float, tx: str | None, span_ns: int) -> None:
+        """Insert a row into its terminal's rows (in time order); drop those no window can need any
+        more (older than ``span_ns`` before the terminal's latest) and the oldest past the bound."""
+        tdoc = self.pending.terminals[term_key]
+        trows = tdoc["rows"]
+        trow = (t, None if math.isnan(label) else float(label), tx, tdoc["next"])
+        tdoc["next"] += 1
+        trows.insert(bisect.bisect_right(trows, t, key=_row_time), trow)
+        self._journal.terminal_rows.append((term_key, trow))
+        horizon = trows[-1][0] - span_ns
+        drop = max(bisect.bisect_left(trows, horizon, key=_row_time), len(trows) - self.state.max_terminal_rows)
+        if drop > 0:
+            self._journal.dropped += [(term_key, row) for row in trows[:drop]]
+            del trows[:drop]
+
+
+def _codes(keys: Sequence[Any]) -> np.ndarray:
+    """Each key's code: its place among the distinct keys, in order of first appearance."""
+    codes: dict[Any, int] = {}
+    return np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64, len(keys))
+
+
+def _history(spans: Sequence[tuple[Sequence[Any], int, int]], side: str = "left") -> FD.KeyedRows:
+    """Per key (its code: its place in ``spans``), its kept rows ``(time, value, ...)`` (in time order)
+    with times in ``[lo, hi)`` (``side="right"``: ``(lo, hi)``); a None value reads as NaN."""
+    cut = bisect.bisect_left if side == "left" else bisect.bisect_right
+    key: list[int] = []
+    t: list[int] = []
+    value: list[float | None] = []
+    for code, (rows, lo, hi) in enumerate(spans):
+        kept = rows[cut(rows, lo, key=_row_time):bisect.bisect_left(rows, hi, key=_row_time)]
+        key += [code] * len(kept)
+        t += [row[0] for row in kept]
+        value += [row[1] for row in kept]
+    return FD.KeyedRows(np.array(key, np.int64), np.array(t, np.int64), (np.array(value, np.float64),))
 
 
 def label_schema() -> TableSchema:
@@ -532,8 +525,6 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
                 t_j, _, tx_j, rid = rows[j]
                 rows[j] = (t_j, float(label), tx_j, rid)
                 batch._journal.labels.append((term, rows[j]))
-            if hits:
-                batch._term_index.pop(term, None)  # its running label counts are rebuilt when next needed
     return missing
 
 

@@ -17,57 +17,27 @@ import pandas as pd
 import torch
 from torch.utils.data import Dataset
 
+from solutions.fraud import feature_defs as FD
 from solutions.fraud import schema as S
+from solutions.fraud.feature_defs import STEP_NUMERIC
 
-STEP_NUMERIC = (
-    "log_amount",
-    "log_gap_s",
-    "hour_sin",
-    "hour_cos",
-    "dow_sin",
-    "dow_cos",
-    "new_terminal",
-    "log_amount_vs_mean",
-    "is_first",
-)
 STEP_CATEGORICAL = (S.CHANNEL, S.CATEGORY)
 STATIC_NUMERIC = (S.AGE, S.ACCOUNT_AGE_DAYS)
 STATIC_CATEGORICAL = (S.OCCUPATION,)
-MAX_GAP_S = 30 * 86400.0
 
 
 def step_features(df: pd.DataFrame) -> pd.DataFrame:
-    """Per-transaction step features from the account's past; ``df`` sorted by account, time."""
-    acct = df[S.ACCOUNT_ID]
-    ts = df[S.TIMESTAMP]
-    amount = df[S.AMOUNT].astype("float64").clip(lower=0)
-    prev_ts = ts.groupby(acct, sort=False).shift(1)
-    gap = (ts - prev_ts).dt.total_seconds()
-    is_first = gap.isna()
-    hour = ts.dt.hour + ts.dt.minute / 60.0
-    dow = ts.dt.dayofweek
-    prior_sum = amount.groupby(acct, sort=False).cumsum() - amount
-    prior_n = amount.groupby(acct, sort=False).cumcount()
-    prior_mean = (prior_sum / prior_n.replace(0, np.nan)).fillna(amount)
-    if S.TERMINAL_ID in df:
-        new_terminal = df.groupby([S.ACCOUNT_ID, S.TERMINAL_ID], sort=False).cumcount().eq(0)
-    else:
-        new_terminal = pd.Series(False, index=df.index)
-    out = pd.DataFrame(
-        {
-            "log_amount": np.log1p(amount),
-            "log_gap_s": np.log1p(gap.fillna(MAX_GAP_S).clip(0, MAX_GAP_S)),
-            "hour_sin": np.sin(2 * np.pi * hour / 24),
-            "hour_cos": np.cos(2 * np.pi * hour / 24),
-            "dow_sin": np.sin(2 * np.pi * dow / 7),
-            "dow_cos": np.cos(2 * np.pi * dow / 7),
-            "new_terminal": new_terminal.astype("float64"),
-            "log_amount_vs_mean": np.log1p(amount) - np.log1p(prior_mean),
-            "is_first": is_first.astype("float64"),
-        },
-        index=df.index,
-    )
-    return out
+    """Per-transaction step features from the account's past (:func:`feature_defs.step_features`,
+    the definition online scoring shares: the whole table is one chunk with no history); ``df``
+    sorted by account, time."""
+    stamps = pd.DatetimeIndex(df[S.TIMESTAMP])
+    absolute = stamps.tz_convert("UTC").tz_localize(None) if stamps.tz is not None else stamps
+    key = pd.factorize(df[S.ACCOUNT_ID].to_numpy(), use_na_sentinel=False)[0]
+    amount = df[S.AMOUNT].to_numpy(dtype="float64")
+    terminal = pd.factorize(df[S.TERMINAL_ID].to_numpy())[0] if S.TERMINAL_ID in df else None
+    steps = FD.step_features(FD.KeyedRows(key, absolute.as_unit("ns").asi8, (amount,)),
+                             (stamps.hour + stamps.minute / 60.0).to_numpy(), stamps.dayofweek.to_numpy(), terminal)
+    return pd.DataFrame(steps, index=df.index, columns=list(STEP_NUMERIC))
 
 
 def _vocab(values: pd.Series) -> list[str]:

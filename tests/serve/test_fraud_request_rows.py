@@ -169,9 +169,10 @@ def test_a_transaction_id_twice_in_one_request_is_refused_and_changes_nothing(tm
     assert store.read(ACCOUNT, ["A1"]) == {}
 
 
-def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_path) -> None:
+def test_terminal_windows_stay_right_with_rows_arriving_out_of_order(tmp_path) -> None:
     """Each account's rows come in time order but the accounts interleave, so a terminal's rows are
-    often inserted before its latest one: the running label counts must follow every insert/drop."""
+    often inserted before its latest one: its rows stay in time order through every insert/drop, and
+    each row's terminal risk is that of the rows kept before it."""
     rng = random.Random(3)
     clocks = {f"a{i}": 0 for i in range(6)}
     state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"))
@@ -188,12 +189,8 @@ def test_terminal_label_counts_stay_in_step_with_rows_arriving_out_of_order(tmp_
                 batch.load([], ["x"])
                 before = [list(r) for r in batch.pending.terminals["x"]["rows"]]
                 [inputs] = batch.apply(rows, delay_days=7)
-                times, known, positive = batch._index("x")
                 stored = batch.pending.terminals["x"]["rows"]
-                assert times == [r[0] for r in stored] == sorted(times)
-                labels = [r[1] for r in stored]
-                assert [known[j + 1] - known[j] for j in range(len(stored))] == [v is not None for v in labels]
-                assert [positive[j + 1] - positive[j] for j in range(len(stored))] == [v == 1 for v in labels]
+                assert [r[0] for r in stored] == sorted(r[0] for r in stored)
                 hi = sum(1 for r in before if r[0] < rows.t_ns[0] - 7 * 86_400 * 10**9)
                 lo = sum(1 for r in before if r[0] < rows.t_ns[0] - 37 * 86_400 * 10**9)
                 seen = [r[1] for r in before[lo:hi] if r[1] is not None]

@@ -3,6 +3,8 @@ time included), refuses out-of-order rows without changing the state, and stays 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -114,3 +116,34 @@ def test_the_rows_in_memory_leave_the_garbage_collectors_walk(tmp_path) -> None:
         assert rows and not any(gc.is_tracked(r) for r in rows)
     labelled = [r for r in state._cache.terminals[first[S.TERMINAL_ID]]["rows"] if r[2] == first[S.TRANSACTION_ID]]
     assert labelled[0][1] == 1.0
+
+
+def test_a_request_out_of_time_order_scores_as_its_rows_one_by_one(tmp_path) -> None:
+    """Accounts interleave, so a request's rows may go back in time (each account's stay in order): it
+    is computed in runs of rows in time order, each from the state its earlier runs left, which gives
+    what applying its rows one request at a time gives (a missing terminal included)."""
+    rng = np.random.default_rng(5)
+    raw = _frame(240, seed=5)  # in time order
+    queues = {a: g.to_dict("records") for a, g in raw.groupby(S.ACCOUNT_ID, sort=True)}
+    rows = []
+    while queues:  # a random interleaving of the accounts, each one's rows in time order
+        a = sorted(queues)[rng.integers(len(queues))]
+        rows.append(queues[a].pop(0))
+        if not queues[a]:
+            del queues[a]
+    for r in rows[::7]:
+        r[S.TERMINAL_ID] = None
+    assert any(pd.Timestamp(a[S.TIMESTAMP]) > pd.Timestamp(b[S.TIMESTAMP]) for a, b in pairwise(rows))  # it goes back in time
+    together = OnlineFraudState.for_model(RocksStateStore(tmp_path / "a"), history_len=8)
+    alone = OnlineFraudState.for_model(RocksStateStore(tmp_path / "b"), history_len=8)
+    got, want = [], []
+    for start in range(0, len(rows), 60):
+        with together.update() as batch:
+            got += batch.apply(validate_rows(rows[start : start + 60]), delay_days=1)
+    for row in rows:
+        with alone.update() as batch:
+            want += batch.apply(validate_rows([row]), delay_days=1)
+    for g, w in zip(got, want, strict=True):
+        assert g.window.keys() == w.window.keys()
+        np.testing.assert_allclose(list(g.window.values()), list(w.window.values()), rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(g.steps, w.steps, rtol=1e-12, atol=1e-9)
