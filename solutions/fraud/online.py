@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import operator
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -187,8 +188,8 @@ class OnlineFraudState:
             self._forget()
 
 
-def _row_time(row: Sequence[Any]) -> int:
-    return row[0]
+_row_time = operator.itemgetter(0)  # a stored row's time (bisect's key; C, unlike a def)
+_row_value = operator.itemgetter(1)  # an account row's amount, a terminal row's label
 
 
 def _same_tx(row: AccountRow, tx: str, t: int, late_ns: int) -> bool:
@@ -332,11 +333,12 @@ class _Batch:
         earliest = dict(zip(reversed(accounts), reversed(r.t_ns[start:end]), strict=True))
         key, first = _codes(accounts), {a: earliest[a] for a in dict.fromkeys(accounts)}  # in code order
         docs = [self.pending.accounts[a] for a in first]
-        summary = FD.AccountSummary(np.array([d["n"] for d in docs], np.int64), np.array([d["sum"] for d in docs]),
+        summary = FD.AccountSummary(np.array([d["n"] for d in docs], np.int64),
+                                    np.array([d["sum"] for d in docs], np.float64),
                                     np.array([d["recent"][-1][0] if d["recent"] else late for d in docs], np.int64))
         chunk = FD.KeyedRows(key, np.maximum(t_own, summary.latest[key]), (amounts,))  # a late row joins after
         # only rows inside the longest window of an account's first row can count
-        history = _history([(d["recent"], max(first[a], latest) - span_ns, latest + 1)
+        history = _history([(d["recent"], max(first[a], latest) - span_ns, None)
                             for a, d, latest in zip(first, docs, summary.latest.tolist(), strict=True)], side="right")
         hours, dows = np.array(r.hours[start:end]), np.array(r.dows[start:end])
         feats = {**FD.row_features(amounts, hours, dows),
@@ -356,8 +358,8 @@ class _Batch:
                                  np.where(np.array([t is None for t in terminals]), -1, term_codes)
                                  if term_codes is not None else None, summary, known_pair)
         names = list(feats)
-        wins = [dict(zip(names, row, strict=True)) for row in zip(*(feats[k].tolist() for k in names), strict=True)]
-        return [tuple(step) for step in steps.tolist()], wins
+        wins = [dict(zip(names, row)) for row in np.column_stack(list(feats.values())).tolist()]
+        return list(map(tuple, steps.tolist())), wins
 
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
@@ -458,19 +460,19 @@ def _codes(keys: Sequence[Any]) -> np.ndarray:
     return np.fromiter((codes.setdefault(k, len(codes)) for k in keys), np.int64, len(keys))
 
 
-def _history(spans: Sequence[tuple[Sequence[Any], int, int]], side: str = "left") -> FD.KeyedRows:
+def _history(spans: Sequence[tuple[Sequence[Any], int, int | None]], side: str = "left") -> FD.KeyedRows:
     """Per key (its code: its place in ``spans``), its kept rows ``(time, value, ...)`` (in time order)
-    with times in ``[lo, hi)`` (``side="right"``: ``(lo, hi)``); a None value reads as NaN."""
+    with times in ``[lo, hi)`` (``side="right"``: ``(lo, hi)``; hi None: no bound); a None value reads as NaN."""
     cut = bisect.bisect_left if side == "left" else bisect.bisect_right
-    key: list[int] = []
-    t: list[int] = []
-    value: list[float | None] = []
-    for code, (rows, lo, hi) in enumerate(spans):
-        kept = rows[cut(rows, lo, key=_row_time):bisect.bisect_left(rows, hi, key=_row_time)]
-        key += [code] * len(kept)
-        t += [row[0] for row in kept]
-        value += [row[1] for row in kept]
-    return FD.KeyedRows(np.array(key, np.int64), np.array(t, np.int64), (np.array(value, np.float64),))
+    kept: list[Any] = []
+    counts: list[int] = []
+    for rows, lo, hi in spans:
+        part = rows[cut(rows, lo, key=_row_time):None if hi is None else bisect.bisect_left(rows, hi, key=_row_time)]
+        kept += part
+        counts.append(len(part))
+    return FD.KeyedRows(np.repeat(np.arange(len(spans), dtype=np.int64), counts),
+                        np.fromiter(map(_row_time, kept), np.int64, len(kept)),
+                        (np.array(list(map(_row_value, kept)), np.float64),))
 
 
 def label_schema() -> TableSchema:
