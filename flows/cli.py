@@ -73,6 +73,10 @@ class Command:
         api_url: the Prefect API the run must use, from the validated keyword arguments (e.g. the
             temporary API of the run an approval resumes); None: the usual (PREFECT_API_URL, else
             an ephemeral API). A set PREFECT_API_URL always wins.
+        common: parameter paths (or prefixes) whose flags the short ``--help`` shows beside the
+            ones every command shows (``--data``, ``--model``, ``--config``, ``--set``,
+            ``--print-config``, ``--json``, required flags); empty: every flag when they fit in
+            :data:`HELP_FLAGS`, else the flow's top-level parameters. ``--help-all`` shows all.
     """
 
     name: str | None
@@ -87,6 +91,7 @@ class Command:
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     exit_code: Callable[[Any], int] | None = None
     api_url: Callable[[dict[str, Any]], str | None] | None = None
+    common: Collection[str] = ()
 
 
 @dataclass(frozen=True)
@@ -541,32 +546,34 @@ def _fmt_default(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_override: Any) -> None:
+def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_override: Any, shown: bool) -> None:
     inner, optional = _unwrap_optional(leaf.annotation)
     default = default_override
     help_ = leaf.help.rstrip(".") if leaf.help else ""
     kwargs: dict[str, Any] = {"default": argparse.SUPPRESS}
+    option = f"--{flag}"
     origin = get_origin(inner)
     if inner is bool:
-        if default is None or optional:
+        if default is None or optional or default:
+            # on by default: --x turns it on, --no-x off; the help says what the field does
             kwargs["action"] = argparse.BooleanOptionalAction
+            option = "--" + flag.removeprefix("no-")
         else:
-            kwargs["action"] = "store_false" if default else "store_true"
-            help_ = help_ + (" (turns it off)" if default else "")
+            kwargs["action"] = "store_true"
             default = None
     elif origin is Literal:
         choices = list(get_args(inner))
         kwargs.update(choices=choices, type=type(choices[0]))
     elif inner in (int, float):
         kwargs["type"] = inner
-    elif origin in (dict, Mapping) or inner is dict:
+    elif _is_mapping(inner):
         kwargs.update(type=parse_mapping, metavar="NAME=VALUE,...")
     elif origin in (list, tuple, Sequence):
         item = get_args(inner)[0] if get_args(inner) else str
         kwargs.update(nargs="*" if positional else "+", type=item if item in (int, float) else str)
     elif inner is Path:
         kwargs["metavar"] = "PATH"
-    if default is not None and kwargs.get("action") not in ("store_true", "store_false"):
+    if default is not None and kwargs.get("action") not in ("store_true", argparse.BooleanOptionalAction):
         help_ = f"{help_} (default: {_fmt_default(default)})" if help_ else f"default: {_fmt_default(default)}"
     elif kwargs.get("action") is argparse.BooleanOptionalAction and default is not None:
         help_ = f"{help_} (default: {'on' if default else 'off'})"
@@ -577,13 +584,21 @@ def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_ove
             kwargs["nargs"] = "?"  # optional positional: absent means the flow's default
         target.add_argument(leaf.dest, metavar=flag.upper().replace("-", "_"), help=help_ or None, **kwargs)
         return
-    if leaf.required:
-        kwargs.pop("default")
-        kwargs["required"] = True
+    if leaf.required:  # checked once the --config file and --set are merged in: it may come from them
+        help_ = f"{help_} (required)" if help_ else "required"
     if "metavar" not in kwargs and kwargs.get("action") is None and "choices" not in kwargs:
         # one convention: a parameter named "model" is a registry spec
         kwargs["metavar"] = "NAME[:VERSION|@alias]" if leaf.path[-1] == "model" else flag.upper().replace("-", "_")
-    target.add_argument(f"--{flag}", dest=leaf.dest, help=help_.replace("%", "%%") or None, **kwargs)
+    help_ = help_.replace("%", "%%") or None if shown else argparse.SUPPRESS
+    target.add_argument(option, dest=leaf.dest, help=help_, **kwargs)
+
+
+#: The most flags a short ``--help`` shows (``-h`` included); ``--help-all`` shows every flag.
+HELP_FLAGS = 15
+#: Flags of every command (beside ``-h``): the file and overrides of parameters, the JSON result.
+_SHARED_FLAGS = ("config", "set", "print-config", "json", "help-all")
+#: The flags a short ``--help`` always shows: the input data and the model (see Command.common).
+_ALWAYS_SHOWN = ("data", "model")
 
 
 @dataclass
@@ -593,45 +608,231 @@ class _Built:
     flags: dict[str, str]  # dotted path -> --flag
 
 
-def _configure(parser: argparse.ArgumentParser, command: Command) -> _Built:
+def _shown(command: Command, leaves: Sequence[_Leaf], flag_of: Mapping[str, str]) -> set[str]:
+    """The dotted paths whose flags the short ``--help`` shows (see :attr:`Command.common`)."""
+    if command.common:
+        chosen = {leaf.dotted for leaf in leaves
+                  if any(leaf.dotted == c or leaf.dotted.startswith(c + ".") for c in command.common)}
+    elif len(leaves) + len(_SHARED_FLAGS) <= HELP_FLAGS:  # -h and --help-all: one line between them
+        chosen = {leaf.dotted for leaf in leaves}
+    else:
+        chosen = {leaf.dotted for leaf in leaves if len(leaf.path) == 1}
+    return chosen | {leaf.dotted for leaf in leaves
+                     if leaf.required or leaf.dotted == command.positional or flag_of[leaf.dotted] in _ALWAYS_SHOWN}
+
+
+def _configure(parser: argparse.ArgumentParser, command: Command, *, full_help: bool = True) -> _Built:
+    """Add a command's flags to its parser; the short help (``full_help=False``) shows only
+    the common ones (:func:`_shown`) and says that ``--help-all`` lists the rest."""
     leaves = _leaves(command)
-    flags: dict[str, str] = {}
-    seen: dict[str, str] = {"json": "(--json)", "help": "(--help)"}
-    groups: dict[str, Any] = {}
+    flag_of: dict[str, str] = {}
+    seen: dict[str, str] = {"help": "(--help)", **{f: f"(--{f})" for f in _SHARED_FLAGS}}
     for leaf in leaves:
         flag = _flag_name(leaf, command)
-        if flag in seen:
-            raise RuntimeError(
-                f"command {command.name!r}: parameters {seen[flag]} and {leaf.dotted} both want --{flag}; "
-                "name one of them in Command.flags"
-            )
-        seen[flag] = leaf.dotted
+        names = {flag, flag.removeprefix("no-"), "no-" + flag.removeprefix("no-")} \
+            if _unwrap_optional(leaf.annotation)[0] is bool else {flag}
+        for name in names:
+            if name in seen:
+                raise RuntimeError(
+                    f"command {command.name!r}: parameters {seen[name]} and {leaf.dotted} both want --{name}; "
+                    "name one of them in Command.flags"
+                )
+            seen[name] = leaf.dotted
+        flag_of[leaf.dotted] = flag
+    unknown = (set(command.flags) | set(command.defaults) | ({command.positional} - {None})) - set(flag_of)
+    if unknown:
+        raise RuntimeError(f"command {command.name!r}: no parameter {sorted(unknown)} to name")
+    shown = {leaf.dotted for leaf in leaves} if full_help else _shown(command, leaves, flag_of)
+    groups: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    for leaf in leaves:
+        flag = flag_of[leaf.dotted]
         flags[leaf.dotted] = flag if leaf.dotted == command.positional else f"--{flag}"
         target = parser
         if leaf.group:
             target = groups.setdefault(leaf.group, parser.add_argument_group(leaf.group))
         default = command.defaults.get(leaf.dotted, leaf.default)
-        _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default)
-    unknown = (set(command.flags) | set(command.defaults) | ({command.positional} - {None})) - {
-        leaf.dotted for leaf in leaves
-    }
-    if unknown:
-        raise RuntimeError(f"command {command.name!r}: no parameter {sorted(unknown)} to name")
+        _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default, leaf.dotted in shown)
+    _add_shared_flags(parser, full_help)
+    rest = len(leaves) - len(shown & set(flag_of))
+    if rest:
+        parser.epilog = f"--help-all lists the other {rest} flag(s)."
+    return _Built(command, leaves, flags)
+
+
+def _add_shared_flags(parser: argparse.ArgumentParser, full_help: bool) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", dest="cli_config", type=Path,
+                        help="the parameters from a YAML file (as --print-config writes it); flags win over it")
+    parser.add_argument("--set", metavar="PATH=VALUE", dest="cli_set", action="append", default=[],
+                        help="set one parameter by its path in --print-config (e.g. config.model.lr=0.001); "
+                             "wins over the file and the flags; repeatable")
+    parser.add_argument("--print-config", dest="cli_print_config", action="store_true",
+                        help="print the effective parameters as YAML (a --config file) and exit without running")
     parser.add_argument(
         "--json", action="store_true",
         help="print the flow's typed result as one JSON object on the last line of stdout",
     )
-    return _Built(command, leaves, flags)
+    parser.add_argument("--help-all", action="help", help="show every flag and exit" if full_help else argparse.SUPPRESS)
 
 
 # ------------------------------------------------------------------------------------
-# parsed values -> flow keyword arguments
+# configuration: flow defaults < --config file < flags < --set
 
 
-def _set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
-    for part in path[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[path[-1]] = value
+def _is_mapping(annotation: Any) -> bool:
+    inner, _ = _unwrap_optional(annotation)
+    return get_origin(inner) in (dict, Mapping) or inner is dict
+
+
+def _leaf_tree(leaves: Sequence[_Leaf]) -> dict[str, Any]:
+    """The parameters as a nested mapping: name -> sub-mapping, or the :class:`_Leaf` at its end."""
+    tree: dict[str, Any] = {}
+    for leaf in leaves:
+        node = tree
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.path[-1]] = leaf
+    return tree
+
+
+def _known_paths(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for name, node in tree.items():
+        out.append(prefix + name)
+        if isinstance(node, Mapping):
+            out += _known_paths(node, prefix + name + ".")
+    return out
+
+
+def _nearest(dotted: str, known: Sequence[str]) -> str | None:
+    """The known path closest to a mistaken one: the same last name elsewhere, else the closest spelling."""
+    last = dotted.rsplit(".", 1)[-1]
+    same_name = [k for k in known if k.rsplit(".", 1)[-1] == last]
+    if same_name:
+        return same_name[0]
+    close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    by_last = {k.rsplit(".", 1)[-1]: k for k in reversed(known)}
+    close = difflib.get_close_matches(last, list(by_last), n=1, cutoff=0.75)
+    return by_last[close[0]] if close else None
+
+
+def _unknown(where: str, path: Sequence[str], tree: Mapping[str, Any]) -> UserError:
+    dotted = ".".join(path)
+    near = _nearest(dotted, _known_paths(tree))
+    hint = f"; did you mean {near!r}?" if near else " (--print-config lists the parameters)"
+    return UserError(f"{where}unknown parameter {dotted!r}{hint}")
+
+
+def _flatten(value: Any, node: Any, path: tuple[str, ...], where: str,
+             tree: Mapping[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
+    """``(path, value)`` of every parameter a nested mapping sets; a name that is no parameter
+    of the command raises :class:`UserError` with the nearest one."""
+    if isinstance(node, _Leaf):
+        return [(path, value)]
+    if not isinstance(value, Mapping):
+        fields = ", ".join(list(node)[:6]) + (", ..." if len(node) > 6 else "")
+        what = ".".join(path) if path else "the file"
+        raise UserError(f"{where}{what}: expected a mapping of its parameters ({fields}), got {value!r}")
+    out = []
+    for key, item in value.items():
+        if str(key) not in node:
+            raise _unknown(where, path + (str(key),), tree)
+        out += _flatten(item, node[str(key)], path + (str(key),), where, tree)
+    return out
+
+
+def read_config(file: Path, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ...], Any]]:
+    """The parameters a ``--config`` YAML file sets, checked against the command's (its
+    names; their values are validated with the command line's)."""
+    import yaml
+
+    try:
+        text = file.expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"--config: no such file: {file}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--config {file}: cannot read it: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise UserError(f"{file}: not a YAML file{at}: {getattr(exc, 'problem', None) or exc}") from None
+    tree = _leaf_tree(leaves)
+    return _flatten({} if data is None else data, tree, (), f"{file}: ", tree)
+
+
+def parse_set(text: str, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ...], Any]]:
+    """The parameters a ``--set PATH=VALUE`` sets (VALUE read as YAML: a number, a list, ...);
+    PATH may name one key of a mapping parameter (``--set columns.amount=TX_AMOUNT``)."""
+    import yaml
+
+    dotted, sep, raw = text.partition("=")
+    if not sep or not dotted.strip():
+        raise UserError(f"--set {text}: expected PATH=VALUE, e.g. config.model.lr=0.001")
+    path = tuple(dotted.strip().split("."))
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise UserError(f"--set {dotted}: the value {raw!r} is not YAML: {getattr(exc, 'problem', None) or exc}") \
+            from None
+    tree = _leaf_tree(leaves)
+    node: Any = tree
+    for i, part in enumerate(path):
+        if isinstance(node, _Leaf):
+            if _is_mapping(node.annotation) and i == len(path) - 1:
+                return [(path, value)]
+            raise _unknown("--set: ", path, tree)
+        if part not in node:
+            raise _unknown("--set: ", path, tree)
+        node = node[part]
+    return _flatten(value, node, path, f"--set {dotted}: ", tree)
+
+
+@dataclass
+class _Given:
+    """The parameters given so far, as a nested mapping, and where each was given (for errors)."""
+
+    tree: dict[str, Any] = field(default_factory=dict)
+    source: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+    def put(self, path: tuple[str, ...], value: Any, source: str) -> None:
+        node = self.tree
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value
+        self.source[path] = source
+
+    def where(self, path: tuple[str, ...], built: _Built) -> str | None:
+        for cut in range(len(path), 0, -1):
+            label = self.source.get(path[:cut]) or built.flags.get(".".join(path[:cut]))
+            if label:
+                return label
+        return None
+
+
+def _given(built: _Built, namespace: argparse.Namespace) -> _Given:
+    """Every parameter given, each layer over the one before: the command's defaults, the
+    ``--config`` file, the flags, the ``--set`` overrides."""
+    given_ = _Given()
+    for dotted, value in built.command.defaults.items():
+        given_.put(tuple(dotted.split(".")), value, built.flags[dotted])
+    file = getattr(namespace, "cli_config", None)
+    if file is not None:
+        for path, value in read_config(file, built.leaves):
+            given_.put(path, value, f"{file}: {'.'.join(path)}")
+    for key, value in vars(namespace).items():
+        if key.startswith(_PREFIX):
+            path = tuple(key[len(_PREFIX):].split("__"))
+            given_.put(path, value, built.flags[".".join(path)])
+    for text in getattr(namespace, "cli_set", None) or ():
+        for path, value in parse_set(text, built.leaves):
+            given_.put(path, value, f"--set {'.'.join(path)}")
+    return given_
 
 
 def _merge(base: Any, overrides: Any) -> Any:
@@ -643,56 +844,92 @@ def _merge(base: Any, overrides: Any) -> Any:
     return overrides
 
 
-def _explain(exc: ValidationError, prefix: tuple[str, ...], built: _Built) -> str:
+def _explain(exc: ValidationError, prefix: tuple[str, ...], built: _Built, given_: _Given) -> str:
     problems = []
     for err in exc.errors():
         path = prefix + tuple(str(p) for p in err["loc"])
-        flag = None
-        for cut in range(len(path), 0, -1):
-            flag = built.flags.get(".".join(path[:cut]))
-            if flag:
-                break
+        where = given_.where(path, built)
         message = str(err["msg"]).removeprefix("Value error, ")
-        if flag:
-            problems.append(f"{flag}: {message}")
-        else:  # a check across fields of a model: name the model's flags
-            related = [f for d, f in built.flags.items() if d.startswith(".".join(path) + ".")]
-            problems.append(f"{message}" + (f" ({', '.join(related)})" if related else ""))
+        if where:
+            problems.append(f"{where}: {message}")
+        else:  # a check across fields of a model: name where its fields were given, else their flags
+            inside = [label for p, label in given_.source.items() if p[:len(path)] == path] or \
+                [f for d, f in built.flags.items() if d.startswith(".".join(path) + ".")]
+            problems.append(f"{message}" + (f" ({', '.join(inside)})" if inside else ""))
     return "; ".join(problems)
 
 
-def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
-    """Validated keyword arguments of the flow from the parsed command line."""
-    command = built.command
-    overrides: dict[str, Any] = {}
-    for dotted, value in command.defaults.items():
-        _set_path(overrides, dotted.split("."), value)
-    for key, value in vars(namespace).items():
-        if key.startswith(_PREFIX):
-            _set_path(overrides, key[len(_PREFIX):].split("__"), value)
-    fn = flow_function(command.flow)
+def validated_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
+    """The flow's keyword arguments from the command line, validated (before the command's
+    ``check`` and ``prepare``)."""
+    given_ = _given(built, namespace)
+    fn = flow_function(built.command.flow)
     hints = typing.get_type_hints(fn)
     kwargs: dict[str, Any] = {}
     for name, param in inspect.signature(fn).parameters.items():
-        if name not in overrides:
+        if name not in given_.tree:
+            if param.default is inspect.Parameter.empty:
+                raise UserError(f"the following arguments are required: {built.flags.get(name, name)} "
+                                "(or set it in --config / --set)")
             continue
         annotation = hints.get(name, Any)
         model = _model_of(annotation)
         try:
-            if model is not None and isinstance(overrides[name], dict):
+            if model is not None and isinstance(given_.tree[name], dict):
                 base = param.default if isinstance(param.default, BaseModel) else model()
-                merged = _merge(base.model_dump(mode="python"), overrides[name])
+                merged = _merge(base.model_dump(mode="python"), given_.tree[name])
                 kwargs[name] = type(base).model_validate(merged)
             else:
-                kwargs[name] = TypeAdapter(annotation).validate_python(overrides[name])
+                kwargs[name] = TypeAdapter(annotation).validate_python(given_.tree[name])
         except ValidationError as exc:
-            raise UserError(_explain(exc, (name,), built)) from None
+            raise UserError(_explain(exc, (name,), built, given_)) from None
+    return kwargs
+
+
+def preflight(built: _Built, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The command's ``check`` of validated keyword arguments, then its ``prepare``."""
+    command = built.command
     if command.check is not None:
         try:
             command.check(kwargs)
         except ValueError as exc:
             raise UserError(str(exc)) from None
     return command.prepare(kwargs) if command.prepare else kwargs
+
+
+def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
+    """Validated keyword arguments of the flow from the parsed command line, checked and prepared."""
+    return preflight(built, validated_kwargs(built, namespace))
+
+
+def effective_config(built: _Built, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter the command offers, with its value (given, else the flow's default),
+    nested as the flow's parameters are: what ``--print-config`` prints, ``--config`` reads."""
+    fn = flow_function(built.command.flow)
+    hints = typing.get_type_hints(fn)
+    dumped: dict[str, Any] = {}
+    for name, param in inspect.signature(fn).parameters.items():
+        if name in kwargs or param.default is not inspect.Parameter.empty:
+            value = kwargs.get(name, param.default)
+            dumped[name] = TypeAdapter(hints.get(name, Any)).dump_python(value, mode="json")
+    tree: dict[str, Any] = {}
+    for leaf in built.leaves:
+        value: Any = dumped
+        for part in leaf.path:
+            value = value.get(part) if isinstance(value, dict) else None
+        node = tree
+        for part in leaf.path[:-1]:
+            node = node.setdefault(part, {})
+        node[leaf.path[-1]] = value
+    return tree
+
+
+def config_yaml(prog: str, built: _Built, kwargs: Mapping[str, Any]) -> str:
+    """The effective parameters as a YAML ``--config`` file."""
+    import yaml
+
+    return f"# {prog}: effective parameters (use with --config FILE.yaml)\n" + \
+        yaml.safe_dump(effective_config(built, kwargs), sort_keys=False, allow_unicode=True)
 
 
 # ------------------------------------------------------------------------------------
@@ -746,12 +983,14 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
     """
 
     def build(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str | None, _Built]]:
+        full_help = "--help-all" in argv
         parser = _Parser(prog=prog, description=description,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
         built: dict[str | None, _Built] = {}
         if len(commands) == 1 and commands[0].name is None:
-            built[None] = _configure(parser, commands[0])
+            built[None] = _configure(parser, commands[0], full_help=full_help)
             return parser, built
+        parser.add_argument("--help-all", action="help", help=argparse.SUPPRESS)
         chosen = _chosen_name(argv, [c.name for c in commands if c.name])
         sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
         for command in commands:
@@ -759,7 +998,7 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
             p = sub.add_parser(command.name, help=command.help or text.splitlines()[0] if text else None,
                                description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
             if command.name == chosen:
-                built[command.name] = _configure(p, command)
+                built[command.name] = _configure(p, command, full_help=full_help)
         return parser, built
 
     def main(argv: list[str] | None = None) -> int:
@@ -767,8 +1006,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         parser, built = build(argv)
         args = parser.parse_args(argv)
         chosen = built[getattr(args, "command", None)]
+        name = f"{prog} {chosen.command.name}" if chosen.command.name else prog
         try:
-            kwargs = flow_kwargs(chosen, args)
+            kwargs = validated_kwargs(chosen, args)
+            if args.cli_print_config:
+                print(config_yaml(name, chosen, kwargs), end="")
+                return 0
+            kwargs = preflight(chosen, kwargs)
             api_url = chosen.command.api_url(kwargs) if chosen.command.api_url is not None else None
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
