@@ -10,7 +10,13 @@ docstring). The conventions every command shares:
 - ``--json`` prints the flow's typed result as one JSON object on the last line of stdout;
 - a user error (bad value, unknown name, bad mapping) exits 2 with one ``error: ...`` line
   on stderr and no traceback, and is caught before a flow run starts wherever the
-  parameters alone can tell (pydantic validation, then the command's ``check``).
+  parameters alone can tell (pydantic validation, then the command's ``check``);
+- ``--config FILE.yaml`` reads the parameters from a file nested as the flow's parameters are
+  (as the Prefect form shows them), ``--set a.b=c`` sets one (the value read as YAML), and
+  ``--print-config`` prints the effective parameters as such a file without running; flow
+  defaults < the file < the flags < ``--set``, validated together by pydantic;
+- ``--help`` shows at most :data:`HELP_FLAGS` flags (:attr:`Command.common`), ``--help-all``
+  every flag; every flag works whether shown or not.
 
 A command names its flow by entrypoint (``"flows.fraud.train:fraud_train"``, as the
 deployments do). Building the parser reads the flow's signature and docstring from its
@@ -718,15 +724,18 @@ def _nearest(dotted: str, known: Sequence[str]) -> str | None:
     return by_last[close[0]] if close else None
 
 
-def _unknown(where: str, path: Sequence[str], tree: Mapping[str, Any]) -> UserError:
+def _unknown(where: str, path: Sequence[str], built: _Built) -> UserError:
     dotted = ".".join(path)
-    near = _nearest(dotted, _known_paths(tree))
+    if any(dotted == h or dotted.startswith(h + ".") for h in built.command.hidden):
+        return UserError(f"{where}{dotted!r} is not a parameter of this command (the command sets it or does "
+                         "not use it)")
+    near = _nearest(dotted, _known_paths(_leaf_tree(built.leaves)))
     hint = f"; did you mean {near!r}?" if near else " (--print-config lists the parameters)"
     return UserError(f"{where}unknown parameter {dotted!r}{hint}")
 
 
 def _flatten(value: Any, node: Any, path: tuple[str, ...], where: str,
-             tree: Mapping[str, Any]) -> list[tuple[tuple[str, ...], Any]]:
+             built: _Built) -> list[tuple[tuple[str, ...], Any]]:
     """``(path, value)`` of every parameter a nested mapping sets; a name that is no parameter
     of the command raises :class:`UserError` with the nearest one."""
     if isinstance(node, _Leaf):
@@ -738,12 +747,12 @@ def _flatten(value: Any, node: Any, path: tuple[str, ...], where: str,
     out = []
     for key, item in value.items():
         if str(key) not in node:
-            raise _unknown(where, path + (str(key),), tree)
-        out += _flatten(item, node[str(key)], path + (str(key),), where, tree)
+            raise _unknown(where, path + (str(key),), built)
+        out += _flatten(item, node[str(key)], path + (str(key),), where, built)
     return out
 
 
-def read_config(file: Path, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ...], Any]]:
+def read_config(file: Path, built: _Built) -> list[tuple[tuple[str, ...], Any]]:
     """The parameters a ``--config`` YAML file sets, checked against the command's (its
     names; their values are validated with the command line's)."""
     import yaml
@@ -760,11 +769,10 @@ def read_config(file: Path, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ..
         mark = getattr(exc, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         raise UserError(f"{file}: not a YAML file{at}: {getattr(exc, 'problem', None) or exc}") from None
-    tree = _leaf_tree(leaves)
-    return _flatten({} if data is None else data, tree, (), f"{file}: ", tree)
+    return _flatten({} if data is None else data, _leaf_tree(built.leaves), (), f"{file}: ", built)
 
 
-def parse_set(text: str, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ...], Any]]:
+def parse_set(text: str, built: _Built) -> list[tuple[tuple[str, ...], Any]]:
     """The parameters a ``--set PATH=VALUE`` sets (VALUE read as YAML: a number, a list, ...);
     PATH may name one key of a mapping parameter (``--set columns.amount=TX_AMOUNT``)."""
     import yaml
@@ -778,17 +786,16 @@ def parse_set(text: str, leaves: Sequence[_Leaf]) -> list[tuple[tuple[str, ...],
     except yaml.YAMLError as exc:
         raise UserError(f"--set {dotted}: the value {raw!r} is not YAML: {getattr(exc, 'problem', None) or exc}") \
             from None
-    tree = _leaf_tree(leaves)
-    node: Any = tree
+    node: Any = _leaf_tree(built.leaves)
     for i, part in enumerate(path):
         if isinstance(node, _Leaf):
             if _is_mapping(node.annotation) and i == len(path) - 1:
                 return [(path, value)]
-            raise _unknown("--set: ", path, tree)
+            raise _unknown("--set: ", path, built)
         if part not in node:
-            raise _unknown("--set: ", path, tree)
+            raise _unknown("--set: ", path, built)
         node = node[part]
-    return _flatten(value, node, path, f"--set {dotted}: ", tree)
+    return _flatten(value, node, path, f"--set {dotted}: ", built)
 
 
 @dataclass
@@ -823,14 +830,14 @@ def _given(built: _Built, namespace: argparse.Namespace) -> _Given:
         given_.put(tuple(dotted.split(".")), value, built.flags[dotted])
     file = getattr(namespace, "cli_config", None)
     if file is not None:
-        for path, value in read_config(file, built.leaves):
+        for path, value in read_config(file, built):
             given_.put(path, value, f"{file}: {'.'.join(path)}")
     for key, value in vars(namespace).items():
         if key.startswith(_PREFIX):
             path = tuple(key[len(_PREFIX):].split("__"))
             given_.put(path, value, built.flags[".".join(path)])
     for text in getattr(namespace, "cli_set", None) or ():
-        for path, value in parse_set(text, built.leaves):
+        for path, value in parse_set(text, built):
             given_.put(path, value, f"--set {'.'.join(path)}")
     return given_
 
@@ -1021,6 +1028,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
                         exit_code=chosen.command.exit_code, api_url=api_url)
 
     return main
+
+
+def command_flags(command: Command) -> list[str]:
+    """Every long flag of a command (shown by ``--help`` or not)."""
+    parser = _Parser(prog=command.name or "command")
+    _configure(parser, command)
+    return sorted(f for f in parser._option_string_actions if f.startswith("--"))
 
 
 def check_commands(commands: Sequence[Command]) -> None:
