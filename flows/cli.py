@@ -659,18 +659,26 @@ def _configure(parser: argparse.ArgumentParser, command: Command, *, full_help: 
             target = groups.setdefault(leaf.group, parser.add_argument_group(leaf.group))
         default = command.defaults.get(leaf.dotted, leaf.default)
         _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default, leaf.dotted in shown)
-    _add_shared_flags(parser, full_help)
+    _add_shared_flags(parser, full_help, _set_example(leaves))
     rest = len(leaves) - len(shown & set(flag_of))
     if rest:
         parser.epilog = f"--help-all lists the other {rest} flag(s)."
     return _Built(command, leaves, flags)
 
 
-def _add_shared_flags(parser: argparse.ArgumentParser, full_help: bool) -> None:
+def _set_example(leaves: Sequence[_Leaf]) -> str:
+    """A ``--set`` of this command for its help: a training budget if it has one, else a number."""
+    numbers = [leaf for leaf in leaves if _unwrap_optional(leaf.annotation)[0] in (int, float)
+               and isinstance(leaf.default, (int, float))]
+    leaf = next((n for n in numbers if n.path[-1] == "max_epochs"), numbers[0] if numbers else None)
+    return f" (e.g. {leaf.dotted}={leaf.default})" if leaf else ""
+
+
+def _add_shared_flags(parser: argparse.ArgumentParser, full_help: bool, example: str) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", dest="cli_config", type=Path,
                         help="the parameters from a YAML file (as --print-config writes it); flags win over it")
     parser.add_argument("--set", metavar="PATH=VALUE", dest="cli_set", action="append", default=[],
-                        help="set one parameter by its path in --print-config (e.g. config.model.lr=0.001); "
+                        help=f"set one parameter by its path in --print-config{example}; "
                              "wins over the file and the flags; repeatable")
     parser.add_argument("--print-config", dest="cli_print_config", action="store_true",
                         help="print the effective parameters as YAML (a --config file) and exit without running")
