@@ -64,7 +64,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
     return [
         (["flows.fraud", "--help"], 0, "usage:"),
         *[(["flows.fraud", c, "--help"], 0, "usage:")
-          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "promote", "rollback", "reproduce")],
+          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "federate", "promote", "rollback",
+                    "reproduce")],
         (["flows.fraud", "train", "--data", MISSING], 2, "--data: no such file"),
         (["flows.fraud", "train", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
         (["flows.fraud", "score", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
