@@ -37,9 +37,10 @@ def main() -> None:
     from solutions.fraud import federated as FD
     from solutions.fraud import pipeline as P
     from solutions.fraud import schema as S
+    from solutions.fraud.config import FederateConfig
     from solutions.fraud.synthetic import generate_transactions
 
-    cfg = FD.FederateConfig()
+    cfg = FederateConfig()
     d, sp = cfg.data, cfg.split
     raw = generate_transactions(n_accounts=d.n_accounts, n_terminals=d.n_terminals, n_days=d.n_days,
                                 fraud_rate=d.fraud_rate, seed=d.seed)

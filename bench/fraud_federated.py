@@ -77,12 +77,12 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("INDUSFLOW_HOME", tempfile.mkdtemp())
     from flows.fraud.federate import fraud_federate
-    from solutions.fraud import federated as FD
+    from solutions.fraud.config import SMALL_MODEL, FederateConfig, FederationConfig
 
     columns = dict(kv.split("=", 1) for kv in args.columns.split(",") if kv)
     split = {k: getattr(args, k) for k in ("train_days", "val_days", "delay_days", "test_days")
              if getattr(args, k) is not None}
-    extra = {"split": FD.FederateConfig().split.model_copy(update=split)} if split else {}
+    extra = {"split": FederateConfig().split.model_copy(update=split)} if split else {}
     if args.delay_days is not None:
         extra["delay_days"] = args.delay_days
     out: dict = {"data": args.data or "synthetic", "rounds": args.rounds, "local_epochs": args.local_epochs,
@@ -97,10 +97,10 @@ def main() -> None:
                                       ("dp_batch_size", args.dp_batch_size), ("dp_learning_rate", args.dp_lr),
                                       ("dp_max_grad_norm", args.dp_max_grad_norm),
                                       ("dp_local_epochs", args.dp_local_epochs)) if v is not None}
-        fed = FD.FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
-                                  share_terminal_stats=args.share_terminal_stats, **server)
-        cfg = FD.FederateConfig(federation=fed, compare=eps is None and not args.no_compare,
-                                model=FD.SMALL_MODEL.model_copy(update={"seed": seed}), **extra)
+        fed = FederationConfig(clients=k, rounds=args.rounds, dp_epsilon=eps, local_epochs=args.local_epochs,
+                               share_terminal_stats=args.share_terminal_stats, **server)
+        cfg = FederateConfig(federation=fed, compare=eps is None and not args.no_compare,
+                             model=SMALL_MODEL.model_copy(update={"seed": seed}), **extra)
         r = fraud_federate(data=args.data, columns=columns, config=cfg)
         out["runs"].append({"seed": seed, "clients": k, "dp_epsilon": eps, "server_learning_rate": fed.server_learning_rate,
                             "server_momentum": fed.server_momentum,

@@ -10,105 +10,68 @@ docstring). The conventions every command shares:
 - ``--json`` prints the flow's typed result as one JSON object on the last line of stdout;
 - a user error (bad value, unknown name, bad mapping) exits 2 with one ``error: ...`` line
   on stderr and no traceback, and is caught before a flow run starts wherever the
-  parameters alone can tell (pydantic validation, then the command's ``check``).
+  parameters alone can tell (pydantic validation, then the command's ``check``);
+- ``--config FILE.yaml`` reads the parameters from a file nested as the flow's parameters are
+  (as the Prefect form shows them), ``--set a.b=c`` sets one (the value read as YAML), and
+  ``--print-config`` prints the effective parameters as such a file without running; flow
+  defaults < the file < the flags < ``--set``, validated together by pydantic;
+- ``--help`` shows at most :data:`HELP_FLAGS` flags (:attr:`Command.common`), ``--help-all``
+  every flag; every flag works whether shown or not.
 
 A command names its flow by entrypoint (``"flows.fraud.train:fraud_train"``, as the
 deployments do). Building the parser reads the flow's signature and docstring from its
-source (:func:`flow_signature`: the module is parsed, not imported; only the names its
-parameters' annotations and defaults use are imported, from light modules such as
-``solutions/<vertical>/config.py``), and the flow module is imported only when the command
+source (:func:`~flows.cli_source.signature_from_source`: the module is parsed, not imported;
+only the names its parameters' annotations and defaults use are imported, from light modules
+such as ``solutions/<vertical>/config.py``), and the flow module is imported only when the command
 runs. So ``--help``, a bad flag and every pre-flight error answer without importing
 Lightning, torch or Prefect's engine. A command may still pass the flow object itself
 (slower start: its whole module tree is imported to build the parser).
+
+This module builds the parsers and runs the commands; :mod:`flows.cli_params` holds
+:class:`Command` and the flow's parameters as flags, :mod:`flows.cli_source` reads a flow's
+signature from its source, :mod:`flows.cli_config` the ``--config`` / ``--set`` /
+``--print-config`` layer.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import builtins
 import contextlib
 import difflib
-import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import sys
-import types
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel
 
+from flows.cli_config import config_yaml, validated_kwargs
+from flows.cli_params import (
+    Built,
+    Command,
+    Leaf,
+    UserError,
+    command_leaves,
+    description_of,
+    flag_name,
+    is_mapping,
+    unwrap_optional,
+)
+from flows.cli_source import flow_doc, flow_function, load_flow, signature_from_source
 from infra.errors import IndusflowError
 from infra.prefect_env import prefect_cli_settings
 
-_PREFIX = "p__"
-
-
-@dataclass(frozen=True)
-class Command:
-    """One sub-command: a flow and how its parameters appear on the command line.
-
-    Attributes:
-        name: sub-command name (``train``); None for a single-command module.
-        flow: the Prefect flow it runs: its entrypoint ``"module:function"`` (imported only
-            when the command runs), or the flow object.
-        summary: renders the flow's result for people (printed before ``--json``'s line).
-        help: one line for the command list (default: the flow docstring's first line).
-        flags: parameter path (``config.data.seed``) -> flag name without dashes, where the
-            field name alone would be unclear or would collide.
-        hidden: parameter paths (or prefixes) not offered on the command line.
-        positional: the one parameter path taken as a positional argument, if any.
-        defaults: command-line defaults that differ from the flow's (path -> value).
-        check: pre-flight check of the validated keyword arguments; raises
-            :class:`~infra.errors.IndusflowError` or ``ValueError`` for a user error.
-        prepare: maps the validated keyword arguments to the flow's (e.g. derived values).
-        exit_code: the exit code of a finished run from its result (default: 0), e.g. 1 when a
-            reproduction is outside its tolerance.
-        api_url: the Prefect API the run must use, from the validated keyword arguments (e.g. the
-            temporary API of the run an approval resumes); None: the usual (PREFECT_API_URL, else
-            an ephemeral API). A set PREFECT_API_URL always wins.
-    """
-
-    name: str | None
-    flow: str | Any
-    summary: Callable[[Any], str]
-    help: str | None = None
-    flags: Mapping[str, str] = field(default_factory=dict)
-    hidden: Collection[str] = ()
-    positional: str | None = None
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    check: Callable[[dict[str, Any]], None] | None = None
-    prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-    exit_code: Callable[[Any], int] | None = None
-    api_url: Callable[[dict[str, Any]], str | None] | None = None
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    path: tuple[str, ...]
-    annotation: Any
-    default: Any
-    required: bool
-    help: str
-    group: str | None
-
-    @property
-    def dotted(self) -> str:
-        return ".".join(self.path)
-
-    @property
-    def dest(self) -> str:
-        return _PREFIX + "__".join(self.path)
-
-
-class UserError(IndusflowError):
-    """A command-line mistake: reported as one ``error:`` line, exit code 2."""
+#: The verticals' command-line modules import from here only: what this module defines, and
+#: (from the modules it is split into) Command, UserError and the flow readers their tests use.
+__all__ = [
+    "HELP_FLAGS", "Command", "UserError", "approval_commands", "champion_commands", "check_commands",
+    "command_flags", "evidence_command", "flow_doc", "flow_kwargs", "given", "lazy_exports", "load_flow",
+    "make_main", "parse_mapping", "preflight", "run_flow", "signature_from_source",
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -144,143 +107,7 @@ _UNRECOGNIZED = "unrecognized arguments: "
 
 
 # ------------------------------------------------------------------------------------
-# a flow's signature, read from its source
-
-
-class _SourceResolver:
-    """Evaluates expressions of a module's top level (annotations, defaults) from its source.
-
-    A name is looked up, in this order, in the module's ``import`` / ``from ... import``
-    statements (importing only that module), its simple top-level assignments (evaluated
-    the same way) and the builtins. Nothing else of the module runs.
-    """
-
-    def __init__(self, module: str, tree: ast.Module, filename: str) -> None:
-        self.module, self.filename = module, filename
-        self.package = module if filename.endswith("__init__.py") else module.rpartition(".")[0]
-        self.bindings: dict[str, ast.stmt] = {}
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    self.bindings[alias.asname or alias.name.split(".")[0]] = node
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                self.bindings[node.targets[0].id] = node
-            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-                self.bindings[node.target.id] = node
-        self.values: dict[str, Any] = {}
-
-    def name(self, name: str) -> Any:
-        if name in self.values:
-            return self.values[name]
-        node = self.bindings.get(name)
-        if isinstance(node, ast.ImportFrom):
-            alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == name)
-            source = importlib.util.resolve_name("." * node.level + (node.module or ""), self.package) \
-                if node.level else node.module or ""
-            module = importlib.import_module(source)
-            value = getattr(module, alias.name) if hasattr(module, alias.name) else \
-                importlib.import_module(f"{source}.{alias.name}")
-        elif isinstance(node, ast.Import):
-            alias = next(a for a in node.names if (a.asname or a.name.split(".")[0]) == name)
-            value = importlib.import_module(alias.name)
-            if alias.asname is None:
-                value = importlib.import_module(alias.name.split(".")[0])
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            value = self.expr(node.value)
-        elif hasattr(builtins, name):
-            value = getattr(builtins, name)
-        else:
-            raise NameError(f"{self.filename}: {name!r} is not defined at the top level of {self.module}")
-        self.values[name] = value
-        return value
-
-    def expr(self, node: ast.expr) -> Any:
-        names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
-        namespace = {"__builtins__": builtins.__dict__, **{n: self.name(n) for n in names}}
-        return eval(compile(ast.Expression(node), self.filename, "eval"), namespace)
-
-
-def _source_of(module: str) -> tuple[str, str]:
-    """(source text, file name) of a module, found without importing it (its parents are)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        raise RuntimeError(f"no Python source for module {module!r}")
-    return Path(spec.origin).read_text(encoding="utf-8"), spec.origin
-
-
-@functools.cache
-def _parsed(entrypoint: str) -> tuple[str, str, ast.Module, ast.FunctionDef | ast.AsyncFunctionDef]:
-    """(module, file name, module tree, function node) of a ``module:function`` entrypoint."""
-    module, sep, name = entrypoint.partition(":")
-    if not sep:
-        raise RuntimeError(f"flow entrypoint {entrypoint!r} is not of the form module:function")
-    text, filename = _source_of(module)
-    tree = ast.parse(text, filename)
-    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name),
-                None)
-    if node is None:
-        raise RuntimeError(f"{filename}: no top-level function {name!r} (entrypoint {entrypoint})")
-    return module, filename, tree, node
-
-
-@functools.cache
-def signature_from_source(entrypoint: str) -> Callable[..., Any]:
-    """A stand-in for the function named by ``module:function``, built from its source.
-
-    It has the function's name, docstring, ``inspect.signature`` and evaluated annotations
-    (so ``typing.get_type_hints`` works as on the real one), and raises if called. The module
-    itself is not imported: see :class:`_SourceResolver` for what is.
-    """
-    module, filename, tree, node = _parsed(entrypoint)
-    name = node.name
-    resolver = _SourceResolver(module, tree, filename)
-    args = node.args
-    positional = args.posonlyargs + args.args
-    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    kinds = [inspect.Parameter.POSITIONAL_ONLY] * len(args.posonlyargs) + \
-        [inspect.Parameter.POSITIONAL_OR_KEYWORD] * len(args.args)
-    specs = list(zip(positional, defaults, kinds, strict=True)) + [
-        (a, d, inspect.Parameter.KEYWORD_ONLY) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
-    ]
-    params, annotations = [], {}
-    for arg, default, kind in specs:
-        annotation = resolver.expr(arg.annotation) if arg.annotation is not None else inspect.Parameter.empty
-        if annotation is not inspect.Parameter.empty:
-            annotations[arg.arg] = annotation
-        value = resolver.expr(default) if default is not None else inspect.Parameter.empty
-        params.append(inspect.Parameter(arg.arg, kind, default=value, annotation=annotation))
-
-    def stand_in(*_args: Any, **_kwargs: Any) -> Any:
-        raise RuntimeError(f"{entrypoint} is read from its source for the command line; import it to run it")
-
-    stand_in.__name__ = stand_in.__qualname__ = name
-    stand_in.__module__ = module
-    stand_in.__doc__ = ast.get_docstring(node)
-    stand_in.__annotations__ = annotations
-    stand_in.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return stand_in
-
-
-def flow_doc(flow: str | Any) -> str:
-    """A flow's docstring, cleaned as ``inspect.getdoc`` does (from the source for an
-    entrypoint string: no import at all)."""
-    if isinstance(flow, str):
-        return ast.get_docstring(_parsed(flow)[3]) or ""
-    return inspect.getdoc(flow.fn) or ""
-
-
-def flow_function(flow: str | Any) -> Callable[..., Any]:
-    """The function whose parameters make a command's flags: read from source for an
-    entrypoint string (nothing heavy imported), the flow's ``fn`` for a flow object."""
-    return signature_from_source(flow) if isinstance(flow, str) else flow.fn
-
-
-def load_flow(flow: str | Any) -> Any:
-    """The flow object (an entrypoint string is imported now)."""
-    if not isinstance(flow, str):
-        return flow
-    module, _, name = flow.partition(":")
-    return getattr(importlib.import_module(module), name)
+# commands every vertical shares
 
 
 def given(kwargs: Mapping[str, Any], flow: str | Any, name: str) -> Any:
@@ -420,103 +247,6 @@ def evidence_command(entrypoint: str, help: str) -> Command:
 
 
 # ------------------------------------------------------------------------------------
-# parameters -> leaves
-
-
-def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
-    """(inner type, allows None) of ``X | None``."""
-    if get_origin(annotation) in (typing.Union, types.UnionType):
-        inner = [a for a in get_args(annotation) if a is not type(None)]
-        optional = len(inner) < len(get_args(annotation))
-        if len(inner) == 1:
-            return inner[0], optional
-        return typing.Union[tuple(inner)], optional  # noqa: UP007 - runtime construction
-    return annotation, False
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    inner, _ = _unwrap_optional(annotation)
-    return inner if isinstance(inner, type) and issubclass(inner, BaseModel) else None
-
-
-def docstring_args(fn: Callable[..., Any]) -> dict[str, str]:
-    """The ``Args:`` entries of a Google-style docstring (name -> one-line text)."""
-    doc = inspect.getdoc(fn) or ""
-    out: dict[str, str] = {}
-    in_args, current = False, None
-    for line in doc.splitlines():
-        stripped = line.strip()
-        if stripped in {"Args:", "Arguments:", "Parameters:"}:
-            in_args = True
-            continue
-        if not in_args:
-            continue
-        if stripped.endswith(":") and not line.startswith(" ") and stripped[:-1].isalpha():
-            break  # the next section (Returns:, Raises:)
-        if not stripped:
-            continue
-        indent = len(line) - len(line.lstrip())
-        name, sep, text = stripped.partition(":")
-        if sep and indent <= 4 and name.split(" ")[0].isidentifier():
-            current = name.split(" ")[0]
-            out[current] = text.strip()
-        elif current:
-            out[current] += " " + stripped
-    return out
-
-
-def description_of(flow: str | Any) -> str:
-    """A flow's docstring without its ``Args:`` section (the command's description)."""
-    doc = flow_doc(flow)
-    kept = []
-    for line in doc.splitlines():
-        if line.strip() in {"Args:", "Arguments:", "Parameters:", "Returns:"}:
-            break
-        kept.append(line)
-    return "\n".join(kept).strip()
-
-
-def _walk(path: tuple[str, ...], annotation: Any, default: Any, required: bool, help_: str,
-          group: str | None, hidden: Collection[str]) -> list[_Leaf]:
-    dotted = ".".join(path)
-    if any(dotted == h or dotted.startswith(h + ".") for h in hidden):
-        return []
-    model = _model_of(annotation)
-    if model is None:
-        return [_Leaf(path, annotation, default, required, help_, group)]
-    if default is None or not isinstance(default, model):
-        return []  # a model parameter with no instance to start from is not offered
-    title = (inspect.getdoc(model) or model.__name__).splitlines()[0].rstrip(".")
-    leaves: list[_Leaf] = []
-    for name, info in type(default).model_fields.items():
-        leaves += _walk(path + (name,), info.annotation, getattr(default, name), False,
-                        info.description or "", title, hidden)
-    return leaves
-
-
-def _leaves(command: Command) -> list[_Leaf]:
-    fn = flow_function(command.flow)
-    hints = typing.get_type_hints(fn)
-    docs = docstring_args(fn)
-    leaves: list[_Leaf] = []
-    for name, param in inspect.signature(fn).parameters.items():
-        required = param.default is inspect.Parameter.empty
-        default = None if required else param.default
-        leaves += _walk((name,), hints.get(name, Any), default, required, docs.get(name, ""), None, command.hidden)
-    return leaves
-
-
-def _flag_name(leaf: _Leaf, command: Command) -> str:
-    if leaf.dotted in command.flags:
-        return command.flags[leaf.dotted]
-    base = leaf.path[-1].replace("_", "-")
-    inner, _ = _unwrap_optional(leaf.annotation)
-    if inner is bool and leaf.default is True:
-        return "no-" + base
-    return base
-
-
-# ------------------------------------------------------------------------------------
 # leaves -> argparse
 
 
@@ -541,32 +271,34 @@ def _fmt_default(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_override: Any) -> None:
-    inner, optional = _unwrap_optional(leaf.annotation)
+def _add_leaf(target: Any, leaf: Leaf, flag: str, positional: bool, default_override: Any, shown: bool) -> None:
+    inner, optional = unwrap_optional(leaf.annotation)
     default = default_override
     help_ = leaf.help.rstrip(".") if leaf.help else ""
     kwargs: dict[str, Any] = {"default": argparse.SUPPRESS}
+    option = f"--{flag}"
     origin = get_origin(inner)
     if inner is bool:
-        if default is None or optional:
+        if default is None or optional or default:
+            # on by default: --x turns it on, --no-x off; the help says what the field does
             kwargs["action"] = argparse.BooleanOptionalAction
+            option = "--" + flag.removeprefix("no-")
         else:
-            kwargs["action"] = "store_false" if default else "store_true"
-            help_ = help_ + (" (turns it off)" if default else "")
+            kwargs["action"] = "store_true"
             default = None
     elif origin is Literal:
         choices = list(get_args(inner))
         kwargs.update(choices=choices, type=type(choices[0]))
     elif inner in (int, float):
         kwargs["type"] = inner
-    elif origin in (dict, Mapping) or inner is dict:
+    elif is_mapping(inner):
         kwargs.update(type=parse_mapping, metavar="NAME=VALUE,...")
     elif origin in (list, tuple, Sequence):
         item = get_args(inner)[0] if get_args(inner) else str
         kwargs.update(nargs="*" if positional else "+", type=item if item in (int, float) else str)
     elif inner is Path:
         kwargs["metavar"] = "PATH"
-    if default is not None and kwargs.get("action") not in ("store_true", "store_false"):
+    if default is not None and kwargs.get("action") not in ("store_true", argparse.BooleanOptionalAction):
         help_ = f"{help_} (default: {_fmt_default(default)})" if help_ else f"default: {_fmt_default(default)}"
     elif kwargs.get("action") is argparse.BooleanOptionalAction and default is not None:
         help_ = f"{help_} (default: {'on' if default else 'off'})"
@@ -577,116 +309,105 @@ def _add_leaf(target: Any, leaf: _Leaf, flag: str, positional: bool, default_ove
             kwargs["nargs"] = "?"  # optional positional: absent means the flow's default
         target.add_argument(leaf.dest, metavar=flag.upper().replace("-", "_"), help=help_ or None, **kwargs)
         return
-    if leaf.required:
-        kwargs.pop("default")
-        kwargs["required"] = True
+    if leaf.required:  # checked once the --config file and --set are merged in: it may come from them
+        help_ = f"{help_} (required)" if help_ else "required"
     if "metavar" not in kwargs and kwargs.get("action") is None and "choices" not in kwargs:
         # one convention: a parameter named "model" is a registry spec
         kwargs["metavar"] = "NAME[:VERSION|@alias]" if leaf.path[-1] == "model" else flag.upper().replace("-", "_")
-    target.add_argument(f"--{flag}", dest=leaf.dest, help=help_.replace("%", "%%") or None, **kwargs)
+    help_ = help_.replace("%", "%%") or None if shown else argparse.SUPPRESS
+    target.add_argument(option, dest=leaf.dest, help=help_, **kwargs)
 
 
-@dataclass
-class _Built:
-    command: Command
-    leaves: list[_Leaf]
-    flags: dict[str, str]  # dotted path -> --flag
+#: The most flags a short ``--help`` shows (``-h`` included); ``--help-all`` shows every flag.
+HELP_FLAGS = 15
+#: Flags of every command (beside ``-h``): the file and overrides of parameters, the JSON result.
+_SHARED_FLAGS = ("config", "set", "print-config", "json", "help-all")
+#: The flags a short ``--help`` always shows: the input data and the model (see Command.common).
+_ALWAYS_SHOWN = ("data", "model")
 
 
-def _configure(parser: argparse.ArgumentParser, command: Command) -> _Built:
-    leaves = _leaves(command)
-    flags: dict[str, str] = {}
-    seen: dict[str, str] = {"json": "(--json)", "help": "(--help)"}
-    groups: dict[str, Any] = {}
+def _shown(command: Command, leaves: Sequence[Leaf], flag_of: Mapping[str, str]) -> set[str]:
+    """The dotted paths whose flags the short ``--help`` shows (see :attr:`Command.common`)."""
+    if command.common:
+        chosen = {leaf.dotted for leaf in leaves
+                  if any(leaf.dotted == c or leaf.dotted.startswith(c + ".") for c in command.common)}
+    elif len(leaves) + len(_SHARED_FLAGS) <= HELP_FLAGS:  # -h and --help-all: one line between them
+        chosen = {leaf.dotted for leaf in leaves}
+    else:
+        chosen = {leaf.dotted for leaf in leaves if len(leaf.path) == 1}
+    return chosen | {leaf.dotted for leaf in leaves
+                     if leaf.required or leaf.dotted == command.positional or flag_of[leaf.dotted] in _ALWAYS_SHOWN}
+
+
+def _configure(parser: argparse.ArgumentParser, command: Command, *, full_help: bool = True) -> Built:
+    """Add a command's flags to its parser; the short help (``full_help=False``) shows only
+    the common ones (:func:`_shown`) and says that ``--help-all`` lists the rest."""
+    leaves = command_leaves(command)
+    flag_of: dict[str, str] = {}
+    seen: dict[str, str] = {"help": "(--help)", **{f: f"(--{f})" for f in _SHARED_FLAGS}}
     for leaf in leaves:
-        flag = _flag_name(leaf, command)
-        if flag in seen:
-            raise RuntimeError(
-                f"command {command.name!r}: parameters {seen[flag]} and {leaf.dotted} both want --{flag}; "
-                "name one of them in Command.flags"
-            )
-        seen[flag] = leaf.dotted
+        flag = flag_name(leaf, command)
+        names = {flag, flag.removeprefix("no-"), "no-" + flag.removeprefix("no-")} \
+            if unwrap_optional(leaf.annotation)[0] is bool else {flag}
+        for name in names:
+            if name in seen:
+                raise RuntimeError(
+                    f"command {command.name!r}: parameters {seen[name]} and {leaf.dotted} both want --{name}; "
+                    "name one of them in Command.flags"
+                )
+            seen[name] = leaf.dotted
+        flag_of[leaf.dotted] = flag
+    unknown = (set(command.flags) | set(command.defaults) | ({command.positional} - {None})) - set(flag_of)
+    if unknown:
+        raise RuntimeError(f"command {command.name!r}: no parameter {sorted(unknown)} to name")
+    shown = {leaf.dotted for leaf in leaves} if full_help else _shown(command, leaves, flag_of)
+    groups: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    for leaf in leaves:
+        flag = flag_of[leaf.dotted]
         flags[leaf.dotted] = flag if leaf.dotted == command.positional else f"--{flag}"
         target = parser
         if leaf.group:
             target = groups.setdefault(leaf.group, parser.add_argument_group(leaf.group))
         default = command.defaults.get(leaf.dotted, leaf.default)
-        _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default)
-    unknown = (set(command.flags) | set(command.defaults) | ({command.positional} - {None})) - {
-        leaf.dotted for leaf in leaves
-    }
-    if unknown:
-        raise RuntimeError(f"command {command.name!r}: no parameter {sorted(unknown)} to name")
+        _add_leaf(target, leaf, flag, leaf.dotted == command.positional, default, leaf.dotted in shown)
+    _add_shared_flags(parser, full_help, _set_example(leaves))
+    rest = len(leaves) - len(shown & set(flag_of))
+    if rest:
+        parser.epilog = f"--help-all lists the other {rest} flag(s)."
+    return Built(command, leaves, flags)
+
+
+def _set_example(leaves: Sequence[Leaf]) -> str:
+    """A ``--set`` of this command for its help: a training budget if it has one, else a number."""
+    numbers = [leaf for leaf in leaves if unwrap_optional(leaf.annotation)[0] in (int, float)
+               and isinstance(leaf.default, (int, float))]
+    leaf = next((n for n in numbers if n.path[-1] == "max_epochs"), numbers[0] if numbers else None)
+    return f" (e.g. {leaf.dotted}={leaf.default})" if leaf else ""
+
+
+def _add_shared_flags(parser: argparse.ArgumentParser, full_help: bool, example: str) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", dest="cli_config", type=Path,
+                        help="the parameters from a YAML file (as --print-config writes it); flags win over it")
+    parser.add_argument("--set", metavar="PATH=VALUE", dest="cli_set", action="append", default=[],
+                        help=f"set one parameter by its path in --print-config{example}; "
+                             "wins over the file and the flags; repeatable")
+    parser.add_argument("--print-config", dest="cli_print_config", action="store_true",
+                        help="print the effective parameters as YAML (a --config file) and exit without running")
     parser.add_argument(
         "--json", action="store_true",
         help="print the flow's typed result as one JSON object on the last line of stdout",
     )
-    return _Built(command, leaves, flags)
+    parser.add_argument("--help-all", action="help", help="show every flag and exit" if full_help else argparse.SUPPRESS)
 
 
 # ------------------------------------------------------------------------------------
-# parsed values -> flow keyword arguments
+# checks and running
 
 
-def _set_path(tree: dict[str, Any], path: Sequence[str], value: Any) -> None:
-    for part in path[:-1]:
-        tree = tree.setdefault(part, {})
-    tree[path[-1]] = value
-
-
-def _merge(base: Any, overrides: Any) -> Any:
-    if isinstance(base, dict) and isinstance(overrides, dict):
-        out = dict(base)
-        for key, value in overrides.items():
-            out[key] = _merge(base.get(key), value)
-        return out
-    return overrides
-
-
-def _explain(exc: ValidationError, prefix: tuple[str, ...], built: _Built) -> str:
-    problems = []
-    for err in exc.errors():
-        path = prefix + tuple(str(p) for p in err["loc"])
-        flag = None
-        for cut in range(len(path), 0, -1):
-            flag = built.flags.get(".".join(path[:cut]))
-            if flag:
-                break
-        message = str(err["msg"]).removeprefix("Value error, ")
-        if flag:
-            problems.append(f"{flag}: {message}")
-        else:  # a check across fields of a model: name the model's flags
-            related = [f for d, f in built.flags.items() if d.startswith(".".join(path) + ".")]
-            problems.append(f"{message}" + (f" ({', '.join(related)})" if related else ""))
-    return "; ".join(problems)
-
-
-def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
-    """Validated keyword arguments of the flow from the parsed command line."""
+def preflight(built: Built, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The command's ``check`` of validated keyword arguments, then its ``prepare``."""
     command = built.command
-    overrides: dict[str, Any] = {}
-    for dotted, value in command.defaults.items():
-        _set_path(overrides, dotted.split("."), value)
-    for key, value in vars(namespace).items():
-        if key.startswith(_PREFIX):
-            _set_path(overrides, key[len(_PREFIX):].split("__"), value)
-    fn = flow_function(command.flow)
-    hints = typing.get_type_hints(fn)
-    kwargs: dict[str, Any] = {}
-    for name, param in inspect.signature(fn).parameters.items():
-        if name not in overrides:
-            continue
-        annotation = hints.get(name, Any)
-        model = _model_of(annotation)
-        try:
-            if model is not None and isinstance(overrides[name], dict):
-                base = param.default if isinstance(param.default, BaseModel) else model()
-                merged = _merge(base.model_dump(mode="python"), overrides[name])
-                kwargs[name] = type(base).model_validate(merged)
-            else:
-                kwargs[name] = TypeAdapter(annotation).validate_python(overrides[name])
-        except ValidationError as exc:
-            raise UserError(_explain(exc, (name,), built)) from None
     if command.check is not None:
         try:
             command.check(kwargs)
@@ -695,8 +416,9 @@ def flow_kwargs(built: _Built, namespace: argparse.Namespace) -> dict[str, Any]:
     return command.prepare(kwargs) if command.prepare else kwargs
 
 
-# ------------------------------------------------------------------------------------
-# running
+def flow_kwargs(built: Built, namespace: argparse.Namespace) -> dict[str, Any]:
+    """Validated keyword arguments of the flow from the parsed command line, checked and prepared."""
+    return preflight(built, validated_kwargs(built, namespace))
 
 
 def _one_line(text: str) -> str:
@@ -745,13 +467,15 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
     appear in the command list with their help line, which needs nothing but the docstring.
     """
 
-    def build(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str | None, _Built]]:
+    def build(argv: Sequence[str]) -> tuple[argparse.ArgumentParser, dict[str | None, Built]]:
+        full_help = "--help-all" in argv
         parser = _Parser(prog=prog, description=description,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-        built: dict[str | None, _Built] = {}
+        built: dict[str | None, Built] = {}
         if len(commands) == 1 and commands[0].name is None:
-            built[None] = _configure(parser, commands[0])
+            built[None] = _configure(parser, commands[0], full_help=full_help)
             return parser, built
+        parser.add_argument("--help-all", action="help", help=argparse.SUPPRESS)
         chosen = _chosen_name(argv, [c.name for c in commands if c.name])
         sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
         for command in commands:
@@ -759,7 +483,7 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
             p = sub.add_parser(command.name, help=command.help or text.splitlines()[0] if text else None,
                                description=text, formatter_class=argparse.RawDescriptionHelpFormatter)
             if command.name == chosen:
-                built[command.name] = _configure(p, command)
+                built[command.name] = _configure(p, command, full_help=full_help)
         return parser, built
 
     def main(argv: list[str] | None = None) -> int:
@@ -767,8 +491,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         parser, built = build(argv)
         args = parser.parse_args(argv)
         chosen = built[getattr(args, "command", None)]
+        name = f"{prog} {chosen.command.name}" if chosen.command.name else prog
         try:
-            kwargs = flow_kwargs(chosen, args)
+            kwargs = validated_kwargs(chosen, args)
+            if args.cli_print_config:
+                print(config_yaml(name, chosen, kwargs), end="")
+                return 0
+            kwargs = preflight(chosen, kwargs)
             api_url = chosen.command.api_url(kwargs) if chosen.command.api_url is not None else None
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
@@ -777,6 +506,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
                         exit_code=chosen.command.exit_code, api_url=api_url)
 
     return main
+
+
+def command_flags(command: Command) -> list[str]:
+    """Every long flag of a command (shown by ``--help`` or not)."""
+    parser = _Parser(prog=command.name or "command")
+    _configure(parser, command)
+    return sorted(f for f in parser._option_string_actions if f.startswith("--"))
 
 
 def check_commands(commands: Sequence[Command]) -> None:

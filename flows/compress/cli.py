@@ -50,6 +50,8 @@ COMMANDS = [
         None, COMPRESS, summarize,
         flags={"config.try_all": "all", "config.register_variant": "no-register"},
         hidden=_SHARED, check=check, prepare=share_data_options,
+        common=("fraud_data.columns", "config.tolerance", "config.try_all", "config.register_variant",
+                "sensor_data.cmapss_dir", "sensor_data.subset"),
     ),
 ]
 

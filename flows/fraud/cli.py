@@ -43,6 +43,8 @@ TRAINING_FLAGS = {
     "config.model.use_window_features": "no-window-features",
     "config.baseline.delay_days": "feature-delay-days",
 }
+#: The input files, shown in the short --help of the commands that train.
+_DATA = ("data", "columns", "accounts")
 
 
 # ------------------------------------------------------------------------------------
@@ -320,6 +322,7 @@ COMMANDS = (
         "train", TRAIN, train_summary,
         help="train + evaluate + register (sequence model vs baseline)",
         flags={**TRAINING_FLAGS, "config.baseline.enabled": "no-baseline"},
+        common=(*_DATA, "source", "config.model.max_epochs", "config.baseline.enabled", "fresh", "strict"),
         check=check_train,
     ),
     Command(
@@ -349,6 +352,7 @@ COMMANDS = (
         help="tune the sequence model (Optuna), register the best through the champion rule",
         flags={**TRAINING_FLAGS, "tune.seed": "tune-seed", "tune.enqueue_defaults": "no-defaults-trial"},
         hidden={"config.baseline.enabled", "config.candidates"},
+        common=(*_DATA, "tune.trials", "tune.study", "tune.max_in_flight", "config.model.max_epochs", "strict"),
         check=check_tune,
     ),
     Command(
@@ -358,6 +362,8 @@ COMMANDS = (
                "config.model.use_window_features": "no-window-features", "config.delay_days": "feature-delay-days",
                "config.compare": "no-compare"},
         hidden={"faults", "config.federation.port", "config.model.max_epochs", "config.model.patience"},
+        common=("data", "columns", "config.federation.clients", "config.federation.partition_by",
+                "config.federation.rounds", "config.federation.dp_epsilon", "config.compare"),
         check=check_federate,
     ),
     evidence_command("flows.fraud.evidence:fraud_evidence",

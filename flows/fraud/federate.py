@@ -27,6 +27,7 @@ from solutions.fraud import federated as FD
 from solutions.fraud import flower_apps as FA
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
+from solutions.fraud.config import ClientFault, FederateConfig
 from tasks.approval import approval_gate
 from tasks.cards import Section, build_card, intervals, publish_card, write_card
 from tasks.data import DatasetRef
@@ -56,7 +57,7 @@ class FraudFederateResult(BaseModel):
 
 
 @task(name="partition-banks", cache_policy=NONE)
-def partition_step(ref: DatasetRef, cfg: FD.FederateConfig, out_dir: Path) -> tuple[list[FD.BankPartition], TimeSplit]:
+def partition_step(ref: DatasetRef, cfg: FederateConfig, out_dir: Path) -> tuple[list[FD.BankPartition], TimeSplit]:
     """One file per bank (checked disjoint) and the shared time boundaries of ``fraud train``."""
     df = ref.read()
     banks = FD.partition_banks(df, cfg.federation.clients, cfg.federation.partition_by)
@@ -83,8 +84,8 @@ def _round_rows(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @task(name="federate", cache_policy=NONE)
-def federate_step(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.FederateConfig, out_dir: Path,
-                  faults: dict[int, FA.ClientFault] | None = None) -> FA.FederationOutcome:
+def federate_step(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FederateConfig, out_dir: Path,
+                  faults: dict[int, ClientFault] | None = None) -> FA.FederationOutcome:
     """Run the Flower server and one process per bank; each round updates the rounds artifact."""
     key = artifact_key("fraud-federate-rounds")
 
@@ -98,7 +99,7 @@ def federate_step(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.Fede
 
 @task(name="evaluate-federation", cache_policy=NONE)
 def evaluate_step(outcome: FA.FederationOutcome, parts: list[FD.BankPartition], bounds: TimeSplit,
-                  cfg: FD.FederateConfig) -> dict[str, Any]:
+                  cfg: FederateConfig) -> dict[str, Any]:
     """The global model on each bank's test period and on their union; with ``compare``, pooled
     training, each bank alone and the pooled GBM on the same rows."""
     if outcome.weights is None or outcome.preprocessor is None:
@@ -134,7 +135,7 @@ POOLING_NOTE = ("`pooled (all rows)` and `GBM pooled` train on every bank's rows
                 "the upper bound.")
 
 
-def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FD.FederateConfig,
+def _comparisons(banks: list[FD.BankSetup], pre: FD.FraudPreprocessor, cfg: FederateConfig,
                  bounds: TimeSplit) -> dict[str, Any]:
     """Pooled training on every bank's rows with the window features the banks trained on (what
     the federation's optimisation costs), the same with window features over all rows (what a
@@ -196,7 +197,7 @@ def _epsilons(rounds: list[dict[str, Any]]) -> dict[str, float] | None:
 
 @task(name="register-federated", cache_policy=NONE)
 def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.FederationOutcome,
-                  cfg: FD.FederateConfig, data: str | None, out_dir: Path) -> tuple[Any, str]:
+                  cfg: FederateConfig, data: str | None, out_dir: Path) -> tuple[Any, str]:
     """Register the global model through the champion rule with its lineage; write its card."""
     fed = cfg.federation
     eps = _epsilons(outcome.rounds)
@@ -290,8 +291,8 @@ def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: P
 def fraud_federate(
     data: str | None = None,
     columns: dict[str, str] | None = None,
-    config: FD.FederateConfig = FD.FederateConfig(),  # noqa: B008 - a typed default renders a UI form
-    faults: dict[int, FA.ClientFault] | None = None,
+    config: FederateConfig = FederateConfig(),  # noqa: B008 - a typed default renders a UI form
+    faults: dict[int, ClientFault] | None = None,
 ) -> FraudFederateResult:
     """Partition the transactions into banks, train the sequence model across them with Flower
     (each bank's process reads only its own rows; optional DP-SGD), evaluate it per bank and on

@@ -127,11 +127,13 @@ COMMANDS = [
         flags={"sources": "source", **{f"params.{k}": v for k, v in CHUNK_FLAGS.items()},
                **{f"params.redaction.{kind}": f"no-redact-{kind.replace('_', '-')}"
                   for kind in ("email", "cn_id", "bank_card", "mobile")}},
+        common=("params.collection", "params.chunk", "params.prune", "job"),
         check=_sources_exist,
     ),
     Command(
         "ask", ASK, _ask_summary, help="answer a question with citations", positional="question",
         flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()}, prepare=_redacted_question,
+        common=("params.collection", "params.mode", "params.top_k", "params.llm", "params.language", "previous"),
         check=_milvus_free,
     ),
     Command(

@@ -62,6 +62,8 @@ _RANGES = "config.align.valid_range"
 _FORECASTING = {"config.split.seed": "split-seed", "forecast.model_name": "model"}
 _NOT_FORECASTING = ("config.window", "config.model", "config.pretrain", "config.finetune", "config.baseline",
                     "config.extra_archs", "config.encoder_name", "config.model_name")
+#: The input files, shown in the short --help (C-MAPSS: --cmapss-dir and --subset).
+_SOURCE = ("source.data", "source.events", "source.columns", "source.cmapss_dir", "source.subset")
 _TRAINING = ("config.window", "config.model", "config.pretrain", "config.finetune", "config.split",
              "config.baseline", "config.encoder_name", "config.model_name")
 
@@ -246,6 +248,7 @@ COMMANDS = [
         help="self-supervised masked-reconstruction pre-training of the encoder",
         flags={**_FLEET, **_PRETRAIN},
         hidden={"config.finetune", "config.baseline", "config.model_name", _RANGES},
+        common=(*_SOURCE, "config.pretrain.max_epochs", "config.encoder_name", "fresh"),
         check=_check_source,
     ),
     Command(
@@ -253,6 +256,7 @@ COMMANDS = [
         help="fine-tune (or train from scratch) + evaluate beside a baseline + register",
         flags={**_FLEET, **_PRETRAIN, **_TRAIN},
         hidden={_RANGES},
+        common=(*_SOURCE, "config.finetune.label_fraction", "config.finetune.max_epochs", "fresh"),
         check=_check_source,
     ),
     Command(
@@ -260,6 +264,7 @@ COMMANDS = [
         help="score the latest window of each asset with the champion (or --model)",
         flags=_FLEET,
         hidden={*_TRAINING, _RANGES},
+        common=(*_SOURCE, "output", "csv", "threshold"),
         check=_check_score,
     ),
     Command(
@@ -283,6 +288,7 @@ COMMANDS = [
         help="choose each sensor's forecasting model (statsforecast), judge it vs naive on held-out assets, register",
         flags={**_FLEET, **_FORECASTING},
         hidden={*_NOT_FORECASTING, "forecast.plot_assets", _RANGES},
+        common=(*_SOURCE, "forecast.horizon", "forecast.level", "forecast.sensors", "strict"),
         check=_check_source,
     ),
     Command(
@@ -290,6 +296,7 @@ COMMANDS = [
         help="forecast every asset's sensors H steps ahead with intervals; alert on limits crossed",
         flags={**_FLEET, "config.split.seed": "split-seed"},
         hidden={*_NOT_FORECASTING, "forecast.model_name", _RANGES},
+        common=(*_SOURCE, "forecast.horizon", "forecast.level", "output"),
         check=_check_forecast,
     ),
     Command(

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict
 from sklearn.metrics import average_precision_score, roc_auc_score
 from torch.utils.data import DataLoader
 
@@ -32,118 +32,9 @@ from infra.store import sha256_file
 from infra.tables import TimeSplit, assign_periods, validate_table
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.config import SequenceModelConfig, SplitConfig, SyntheticDataConfig
+from solutions.fraud.config import SequenceModelConfig
 from solutions.fraud.model import FraudSequenceModel, focal_loss
 from solutions.fraud.sequences import STATIC_CATEGORICAL, STEP_CATEGORICAL, FraudPreprocessor, SequenceDataset
-
-#: The small sequence model federated runs default to (2 busy cores; every bank trains it per round).
-SMALL_MODEL = SequenceModelConfig(hidden=32, mlp_hidden=64, seq_len=8, batch_size=256, max_epochs=1)
-
-
-#: DP-SGD defaults, from bench/fraud_federated.py on the default synthetic data (3 banks, 12 rounds,
-#: ε = 8; AP 0.27-0.36 with the earlier defaults, 0.67 with these): clipping at 1.0 left fraud rows
-#: under-fitted (bench/fraud_dp_pooled.py: one bank, no noise, clipping alone cut AP from 0.81 to
-#: 0.57; at 10 it cost almost nothing); batches of 512 beat 256, 1,024 and 2,048; three epochs per
-#: round beat one.
-DP_MAX_GRAD_NORM = 10.0
-DP_BATCH_SIZE = 512
-DP_LEARNING_RATE = 0.006
-DP_LOCAL_EPOCHS = 3
-
-
-class FederationConfig(BaseModel):
-    """How the banks federate: how many, how the table is split, rounds, faults, privacy."""
-
-    model_config = ConfigDict(frozen=True)
-
-    clients: int = Field(default=3, ge=1, le=32, description="Banks (Flower clients), one process each.")
-    partition_by: str | None = Field(
-        default=None, description="Column that names the bank (e.g. a bank or region id); default: a stable "
-        "hash of account_id, so an account belongs to one bank.")
-    rounds: int = Field(default=3, ge=1, description="Federated training rounds.")
-    local_epochs: int = Field(default=1, ge=1, description="Epochs each bank trains per round.")
-    server_learning_rate: float = Field(
-        default=1.0, gt=0, description="Server step on the banks' mean update (Flower FedAvgM; 1 with no "
-        "momentum is plain FedAvg).")
-    server_momentum: float = Field(default=0.0, ge=0, lt=1, description="Server momentum of FedAvgM (0: none).")
-    keep_local_optimizer: bool = Field(
-        default=True, description="Each bank keeps its AdamW moments from round to round (the weights still "
-        "come from the server; with DP the moments come from privatised gradients, so no ε is spent).")
-    min_clients: int | None = Field(default=None, ge=1, description="Fewest banks a round needs (default: "
-                                    "clients - 1, at least 1): a crashed or slow bank leaves a partial round.")
-    round_timeout_s: float = Field(default=600, gt=0, description="A bank slower than this in a round is "
-                                   "counted as failed for that round.")
-    connect_timeout_s: float = Field(default=180, gt=0, description="How long the server waits for every bank "
-                                     "to connect before round 1.")
-    dp_epsilon: float | None = Field(default=None, gt=0, description="Per-bank (ε, δ) budget for DP-SGD over "
-                                     "all rounds; default: no differential privacy.")
-    dp_delta: float = Field(default=1e-5, gt=0, lt=1, description="δ of the DP budget.")
-    dp_max_grad_norm: float = Field(default=DP_MAX_GRAD_NORM, gt=0, description="Per-sample gradient clipping "
-                                    "norm (DP). Too small a norm clips every fraud row's gradient to the size of an "
-                                    "ordinary row's, and the model under-fits the rare class.")
-    dp_batch_size: int | None = Field(default=DP_BATCH_SIZE, ge=8, description="Expected Poisson batch of "
-                                      "DP-SGD (None: the model's batch size). Larger batches cut the noise per "
-                                      "averaged gradient at the same budget, but take fewer steps.")
-    dp_learning_rate: float | None = Field(default=DP_LEARNING_RATE, gt=0, description="AdamW learning rate "
-                                           "under DP-SGD (None: the model's).")
-    dp_local_epochs: int | None = Field(default=DP_LOCAL_EPOCHS, ge=1, description="Epochs each bank trains per "
-                                        "round under DP-SGD (None: local_epochs). The noise is set for the whole "
-                                        "budget, so more passes cost noise, not ε.")
-    best_round: bool = Field(
-        default=True, description="Keep the round whose global model scored the best validation AP (row-weighted "
-        "over the banks; early stopping for a federation), not the last one; the pooled and bank-alone comparisons "
-        "keep their best validation epoch alike. Under DP the last round is kept: the banks' validation scores are "
-        "not noised, so choosing by them would spend privacy the accountant does not count.")
-    share_terminal_stats: bool = Field(
-        default=False, description="Before the moments round, every bank shares each terminal's daily counts "
-        "(transactions, known labels, frauds; no account, amount or time of day) and the server sums them, so a "
-        "terminal's window features count every bank's transactions there in whole days, not only the bank's own. "
-        "The counts are not noised: DP covers the weight updates only, and the card says so.")
-    port: int = Field(default=0, ge=0, le=65535, description="Server port on 127.0.0.1 (0: a free one).")
-
-    @model_validator(mode="after")
-    def _min_clients(self) -> FederationConfig:
-        if self.min_clients is not None and self.min_clients > self.clients:
-            raise ValueError(f"min_clients ({self.min_clients}) is larger than clients ({self.clients})")
-        return self
-
-    def client_model(self, model: SequenceModelConfig) -> SequenceModelConfig:
-        """The model config each bank trains with: the DP batch size and learning rate under DP."""
-        if self.dp_epsilon is None:
-            return model
-        update = {k: v for k, v in (("batch_size", self.dp_batch_size), ("lr", self.dp_learning_rate)) if v is not None}
-        return model.model_copy(update=update) if update else model
-
-    def epochs_per_round(self) -> int:
-        """Epochs each bank trains per round: ``dp_local_epochs`` under DP (when set), else ``local_epochs``."""
-        if self.dp_epsilon is not None and self.dp_local_epochs is not None:
-            return self.dp_local_epochs
-        return self.local_epochs
-
-    def selects_best_round(self) -> bool:
-        """Whether the federation keeps its best-validation round (never under DP)."""
-        return self.best_round and self.dp_epsilon is None
-
-    def needed(self) -> int:
-        """Fewest banks a round needs."""
-        return self.min_clients if self.min_clients is not None else max(1, self.clients - 1)
-
-
-class FederateConfig(BaseModel):
-    """Everything ``fraud-federate`` needs besides its input data."""
-
-    model_config = ConfigDict(frozen=True)
-
-    federation: FederationConfig = FederationConfig()
-    data: SyntheticDataConfig = SyntheticDataConfig()
-    split: SplitConfig = SplitConfig()
-    model: SequenceModelConfig = SMALL_MODEL
-    delay_days: float = Field(default=7, ge=0, description="Label delay used by terminal risk features.")
-    compare: bool = Field(default=True, description="Also train pooled, bank-alone and the pooled GBM baseline "
-                          "for the report.")
-    fpr_target: float = Field(default=0.01, gt=0, lt=1, description="FPR for recall@FPR.")
-    model_name: str = Field(default="fraud-federated", description="Registry name of the model.")
-
 
 # ------------------------------------------------------------------------------------
 # partitioning (the orchestrator's side: it holds the simulated banks' tables)

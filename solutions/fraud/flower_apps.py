@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from infra.errors import InfrastructureError
 from infra.tables import TimeSplit
 from solutions.fraud import federated as FD
-from solutions.fraud.config import SequenceModelConfig
+from solutions.fraud.config import ClientFault, FederateConfig, SequenceModelConfig
 
 #: How to install what the federation needs (Flower, and Opacus for DP-SGD): the ``federated`` extra.
 FEDERATED_EXTRA = 'pip install -e ".[federated]"'
@@ -38,16 +38,6 @@ FINAL_FILE = "global.npz"
 ROUND_FILE = "round-{:03d}.npz"  # each training round's global weights (the flow registers the best)
 SUMMARY_FILE = "federation.json"
 TERMINALS_FILE = "terminal_totals.json"  # the summed terminal day counts (share_terminal_stats)
-
-
-class ClientFault(BaseModel):
-    """Fault injection for a bank (tests, drills): crash or stall in one training round."""
-
-    model_config = ConfigDict(frozen=True)
-
-    crash_round: int | None = None
-    slow_round: int | None = None
-    slow_s: float = 0.0
 
 
 class ClientSpec(BaseModel):
@@ -356,7 +346,7 @@ def require_federated_packages(dp: bool) -> None:
                                   f"install the federated extra ({FEDERATED_EXTRA})")
 
 
-def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FD.FederateConfig, run_dir: Path,
+def run_federation(parts: list[FD.BankPartition], bounds: TimeSplit, cfg: FederateConfig, run_dir: Path,
                    faults: dict[int, ClientFault] | None = None, on_round: Any = None,
                    timeout_s: float = 3600) -> FederationOutcome:
     """Start the server and one process per bank on 127.0.0.1, wait for the last round

@@ -64,7 +64,8 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
     return [
         (["flows.fraud", "--help"], 0, "usage:"),
         *[(["flows.fraud", c, "--help"], 0, "usage:")
-          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "promote", "rollback", "reproduce")],
+          for c in ("train", "adapt", "score", "batch", "monitor", "tune", "federate", "promote", "rollback",
+                    "reproduce")],
         (["flows.fraud", "train", "--data", MISSING], 2, "--data: no such file"),
         (["flows.fraud", "train", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
         (["flows.fraud", "score", *fraud_cols], 2, "'NO_SUCH_COLUMN'"),
@@ -83,6 +84,11 @@ def _cases(tmp: Path) -> list[tuple[list[str], int, str]]:
         (["flows.fraud", "train", "--data", str(dated_amount)], 2,
          ("column 'amount': 2 timestamp(s) where numbers are expected (first offending rows: [0, 1]); "
           "in the first 2 rows read before the run, row 0 of 'amount' holds '2018-04-01 00:00:31'")),
+        # configuration files: printed, checked and the full help, all without a heavy import
+        (["flows.fraud", "train", "--print-config"], 0, "model_name: fraud-seq"),
+        (["flows.fraud", "train", "--set", "config.modle.lr=1"], 2, "did you mean 'config.model.lr'?"),
+        (["flows.sensor", "train", "--help-all"], 0, "--no-cross-fit"),
+        (["flows.sensor", "forecast", "--print-config"], 0, "horizon:"),
         (["flows.sensor", "--help"], 0, "usage:"),
         *[(["flows.sensor", c, "--help"], 0, "usage:")
           for c in ("pretrain", "train", "score", "batch", "monitor", "promote", "rollback", "reproduce",

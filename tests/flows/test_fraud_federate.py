@@ -13,9 +13,15 @@ import pytest
 from flows.fraud.cli import main
 from flows.fraud.federate import fraud_federate
 from infra.registry import ModelRegistry
-from solutions.fraud import federated as FD
-from solutions.fraud.config import SyntheticDataConfig
-from solutions.fraud.flower_apps import ClientFault
+from solutions.fraud.config import (
+    DP_LOCAL_EPOCHS,
+    DP_MAX_GRAD_NORM,
+    SMALL_MODEL,
+    ClientFault,
+    FederateConfig,
+    FederationConfig,
+    SyntheticDataConfig,
+)
 
 TINY = ["--n-accounts", "240", "--n-terminals", "100", "--n-days", "30", "--fraud-rate", "0.03", "--seed", "1",
         "--train-days", "12", "--val-days", "3", "--delay-days", "3", "--test-days", "5",
@@ -70,11 +76,11 @@ def test_shared_terminal_statistics_come_before_the_moments_round(capsys: pytest
 
 
 def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> None:
-    config = FD.FederateConfig(
-        federation=FD.FederationConfig(clients=2, rounds=2, min_clients=1, dp_epsilon=8.0),
+    config = FederateConfig(
+        federation=FederationConfig(clients=2, rounds=2, min_clients=1, dp_epsilon=8.0),
         data=SyntheticDataConfig(n_accounts=240, n_terminals=100, n_days=30, fraud_rate=0.03, seed=1),
         split={"train_days": 12, "val_days": 3, "delay_days": 3, "test_days": 5}, delay_days=3,
-        model=FD.SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
+        model=SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
         compare=False, model_name="fraud-fed-crash")
     result = fraud_federate(config=config, faults={1: ClientFault(crash_round=2)})
     assert result.partial_rounds == [2]
@@ -84,7 +90,7 @@ def test_a_crashed_bank_leaves_a_partial_round_and_the_federation_finishes() -> 
     assert result.epsilon is not None and 0 < result.epsilon["federation"] <= 8.05
     assert result.best_round is None  # under DP the last round is kept (no choice by unnoised scores)
     fed = ModelRegistry().resolve("fraud-fed-crash:1").params["federation"]
-    assert fed["local_epochs"] == FD.DP_LOCAL_EPOCHS and fed["privacy"]["max_grad_norm"] == FD.DP_MAX_GRAD_NORM
+    assert fed["local_epochs"] == DP_LOCAL_EPOCHS and fed["privacy"]["max_grad_norm"] == DP_MAX_GRAD_NORM
     assert result.metrics["federated (union)"]["ap"] is not None
 
 
@@ -93,11 +99,11 @@ def test_the_federation_stops_when_every_bank_has_died(monkeypatch: pytest.Monke
     from solutions.fraud import flower_apps
 
     monkeypatch.setattr(flower_apps, "BANKS_GONE_GRACE_S", 3.0)
-    config = FD.FederateConfig(
-        federation=FD.FederationConfig(clients=2, rounds=3, min_clients=1),
+    config = FederateConfig(
+        federation=FederationConfig(clients=2, rounds=3, min_clients=1),
         data=SyntheticDataConfig(n_accounts=240, n_terminals=100, n_days=30, fraud_rate=0.03, seed=1),
         split={"train_days": 12, "val_days": 3, "delay_days": 3, "test_days": 5}, delay_days=3,
-        model=FD.SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
+        model=SMALL_MODEL.model_copy(update={"hidden": 8, "mlp_hidden": 16, "seq_len": 4}),
         compare=False, model_name="fraud-fed-gone")
     with pytest.raises(RuntimeError, match="every bank process exited"):
         fraud_federate(config=config, faults={0: ClientFault(crash_round=2), 1: ClientFault(crash_round=2)})

@@ -131,10 +131,10 @@ def _bad_invocations(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["ask", "q?", "--mode", "sparse"], "invalid choice"),
         (["ask", "q?", "--dense-weight", "heavy"], "--dense-weight"),
         (["ask", "q?", "--top-k", "0"], "--top-k"),
-        (["eval"], "--data"),
+        (["eval"], "required: --data"),
         (["eval", "--data", str(tmp_path / "missing.jsonl")], "--data: QA file not found"),
         (["eval", "--data", str(qa), "--chunk-tokens", "8"], "--chunk-tokens"),
-        (["eval", "--qa", str(qa)], "required: --data"),  # the old flag name is gone
+        (["eval", "--qa", str(qa)], "unrecognized arguments: --qa"),  # the old flag name is gone
         (["feedback-export", "--collection", "../x"], "--collection: collection name"),
         (["feedback-export", "--min-voters", "0"], "--min-voters: at least 1"),
     ]

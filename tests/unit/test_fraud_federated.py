@@ -14,7 +14,14 @@ from infra.tables import time_split
 from solutions.fraud import federated as FD
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.config import SequenceModelConfig
+from solutions.fraud.config import (
+    DP_BATCH_SIZE,
+    DP_LEARNING_RATE,
+    DP_LOCAL_EPOCHS,
+    SMALL_MODEL,
+    FederationConfig,
+    SequenceModelConfig,
+)
 from solutions.fraud.synthetic import generate_transactions
 
 CFG = SequenceModelConfig(hidden=8, mlp_hidden=16, seq_len=4, batch_size=128, negative_rate=0.5)
@@ -182,20 +189,20 @@ def test_dp_training_resumes_its_adamw_moments_without_spending_more(banks: list
 
 
 def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
-    base = FD.SMALL_MODEL
-    plain = FD.FederationConfig(dp_batch_size=2048, dp_learning_rate=0.01)
+    base = SMALL_MODEL
+    plain = FederationConfig(dp_batch_size=2048, dp_learning_rate=0.01)
     assert plain.client_model(base) == base
-    private = FD.FederationConfig(dp_epsilon=8, dp_batch_size=2048, dp_learning_rate=0.01)
+    private = FederationConfig(dp_epsilon=8, dp_batch_size=2048, dp_learning_rate=0.01)
     model = private.client_model(base)
     assert (model.batch_size, model.lr) == (2048, 0.01)
     assert model.hidden == base.hidden
-    defaults = FD.FederationConfig(dp_epsilon=8)
-    assert defaults.client_model(base) == base.model_copy(update={"lr": FD.DP_LEARNING_RATE,
-                                                                  "batch_size": FD.DP_BATCH_SIZE})
-    assert FD.FederationConfig(dp_epsilon=8, dp_learning_rate=None, dp_batch_size=None).client_model(base) == base
+    defaults = FederationConfig(dp_epsilon=8)
+    assert defaults.client_model(base) == base.model_copy(update={"lr": DP_LEARNING_RATE,
+                                                                  "batch_size": DP_BATCH_SIZE})
+    assert FederationConfig(dp_epsilon=8, dp_learning_rate=None, dp_batch_size=None).client_model(base) == base
     # the DP epochs per round apply only under DP; None falls back to local_epochs
-    assert (FD.FederationConfig(local_epochs=2).epochs_per_round(), defaults.epochs_per_round()) == (2, FD.DP_LOCAL_EPOCHS)
-    assert FD.FederationConfig(dp_epsilon=8, local_epochs=2, dp_local_epochs=None).epochs_per_round() == 2
+    assert (FederationConfig(local_epochs=2).epochs_per_round(), defaults.epochs_per_round()) == (2, DP_LOCAL_EPOCHS)
+    assert FederationConfig(dp_epsilon=8, local_epochs=2, dp_local_epochs=None).epochs_per_round() == 2
     state = FD.privacy_for(FD.DPSettings(epsilon=8, delta=1e-5, max_grad_norm=1.0, rounds=2, local_epochs=1),
                            n_train=10_000, batch_size=model.batch_size)
     assert state.steps_per_epoch == 5 and state.sample_rate == 0.2
