@@ -34,6 +34,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import sys
 import types
 import typing
@@ -73,6 +74,9 @@ class Command:
         api_url: the Prefect API the run must use, from the validated keyword arguments (e.g. the
             temporary API of the run an approval resumes); None: the usual (PREFECT_API_URL, else
             an ephemeral API). A set PREFECT_API_URL always wins.
+        local: for a read-only command, the entrypoint of a plain function taking the flow's
+            parameters and returning its result, called instead of the flow when no Prefect API
+            is configured (no flow run to record, so no temporary Prefect server to start).
     """
 
     name: str | None
@@ -87,6 +91,7 @@ class Command:
     prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     exit_code: Callable[[Any], int] | None = None
     api_url: Callable[[dict[str, Any]], str | None] | None = None
+    local: str | None = None
 
 
 @dataclass(frozen=True)
@@ -273,6 +278,13 @@ def flow_function(flow: str | Any) -> Callable[..., Any]:
     """The function whose parameters make a command's flags: read from source for an
     entrypoint string (nothing heavy imported), the flow's ``fn`` for a flow object."""
     return signature_from_source(flow) if isinstance(flow, str) else flow.fn
+
+
+def with_defaults(flow: str | Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of the flow: the given keyword arguments, the flow's defaults for the rest."""
+    bound = inspect.signature(flow_function(flow)).bind_partial(**kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def load_flow(flow: str | Any) -> Any:
@@ -711,12 +723,21 @@ def _prefect_api(url: str | None) -> contextlib.AbstractContextManager[Any]:
     return temporary_settings(updates={PREFECT_API_URL: url})
 
 
+def prefect_api_configured() -> bool:
+    """PREFECT_API_URL is set in the environment: runs are to be recorded there. (Read from the
+    environment alone: asking Prefect's settings would import Prefect, a second or more of a
+    read-only command's start.)"""
+    return bool(os.environ.get("PREFECT_API_URL"))
+
+
 def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str],
-             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None) -> int:
+             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None, prefect: bool = True) -> int:
     """Run a flow under the project's Prefect defaults (against ``api_url`` when given and no
-    PREFECT_API_URL is set); print a summary and the JSON result."""
+    PREFECT_API_URL is set); print a summary and the JSON result. ``prefect=False``: ``fn``
+    calls a plain function (a command's ``local``), outside Prefect."""
     try:
-        with _prefect_api(api_url), prefect_cli_settings():
+        with _prefect_api(api_url) if prefect else contextlib.nullcontext(), \
+                prefect_cli_settings() if prefect else contextlib.nullcontext():
             result = fn()
     except IndusflowError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
@@ -773,8 +794,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
-        return run_flow(lambda: load_flow(chosen.command.flow)(**kwargs), as_json=args.json, summary=chosen.command.summary,
-                        exit_code=chosen.command.exit_code, api_url=api_url)
+        command = chosen.command
+        if command.local is not None and api_url is None and not prefect_api_configured():
+            local_kwargs = with_defaults(command.flow, kwargs)
+            return run_flow(lambda: load_flow(command.local)(**local_kwargs), as_json=args.json, summary=command.summary,
+                            exit_code=command.exit_code, prefect=False)
+        return run_flow(lambda: load_flow(command.flow)(**kwargs), as_json=args.json, summary=command.summary,
+                        exit_code=command.exit_code, api_url=api_url)
 
     return main
 

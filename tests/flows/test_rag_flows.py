@@ -87,7 +87,7 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     assert ask["answer"] == "The documents in kb_cli do not answer this."
     assert "Related passages, not an answer:" in out and "(not answered: the retrieved passages" in out
 
-    # --stream goes through the rag-ask flow: the tokens are printed as they come, once
+    # --stream: the tokens are printed as they come, once
     monkeypatch.setenv("INDUSFLOW_LLM_URL", chat_url)
     monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "tiny")
     _StreamingChat.bodies.clear()
