@@ -41,6 +41,7 @@ import difflib
 import importlib
 import inspect
 import json
+import os
 import sys
 import typing
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -61,7 +62,7 @@ from flows.cli_params import (
     is_mapping,
     unwrap_optional,
 )
-from flows.cli_source import flow_doc, flow_function, load_flow, signature_from_source
+from flows.cli_source import flow_doc, flow_function, load_flow, signature_from_source, with_defaults
 from infra.errors import IndusflowError
 from infra.prefect_env import prefect_cli_settings
 
@@ -433,12 +434,21 @@ def _prefect_api(url: str | None) -> contextlib.AbstractContextManager[Any]:
     return temporary_settings(updates={PREFECT_API_URL: url})
 
 
+def prefect_api_configured() -> bool:
+    """PREFECT_API_URL is set in the environment: runs are to be recorded there. (Read from the
+    environment alone: asking Prefect's settings would import Prefect, a second or more of a
+    read-only command's start.)"""
+    return bool(os.environ.get("PREFECT_API_URL"))
+
+
 def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str],
-             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None) -> int:
+             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None, prefect: bool = True) -> int:
     """Run a flow under the project's Prefect defaults (against ``api_url`` when given and no
-    PREFECT_API_URL is set); print a summary and the JSON result."""
+    PREFECT_API_URL is set); print a summary and the JSON result. ``prefect=False``: ``fn``
+    calls a plain function (a command's ``local``), outside Prefect."""
     try:
-        with _prefect_api(api_url), prefect_cli_settings():
+        with _prefect_api(api_url) if prefect else contextlib.nullcontext(), \
+                prefect_cli_settings() if prefect else contextlib.nullcontext():
             result = fn()
     except IndusflowError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
@@ -502,8 +512,13 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
         except IndusflowError as exc:
             print(f"error: {_one_line(str(exc))}", file=sys.stderr)
             return 2
-        return run_flow(lambda: load_flow(chosen.command.flow)(**kwargs), as_json=args.json, summary=chosen.command.summary,
-                        exit_code=chosen.command.exit_code, api_url=api_url)
+        command = chosen.command
+        if command.local is not None and api_url is None and not prefect_api_configured():
+            local_kwargs = with_defaults(command.flow, kwargs)
+            return run_flow(lambda: load_flow(command.local)(**local_kwargs), as_json=args.json, summary=command.summary,
+                            exit_code=command.exit_code, prefect=False)
+        return run_flow(lambda: load_flow(command.flow)(**kwargs), as_json=args.json, summary=command.summary,
+                        exit_code=command.exit_code, api_url=api_url)
 
     return main
 

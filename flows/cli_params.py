@@ -41,6 +41,9 @@ class Command:
         api_url: the Prefect API the run must use, from the validated keyword arguments (e.g. the
             temporary API of the run an approval resumes); None: the usual (PREFECT_API_URL, else
             an ephemeral API). A set PREFECT_API_URL always wins.
+        local: for a read-only command, the entrypoint of a plain function taking the flow's
+            parameters and returning its result, called instead of the flow when no Prefect API
+            is configured (no flow run to record, so no temporary Prefect server to start).
         common: parameter paths (or prefixes) whose flags the short ``--help`` shows beside the
             ones every command shows (``--data``, ``--model``, ``--config``, ``--set``,
             ``--print-config``, ``--json``, required flags); empty: every flag when they fit in
@@ -60,6 +63,7 @@ class Command:
     exit_code: Callable[[Any], int] | None = None
     api_url: Callable[[dict[str, Any]], str | None] | None = None
     common: Collection[str] = ()
+    local: str | None = None
 
 
 @dataclass(frozen=True)

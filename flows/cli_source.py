@@ -15,7 +15,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,13 @@ def flow_function(flow: str | Any) -> Callable[..., Any]:
     """The function whose parameters make a command's flags: read from source for an
     entrypoint string (nothing heavy imported), the flow's ``fn`` for a flow object."""
     return signature_from_source(flow) if isinstance(flow, str) else flow.fn
+
+
+def with_defaults(flow: str | Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter of the flow: the given keyword arguments, the flow's defaults for the rest."""
+    bound = inspect.signature(flow_function(flow)).bind_partial(**kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
 
 
 def load_flow(flow: str | Any) -> Any:

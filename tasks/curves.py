@@ -9,7 +9,8 @@
   (``train-curves-<run key>``: the chart as an embedded PNG, which Prefect's UI renders, and
   the table of rows so far), created at the first epoch and updated in place at each next
   one, and moves a progress artifact (:mod:`tasks.progress`), so the UI shows the curves
-  while the training runs, not only after it ends.
+  while the training runs, not only after it ends; when the fit ends its last update says so
+  ("Done: N epoch(s) trained"), so the artifact of a finished training never reads "so far".
 
 The callback costs little per step: the training loss is summed as a tensor (no host sync per
 step) and the gradient norm (before clipping) is measured on the first step of each epoch and
@@ -85,6 +86,7 @@ class CurveRecorder(Callback):
         self.artifact_key = curves_artifact_key(run_key)
         self.artifact_id: Any = None  # the one curves artifact of this training, once created
         self.progress: Progress | None = None
+        self._png: bytes | None = None  # the last chart published
         self._reset_epoch()
 
     # -- accumulation (cheap: tensors stay on the device until the epoch ends)
@@ -115,6 +117,13 @@ class CurveRecorder(Callback):
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.progress is not None:
             self.progress.close()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        """The artifact's last state: done (the per-epoch updates said "so far")."""
+        if self.publish and trainer.is_global_zero and self.artifact_id is not None:
+            early = trainer.should_stop and trainer.max_epochs is not None and len(self.rows) < trainer.max_epochs
+            self._publish_curves(self._png, status=f"Done: {len(self.rows)} epoch(s) trained"
+                                 + (" (stopped early)." if early else "."))
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset_epoch()
@@ -163,6 +172,7 @@ class CurveRecorder(Callback):
         self._write_csv()
         png = self._write_png()
         if self.publish:
+            self._png = png
             self._publish_curves(png)
             if self.progress is not None:
                 self.progress.advance()
@@ -185,10 +195,10 @@ class CurveRecorder(Callback):
         return png
 
     # -- Prefect UI (never fails the training)
-    def _publish_curves(self, png: bytes | None) -> None:
+    def _publish_curves(self, png: bytes | None, status: str | None = None) -> None:
         from prefect.artifacts import create_markdown_artifact
 
-        markdown = render_curves(self.rows, self.columns, self.run_key, png)
+        markdown = render_curves(self.rows, self.columns, self.run_key, png, status)
         try:
             if self.artifact_id is None:
                 self.artifact_id = create_markdown_artifact(
@@ -245,9 +255,11 @@ def plot_curves(rows: list[dict[str, float | None]], monitor: str) -> bytes:
     return buffer.getvalue()
 
 
-def render_curves(rows: list[dict[str, float | None]], columns: list[str], run_key: str, png: bytes | None) -> str:
-    """Markdown of the curves artifact: the chart (an embedded PNG) and the table, one row per epoch."""
-    lines = [f"## Training curves: {run_key}", "", f"{len(rows)} epoch(s) so far.", ""]
+def render_curves(rows: list[dict[str, float | None]], columns: list[str], run_key: str, png: bytes | None,
+                  status: str | None = None) -> str:
+    """Markdown of the curves artifact: the status line (default: ``N epoch(s) so far.``), the
+    chart (an embedded PNG) and the table, one row per epoch."""
+    lines = [f"## Training curves: {run_key}", "", status or f"{len(rows)} epoch(s) so far.", ""]
     if png:
         lines += [f"![training curves](data:image/png;base64,{base64.b64encode(png).decode('ascii')})", ""]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]

@@ -120,6 +120,8 @@ class QuarantineItem(BaseModel):
     path: str
     reason: str
     detail: str = ""
+    file_indexed: bool = Field(default=False, description="The file it comes from holds indexed chunks (an archive's "
+                               "other members): the documents list shows that file as indexed, not quarantined.")
 
 
 class IngestResult(BaseModel):
@@ -342,6 +344,7 @@ class IngestProgress:
     redactions: Counter = field(default_factory=Counter)
     chunk_texts: list[str] = field(default_factory=list)  # a sample for the coverage report
     chunked_docs: int = 0
+    indexed: set[str] = field(default_factory=set)  # sources holding rows after this run
 
 
 @dataclass
@@ -398,6 +401,7 @@ def write_batch(
             vecs = vectors[offset : offset + len(rows)]
             offset += len(rows)
             progress.written.add(stages.write(client, collection, source, source_hash, rows, vecs))
+            progress.indexed.add(source)
         else:
             progress.written.deleted += delete_sources(client, collection, [source])
         if on_source_written:
@@ -569,6 +573,7 @@ def run_ingest(
         cached = qcache.entries.get(name[f.path], {})
         if state is not None and state.complete(h):
             unchanged += 1  # an archive may hold documents and quarantined members side by side
+            progress.indexed.add(name[f.path])
             qcache.written(name[f.path])  # a mark left by a run that stopped just after writing it
             if cached.get("hash") == h:
                 quarantined.extend(Quarantined(**q) for q in cached["items"])
@@ -628,7 +633,8 @@ def run_ingest(
     return IngestResult(
         collection=collection, files=len(files), unchanged=unchanged, processed=len(todo), parsed=parsed,
         chunked_documents=progress.chunked_docs,
-        quarantined=[QuarantineItem(path=q.path, reason=q.reason, detail=q.detail) for q in quarantined],
+        quarantined=[QuarantineItem(path=q.path, reason=q.reason, detail=q.detail,
+                                    file_indexed=q.path.split("!/", 1)[0] in progress.indexed) for q in quarantined],
         quarantine_counts=dict(sorted(reasons.items())), chunks_written=progress.written.upserted,
         rows_deleted=progress.written.deleted, writes=progress.written.writes, pruned_sources=pruned,
         redactions={k: int(v) for k, v in sorted(progress.redactions.items())},

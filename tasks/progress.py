@@ -10,6 +10,11 @@
   as a few lines, never one per item;
 - to ``publish(percent)`` when given, at most once per ``publish_every_s`` (and at the end).
 
+While it is open it can quiet other loggers' per-item INFO lines (``quiet``): inside a Prefect
+run, :func:`track` quiets the task-run engine's ``Finished in state Completed()`` line of every
+task of the fan-out (93 of them for an ingest of the shared documents), which the progress line
+replaces; a task that fails still logs its ERROR line, and warnings still show.
+
 :func:`track` is the thin Prefect wrapper: inside a flow or task run it publishes to a Prefect
 progress artifact (``create_progress_artifact`` once, then ``update_progress_artifact``), which
 the UI shows on the run's page. The UI is a convenience: a failure to publish is logged once
@@ -21,7 +26,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -59,12 +64,15 @@ class Progress:
         every_s, every_pct: without a bar, a line at most this often (either threshold).
         publish_every_s: ``publish`` at most this often (and always at 0 and 100).
         logger: where the lines go (default: this module's logger, routed to Prefect's).
+        quiet: names of loggers whose INFO lines the progress replaces: raised to WARNING while
+            it is open (between ``start`` and ``close``), then restored.
     """
 
     def __init__(self, total: int, label: str, unit: str = "items", *,
                  publish: Callable[[float], None] | None = None, live: bool | None = None,
                  every_s: float = 30.0, every_pct: float = 10.0, publish_every_s: float = 2.0,
-                 logger: logging.Logger | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 logger: logging.Logger | None = None, clock: Callable[[], float] = time.monotonic,
+                 quiet: Sequence[str] = ()) -> None:
         self.total, self.label, self.unit = max(0, int(total)), label, unit
         self.publish, self.every_s, self.every_pct, self.publish_every_s = publish, every_s, every_pct, publish_every_s
         self.live = sys.stderr.isatty() if live is None else live
@@ -78,6 +86,8 @@ class Progress:
         self._published_failed = False
         self._bar: Any = None
         self._closed = False
+        self.quiet = tuple(quiet)
+        self._quieted: dict[str, int] = {}  # logger name -> its level before start
 
     # -- counting
     def __enter__(self) -> Self:
@@ -86,6 +96,10 @@ class Progress:
 
     def start(self) -> None:
         """Show 0/N (a bar on a terminal, one line elsewhere) and publish 0."""
+        for name in self.quiet:
+            logger = logging.getLogger(name)
+            self._quieted[name] = logger.level
+            logger.setLevel(max(logging.WARNING, logger.level))
         if self.live:
             from tqdm import tqdm
 
@@ -109,6 +123,8 @@ class Progress:
         if self._closed:
             return
         self._closed = True
+        for name, level in self._quieted.items():
+            logging.getLogger(name).setLevel(level)
         if self._bar is not None:
             self._bar.close()
             self._log()  # one line in the log of a terminal run too
@@ -163,6 +179,10 @@ def in_prefect_run() -> bool:
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
+#: The logger of Prefect's task-run engine (one ``Finished in state ...`` line per task run).
+TASK_RUN_LOGGER = "prefect.task_runs"
+
+
 class ProgressArtifact:
     """A Prefect progress artifact: created on the first call, updated on the next ones."""
 
@@ -183,8 +203,11 @@ class ProgressArtifact:
 def track(total: int, label: str, unit: str = "items", *, description: str | None = None,
           artifact: bool | None = None, **kwargs: Any) -> Progress:
     """A :class:`Progress` that, inside a Prefect run (or with ``artifact=True``), also moves a
-    progress artifact described by ``description`` (default: ``label: % of N unit done``)."""
+    progress artifact described by ``description`` (default: ``label: % of N unit done``).
+    Inside a Prefect run the task runs' INFO lines are quiet while it is open: its line reports them."""
+    running = in_prefect_run()
     if artifact is None:
-        artifact = in_prefect_run()
+        artifact = running
     publish = ProgressArtifact(description or f"{label}: % of {total} {unit} done") if artifact else None
+    kwargs.setdefault("quiet", (TASK_RUN_LOGGER,) if running else ())
     return Progress(total, label, unit, publish=publish, **kwargs)

@@ -198,9 +198,12 @@ def train_summary(r: FraudTrainResult) -> str:
             f"  baseline  test PR-AUC {r.baseline.pr_auc:.4f}  ROC-AUC {r.baseline.roc_auc:.4f}  "
             f"recall@{r.baseline.fpr_target:.0%}FPR {r.baseline.recall_at_fpr:.4f}"
         )
+    m, nan = r.model.metrics, float("nan")  # the registered winner's own test figures (an ensemble's too)
     lines += [
-        f"  winner: {r.winner}",
-        f"  registered {r.model.spec}: {r.promotion.reason}",
+        (f"  registered {r.model.spec} ({r.winner})  test PR-AUC {m.get('test/auprc', nan):.4f}  "
+         f"ROC-AUC {m.get('test/roc_auc', nan):.4f}  "
+         f"recall@{r.sequence.fpr_target:.0%}FPR {m.get('test/recall_at_fpr', nan):.4f}"),
+        f"  promotion: {r.promotion.reason}",
         f"  training: {len(r.train.epochs_trained_now)} epoch(s) now"
         + (f", resumed at epoch {r.train.resumed_from_epoch}" if r.train.resumed_from_epoch is not None else "")
         + (", reused a finished run" if r.train.reused_completed else ""),

@@ -22,19 +22,28 @@ INGEST = "flows.rag.ingest:rag_ingest"
 ASK = "flows.rag.ask:rag_ask"
 EVAL = "flows.rag.evaluate:rag_eval"
 FEEDBACK_EXPORT = "flows.rag.feedback:rag_feedback_export"
+#: ``ask`` reads only: without a Prefect API it calls the flow's step directly (no flow run, no
+#: temporary Prefect server: seconds instead of half a minute per question)
+ASK_LOCAL = "flows.rag.answer:answer_question"
 
 CHUNK_FLAGS = {"chunk.tokens": "chunk-tokens", "chunk.overlap": "chunk-overlap"}
 WEIGHT_FLAGS = {"weights.dense": "dense-weight", "weights.bm25": "bm25-weight"}
 
 
 def _ingest_summary(r: IngestResult) -> str:
+    from solutions.rag.library import quarantined_files
+    from tasks.documents import reason_text
+
+    files = quarantined_files(r.quarantined, reason_text)  # as the /kb page's documents list counts and words them
+    members = sum(1 for q in r.quarantined if q.file_indexed)
     lines = [
         (f"ingested into {r.collection}: {r.files} files ({r.unchanged} unchanged), {r.parsed} documents parsed, "
-         f"{r.chunked_documents} chunked, {len(r.quarantined)} quarantined {r.quarantine_counts}"),
+         f"{r.chunked_documents} chunked, {len(files)} files quarantined"
+         + (f", {members} archive members of indexed files not indexed" if members else "")),
         (f"  chunks written {r.chunks_written}, rows deleted {r.rows_deleted}, writes {r.writes}, "
          f"in collection {r.total_chunks}, {r.seconds:.1f} s"),
     ]
-    lines += [f"  quarantined {q.reason:<11} {q.path}" for q in r.quarantined]
+    lines += [f"  quarantined {path} ({why})" for path, why in files.items()]
     lines += [f"  OCR {i.engine:<9} {i.pages_ocr} pages {i.path}" for i in r.ocr]
     if r.coverage and r.coverage.poor:
         lines.append(f"  warning: {r.coverage.advice}")
@@ -134,7 +143,7 @@ COMMANDS = [
         "ask", ASK, _ask_summary, help="answer a question with citations", positional="question",
         flags={f"params.{k}": v for k, v in WEIGHT_FLAGS.items()}, prepare=_redacted_question,
         common=("params.collection", "params.mode", "params.top_k", "params.llm", "params.language", "previous"),
-        check=_milvus_free,
+        check=_milvus_free, local=ASK_LOCAL,
     ),
     Command(
         "eval", EVAL, _eval_summary, help="recall@k and MRR of dense, BM25 and hybrid on a QA set",

@@ -7,33 +7,27 @@ and embedder) and, where a flow calls it as one step, a ``@task`` over it.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
 
+from flows.rag.answer import answer_question
 from infra.embeddings import CoverageReport, Embedder, coverage_report, embedder_from_settings, encode_queries
-from infra.llm import ChatClient
-from infra.milvus import VectorStoreError, default_collection, open_client, row_count
-from infra.pii import redact_path, redact_text
-from infra.settings import TikaSettings, get_llm_settings
-from solutions.rag.answer import answer_or_abstain, ask_result
-from solutions.rag.collections import DEFAULT, milvus_collection, watched_folder_of
-from solutions.rag.config import AskParams, ChunkParams, HybridWeights, IngestParams, RedactionParams
-from solutions.rag.conversation import Turn, standalone_question
+from infra.milvus import default_collection, open_client
+from infra.settings import TikaSettings
+from solutions.rag.collections import milvus_collection, watched_folder_of
+from solutions.rag.config import ChunkParams, HybridWeights, IngestParams, RedactionParams
 from solutions.rag.evaluation import QASet, load_qa, qa_collection, retriever_configs, retriever_scores
-from solutions.rag.glossary import collection_glossary, expand, in_passage_words
 from solutions.rag.ingest import document_rules
-from solutions.rag.results import AskResult, EvalResult
-from solutions.rag.support import content_query
-from solutions.rag.weights import corpus_weights, query_weights
+from solutions.rag.results import EvalResult
+from solutions.rag.weights import corpus_weights
 from tasks.chunk import embedder_window
 from tasks.ingest import IngestResult, IngestStages, ingest_texts, run_ingest, text_documents
-from tasks.retrieve import best_bm25, build_filter, retrieve, retrieve_batched
+from tasks.retrieve import retrieve_batched
 
 EVAL_DEPTH = 30  # chunks retrieved per question when evaluating (deduplicated to 10 documents)
 EVAL_BATCH = 64  # questions per retrieval call when evaluating
@@ -72,63 +66,6 @@ def ingest_sources(
 
 # ------------------------------------------------------------------------------------
 # ask
-
-
-def chat_client(use_llm: bool) -> ChatClient | None:
-    """The configured chat endpoint, or None (not configured, or not wanted)."""
-    settings = get_llm_settings()
-    return ChatClient(settings) if use_llm and settings.configured() else None
-
-
-def answer_question(question: str, params: AskParams, *, client: Any = None, embedder: Embedder | None = None,
-                    out: TextIO | None = None, previous: Sequence[str] = ()) -> AskResult:
-    """Retrieve the top-k chunks for ``question`` and answer with numbered citations.
-
-    The question is redacted first (:func:`infra.pii.redact_text`): the stored chunks hold
-    placeholders, so nothing is lost for retrieval, and the raw text reaches neither the
-    embedder, the LLM nor the result. With ``params.stream`` the LLM's answer is written to
-    ``out`` (default: stdout) as it comes. With ``previous`` questions (the conversation, oldest
-    first) a follow-up is resolved against them first (:func:`solutions.rag.conversation.standalone_question`)
-    and retrieval and the answer use the standalone question. With ``params.glossary`` the
-    collection's glossary adds the other forms of each term the question names to the query BM25
-    and the embedder see (:mod:`solutions.rag.glossary`), the answer step reads the question in
-    the passages' words, and the result lists the entries matched.
-    """
-    started = time.perf_counter()
-    asked = redact_text(question)
-    chat = chat_client(params.llm)
-    question = standalone_question(asked, [Turn(q) for q in previous], chat) if previous else asked
-    if params.path_prefix:  # stored paths are redacted: compare like with like
-        params = params.model_copy(update={"path_prefix": redact_path(params.path_prefix)})
-    client = client or open_client()
-    embedder = embedder or embedder_from_settings()
-    collection = default_collection(milvus_collection(params.collection))
-    if not client.has_collection(collection):
-        raise VectorStoreError(f"collection {collection!r} does not exist: run `python -m flows.rag ingest` first")
-    client.load_collection(collection)
-    expansion = expand(collection_glossary(params.collection or DEFAULT) if params.glossary else None, question)
-    weights = query_weights(embedder, question, params.weights) if params.mode == "hybrid" else {}
-    vectors = encode_queries(embedder, [expansion.query]) if params.mode != "bm25" else None
-    expr = build_filter(content_type=params.content_type, path_prefix=params.path_prefix, language=params.language,
-                        created_from=params.created_from, created_to=params.created_to)
-    hits = retrieve(client, collection, [expansion.query], vectors, mode=params.mode, top_k=params.top_k, expr=expr,
-                    weights=weights)[0]
-    stream_to = (out or sys.stdout) if params.stream else None
-    worded = in_passage_words(expansion, [str(h.fields.get("text", "")) for h in hits])  # 心梗 -> 心肌梗死
-    text, kind, support = answer_or_abstain(worded, hits, chat,
-                                            collection=params.collection or DEFAULT,
-                                            embedder=embedder.name if params.mode != "bm25" else None,
-                                            n_chunks=row_count(client, collection), mode=params.mode,
-                                            content_bm25=best_bm25(client, collection, content_query(worded), expr)
-                                            if params.mode != "dense" else None, stream_to=stream_to)
-    result = ask_result(question, params.mode, weights, (text, kind), hits, streamed=params.stream,
-                        seconds=round(time.perf_counter() - started, 3), support=support)
-    if expansion.matches:
-        result = result.model_copy(update={"glossary": list(expansion.matches)})
-    if question.strip() == asked.strip():
-        return result
-    return result.model_copy(update={"question": asked, "retrieval_question": question})
-
 
 answer_question_task = task(name="answer-question", cache_policy=NONE)(answer_question)
 

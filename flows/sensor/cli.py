@@ -154,10 +154,20 @@ def _train_summary(r: SensorTrainResult) -> str:
     lines += [
         (f"  alerts: mean lead time {r.alerts.get('mean_lead_time', nan):.1f} steps, "
          f"{r.alerts.get('alerted_share', nan):.0%} of failed test assets alerted in time"),
-        f"  winner: {r.winner}; registered {r.model.spec}: {r.promotion.reason}",
+        _registered_figures(r),
+        f"  promotion: {r.promotion.reason}",
         f"  report: {r.report_dir}/report.md  ({r.seconds:.0f} s)",
     ]
     return "\n".join(lines)
+
+
+def _registered_figures(r: SensorTrainResult) -> str:
+    """The registered winner's own test figures (a GBM or an ensemble has no line above)."""
+    m, nan = r.model.metrics, float("nan")
+    failure = (f"  PR-AUC {m['test/pr_auc']:.3f}" if "test/pr_auc" in m else "") + (
+        f"  F1 {m['test/f1']:.3f}" if "test/f1" in m else "")
+    return (f"  registered {r.model.spec} ({r.winner})  test RMSE {m.get('test/rmse', nan):.2f}  "
+            f"MAE {m.get('test/mae', nan):.2f}  PHM08 {m.get('test/phm08', nan):.1f}{failure}")
 
 
 def _score_summary(r: SensorScoreResult) -> str:

@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
@@ -123,6 +123,19 @@ def quarantine_reason(items: list[dict[str, Any]], source: str, describe: Callab
     if own:
         return describe(str(own[0].get("reason", "")))
     return f"{len(items)} member{'s' if len(items) != 1 else ''} not indexed: {describe(str(items[0].get('reason', '')))}"
+
+
+def quarantined_files(items: Iterable[Any], describe: Callable[[str], str]) -> dict[str, str]:
+    """The files the documents list shows as quarantined, each with its reason in words, from an
+    ingest's quarantine items (``path``, ``reason``, ``file_indexed``): a file counts once, however
+    many of its archive members were quarantined, and not at all when it holds indexed chunks
+    (its quarantined members are then counted on its row). The CLI's summary uses this, the page
+    :func:`status_of`: both word a file's reason with :func:`quarantine_reason`."""
+    by_file: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        if not item.file_indexed:
+            by_file.setdefault(item.path.split("!/", 1)[0], []).append({"path": item.path, "reason": item.reason})
+    return {source: quarantine_reason(its, source, describe) or "" for source, its in by_file.items()}
 
 
 def status_of(source: str, file_hash: str, state: IngestState | None, cached: dict[str, Any],

@@ -189,6 +189,37 @@ def test_signatures_read_from_source_match_the_flows(module: str) -> None:
             k: repr(v) for k, v in typing.get_type_hints(real, include_extras=True).items() if k != "return"
         }, command.flow
         assert flow_doc(command.flow) == inspect.getdoc(real), command.flow
+        if command.local is not None:  # called with every parameter of the flow instead of it
+            assert set(ours) <= set(inspect.signature(load_flow(command.local)).parameters), command.local
+
+
+EMPTY_KB = """
+from infra.milvus import default_collection, ensure_collection, open_client
+from solutions.rag.collections import milvus_collection
+ensure_collection(open_client(), default_collection(milvus_collection(None)), 384)
+"""
+
+
+def test_ask_without_a_prefect_api_runs_no_flow_and_starts_no_prefect_server(tmp_path: Path) -> None:
+    """``rag ask`` only reads: with no PREFECT_API_URL it answers without a flow run, so it
+    starts no temporary Prefect server (Prefect is not even imported) and no torch (the packaged
+    E5 encodes the question on its C engine); ``--json`` prints the same typed result."""
+    from solutions.rag.results import AskResult
+
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    for name in ("INDUSFLOW_MILVUS_URI", "PREFECT_API_URL", "INDUSFLOW_EMBED_URL", "INDUSFLOW_LLM_URL"):
+        env.pop(name, None)
+    subprocess.run([sys.executable, "-c", EMPTY_KB], cwd=REPO, env=env, check=True, timeout=120)
+    report = tmp_path / "report.json"
+    wrapper = WRAPPER.replace(repr(HEAVY), repr((*HEAVY, "prefect")))
+    proc = subprocess.run([sys.executable, "-c", wrapper, "flows.rag", str(report), "ask", "what is the policy?",
+                           "--json"], cwd=REPO, env=env, text=True, capture_output=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = AskResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
+    assert result.answered is False and result.hits == []  # an empty collection: nothing to cite
+    assert json.loads(report.read_text())["heavy"] == []
+    assert not (tmp_path / "prefect").exists() or not any((tmp_path / "prefect").rglob("*.db"))
 
 
 HOLDER = """

@@ -75,11 +75,16 @@ def test_candidates_flag_limits_the_choice_and_still_reports_all(capsys: pytest.
     from infra.registry import KIND_TORCH_SKLEARN
 
     assert main(["train", *TINY, "--model", "fraud-forced", "--candidates", "ensemble", "--json"]) == 0
-    result = _last_json(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    result = _last_json(out)
     assert result["winner"] == "ensemble" and set(result["candidates_val_auprc"]) == {"sequence", "baseline",
                                                                                       "ensemble"}
     ref = ModelRegistry().resolve("fraud-forced")
     assert ref.kind == KIND_TORCH_SKLEARN and ref.params["candidate"] == "ensemble"
     assert load_baseline(ref) is not None and ref.file(SKLEARN_FILE).is_file()
+    # the summary prints the registered ensemble's own test figures (neither model's line has them)
+    m = ref.metrics
+    assert (f"  registered {ref.spec} (ensemble)  test PR-AUC {m['test/auprc']:.4f}  ROC-AUC {m['test/roc_auc']:.4f}  "
+            f"recall@1%FPR {m['test/recall_at_fpr']:.4f}") in out.splitlines()
     assert main(["train", *TINY, "--model", "fraud-forced", "--candidates", "gbm"]) == 2
     assert capsys.readouterr().err.startswith("error: --candidates: ")

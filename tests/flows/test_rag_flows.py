@@ -60,8 +60,13 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     (corpus / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
 
     assert main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
-    first = _last_json(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    first = _last_json(out)
     assert first["chunked_documents"] == 2 and first["redactions"] == {"mobile": 1}
+    assert ", 1 files quarantined" in out.splitlines()[0]  # files, in the /kb page's words
+    assert any(line.startswith("  quarantined ") and line.endswith(("broken.pdf (damaged or not a valid file)",
+                                                                     "broken.pdf (no text found)"))
+               for line in out.splitlines()), out
     assert [q["reason"] for q in first["quarantined"]] in (["corrupt"], ["empty"])
     assert main(["ingest", str(corpus), "--collection", "kb_cli", "--json"]) == 0
     again = _last_json(capsys.readouterr().out)
@@ -87,7 +92,7 @@ def test_ingest_ask_eval_cli(tmp_path: Path, capsys: pytest.CaptureFixture, monk
     assert ask["answer"] == "The documents in kb_cli do not answer this."
     assert "Related passages, not an answer:" in out and "(not answered: the retrieved passages" in out
 
-    # --stream goes through the rag-ask flow: the tokens are printed as they come, once
+    # --stream: the tokens are printed as they come, once
     monkeypatch.setenv("INDUSFLOW_LLM_URL", chat_url)
     monkeypatch.setenv("INDUSFLOW_LLM_MODEL", "tiny")
     _StreamingChat.bodies.clear()

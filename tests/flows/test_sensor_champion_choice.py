@@ -29,9 +29,14 @@ def test_baseline_winning_on_validation_is_registered_and_scored(tmp_path: Path,
     from solutions.sensor.synthetic import generate_fleet
 
     assert main(["train", *TINY, "--model", MODEL, "--json"]) == 0
-    result = _last_json(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    result = _last_json(out)
     assert result["winner"] == "baseline"
     ref = ModelRegistry().resolve(MODEL)
+    # the summary prints the registered GBM's own test figures
+    m = ref.metrics
+    assert any(line.startswith(f"  registered {ref.spec} (baseline)  test RMSE {m['test/rmse']:.2f}  "
+                               f"MAE {m['test/mae']:.2f}  PHM08 {m['test/phm08']:.1f}") for line in out.splitlines()), out
     assert ref.kind == KIND_SKLEARN and ref.params["candidate"] == "baseline"
     val = {k.split("/")[1]: v for k, v in ref.metrics.items() if k.startswith("val/") and k.endswith("/rmse")}
     # cross-fitted: the stack competes too, scored nested over the blocks

@@ -110,7 +110,7 @@ def test_curves_reach_the_api_while_training_runs(tmp_path: Path) -> None:
     # after the run: still ONE artifact (updated in place), with every epoch and the chart
     assert [r["epoch"] for r in read_curves_artifact(probe.key)] == [0, 1, 2, 3]
     markdown = curves_artifacts(probe.key)[0].data
-    assert "4 epoch(s) so far" in markdown
+    assert "Done: 4 epoch(s) trained." in markdown and "so far" not in markdown  # the fit's end is its last state
     image = re.search(r"!\[training curves\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", markdown)
     assert image is not None and base64.b64decode(image.group(1))[:8] == b"\x89PNG\r\n\x1a\n"
     # the CSV and the same chart beside the checkpoint too

@@ -125,6 +125,8 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
     params = IngestParams(collection="it_archives", chunk=SMALL, prune=True)
     first = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert first.parsed == 5 and first.quarantine_counts == {"empty": 1}
+    # its archive holds indexed chunks: no file is quarantined (the /kb page shows bundle.zip indexed)
+    assert [q.file_indexed for q in first.quarantined] == [True]
     rows = query_all(milvus, "it_archives", ("id", "path", "doc_id", "content_type", "source"))
     by_path = {r["path"]: r for r in rows}
     assert {p.replace(str(corpus) + "/", "") for p in by_path} == {
@@ -134,6 +136,7 @@ def test_archive_reingest_is_idempotent_and_replaces_inner_documents(tmp_path: P
 
     again = ingest_sources([str(corpus)], params, client=milvus, embedder=embedder)
     assert again.writes == 0 and again.unchanged == 2 and again.quarantine_counts == {"empty": 1}
+    assert [q.file_indexed for q in again.quarantined] == [True]
 
     # the archive changes: b.txt edited, c.txt removed -> its inner documents are replaced
     archive.write_bytes(_zip_bytes([("a.txt", _text("alpha")), ("b.txt", _text("beta, edited")), ("empty.txt", b"")]))

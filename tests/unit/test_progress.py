@@ -63,3 +63,24 @@ def test_a_slow_job_logs_on_time_and_a_failing_publisher_never_stops_the_work(ca
                                                          "train run: 2/3 epochs"]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "API down" in warnings[0].getMessage()
+
+
+def test_quiet_loggers_drop_info_while_open_keep_warnings_and_errors_and_are_restored() -> None:
+    """The per-item INFO lines a progress replaces (Prefect's ``Finished in state Completed()``
+    per task run) are dropped while it is open; warnings and errors still show."""
+    engine = logging.getLogger("test.progress.engine")
+    engine.setLevel(logging.DEBUG)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(f"{record.levelname} {record.getMessage()}")  # type: ignore[method-assign]
+    engine.addHandler(handler)
+    try:
+        with Progress(2, "ingest kb", "files", live=False, quiet=(engine.name,)):
+            engine.info("Finished in state Completed()")
+            engine.warning("slow parse")
+            engine.error("Finished in state Failed('boom')")
+        engine.info("after the progress")
+    finally:
+        engine.removeHandler(handler)
+    assert seen == ["WARNING slow parse", "ERROR Finished in state Failed('boom')", "INFO after the progress"]
+    assert engine.level == logging.DEBUG
