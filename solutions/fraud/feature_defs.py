@@ -113,6 +113,16 @@ def row_features(amount: np.ndarray, hour: np.ndarray, dayofweek: np.ndarray) ->
     }
 
 
+def static_features(age: np.ndarray, account_age_days: np.ndarray) -> np.ndarray:
+    """The customer's static attributes as the sequence model reads them, shape ``(n, 2)``: the
+    age as given, the account's age in days on a log scale (negative ages count as 0; NaN stays
+    NaN: unknown)."""
+    acc_age = np.asarray(account_age_days, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        log_acc_age = np.where(np.isnan(acc_age), np.nan, np.log1p(np.maximum(acc_age, 0.0)))
+    return np.column_stack([np.asarray(age, dtype=np.float64), log_acc_age])
+
+
 def account_windows(windows_days: Sequence[int], chunk: KeyedRows, history: KeyedRows | None = None,
                     max_rows: int | None = None) -> dict[str, np.ndarray]:
     """The account features of each chunk row (``chunk.values == (amount,)``, NaN when missing).

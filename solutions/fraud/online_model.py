@@ -17,6 +17,7 @@ from infra.errors import DataValidationError
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.candidates import StoredBaseline
+from solutions.fraud.feature_defs import static_features
 from solutions.fraud.sequences import STEP_NUMERIC, FraudPreprocessor, scale_features
 
 __all__ = ["OnlineFraudModel", "RowInputs"]
@@ -127,10 +128,8 @@ class OnlineFraudModel:
         cats = [c for row in rows for c in row.step_cats[-L:]]
         step_cat[row_idx, col_idx, 0] = [chan_of.get(c, 0) if c is not None else 0 for c, _ in cats]
         step_cat[row_idx, col_idx, 1] = [cat_of.get(c, 0) if c is not None else 0 for _, c in cats]
-        static = np.array([row.static for row in rows], dtype="float64").reshape(n, 2)
-        acc_age = static[:, 1]
-        with np.errstate(invalid="ignore"):
-            static[:, 1] = np.where(np.isnan(acc_age), np.nan, np.log1p(np.maximum(acc_age, 0.0)))
+        raw = np.array([row.static for row in rows], dtype="float64").reshape(n, 2)
+        static = static_features(raw[:, 0], raw[:, 1])
         ctx = np.zeros((n, 2 + len(names)), dtype="float64")
         ctx[:, :2] = scale_features(static, pre.static_mean_, pre.static_std_)
         if names:

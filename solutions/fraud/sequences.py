@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from solutions.fraud import feature_defs as FD
 from solutions.fraud import schema as S
-from solutions.fraud.feature_defs import STEP_NUMERIC
+from solutions.fraud.feature_defs import STEP_NUMERIC, static_features
 
 STEP_CATEGORICAL = (S.CHANNEL, S.CATEGORY)
 STATIC_NUMERIC = (S.AGE, S.ACCOUNT_AGE_DAYS)
@@ -112,14 +112,12 @@ class FraudPreprocessor:
 
     @staticmethod
     def _static(df: pd.DataFrame) -> np.ndarray:
-        cols = []
-        for col in STATIC_NUMERIC:
-            if col in df:
-                values = pd.to_numeric(df[col], errors="coerce").astype("float64")
-                cols.append(np.log1p(values.clip(lower=0)) if col == S.ACCOUNT_AGE_DAYS else values)
-            else:
-                cols.append(pd.Series(np.nan, index=df.index))
-        return np.column_stack([c.to_numpy(dtype="float64") for c in cols])
+        def column(col: str) -> np.ndarray:
+            if col not in df:
+                return np.full(len(df), np.nan)
+            return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+        return static_features(*(column(col) for col in STATIC_NUMERIC))
 
     def transform(self, df: pd.DataFrame, window: pd.DataFrame | None = None) -> FraudArrays:
         """Arrays for ``df`` (any rows; unseen categories map to 0 = unknown)."""
