@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 
 
+#: Seconds between a pool's flow-run heartbeats (PREFECT_FLOWS_HEARTBEAT_FREQUENCY in the job variables):
+#: Prefect's minimum, so a killed worker's runs are found soonest (INDUSFLOW_DEPLOY_CRASHED_AFTER_S after).
+HEARTBEAT_S = 30
 #: Pool-run flow runs route the project's loggers to Prefect (console + UI).
 RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "infra,tasks,solutions,flows", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
@@ -133,9 +136,7 @@ def ensure_crash_detection() -> str:
 
 def run_env() -> dict[str, str]:
     """What every flow run of a pool gets: the project's loggers in the UI, the heartbeat."""
-    from infra.settings import get_deploy_settings
-
-    return {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(get_deploy_settings().heartbeat_s)}
+    return {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
 
 
 def prepare() -> dict[str, Any]:

@@ -79,7 +79,8 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
         if address:
             return DaskTaskRunner(address=address)
         return DaskTaskRunner(cluster_kwargs={
-            "n_workers": workers, "threads_per_worker": 1, "processes": settings.dask_processes,
+            # worker processes: torch's thread pools and random state belong to a process
+            "n_workers": workers, "threads_per_worker": 1, "processes": True,
             "dashboard_address": None,
         })
     from prefect.task_runners import ThreadPoolTaskRunner

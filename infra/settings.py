@@ -230,7 +230,6 @@ class GovernanceSettings(FromSettingsFile, BaseSettings):
     bootstrap_resamples: int = Field(
         default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
     )
-    bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
     approval_required: list[str] = Field(
         default_factory=list,
         description="Registry models whose alias moves must wait for a second person's signed approval, as a "
@@ -255,33 +254,6 @@ class GovernanceSettings(FromSettingsFile, BaseSettings):
     )
 
 
-class PrefectSetupSettings(FromSettingsFile, BaseSettings):
-    """Defaults applied to Prefect when a flow is started from the command line."""
-
-    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_PREFECT_", extra="ignore")
-
-    analytics_enabled: bool = Field(
-        default=False,
-        description="Prefect server telemetry. Off by default: on a fresh Prefect home its "
-        "insert races the ephemeral server's migrations and logs 'database is locked'.",
-    )
-    ephemeral_startup_timeout_s: int = Field(
-        default=120,
-        ge=10,
-        description="How long to wait for Prefect's ephemeral API to start (the first start "
-        "on a new home runs database migrations and takes 20-40 s on 2 cores).",
-    )
-    flow_heartbeat_s: int | None = Field(
-        default=None,
-        ge=30,
-        description="Seconds between flow-run heartbeat events of command-line runs (Prefect's "
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, for a zombie-run automation). Unset: none, because "
-        "Prefect 3.9 ends every flow run by waiting up to 1 s for its heartbeat thread's sleep "
-        "(0.5 s on average, a third of a 100k-row batch-scoring run) and nothing here reads them. "
-        "An explicit PREFECT_FLOWS_HEARTBEAT_FREQUENCY wins.",
-    )
-
-
 class RunnerSettings(FromSettingsFile, BaseSettings):
     """The task runner of every parallel stage (batch-scoring files, document batches, tuning trials)."""
 
@@ -298,7 +270,6 @@ class RunnerSettings(FromSettingsFile, BaseSettings):
         description="An existing Dask scheduler (tcp://host:8786). Default: a local cluster "
         "of `workers` single-threaded worker processes, started for the run.",
     )
-    dask_processes: bool = Field(default=True, description="Local Dask workers as processes (else threads).")
     ray_address: str | None = Field(
         default=None,
         description="An existing Ray cluster: its GCS address (host:6379) from a machine of the cluster, or "
@@ -336,13 +307,10 @@ class DeploySettings(FromSettingsFile, BaseSettings):
         "Default: infra/deployments.yaml."
     )
     image: str | None = Field(default=None, description="Worker image of prefect.yaml's docker/kubernetes pools.")
-    heartbeat_s: int = Field(
-        default=30, ge=30, description="Seconds between a pool's flow-run heartbeats (Prefect's "
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in the job variables by prefect deploy; 30 is Prefect's minimum).")
     crashed_after_s: int = Field(
         default=90, ge=10, description="A pool's flow run with no heartbeat for this long is marked Crashed (the "
         "Prefect automation prefect deploy keeps; a killed worker or machine leaves its runs Running otherwise). "
-        "Keep it above INDUSFLOW_DEPLOY_HEARTBEAT_S.")
+        "Keep it above the heartbeat's 30 s.")
 
 
 class MilvusSettings(FromSettingsFile, BaseSettings):
@@ -567,13 +535,6 @@ class ServeSettings(FromSettingsFile, BaseSettings):
     batch_max_wait_ms: float = Field(
         default=2.0, ge=0, description="Longest a request waits for others to join its batch."
     )
-    gc_thresholds: str = Field(
-        default="50000,20,20", pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$",
-        description="The server process's cyclic-GC thresholds (gc.set_threshold, three integers). Python's "
-        "700,10,10 promoted each in-flight batch's rows to the oldest generation, and full collections over "
-        "the online state paused scoring for 100-600 ms, 10-20 times a bench run; garbage without cycles is "
-        "freed at once either way.",
-    )
     max_clock_skew_s: float = Field(
         default=300.0, ge=0,
         description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (naive "
@@ -627,11 +588,6 @@ class ServeSettings(FromSettingsFile, BaseSettings):
         """The allow-list as a list of entries (empty: any address)."""
         return [e.strip() for e in (self.ip_allow_list or "").split(",") if e.strip()]
 
-    def gc_threshold_values(self) -> tuple[int, int, int]:
-        """``gc_thresholds`` as the three integers of :func:`gc.set_threshold`."""
-        a, b, c = (int(v) for v in self.gc_thresholds.split(","))
-        return a, b, c
-
 
 class KbSettings(FromSettingsFile, BaseSettings):
     """The knowledge-base API (``/v1/kb``): its collections and upload limits."""
@@ -669,13 +625,6 @@ class KbSettings(FromSettingsFile, BaseSettings):
         "PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
         "its pool.",
     )
-    ingest_nice: int = Field(default=10, ge=0, le=19,
-                             description="CPU niceness added to an ingest child process (the API keeps its own).")
-    ingest_attempts: int = Field(
-        default=2, ge=1,
-        description="Times an ingest job is started when its process dies (a crash, kill -9, a server restart "
-        "while it ran); it then fails with the reason. Ingest is incremental, so a re-run resumes.",
-    )
     ingest_timeout_s: float = Field(
         default=3600.0, gt=0,
         description="Time limit of an ingest job's child process: past it the child is stopped, the job fails "
@@ -686,7 +635,6 @@ class KbSettings(FromSettingsFile, BaseSettings):
         description="Time limit of a knowledge-base request (search, ask and its stream, upload); the "
         "other routes keep INDUSFLOW_SERVE_REQUEST_TIMEOUT_S.",
     )
-    jobs_kept: int = Field(default=1000, ge=1, description="Finished ingest jobs remembered for GET /v1/kb/jobs/{id}.")
 
     def names(self) -> list[str]:
         """The configured collection names, in order, without duplicates."""
@@ -698,71 +646,67 @@ class KbSettings(FromSettingsFile, BaseSettings):
 
 
 def get_core_settings() -> CoreSettings:
-    """Read the core settings from the environment now."""
+    """Read the core settings now (environment, settings file, defaults)."""
     return CoreSettings()
 
 
 def get_train_settings() -> TrainSettings:
-    """Read the training settings from the environment now."""
+    """Read the training settings now (environment, settings file, defaults)."""
     return TrainSettings()
 
 
 def get_governance_settings() -> GovernanceSettings:
-    """Read the governance settings from the environment now."""
+    """Read the governance settings now (environment, settings file, defaults)."""
     return GovernanceSettings()
 
 
-def get_prefect_setup_settings() -> PrefectSetupSettings:
-    """Read the Prefect set-up settings from the environment now."""
-    return PrefectSetupSettings()
-
 def get_runner_settings() -> RunnerSettings:
-    """Read the task-runner settings from the environment now."""
+    """Read the task-runner settings now (environment, settings file, defaults)."""
     return RunnerSettings()
 
 
 def get_tune_settings() -> TuneSettings:
-    """Read the tuning settings from the environment now."""
+    """Read the tuning settings now (environment, settings file, defaults)."""
     return TuneSettings()
 
 
 def get_deploy_settings() -> DeploySettings:
-    """Read the deployment settings from the environment now."""
+    """Read the deployment settings now (environment, settings file, defaults)."""
     return DeploySettings()
 
 
 def get_milvus_settings() -> MilvusSettings:
-    """Read the Milvus settings from the environment now."""
+    """Read the Milvus settings now (environment, settings file, defaults)."""
     return MilvusSettings()
 
 
 def get_tika_settings() -> TikaSettings:
-    """Read the Tika settings from the environment now."""
+    """Read the Tika settings now (environment, settings file, defaults)."""
     return TikaSettings()
 
 
 def get_ocr_settings() -> OcrSettings:
-    """Read the OCR settings from the environment now."""
+    """Read the OCR settings now (environment, settings file, defaults)."""
     return OcrSettings()
 
 
 def get_embedding_settings() -> EmbeddingSettings:
-    """Read the embedding settings from the environment now."""
+    """Read the embedding settings now (environment, settings file, defaults)."""
     return EmbeddingSettings()
 
 
 def get_llm_settings() -> LLMSettings:
-    """Read the LLM settings from the environment now."""
+    """Read the LLM settings now (environment, settings file, defaults)."""
     return LLMSettings()
 
 
 def get_serve_settings() -> ServeSettings:
-    """Read the serving settings from the environment now."""
+    """Read the serving settings now (environment, settings file, defaults)."""
     return ServeSettings()
 
 
 def get_kb_settings() -> KbSettings:
-    """Read the knowledge-base API settings from the environment now."""
+    """Read the knowledge-base API settings now (environment, settings file, defaults)."""
     return KbSettings()
 
 
@@ -771,7 +715,7 @@ def get_kb_settings() -> KbSettings:
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
-    CoreSettings, TrainSettings, GovernanceSettings, PrefectSetupSettings, RunnerSettings, TuneSettings,
+    CoreSettings, TrainSettings, GovernanceSettings, RunnerSettings, TuneSettings,
     DeploySettings, MilvusSettings, TikaSettings, OcrSettings, EmbeddingSettings, LLMSettings, ServeSettings,
     KbSettings,
 )

@@ -13,7 +13,7 @@ lower CPU priority, its own session); it records its progress in the job's file 
 (:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
 (one dispatch thread per collection here; the collection's lock file across replicas). A job
 whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
-(ingest is incremental) up to ``INDUSFLOW_KB_INGEST_ATTEMPTS`` times, then fails with the
+(ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
 reason; on start the engine recovers the jobs left queued or running by a process that is gone.
 ``thread`` runs jobs on a thread of the API process (the former behaviour, kept for comparison).
 Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
@@ -105,6 +105,12 @@ JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB
 #: Jobs of one collection queued or running in this process; an upload beyond answers 429 (each
 #: job ingests the whole folder, so one waiting job already covers every file uploaded before it).
 MAX_ACTIVE_JOBS = 4
+#: Times an ingest job is started when its process dies (a crash, kill -9, a server restart while it
+#: ran) before it fails with the reason; ingest is incremental, so a re-run resumes.
+INGEST_ATTEMPTS = 2
+#: Finished ingest jobs this process remembers for GET /v1/kb/jobs/{id} (every job's file under the
+#: home answers too).
+JOBS_KEPT = 1000
 #: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
 CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
 CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
@@ -372,7 +378,7 @@ class KbEngine:
     def _enqueue(self, job: IngestJob) -> None:
         with self._jobs_lock:
             self._jobs[job.job_id] = job
-            while len(self._jobs) > self.settings.jobs_kept:
+            while len(self._jobs) > JOBS_KEPT:
                 oldest = next(iter(self._jobs.values()))
                 if oldest.state in ACTIVE:
                     break
@@ -484,7 +490,7 @@ class KbEngine:
                     break
                 self._last_exit.setdefault(job.job_id, "its process is gone")
                 continue
-            if current.attempts >= self.settings.ingest_attempts:
+            if current.attempts >= INGEST_ATTEMPTS:
                 self._fail(current, f"the ingest stopped before it finished {current.attempts} time(s) "
                            f"({self._last_exit.pop(job.job_id, 'its process is gone')}); upload again or "
                            "run python -m flows.rag ingest")
@@ -685,7 +691,7 @@ class KbEngine:
             else:
                 self._last_exit[job.job_id] = "the server stopped while it ran"
                 job.how = self.settings.ingest_mode
-                if job.how == "thread" and job.attempts >= self.settings.ingest_attempts:
+                if job.how == "thread" and job.attempts >= INGEST_ATTEMPTS:
                     self._fail(job, "the server stopped while it ran; upload again")
                     continue
             job.owner_pid = os.getpid()
