@@ -5,7 +5,7 @@ Two versions of serve_bench's small sequence model are registered in a throwaway
 champion, v1 the ``challenger`` alias); the real server command (``python -m flows.serve``: keys,
 rate limits, audit log, metrics and the score log all on) serves them three times, one after
 the other, each from an empty online state and an empty score log: challenger off
-(``INDUSFLOW_SERVE_FRAUD_CHALLENGER=``), ``shadow``, ``split``; and once more with no challenger
+(``INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE=off``), ``shadow``, ``split``; and once more with no challenger
 and the score log off (``no_log``: what the score log itself costs). Closed-loop clients on 127.0.0.1
 send 256-row and single-transaction requests at concurrency 16.
 
@@ -48,9 +48,8 @@ def start(home: Path, mode: str) -> tuple[Any, str]:
     defaults = ServeSettings()
     return start_server(home, defaults.batch_max_size, defaults.batch_max_wait_ms, {
         "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.5",
-        "INDUSFLOW_SERVE_FRAUD_CHALLENGER": "" if mode in ("off", "no_log") else "challenger",
         "INDUSFLOW_SERVE_SCORE_LOG": "false" if mode == "no_log" else "true",
-        "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "split" if mode == "split" else "shadow",
+        "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "off" if mode == "no_log" else mode,
         "INDUSFLOW_SERVE_CHALLENGER_SHARE": "0.5"})
 
 

@@ -559,21 +559,15 @@ class ServeSettings(FromSettingsFile, BaseSettings):
         description="Registered sensor forecaster served at /v1/sensor/forecast (its champion), when the registry "
         "holds it as the server starts. Empty: not served.",
     )
-    fraud_challenger: str | None = Field(
-        default="challenger",
-        description="Alias of the fraud model scored beside its champion once the alias is set "
-        "(python -m flows.registry challenger NAME:VERSION). Empty: no challenger.",
-    )
-    fraud_challenger_mode: Literal["shadow", "split"] = Field(
+    fraud_challenger_mode: Literal["shadow", "split", "off"] = Field(
         default="shadow",
-        description="shadow: the challenger scores every request, only the champion's score is returned; split: "
-        "a stable share of accounts (keyed hash of the account id) is answered by the challenger.",
+        description="How the fraud model's version under the registry alias 'challenger' (python -m flows.registry "
+        "challenger NAME:VERSION) is served beside its champion, once that alias is set. shadow: it scores every "
+        "request, only the champion's score is returned; split: a stable share of accounts (keyed hash of the "
+        "account id) is answered by it; off: not loaded.",
     )
-    sensor_challenger: str | None = Field(
-        default="challenger", description="As fraud_challenger, for the sensor model (split by asset id)."
-    )
-    sensor_challenger_mode: Literal["shadow", "split"] = Field(
-        default="shadow", description="As fraud_challenger_mode, for the sensor model."
+    sensor_challenger_mode: Literal["shadow", "split", "off"] = Field(
+        default="shadow", description="As fraud_challenger_mode, for the sensor model (split by asset id)."
     )
     challenger_share: float = Field(
         default=0.1, gt=0, lt=1, description="Share of accounts (assets) a split challenger answers."
@@ -612,18 +606,11 @@ class KbSettings(FromSettingsFile, BaseSettings):
         "members of a zip or tar nested in one counting too (422 above; the ingest caps each file's members, "
         "nested ones included, at its own limit).",
     )
-    ingest_mode: Literal["process", "thread"] = Field(
-        default="process",
-        description="Where an upload's ingest runs. process: as a rag-ingest Prefect flow run outside the API "
-        "process, on the work pool of INDUSFLOW_KB_INGEST_DEPLOYMENT when the Prefect API (PREFECT_API_URL) has "
-        "that deployment and a worker polls its pool, else in a child process of the API at lower CPU priority. thread: on a thread of the "
-        "API process (the former behaviour, kept for comparison).",
-    )
     ingest_deployment: str = Field(
         default="rag-ingest/kb-upload-ingest",
-        description="The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when "
-        "PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
-        "its pool.",
+        description="The deployment (flow-name/deployment-name) that runs upload ingests (rag-ingest flow runs) on a "
+        "work pool when PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
+        "its pool; otherwise each runs in a child process of the API at lower CPU priority.",
     )
     ingest_timeout_s: float = Field(
         default=3600.0, gt=0,

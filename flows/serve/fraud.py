@@ -246,7 +246,7 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
-    challenger = services.challenger(name, services.settings.fraud_challenger, services.settings.fraud_challenger_mode,
+    challenger = services.challenger(name, services.settings.fraud_challenger_mode,
                                      lambda ref: load_online_model(ref, services))
     redis_url = services.settings.redis_url.get_secret_value() if services.settings.redis_url else None
     holder: dict[str, OnlineFraudState] = {}

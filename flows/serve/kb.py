@@ -223,13 +223,16 @@ class QueueWriter(io.TextIOBase):
         return len(text)
 
 
-def build(services: Services, *, client: Any = None, embedder: Embedder | None = None) -> Vertical | None:
+def build(services: Services, *, client: Any = None, embedder: Embedder | None = None,
+          ingest_in_thread: bool = False) -> Vertical | None:
     """The knowledge-base vertical of the API (its collections from ``INDUSFLOW_KB_COLLECTIONS``).
 
     Args:
         services: the server's shared objects.
         client: a Milvus client (tests); default: the configured one, opened on first use.
         embedder: an embedder (tests); default: the configured one, loaded on first use.
+        ingest_in_thread: run upload ingests on a thread of this process with ``client`` and ``embedder``
+            (tests); default: outside it, as a deployment's flow run or a child process.
     """
     settings = get_kb_settings()
     collections = configured_collections(services.layout)
@@ -246,7 +249,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         jobs.labels(collection=job.collection, state=job.state).inc()
         chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
 
-    engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished,
+                      ingest_in_thread=ingest_in_thread)
     votes = VoteBudget()  # bytes of votes per key and collection
     engine.recover()  # jobs a crashed or restarted server left queued or running
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)

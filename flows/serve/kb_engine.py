@@ -6,8 +6,7 @@ It joins the same solution and task functions as ``python -m flows.rag`` (Tika p
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use.
 
-Ingest jobs run outside the API process (``INDUSFLOW_KB_INGEST_MODE=process``, the default): a
-job is a ``rag-ingest`` flow run, started as the ``INDUSFLOW_KB_INGEST_DEPLOYMENT`` deployment on
+Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the ``INDUSFLOW_KB_INGEST_DEPLOYMENT`` deployment on
 its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
 lower CPU priority, its own session); it records its progress in the job's file under the home
 (:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
@@ -15,7 +14,8 @@ lower CPU priority, its own session); it records its progress in the job's file 
 whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
 (ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
 reason; on start the engine recovers the jobs left queued or running by a process that is gone.
-``thread`` runs jobs on a thread of the API process (the former behaviour, kept for comparison).
+An engine built with ``ingest_in_thread=True`` runs its jobs on a thread of its own process instead, with
+the Milvus client and embedder it was handed (the tests' fakes and fuzzers: a child process cannot use them).
 Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
 home (``INDUSFLOW_HOME``), as for the flows.
 """
@@ -158,8 +158,9 @@ class KbEngine:
 
     def __init__(self, collections: dict[str, KbCollection], layout: HomeLayout, settings: KbSettings, *,
                  client: Any = None, embedder: Embedder | None = None,
-                 on_job: Callable[[IngestJob], None] | None = None) -> None:
+                 on_job: Callable[[IngestJob], None] | None = None, ingest_in_thread: bool = False) -> None:
         self.collections = collections
+        self._how = "thread" if ingest_in_thread else "process"  # a job on a pool's deployment: "deployment"
         self.layout = layout
         self.settings = settings
         self.params = IngestParams()
@@ -369,7 +370,7 @@ class KbEngine:
         if self._closed:
             raise IndusflowError("the server is stopping")
         job = IngestJob(job_id=secrets.token_hex(8), collection=col.name,
-                        files=[{"name": n, "status": "queued"} for n in names], how=self.settings.ingest_mode,
+                        files=[{"name": n, "status": "queued"} for n in names], how=self._how,
                         owner_pid=os.getpid())
         self._record(job)
         self._enqueue(job)
@@ -440,7 +441,7 @@ class KbEngine:
                               tika_settings=get_tika_settings())
 
     def run_job(self, job: IngestJob) -> None:
-        """Run one job on this thread (``INDUSFLOW_KB_INGEST_MODE=thread``): ingest, then read back
+        """Run one job on this thread (an engine built with ``ingest_in_thread``): ingest, then read back
         the status of each of its files."""
         col = self.collections[job.collection]
         job.state, job.started_at, job.pid, job.attempts = "running", now(), os.getpid(), job.attempts + 1
@@ -690,7 +691,7 @@ class KbEngine:
                 log.info("kb ingest job %s: adopting its running process", job.job_id)
             else:
                 self._last_exit[job.job_id] = "the server stopped while it ran"
-                job.how = self.settings.ingest_mode
+                job.how = self._how
                 if job.how == "thread" and job.attempts >= INGEST_ATTEMPTS:
                     self._fail(job, "the server stopped while it ran; upload again")
                     continue

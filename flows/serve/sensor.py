@@ -211,8 +211,7 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
-    challenger = services.challenger(name, services.settings.sensor_challenger,
-                                     services.settings.sensor_challenger_mode,
+    challenger = services.challenger(name, services.settings.sensor_challenger_mode,
                                      lambda ref: load_online_model(ref, services))
 
     def challenger_tables(grids: list[pd.DataFrame | Exception], champion: int,

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter
 
 from infra.home import HomeLayout
-from infra.registry import CHAMPION, ModelRef, ModelRegistry
+from infra.registry import CHALLENGER, CHAMPION, ModelRef, ModelRegistry
 from infra.serving.audit import AuditLog, load_or_create_salt
 from infra.serving.auth import Authenticator, KeyStore
 from infra.serving.breaker import CircuitBreaker
@@ -130,12 +130,12 @@ class Services:
         self.slots.append(slot)
         return slot
 
-    def challenger(self, model: str, alias: str | None, mode: str, loader: Callable[[ModelRef], T],
-                   ) -> ChallengerRoute[T] | None:
-        """The challenger of ``model`` (a slot following ``alias``), or None when none is configured."""
-        if not alias:
+    def challenger(self, model: str, mode: str, loader: Callable[[ModelRef], T]) -> ChallengerRoute[T] | None:
+        """The challenger of ``model`` (a slot following the registry's ``challenger`` alias), or None when its
+        mode is ``off``."""
+        if mode == "off":
             return None
-        route: ChallengerRoute[T] = ChallengerRoute(self.slot(model, loader, alias=alias), mode=mode,
+        route: ChallengerRoute[T] = ChallengerRoute(self.slot(model, loader, alias=CHALLENGER), mode=mode,
                                                     share=self.settings.challenger_share, salt=self.audit.split_key())
         self.challengers[model] = route
         return route

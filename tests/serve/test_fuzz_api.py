@@ -79,7 +79,7 @@ def _start_kb(root: Path) -> Any:
 
     embedder = LocalEmbedder()
     client = open_client(uri=str(root / "kb.db"))
-    return lambda services: kb_module.build(services, client=client, embedder=embedder)
+    return lambda services: kb_module.build(services, client=client, embedder=embedder, ingest_in_thread=True)
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +89,11 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     train_tiny_fraud(home)
     train_tiny_sensor(home)
     saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_LLM_URL",
-                                            "HF_HUB_OFFLINE", "INDUSFLOW_KB_MAX_UPLOAD_BYTES", "INDUSFLOW_KB_INGEST_MODE")}
+                                            "HF_HUB_OFFLINE", "INDUSFLOW_KB_MAX_UPLOAD_BYTES")}
     # the fuzzer's accepted uploads ingest on a thread: a child process (Prefect + the embedder) per
     # accepted upload would only slow the fuzzing down (tests/serve/test_kb_jobs.py runs the children)
     os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal",
-                       "HF_HUB_OFFLINE": "1", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000",
-                       "INDUSFLOW_KB_INGEST_MODE": "thread"})
+                       "HF_HUB_OFFLINE": "1", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000"})
     os.environ.pop("INDUSFLOW_LLM_URL", None)
     builders: list[Any] = [serve_fraud.build, serve_sensor.build]
     kb = _start_kb(root)

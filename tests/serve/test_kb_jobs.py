@@ -56,7 +56,7 @@ class Srv:
 
 ENV = {"INDUSFLOW_KB_COLLECTIONS": "legal", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "20000",
        "INDUSFLOW_KB_MAX_UPLOAD_FILES": "3", "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS": "5",
-       "INDUSFLOW_KB_INGEST_MODE": "process", "HF_HUB_OFFLINE": "1"}
+       "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
