@@ -203,17 +203,6 @@ class TrainSettings(FromSettingsFile, BaseSettings):
         description="CPU threads for torch. Default: the number of usable cores. "
         "Oversubscribed threads slow small models by 10x or more.",
     )
-    progress_bar: bool | None = Field(
-        default=None,
-        description="Show Lightning's progress bar. Default: only when stderr is a terminal.",
-    )
-    deterministic: bool = Field(
-        default=True,
-        description="Deterministic training: torch's deterministic algorithms (Lightning "
-        "deterministic=True), seeded data order and sampling, fixed thread count; the same run "
-        "gives the same weights on the same hardware class. false: faster non-deterministic kernels "
-        "where torch has them (mostly GPU).",
-    )
 
 
 class GovernanceSettings(FromSettingsFile, BaseSettings):
