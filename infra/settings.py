@@ -218,9 +218,6 @@ class GovernanceSettings(FromSettingsFile, BaseSettings):
         "(paired bootstrap p-value < alpha, e.g. 0.05). Unset: off (the p-value is still shown on "
         "the model card).",
     )
-    bootstrap_resamples: int = Field(
-        default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
-    )
     approval_required: list[str] = Field(
         default_factory=list,
         description="Registry models whose alias moves must wait for a second person's signed approval, as a "
@@ -239,9 +236,6 @@ class GovernanceSettings(FromSettingsFile, BaseSettings):
     approval_timeout_s: int = Field(
         default=86400, ge=1,
         description="How long a run waits for approval before the move counts as rejected (seconds).",
-    )
-    approval_poll_s: int = Field(
-        default=2, ge=1, le=60, description="How often a run waiting for approval checks for the decision (seconds).",
     )
 
 
