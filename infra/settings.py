@@ -264,9 +264,9 @@ class RunnerSettings(FromSettingsFile, BaseSettings):
 
 
 class TuneSettings(FromSettingsFile, BaseSettings):
-    """Where hyper-parameter studies are stored, and how many trials train at once.
+    """Where hyper-parameter studies are stored.
 
-    Trials run on the task runner of :class:`RunnerSettings` like every other fan-out."""
+    Trials run on the task runner of :class:`RunnerSettings` like every other fan-out, its ``workers`` at once."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TUNE_", extra="ignore")
 
@@ -274,11 +274,6 @@ class TuneSettings(FromSettingsFile, BaseSettings):
         default=None,
         description="Optuna storage URL (e.g. postgresql://user:pass@host/db) shared by "
         "several machines. Default: one SQLite file per study under <home>/tuning/.",
-    )
-    max_in_flight: int = Field(
-        default=2, ge=1,
-        description="Trials in flight at once: side by side on Dask or Ray workers; on the thread runner they "
-        "train one after another (torch's random state belongs to the process).",
     )
 
 
