@@ -287,10 +287,6 @@ class DeploySettings(FromSettingsFile, BaseSettings):
         "Default: infra/deployments.yaml."
     )
     image: str | None = Field(default=None, description="Worker image of prefect.yaml's docker/kubernetes pools.")
-    crashed_after_s: int = Field(
-        default=90, ge=10, description="A pool's flow run with no heartbeat for this long is marked Crashed (the "
-        "Prefect automation prefect deploy keeps; a killed worker or machine leaves its runs Running otherwise). "
-        "Keep it above the heartbeat's 30 s.")
 
 
 class MilvusSettings(FromSettingsFile, BaseSettings):
