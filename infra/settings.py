@@ -304,7 +304,7 @@ class MilvusSettings(FromSettingsFile, BaseSettings):
 
 
 class TikaSettings(FromSettingsFile, BaseSettings):
-    """How documents are parsed."""
+    """How documents are parsed (the fixed limits: infra.tika, tasks.documents, tasks.containers)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TIKA_", extra="ignore")
 
@@ -313,23 +313,10 @@ class TikaSettings(FromSettingsFile, BaseSettings):
         description="Tika server URL (e.g. http://localhost:9998). Default: embedded Tika (iscc-tika).",
     )
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="Larger files are quarantined.")
-    max_chars: int = Field(default=5_000_000, ge=1000, description="Extracted text is cut at this many characters.")
-    min_chars: int = Field(default=20, ge=0, description="Documents with less text than this are quarantined as empty "
-                           "(OCR'd text an engine scores is judged by INDUSFLOW_OCR_MIN_CONFIDENCE instead).")
-    timeout_s: float = Field(default=120.0, gt=0, description="Tika server request timeout.")
-    max_archive_bytes: int = Field(
-        default=512 * 1024 * 1024, ge=1,
-        description="Bytes one source file may expand to across all its archive members (nested ones included).",
-    )
-    max_archive_depth: int = Field(default=3, ge=0, description="Archives nested deeper than this are quarantined.")
-    max_compression_ratio: float = Field(
-        default=200.0, gt=1, description="Archive members expanding more than this many times their compressed "
-        "size (over 1 MiB) are quarantined as archive bombs.",
-    )
 
 
 class OcrSettings(FromSettingsFile, BaseSettings):
-    """How text is read from scanned PDF pages and images (no text layer)."""
+    """How text is read from scanned PDF pages and images (no text layer); the fixed limits: tasks.ocr.OcrLimits."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_OCR_", extra="ignore")
 
@@ -340,24 +327,6 @@ class OcrSettings(FromSettingsFile, BaseSettings):
         "INDUSFLOW_TIKA_SERVER_URL reads each page image), 'off'; 'auto' takes the first available in that order.",
     )
     languages: str = Field(default="eng", description="Tesseract/Tika OCR languages, e.g. 'eng+chi_sim'.")
-    dpi: int = Field(default=150, ge=50, le=600, description="Resolution PDF pages are rendered at for OCR.")
-    max_pages: int = Field(default=100, ge=1, description="Pages OCR'd per document at most (the rest are skipped and counted).")
-    max_image_pixels: int = Field(
-        default=40_000_000, ge=10_000,
-        description="Images larger than this many pixels are quarantined; PDF pages are rendered below it.",
-    )
-    min_page_chars: int = Field(
-        default=10, ge=0, description="PDF pages with fewer text-layer characters than this are OCR'd.",
-    )
-    threads: int = Field(
-        default=1, ge=0, description="CPU threads of the embedded OCR (rapidocr); 0: ONNX Runtime's default (all cores).",
-    )
-    min_confidence: float = Field(
-        default=0.85, ge=0.0, le=1.0,
-        description="OCR lines read with less confidence than this (0-1) are dropped as noise; a page with a line "
-        "above it keeps its text however short (a stamp, a one-line notice). Engines that give no confidence "
-        "(Tesseract, the Tika server) fall back to INDUSFLOW_TIKA_MIN_CHARS.",
-    )
 
 
 class EmbeddingSettings(FromSettingsFile, BaseSettings):
