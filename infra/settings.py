@@ -348,16 +348,6 @@ class EmbeddingSettings(FromSettingsFile, BaseSettings):
         description="Local tokenizer folder used to count chunk tokens with a remote endpoint "
         "(default: the packaged model's tokenizer).",
     )
-    batch_size: int = Field(default=32, ge=1, description="Texts per embedding batch.")
-    device: str | None = Field(default=None, description="Torch device of the local model (default: auto).")
-    timeout_s: float = Field(default=60.0, gt=0, description="Endpoint request timeout.")
-    precision: str = Field(
-        default="auto",
-        pattern="^(auto|fp32|bf16)$",
-        description="Arithmetic of the torch runtime: 'auto' (bf16 where the hardware multiplies it natively: CUDA "
-        "GPUs with bf16, CPUs with AMX; fp32 elsewhere), 'fp32' or 'bf16'. bf16 is used only after its vectors of "
-        "sample texts match fp32 (mean cosine >= 0.99, none below 0.97); its linear layers then hold bf16 weights.",
-    )
     runtime: str = Field(
         default="torch",
         description="How the local model runs: 'torch' (sentence-transformers), 'onnx' (an ONNX Runtime export) "
