@@ -368,9 +368,7 @@ class LLMSettings(FromSettingsFile, BaseSettings):
     )
     api_key: SecretStr | None = Field(default=None, description="Bearer key of the endpoint.")
     model: str | None = Field(default=None, description="Model name sent in each request.")
-    temperature: float = Field(default=0.1, ge=0, le=2, description="Sampling temperature.")
     max_tokens: int = Field(default=512, ge=1, description="Answer length limit in tokens.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Request timeout.")
 
     def configured(self) -> bool:
         """True when a URL and a model are set."""
