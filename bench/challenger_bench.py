@@ -46,8 +46,7 @@ def start(home: Path, mode: str) -> tuple[Any, str]:
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
-    return start_server(home, defaults.batch_max_size, defaults.batch_max_wait_ms, {
-        "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.5",
+    return start_server(home, defaults.batch_max_size, {
         "INDUSFLOW_SERVE_SCORE_LOG": "false" if mode == "no_log" else "true",
         "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "off" if mode == "no_log" else mode,
         "INDUSFLOW_SERVE_CHALLENGER_SHARE": "0.5"})

@@ -404,34 +404,9 @@ class ServeSettings(FromSettingsFile, BaseSettings):
         description="Rate limit of a key without its own ('N/second|minute|hour'), per key, shared "
         "across replicas through Redis when configured.",
     )
-    unauthenticated_rate_limit: str = Field(
-        default="60/minute",
-        description="Rate limit of requests without a valid credential, per client address (429 with "
-        "Retry-After above, instead of 401/403): a credential guesser or a flood of bad tokens is slowed "
-        "like any key.",
-    )
-    jwt_max_lifetime_s: float = Field(
-        default=86_400.0, gt=0,
-        description="Longest a bearer token may live (its exp minus its iat, or minus now without iat); "
-        "a longer-lived token gets 401, so a leaked token cannot stay valid for years.",
-    )
     max_body_bytes: int = Field(default=1_048_576, ge=1, description="Largest request body accepted (413 above).")
     max_rows: int = Field(default=1024, ge=1, description="Most rows one request may carry (413 above).")
-    max_readings: int = Field(
-        default=50_000, ge=1,
-        description="Most long-format sensor readings one request may carry (413 above); a window of "
-        "fast sensors holds many readings per grid step, so this is larger than max_rows.",
-    )
     request_timeout_s: float = Field(default=10.0, gt=0, description="Per-request time limit (504 after).")
-    header_timeout_s: float = Field(
-        default=10.0, gt=0,
-        description="Longest a client may take to send a request's line and headers, from its connection or "
-        "its first byte (408 and the connection closed after; slow or stalled clients hold no socket).",
-    )
-    max_header_bytes: int = Field(
-        default=65_536, ge=1024,
-        description="Largest request line plus headers (431 and the connection closed above).",
-    )
     audit_salt: SecretStr | None = Field(
         default=None,
         description="Secret salt for the account ids hashed into the audit log. Default: a random salt "
@@ -442,31 +417,10 @@ class ServeSettings(FromSettingsFile, BaseSettings):
         description="Folder of the audit log (audit.jsonl). Default: <home>/serving/. Replicas sharing a "
         "home give each its own folder (the Kubernetes manifest uses the pod name).",
     )
-    audit_max_bytes: int = Field(
-        default=50_000_000, ge=1024, description="Audit log size at which it is rotated (audit.jsonl.1, ...)."
-    )
-    audit_backups: int = Field(default=5, ge=1, description="Rotated audit files kept.")
-    breaker_error_share: float = Field(
-        default=0.3, gt=0, le=1, description="Share of failed model calls over the window that opens the breaker."
-    )
-    breaker_window_s: float = Field(default=30.0, gt=0, description="Window of the breaker's error share.")
-    breaker_min_calls: int = Field(
-        default=10, ge=1, description="Model calls in the window before the breaker may open."
-    )
-    breaker_cooldown_s: float = Field(
-        default=30.0, gt=0, description="How long an open breaker answers 503 before it tries the model again."
-    )
-    reload_poll_s: float = Field(
-        default=5.0, gt=0, description="How often the registry's champion alias is checked for a new version."
-    )
-    batch_max_size: int = Field(default=64, ge=1, description="Most requests scored together (dynamic batching).")
-    batch_max_rows: int = Field(
-        default=1024, ge=1,
-        description="Most transactions in one fraud model call (dynamic batching; a larger single request "
-        "still runs, alone).",
-    )
-    batch_max_wait_ms: float = Field(
-        default=2.0, ge=0, description="Longest a request waits for others to join its batch."
+    batch_max_size: int = Field(
+        default=64, ge=1,
+        description="Most requests scored together (dynamic batching); 1 turns batching off (bench/serve_bench.py "
+        "compares both). The other serving limits are fixed: infra.serving.runtime.ServeTuning.",
     )
     max_clock_skew_s: float = Field(
         default=300.0, ge=0,

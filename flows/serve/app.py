@@ -26,7 +26,7 @@ from infra.home import HomeLayout, home_layout
 from infra.registry import ModelRegistry
 from infra.serving.auth import Principal, require_scope
 from infra.serving.middleware import EXCEPTION_HANDLERS, ServingMiddleware
-from infra.serving.runtime import Services, Vertical
+from infra.serving.runtime import ServeTuning, Services, Vertical
 from infra.serving.slot import import_model_libraries
 from infra.settings import ServeSettings, get_serve_settings
 
@@ -84,7 +84,8 @@ def mount_docs(app: FastAPI) -> None:
 def create_app(settings: ServeSettings | None = None, *,
                verticals: Sequence[Vertical] | None = None,
                build_verticals: Sequence[object] | None = None,
-               layout: HomeLayout | None = None, registry: ModelRegistry | None = None) -> FastAPI:
+               layout: HomeLayout | None = None, registry: ModelRegistry | None = None,
+               tuning: ServeTuning | None = None) -> FastAPI:
     """The FastAPI app of the REST API.
 
     Args:
@@ -94,10 +95,11 @@ def create_app(settings: ServeSettings | None = None, *,
             the default modules (tests and benches mount their own).
         layout: the home (default: ``INDUSFLOW_HOME``).
         registry: the model registry (default: the home's).
+        tuning: the API's fixed limits and timings (default: :class:`ServeTuning`'s; tests pass faster ones).
     """
     settings = settings if settings is not None else get_serve_settings()
     layout = layout if layout is not None else home_layout()
-    services = Services.from_settings(settings, layout, registry)
+    services = Services.from_settings(settings, layout, registry, tuning)
     mounted: list[Vertical] = list(verticals or [])
     if build_verticals is not None:
         mounted += [v for v in (b(services) for b in build_verticals) if v is not None]  # type: ignore[operator]

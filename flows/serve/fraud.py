@@ -423,8 +423,8 @@ def build(services: Services) -> Vertical | None:
                 decided=np.concatenate([s.by_challenger for s in shadowed]).tolist()))
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher",
-        weight=lambda item: len(item[0]), max_batch_rows=services.settings.batch_max_rows)
+        score_batch, services.settings.batch_max_size, services.tuning.batch_max_wait_ms, name="fraud-batcher",
+        weight=lambda item: len(item[0]), max_batch_rows=services.tuning.batch_max_rows)
     router = APIRouter(tags=["fraud"])
 
     @router.post("/v1/fraud/score", response_model=FraudScoreResponse, openapi_extra=SCORE_REQUEST_BODY)

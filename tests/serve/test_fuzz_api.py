@@ -34,7 +34,7 @@ from flows.serve import sensor as serve_sensor
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
-from infra.serving.runtime import key_store
+from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from tests.serve.fraud_helpers import MODEL as FRAUD_MODEL
 from tests.serve.fraud_helpers import free_port, train_tiny_fraud
@@ -99,9 +99,10 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     kb = _start_kb(root)
     if kb is not None:
         builders.append(kb)
-    settings_ = ServeSettings(reload_poll_s=0.5, audit_salt="fuzz-salt", fraud_model=FRAUD_MODEL,
+    settings_ = ServeSettings(audit_salt="fuzz-salt", fraud_model=FRAUD_MODEL,
                               sensor_model=SENSOR_MODEL, default_rate_limit="100000/minute", request_timeout_s=60)
-    app = create_app(settings_, build_verticals=builders, layout=home, registry=ModelRegistry(home.registry()))
+    app = create_app(settings_, build_verticals=builders, layout=home, registry=ModelRegistry(home.registry()),
+                     tuning=ServeTuning(reload_poll_s=0.5))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical",
                                            access_log=False))
