@@ -471,7 +471,7 @@ class ServeSettings(FromSettingsFile, BaseSettings):
 
 
 class KbSettings(FromSettingsFile, BaseSettings):
-    """The knowledge-base API (``/v1/kb``): its collections and upload limits."""
+    """The knowledge-base API (``/v1/kb``): its collections and upload limits (the fixed ones: flows.serve.kb)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_KB_", extra="ignore")
 
@@ -487,18 +487,6 @@ class KbSettings(FromSettingsFile, BaseSettings):
         description="Largest document upload request (all its files together; 413 above).",
     )
     max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request (422 above).")
-    max_upload_members: int = Field(
-        default=1000, ge=0,
-        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together, the "
-        "members of a zip or tar nested in one counting too (422 above; the ingest caps each file's members, "
-        "nested ones included, at its own limit).",
-    )
-    ingest_deployment: str = Field(
-        default="rag-ingest/kb-upload-ingest",
-        description="The deployment (flow-name/deployment-name) that runs upload ingests (rag-ingest flow runs) on a "
-        "work pool when PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
-        "its pool; otherwise each runs in a child process of the API at lower CPU priority.",
-    )
     ingest_timeout_s: float = Field(
         default=3600.0, gt=0,
         description="Time limit of an ingest job's child process: past it the child is stopped, the job fails "

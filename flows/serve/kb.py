@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 PREFIX = "/v1/kb"
 SCOPE_PREFIX = "kb:"
 MULTIPART_OVERHEAD = 64 * 1024
+#: Most archive members in one upload request, all its archives (zip, tar, 7z) together, nested ones counting too
+#: (422 above): the ingest caps each file's members at its own limit (tasks.containers.ArchiveLimits).
+MAX_UPLOAD_MEMBERS = 1000
 _WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
 
 Retriever = Literal["hybrid", "dense", "bm25"]
@@ -427,7 +430,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
                                   lambda name: allowed(principal, name, write=True), query_collection=collection,
                                   max_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files,
-                                  max_members=settings.max_upload_members, count_members=archive_members)
+                                  max_members=MAX_UPLOAD_MEMBERS, count_members=archive_members)
             staged = await parser.feed(request.stream())
             if staged.collection is None or not staged.files:
                 raise UploadRefused(f"the form holds no {FILES_FIELD!r}")

@@ -6,7 +6,7 @@ It joins the same solution and task functions as ``python -m flows.rag`` (Tika p
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use.
 
-Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the ``INDUSFLOW_KB_INGEST_DEPLOYMENT`` deployment on
+Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the :data:`INGEST_DEPLOYMENT` deployment on
 its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
 lower CPU priority, its own session); it records its progress in the job's file under the home
 (:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
@@ -111,6 +111,9 @@ INGEST_ATTEMPTS = 2
 #: Finished ingest jobs this process remembers for GET /v1/kb/jobs/{id} (every job's file under the
 #: home answers too).
 JOBS_KEPT = 1000
+#: The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when PREFECT_API_URL is set,
+#: it is registered and a worker polls its pool: prefect.yaml's kb-upload-ingest, a fixed name of the project.
+INGEST_DEPLOYMENT = "rag-ingest/kb-upload-ingest"
 #: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
 CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
 CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
@@ -623,16 +626,16 @@ class KbEngine:
         from tasks.dispatch import deployment_served
 
         try:
-            return deployment_served(self.settings.ingest_deployment)
+            return deployment_served(INGEST_DEPLOYMENT)
         except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
             log.warning("the Prefect API cannot say whether %s exists (%s): ingest in a child process",
-                        self.settings.ingest_deployment, type(exc).__name__)
+                        INGEST_DEPLOYMENT, type(exc).__name__)
             return False
 
     def deployment_call(self, job: IngestJob) -> dict[str, Any]:
         """The ``run_deployment`` arguments of a job (the job id is its only parameter: no
         document name or personal data reaches Prefect)."""
-        return {"name": self.settings.ingest_deployment, "parameters": {"job": job.job_id},
+        return {"name": INGEST_DEPLOYMENT, "parameters": {"job": job.job_id},
                 "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
                 "tags": ["kb-upload"]}
 
