@@ -285,7 +285,7 @@ def build(services: Services) -> Vertical | None:
 
     def record_predictions(ref: ModelRef, out: list[_Result]) -> None:
         done = [p for _, p in out if isinstance(p, _Predicted) and len(p.table)]
-        if not done or not services.scores.enabled:
+        if not done:
             return
 
         def record(version: int, role: str, tables: list[pd.DataFrame], decided: list[np.ndarray]) -> None:

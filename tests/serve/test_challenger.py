@@ -129,6 +129,19 @@ def test_challenger_mode_off_loads_no_challenger(kinds, tmp_path: Path) -> None:
         assert "challengers" not in httpx.get(f"{server.url}/readyz").json()
 
 
+def test_no_setting_turns_the_score_log_off(kinds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The score log is the evidence the champion rule and validators read: an operator's environment
+    cannot switch it off (INDUSFLOW_SERVE_SCORE_LOG=false did, before it was removed)."""
+    src, data = kinds
+    layout = _home(src, tmp_path)
+    monkeypatch.setenv("INDUSFLOW_SERVE_SCORE_LOG", "false")
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+    with FraudServer(layout) as server, httpx.Client() as client:
+        results = post_scores(client, server.url, key, data["sequence"].records[:CHUNK])
+    logged = _logged(layout, MODEL, "champion")
+    assert {r["transaction_id"] for r in results} <= set(logged.index)
+
+
 def test_a_split_challenger_answers_a_stable_share_of_accounts(kinds, tmp_path: Path) -> None:
     src, data = kinds
     seq, gbm = data["sequence"], data["baseline"]
