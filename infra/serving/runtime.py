@@ -63,6 +63,10 @@ class ServeTuning:
     #: longest a request waits for others to join its batch: 2 ms, well under a model call's own time, so a lone
     #: request barely waits (bench/serve_bench.py compares batching on and off)
     batch_max_wait_ms: float = 2.0
+    #: most seconds a scored transaction's timestamp may lie ahead of the server clock (naive timestamps: UTC or
+    #: the server's local time, whichever is later; later ones get 422: a future-dated row would make every later
+    #: real one of its account 'older'); rows up to this late still join their account (no lock-out)
+    max_clock_skew_s: float = 300.0
 
 
 def key_store(layout: HomeLayout) -> KeyStore:
@@ -144,7 +148,7 @@ class Services:
             limiter=RateLimiter(settings.default_rate_limit, redis_url),
             audit=AuditLog((settings.audit_dir.expanduser() if settings.audit_dir else layout.serving()) / AUDIT_FILE,
                            salt, tuning.audit_max_bytes, tuning.audit_backups),
-            scores=ScoreLog(layout.serving() / SCORES_DIR, enabled=settings.score_log),
+            scores=ScoreLog(layout.serving() / SCORES_DIR),
             tuning=tuning,
         )
 
