@@ -250,16 +250,13 @@ class RunnerSettings(FromSettingsFile, BaseSettings):
         "(prefect-ray's RayTaskRunner).",
     )
     workers: int = Field(default=2, ge=1, description="Threads, local Dask workers or CPUs of a local Ray, at once.")
-    dask_address: str | None = Field(
+    address: str | None = Field(
         default=None,
-        description="An existing Dask scheduler (tcp://host:8786). Default: a local cluster "
-        "of `workers` single-threaded worker processes, started for the run.",
-    )
-    ray_address: str | None = Field(
-        default=None,
-        description="An existing Ray cluster: its GCS address (host:6379) from a machine of the cluster, or "
-        "ray://head:10001 (Ray Client) from elsewhere. Default: a local Ray of `workers` CPUs, started for the "
-        "run. The run ships the project's code and its INDUSFLOW_* settings (never a secret) to the workers.",
+        description="The existing cluster `kind` runs on: a Dask scheduler (tcp://host:8786), or a Ray cluster's "
+        "GCS address (host:6379) from a machine of the cluster or ray://head:10001 (Ray Client) from elsewhere. "
+        "Default: a local cluster started for the run (Dask: `workers` single-threaded worker processes; Ray: "
+        "`workers` CPUs). On Ray the run ships the project's code and its INDUSFLOW_* settings (never a secret) "
+        "to the workers.",
     )
 
 
@@ -422,12 +419,6 @@ class ServeSettings(FromSettingsFile, BaseSettings):
         description="Most requests scored together (dynamic batching); 1 turns batching off (bench/serve_bench.py "
         "compares both). The other serving limits are fixed: infra.serving.runtime.ServeTuning.",
     )
-    max_clock_skew_s: float = Field(
-        default=300.0, ge=0,
-        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (naive "
-        "timestamps: UTC or the server's local time, whichever is later); later ones get 422 (a future-dated "
-        "row would make every later real one of its account 'older').",
-    )
     fraud_max_amount: float = Field(
         default=1e9, gt=0, le=1e15,
         description="Largest transaction amount /v1/fraud/score accepts (amounts are 0 to this; larger ones get "
@@ -459,12 +450,6 @@ class ServeSettings(FromSettingsFile, BaseSettings):
     challenger_share: float = Field(
         default=0.1, gt=0, lt=1, description="Share of accounts (assets) a split challenger answers."
     )
-    score_log: bool = Field(
-        default=True,
-        description="Record every served score (version, champion or challenger, transaction or asset id, "
-        "whether it decided) under <home>/serving/scores/, for the monitor flows' evidence per version.",
-    )
-
     def allowed_networks(self) -> list[str]:
         """The allow-list as a list of entries (empty: any address)."""
         return [e.strip() for e in (self.ip_allow_list or "").split(",") if e.strip()]
