@@ -5,8 +5,9 @@ Two versions of serve_bench's small sequence model are registered in a throwaway
 champion, v1 the ``challenger`` alias); the real server command (``python -m flows.serve``: keys,
 rate limits, audit log, metrics and the score log all on) serves them three times, one after
 the other, each from an empty online state and an empty score log: challenger off
-(``INDUSFLOW_SERVE_FRAUD_CHALLENGER=``), ``shadow``, ``split``; and once more with no challenger
-and the score log off (``no_log``: what the score log itself costs). Closed-loop clients on 127.0.0.1
+(``INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE=off``), ``shadow``, ``split``. (The score log is always on: it
+is the model-risk evidence; its cost was measured while it could be turned off, ``no_log`` in
+bench/results up to 2026-12-06.) Closed-loop clients on 127.0.0.1
 send 256-row and single-transaction requests at concurrency 16.
 
 Figures: rows/s and p99 per mode, the ratio of each to "off" (shadow runs both models on every
@@ -38,19 +39,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import closed_loop, stop_server
 from serve_bench import MODEL, Transactions, register_model, start_server
 
-MODES = ("no_log", "off", "shadow", "split")
+MODES = ("off", "shadow", "split")
 
 
 def start(home: Path, mode: str) -> tuple[Any, str]:
-    """serve_bench's server (batching at the defaults) with the mode's challenger and score-log settings."""
+    """serve_bench's server (batching at the defaults) with the mode's challenger."""
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
-    return start_server(home, defaults.batch_max_size, defaults.batch_max_wait_ms, {
-        "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.5",
-        "INDUSFLOW_SERVE_FRAUD_CHALLENGER": "" if mode in ("off", "no_log") else "challenger",
-        "INDUSFLOW_SERVE_SCORE_LOG": "false" if mode == "no_log" else "true",
-        "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "split" if mode == "split" else "shadow",
+    return start_server(home, defaults.batch_max_size, {
+        "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": mode,
         "INDUSFLOW_SERVE_CHALLENGER_SHARE": "0.5"})
 
 
@@ -127,8 +125,8 @@ def main() -> None:
     ratios = {mode: {phase: (round(results[mode][phase]["rows_per_s_median"]
                                    / results["off"][phase]["rows_per_s_median"], 2)
                              if results["off"][phase]["rows_per_s_median"] else None)
-                     for phase in ("c16_rows256", "c16_rows1")} for mode in ("no_log", "shadow", "split")}
-    complete = {mode: results[mode]["score_log_complete"] for mode in MODES if mode != "no_log"}
+                     for phase in ("c16_rows256", "c16_rows1")} for mode in ("shadow", "split")}
+    complete = {mode: results[mode]["score_log_complete"] for mode in MODES}
     print(json.dumps({"bench": "challenger", "cores": os.cpu_count(), "seconds_per_phase": args.seconds,
                       "repeats": args.repeats,
                       "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},

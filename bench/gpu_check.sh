@@ -27,7 +27,7 @@ fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export INDUSFLOW_HOME="$work/home" INDUSFLOW_TRAIN_PROGRESS_BAR=false
+export INDUSFLOW_HOME="$work/home"
 
 step() {  # step NAME COMMAND...: runs it, its output to $work/NAME.log, its exit status to $work/NAME.rc
   local name=$1

@@ -1,8 +1,8 @@
-"""Fraud scoring and KB search latency while a knowledge-base upload is ingested: the ingest on a
-thread of the API process (``INDUSFLOW_KB_INGEST_MODE=thread``, the former behaviour) against the
-ingest as a ``rag-ingest`` flow run in a child process (``process``). Prints one JSON line.
+"""Fraud scoring and KB search latency while a knowledge-base upload is ingested as a ``rag-ingest``
+flow run in a child process of the API (``process``). Prints one JSON line. (Its results of 2026-12-04
+also measured the former ingest on a thread of the API process, ``thread``, which that comparison retired.)
 
-For each mode: a throwaway home with a tiny fraud model registered as champion (as in
+A throwaway home with a tiny fraud model registered as champion (as in
 ``serve_bench.py``), the real server (``python -m flows.serve`` on 127.0.0.1, fraud + kb), then:
 an idle phase (``--idle-seconds``) of single-transaction fraud scores and KB searches, one client
 each, closed loop; then one upload of the 67 documents of ``shared/data/docs`` (read in place) to
@@ -10,7 +10,7 @@ the ``default`` collection, with the same two clients measuring while its job ru
 ``--ingest-seconds``; the job's state, duration and counts are reported). p50/p99 per phase,
 with the machine's load average (the cores may be shared with other work: read the load).
 
-Usage: ``python bench/kb_ingest_latency.py [--modes thread,process] [--ingest-seconds 300]``
+Usage: ``python bench/kb_ingest_latency.py [--ingest-seconds 300]``
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def one_mode(mode: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("INDUSFLOW_SERVE_REDIS_URL", "PREFECT_API_URL")}
     env.update({"INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "INDUSFLOW_SERVE_SENSOR_MODEL": "",
                 "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_KB_COLLECTIONS": "default",
-                "INDUSFLOW_KB_INGEST_MODE": mode, "INDUSFLOW_KB_MAX_UPLOAD_FILES": "100",
+                "INDUSFLOW_KB_MAX_UPLOAD_FILES": "100",
                 "INDUSFLOW_KB_MAX_UPLOAD_BYTES": str(64 * 1024 * 1024), "INDUSFLOW_KB_REQUEST_TIMEOUT_S": "600",
                 "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     if args.embed_model:
@@ -191,7 +191,6 @@ def one_mode(mode: str, base: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="thread,process", help="comma-separated: thread, process")
     parser.add_argument("--idle-seconds", type=float, default=15.0, help="the idle phase before the upload")
     parser.add_argument("--ingest-seconds", type=float, default=300.0, help="longest measured ingest phase")
     parser.add_argument("--embed-model", default=None, help="INDUSFLOW_EMBED_MODEL of the server (default: its own)")
@@ -203,8 +202,7 @@ def main() -> None:
         register_model(base)
         results = {"bench": "kb_ingest_latency", "docs": len([p for p in DOCS.iterdir() if p.is_file()]),
                    "cpus": os.cpu_count(), "load_at_start": [round(x, 2) for x in os.getloadavg()]}
-        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            results[mode] = one_mode(mode, base, args)
+        results["process"] = one_mode("process", base, args)
         results["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
         results["seconds"] = round(time.time() - started, 1)
     finally:

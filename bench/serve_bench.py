@@ -3,7 +3,7 @@
 A small fraud model is trained for a few steps on synthetic transactions and registered as the
 champion in a throwaway home; then the real server command (``python -m flows.serve``, with API
 keys, rate limits, audit log and metrics all on) serves it twice, one after the other: batching
-off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size, rows and wait), each
+off (``INDUSFLOW_SERVE_BATCH_MAX_SIZE=1``) and on (the configured size; rows and wait: ServeTuning's), each
 from an empty online feature state. Closed-loop
 clients on 127.0.0.1 at concurrency 1, 16 and 64 send single-transaction and 256-row requests of
 new transactions (each account's transactions in time order); then a fixed-rate phase (200
@@ -151,7 +151,7 @@ BAD_KINDS = ("no_terminal", "lone_surrogate", "future_timestamp", "long_id", "li
              "bad_amount", "broken_json")
 
 
-def start_server(home: Path, batch_size: int, wait_ms: float, extra_env: dict[str, str] | None = None,
+def start_server(home: Path, batch_size: int, extra_env: dict[str, str] | None = None,
                  workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
     """``python -m flows.serve`` on a free loopback port, fraud only, limits out of the bench's way
     (``extra_env``: more settings, e.g. a challenger's, or the Redis URL of replicas sharing one
@@ -160,7 +160,7 @@ def start_server(home: Path, batch_size: int, wait_ms: float, extra_env: dict[st
     # a Redis URL of the caller's own environment is not inherited: only extra_env gives one
     env = {k: v for k, v in os.environ.items() if k != "INDUSFLOW_SERVE_REDIS_URL"}
     env.update({"INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-                "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size), "INDUSFLOW_SERVE_BATCH_MAX_WAIT_MS": str(wait_ms),
+                "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size),
                 "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
                 "INDUSFLOW_SERVE_MAX_ROWS": "4096", **(extra_env or {})})
     url = f"http://127.0.0.1:{port}"
@@ -249,6 +249,7 @@ def main() -> None:
 
     from infra.home import HomeLayout
     from infra.serving.auth import KeyStore
+    from infra.serving.runtime import ServeTuning
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
@@ -264,17 +265,17 @@ def main() -> None:
         gc.freeze()  # see GcPauses
         client_gc = GcPauses()
         results: dict[str, Any] = {}
-        for label, size, wait in (("batching_off", 1, 0.0),
-                                  ("batching_on", defaults.batch_max_size, defaults.batch_max_wait_ms)):
+        tuning = ServeTuning()  # the server's fixed batch wait and rows (a batch of size 1 never waits)
+        for label, size in (("batching_off", 1), ("batching_on", defaults.batch_max_size)):
             # each server starts from an empty online state: the second one must not pay for the
             # first one's larger account/terminal documents (at concurrency 1, where batching changes
             # nothing, 256-row requests ran at half the batching-off rate when the state was shared)
             shutil.rmtree(HomeLayout(tmp).online_state(), ignore_errors=True)
             t0 = time.perf_counter()
-            proc, url = start_server(tmp, size, wait)
+            proc, url = start_server(tmp, size)
             try:
-                results[label] = {"batch_max_size": size, "batch_max_wait_ms": wait,
-                                  "batch_max_rows": defaults.batch_max_rows,
+                results[label] = {"batch_max_size": size, "batch_max_wait_ms": tuning.batch_max_wait_ms if size > 1 else 0.0,
+                                  "batch_max_rows": tuning.batch_max_rows,
                                   "ready_s": round(time.perf_counter() - t0, 1),
                                   **run_phases(url, key, tx, args.seconds), "batches": batch_histogram(url, key)}
                 if label == "batching_on":
@@ -291,7 +292,7 @@ def main() -> None:
                 stop_server(proc)
         if args.workers > 1:  # the same batching-on server in N processes, from an empty state
             shutil.rmtree(HomeLayout(tmp).online_state(), ignore_errors=True)
-            proc, url = start_server(tmp, defaults.batch_max_size, defaults.batch_max_wait_ms, workers=args.workers)
+            proc, url = start_server(tmp, defaults.batch_max_size, workers=args.workers)
             try:
                 phases = {f"c{conc}_rows256": asyncio.run(closed_loop(
                     f"{url}/v1/fraud/score", tx.feed(256, args.seconds + 0.5), concurrency=conc,

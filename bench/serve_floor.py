@@ -192,7 +192,7 @@ def main() -> None:
         if not args.no_served:
             key, _ = KeyStore(tmp / "serving" / "keys.json").add("bench", ["admin"])
             defaults = ServeSettings()
-            proc, url = start_server(tmp, defaults.batch_max_size, defaults.batch_max_wait_ms)
+            proc, url = start_server(tmp, defaults.batch_max_size)
             try:
                 served = asyncio.run(closed_loop(f"{url}/v1/fraud/score", Transactions().feed(ROWS, args.seconds + 0.5),
                                                  concurrency=1, seconds=args.seconds, rows_per_request=ROWS,

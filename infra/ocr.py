@@ -317,12 +317,17 @@ def _texts_with_spaces(gray: Any, boxes: list, texts: list[str], word_results: A
     return out
 
 
+#: CPU threads of the embedded OCR: one, so a page's OCR leaves the other cores to the ingest's embedding and to
+#: the API's requests (ONNX Runtime's own default takes every core).
+RAPIDOCR_THREADS = 1
+
+
 class RapidOcr:
-    """Embedded OCR: ``rapidocr`` with its packaged ONNX models, on one CPU thread by default."""
+    """Embedded OCR: ``rapidocr`` with its packaged ONNX models, on :data:`RAPIDOCR_THREADS` CPU threads."""
 
     name = "rapidocr"
 
-    def __init__(self, threads: int = 1, side_len: int = 960) -> None:
+    def __init__(self, threads: int = RAPIDOCR_THREADS, side_len: int = 960) -> None:
         self.threads = threads
         self.side_len = side_len
 
@@ -438,7 +443,7 @@ def ocr_engine(settings: OcrSettings, tika_url: str | None = None, *, tika_timeo
     if choice == "off":
         return None
     if choice in ("auto", "rapidocr") and RapidOcr.available():
-        return RapidOcr(threads=settings.threads)
+        return RapidOcr()
     if choice == "rapidocr":
         raise OcrError("INDUSFLOW_OCR_ENGINE=rapidocr but PyPI rapidocr is not installed: "
                        "pip install 'indusflow[rag]' (or rapidocr), or choose another engine")
@@ -495,7 +500,7 @@ def open_image_frames(data: bytes, max_pixels: int, max_frames: int) -> tuple[li
             w, h = frame.size
             if w * h > max_pixels:
                 raise OcrError(f"image of {w}x{h} pixels is over the OCR limit of {max_pixels} pixels "
-                               "(INDUSFLOW_OCR_MAX_IMAGE_PIXELS)", "too_large")
+                               "(tasks.ocr.OcrLimits.max_image_pixels)", "too_large")
             frames.append(frame.convert("RGB"))
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt pixel data
         raise OcrError(f"image data unreadable ({type(exc).__name__}: {exc})"[:300], "corrupt") from exc

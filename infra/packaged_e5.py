@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from infra.embeddings import EMBED_BATCH_SIZE
 from infra.settings import E5_EMBEDDING_MODEL
 
 log = logging.getLogger(__name__)
@@ -360,11 +361,11 @@ class E5Embedder:
         """Tokens the ``"passage: "`` prefix adds (a chunk must leave room for them)."""
         return len(self.tokenizer(PASSAGE_PREFIX.strip(), add_special_tokens=False)["input_ids"])
 
-    def encode(self, texts: list[str], *, batch_size: int = 32, progress: bool = False) -> np.ndarray:
+    def encode(self, texts: list[str], *, batch_size: int = EMBED_BATCH_SIZE, progress: bool = False) -> np.ndarray:
         """Passage vectors (``"passage: "`` prefix)."""
         return self._encode(list(texts), PASSAGE_PREFIX, batch_size)
 
-    def encode_queries(self, texts: list[str], *, batch_size: int = 32) -> np.ndarray:
+    def encode_queries(self, texts: list[str], *, batch_size: int = EMBED_BATCH_SIZE) -> np.ndarray:
         """Query vectors (``"query: "`` prefix)."""
         return self._encode(list(texts), QUERY_PREFIX, batch_size)
 

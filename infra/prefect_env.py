@@ -4,9 +4,10 @@ On a fresh Prefect home the ephemeral API runs its database migrations while the
 server's telemetry writes a session row, and SQLite answers ``database is locked``
 (an ERROR line with a traceback). Turning the server analytics off removes that insert;
 a longer start-up timeout covers a slow first migration on 2 cores. Flow-run heartbeats
-are off (``INDUSFLOW_PREFECT_FLOW_HEARTBEAT_S`` turns them on): Prefect 3.9 ends every flow
+are off (Prefect's ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` turns them on): Prefect 3.9 ends every flow
 run by waiting for its heartbeat thread's current 1-s sleep. Users' own ``PREFECT_*``
-environment variables always win over these defaults.
+environment variables always win over these defaults, which is why none of them has an
+``INDUSFLOW_*`` variable of its own.
 
 A command-line run ends while Prefect still has work in flight: the client's events
 worker may hold unsent events (drained at interpreter exit, with an ``EventsWorker -
@@ -29,8 +30,11 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 from infra import PROJECT_LOGGERS
-from infra.settings import get_core_settings, get_prefect_setup_settings
+from infra.settings import get_core_settings
 
+#: How long to wait for Prefect's ephemeral API to start (the first start on a new home runs the
+#: database migrations: 20-40 s on 2 cores). Prefect's PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS wins.
+EPHEMERAL_STARTUP_TIMEOUT_S = 120
 #: Longest wait for Prefect's in-flight events at the end of a command-line run (seconds).
 SETTLE_TIMEOUT_S = 15.0
 #: Pause between two looks at the ephemeral server's task-run records (seconds).
@@ -70,16 +74,17 @@ def prefect_cli_settings() -> Iterator[None]:
         temporary_settings,
     )
 
-    setup = get_prefect_setup_settings()
     updates: dict = {}
     if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = setup.analytics_enabled
+        # its insert races a fresh home's migrations ('database is locked')
+        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
-        updates[PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS] = setup.ephemeral_startup_timeout_s
+        updates[PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS] = EPHEMERAL_STARTUP_TIMEOUT_S
     if not {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY"} & set(os.environ):
         # Prefect's heartbeat thread sleeps in 1-s steps and every sync flow run joins it at
-        # its end: off unless asked for (nothing here consumes heartbeats)
-        updates["flows.heartbeat_frequency"] = setup.flow_heartbeat_s
+        # its end (0.5 s on average, a third of a 100k-row batch-scoring run): off unless asked for
+        # (nothing here consumes heartbeats)
+        updates["flows.heartbeat_frequency"] = None
     if "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW" not in os.environ:
         # project loggers also log outside flow runs (plain functions): no API, no warning
         updates[PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW] = "ignore"

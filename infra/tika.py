@@ -68,12 +68,19 @@ def _as_lists(meta: dict) -> dict[str, list[str]]:
     return out
 
 
+#: Extracted text is cut at this many characters: about 2,500 pages of prose, far beyond any document the
+#: knowledge base answers from, while a text bomb stays a few MB of memory per parse.
+MAX_CHARS = 5_000_000
+#: Seconds a Tika server request may take: a large PDF's parse on a busy server takes tens of seconds.
+TIMEOUT_S = 120.0
+
+
 class EmbeddedTika:
     """Tika compiled to native code (``iscc-tika``)."""
 
     lists_embedded = False
 
-    def __init__(self, max_chars: int = 5_000_000) -> None:
+    def __init__(self, max_chars: int = MAX_CHARS) -> None:
         self.max_chars = max_chars
 
     def parse(self, data: bytes, name: str, path: str | None = None) -> TikaResult:
@@ -96,7 +103,7 @@ class TikaServer:
 
     lists_embedded = True
 
-    def __init__(self, url: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, timeout_s: float = TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
 
@@ -165,5 +172,5 @@ def tika_client(settings: TikaSettings | None = None) -> TikaClient:
     settings = settings or get_tika_settings()
     if settings.server_url:
         log.info("parsing with a Tika server")
-        return TikaServer(settings.server_url, settings.timeout_s)
-    return EmbeddedTika(settings.max_chars)
+        return TikaServer(settings.server_url)
+    return EmbeddedTika()

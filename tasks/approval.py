@@ -71,6 +71,9 @@ from tasks.register import RegistrationResult, render_promotion
 log = logging.getLogger(__name__)
 
 APPROVALS_DIR = "approvals"
+#: Seconds between a waiting run's checks for the decision: a person's decision needs no faster answer, and
+#: each check is one Prefect API read (the tests set 1).
+APPROVAL_POLL_S = 2
 _RUN_ID = re.compile(r"^[0-9a-f][0-9a-f-]{7,35}$")
 Status = Literal["waiting", "approved", "rejected", "expired"]
 
@@ -319,7 +322,7 @@ def await_approval(registry: ModelRegistry, ref: ModelRef, decision: PromotionDe
         if remaining > 0:
             try:
                 answer = pause_flow_run(wait_for_input=form, timeout=remaining,
-                                        poll_interval=min(settings.approval_poll_s, remaining),
+                                        poll_interval=min(APPROVAL_POLL_S, remaining),
                                         key=f"approval-{ref.name}-{ref.version}-{attempt}")
             except FlowPauseTimeout:
                 _expire_pause(run.id)

@@ -25,12 +25,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from infra.errors import RegistryError
 from infra.registry import ChampionComparison, ModelRef, ModelRegistry
-from infra.settings import get_governance_settings
 from tasks.lineage import Lineage, read_lineage, render_lineage
 from tasks.stats import Interval, PairedTest, bootstrap_ci, paired_bootstrap
 
 log = logging.getLogger(__name__)
 
+#: Seed of the bootstrap resampling: fixed, so a model card's intervals and paired tests are the same on
+#: every re-run (a caller may pass its own seed).
+BOOTSTRAP_SEED = 0
+#: Bootstrap resamples of a card's intervals and paired tests (a caller may pass its own): 1000, the usual
+#: count for 95% percentile intervals (Efron and Tibshirani suggest about 1000 or more for intervals).
+BOOTSTRAP_RESAMPLES = 1000
 CARD_JSON = "card.json"
 CARD_MD = "card.md"
 
@@ -115,23 +120,21 @@ def intervals(y: np.ndarray, s: np.ndarray, metrics: Sequence[str], *, resamples
               seed: int | None = None, groups: np.ndarray | None = None,
               custom: Mapping[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] | None = None,
               ) -> list[Interval]:
-    """Bootstrap 95% intervals of ``metrics`` (the governance settings' resamples and seed);
+    """Bootstrap 95% intervals of ``metrics`` (:data:`BOOTSTRAP_RESAMPLES`, :data:`BOOTSTRAP_SEED`);
     ``groups``: a cluster id per row, whole clusters resampled; ``custom``: a domain's metrics by
     name, as ``fn(y, s, w)`` (see ``tasks.stats.bootstrap_ci``)."""
-    settings = get_governance_settings()
-    resamples = resamples or settings.bootstrap_resamples
-    seed = settings.bootstrap_seed if seed is None else seed
+    resamples = resamples or BOOTSTRAP_RESAMPLES
+    seed = BOOTSTRAP_SEED if seed is None else seed
     custom = custom or {}
     return [bootstrap_ci(m, y, s, resamples=resamples, seed=seed, groups=groups, fn=custom.get(m)) for m in metrics]
 
 
 def paired(metric: str, y: np.ndarray, s_candidate: np.ndarray, s_other: np.ndarray, *,
            resamples: int | None = None, seed: int | None = None, groups: np.ndarray | None = None) -> PairedTest:
-    """Paired bootstrap of 'the candidate is better' (the governance settings' resamples and seed);
+    """Paired bootstrap of 'the candidate is better' (:data:`BOOTSTRAP_RESAMPLES`, :data:`BOOTSTRAP_SEED`);
     ``groups``: a cluster id per row, whole clusters resampled."""
-    settings = get_governance_settings()
-    return paired_bootstrap(metric, y, s_candidate, s_other, resamples=resamples or settings.bootstrap_resamples,
-                            seed=settings.bootstrap_seed if seed is None else seed, groups=groups)
+    return paired_bootstrap(metric, y, s_candidate, s_other, resamples=resamples or BOOTSTRAP_RESAMPLES,
+                            seed=BOOTSTRAP_SEED if seed is None else seed, groups=groups)
 
 
 def check_champion(registry: ModelRegistry, name: str, metric: str, y: np.ndarray, s: np.ndarray,

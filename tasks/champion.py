@@ -145,8 +145,8 @@ def set_challenger(spec: str, *, alias: str = CHALLENGER, clear: bool = False, r
     """Point ``alias`` (``challenger``) of ``spec``'s model at the version it names, or remove it
     (``clear``, with a bare ``NAME``); the move goes on the registry trail with ``reason``.
 
-    A serving process configured with that alias (``INDUSFLOW_SERVE_FRAUD_CHALLENGER`` /
-    ``..._SENSOR_CHALLENGER``) loads it within one reload period; it never moves the champion. A
+    A serving process whose challenger mode is not ``off`` (``INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE`` /
+    ``..._SENSOR_CHALLENGER_MODE``) loads the ``challenger`` alias within one reload period; it never moves the champion. A
     model whose registry policy requires approval waits for a signed approval first (a split
     challenger answers live traffic), inside a flow run; clearing needs none.
 

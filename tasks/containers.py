@@ -41,8 +41,12 @@ class ArchiveLimits:
 
     max_members: int = 1000
     max_member_bytes: int = 50 * 1024 * 1024
+    #: bytes one source file may expand to, all its members (nested ones) together: ten of the largest members
     max_total_bytes: int = 512 * 1024 * 1024
+    #: members (over 1 MiB) expanding more than this many times their compressed size are archive bombs; text
+    #: and office files compress 3-20 times, a zip bomb's layers a thousand times and more
     max_ratio: float = 200.0
+    #: archives nested deeper than this are quarantined
     max_depth: int = 3
 
 

@@ -48,6 +48,10 @@ from tasks.slides import PPTX, slide_starts
 
 log = logging.getLogger(__name__)
 
+#: Documents with less text than this are quarantined as empty (a scan's stray marks, a blank template); OCR'd
+#: text an engine gives confidences for is judged by infra.ocr's confidence floor instead.
+MIN_CHARS = 20
+
 @dataclass(frozen=True)
 class SourceFile:
     """A file named by the user (or found under a folder they named)."""
@@ -310,7 +314,7 @@ def _document(
 ) -> ParsedDocument | Quarantined:
     """``ocr``: read images and PDF pages without a text layer (``content`` is the file's bytes)."""
     text = normalise_text(text)
-    failure = _failure_reason(meta, text, settings.min_chars)
+    failure = _failure_reason(meta, text, MIN_CHARS)
     ctype = _ctype(meta)
     if ocr is not None and (failure is None or failure[0] in ("empty", "unsupported")) \
             and ocr.wants(ctype, meta, text):
@@ -332,7 +336,7 @@ def _document(
             # an engine that scores its lines kept only what it read with confidence: that is
             # text however short (a stamp, a one-line notice); unscored text is judged by length
             confident = info.min_confidence is not None and info.chars > 0
-            failure = _failure_reason(no_parser, ocr_text, 1 if confident else settings.min_chars)
+            failure = _failure_reason(no_parser, ocr_text, 1 if confident else MIN_CHARS)
             if failure and failure[0] == "empty":
                 pages = f"{info.pages_ocr} page{'s' if info.pages_ocr != 1 else ''}"
                 if info.min_confidence is not None:
@@ -341,7 +345,7 @@ def _document(
                     return Quarantined(path, "ocr_empty", f"no text layer; OCR ({info.engine}) found 0 characters "
                                        f"with confidence >= {info.min_confidence:g} on {pages}{noise}")
                 return Quarantined(path, "ocr_empty", f"no text layer; OCR ({info.engine}) found "
-                                   f"{len(ocr_text.strip())} characters on {pages} (minimum {settings.min_chars})")
+                                   f"{len(ocr_text.strip())} characters on {pages} (minimum {MIN_CHARS})")
             if failure:
                 return Quarantined(path, failure[0], failure[1])
             return ParsedDocument(
@@ -604,9 +608,7 @@ def parse_sources(
     settings = settings or get_tika_settings()
     client = client or tika_client(settings)
     ocr = document_ocr(tika_url=settings.server_url)
-    limits = ArchiveLimits(max_members=max_archive_members, max_member_bytes=settings.max_file_bytes,
-                           max_total_bytes=settings.max_archive_bytes, max_ratio=settings.max_compression_ratio,
-                           max_depth=settings.max_archive_depth)
+    limits = ArchiveLimits(max_members=max_archive_members, max_member_bytes=settings.max_file_bytes)
     out = ParseResult()
     key = tag_key()
     for src in sources:

@@ -31,11 +31,11 @@ from typing import Any, Protocol, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.embeddings import CoverageReport, Embedder, coverage_report
+from infra.embeddings import EMBED_BATCH_SIZE, CoverageReport, Embedder, coverage_report
 from infra.home import home_layout
 from infra.milvus import ensure_collection
 from infra.pii import redact_path, tag_key
-from infra.settings import TikaSettings, get_embedding_settings
+from infra.settings import TikaSettings
 from infra.store import check_name, read_json_dict, safe_join, stable_hash, write_json_atomic
 from tasks.catalog import record_roots
 from tasks.chunk import Chunk, chunk_document
@@ -386,7 +386,7 @@ def embed_batch(embedder: Embedder, batch: PreparedBatch, stages: IngestStages, 
     """The vectors of a prepared batch's texts (None when it has none)."""
     if not batch.texts:
         return None
-    return stages.embed(embedder, batch.texts, batch_size=get_embedding_settings().batch_size,
+    return stages.embed(embedder, batch.texts, batch_size=EMBED_BATCH_SIZE,
                         progress=show_progress)
 
 

@@ -3,7 +3,7 @@
 :class:`DocumentOcr` decides from Tika's content type and per-page character counts which
 pages need OCR, reads them with the configured engine (:mod:`infra.ocr`) and returns the
 document's text with those pages filled in, plus what was done (which pages, which engine).
-Lines the engine reads with a confidence under ``INDUSFLOW_OCR_MIN_CONFIDENCE`` (or
+Lines the engine reads with a confidence under :attr:`OcrLimits.min_confidence` (or
 holding no letter or digit) are dropped as noise; what is kept is text however short (a stamp,
 a one-line notice), so a scored OCR text is never judged by its length. The text then goes
 through the same normalisation, quarantine checks and redaction as any parsed text. Per collection, an OCR ledger beside the quarantine cache keeps which documents
@@ -49,7 +49,7 @@ class OcrInfo:
     engine: str
     pages: tuple[int, ...]  # 1-based pages (image frames) read by OCR
     chars: int  # characters OCR found
-    skipped_pages: int = 0  # pages that needed OCR but were over INDUSFLOW_OCR_MAX_PAGES
+    skipped_pages: int = 0  # pages that needed OCR but were over OcrLimits.max_pages
     failed_pages: tuple[int, ...] = ()  # pages the engine or renderer failed on
     seconds: float = 0.0
     #: The confidence the engine's lines were judged by; None when the engine gives none (its
@@ -90,20 +90,41 @@ def pdf_pages_to_ocr(meta: dict[str, list[str]], text_is_empty: bool, min_page_c
     return [] if not text_is_empty else None  # None: every page
 
 
+@dataclass(frozen=True)
+class OcrLimits:
+    """How pages are read: fixed values, each with its reason (tests pass their own)."""
+
+    #: resolution PDF pages are rendered at: 150 dpi puts 10-point text at about 20 pixels high, what the OCR
+    #: models read well; 300 dpi costs four times the pixels
+    dpi: int = 150
+    #: pages OCR'd per document at most (the rest are skipped and counted): at 13-31 s a page for rapidocr on 2
+    #: cores (bench/ocr_bench.py, docs/rag.md), 100 pages is already most of an hour
+    max_pages: int = 100
+    #: larger images are quarantined and PDF pages rendered below it: 40 MP is an A4 page at 600 dpi, while a
+    #: decompression bomb's billions of pixels never reach memory
+    max_image_pixels: int = 40_000_000
+    #: PDF pages with fewer text-layer characters than this are OCR'd (a page number or a header is no text layer)
+    min_page_chars: int = 10
+    #: OCR lines read with less confidence than this (0-1) are dropped as noise; a page with a line above it keeps
+    #: its text however short (a stamp, a one-line notice: tests/integration/test_rag_ocr.py)
+    min_confidence: float = 0.85
+
+
 @dataclass
 class DocumentOcr:
     """OCR of the documents of one parse run (the engine loads once)."""
 
     engine: OcrEngine
     settings: OcrSettings = field(default_factory=OcrSettings)
+    limits: OcrLimits = field(default_factory=OcrLimits)
 
     @property
     def key(self) -> dict[str, object]:
         """What changes the stored text of an OCR'd document (part of the ingest pipeline key)."""
-        s = self.settings
-        return {"engine": self.engine.name, "dpi": s.dpi, "max_pages": s.max_pages, "languages": s.languages,
-                "max_image_pixels": s.max_image_pixels, "min_page_chars": s.min_page_chars,
-                "min_confidence": s.min_confidence}
+        lim = self.limits
+        return {"engine": self.engine.name, "dpi": lim.dpi, "max_pages": lim.max_pages,
+                "languages": self.settings.languages, "max_image_pixels": lim.max_image_pixels,
+                "min_page_chars": lim.min_page_chars, "min_confidence": lim.min_confidence}
 
     @property
     def scored(self) -> bool:
@@ -115,7 +136,7 @@ class DocumentOcr:
         ``min_confidence`` or without a letter or digit is noise."""
         keep, dropped = [], 0
         for line in lines:
-            if line.confidence is not None and (line.confidence < self.settings.min_confidence
+            if line.confidence is not None and (line.confidence < self.limits.min_confidence
                                                 or not any(ch.isalnum() for ch in line.text)):
                 dropped += 1
             else:
@@ -127,7 +148,7 @@ class DocumentOcr:
         if ctype in IMAGE_TYPES:
             return True
         if ctype == PDF_TYPE:
-            pages = pdf_pages_to_ocr(meta, not text.strip(), self.settings.min_page_chars)
+            pages = pdf_pages_to_ocr(meta, not text.strip(), self.limits.min_page_chars)
             return pages is None or bool(pages)
         return False
 
@@ -160,13 +181,13 @@ class DocumentOcr:
               dropped: list[int]) -> OcrInfo:
         return OcrInfo(self.engine.name, tuple(pages), chars, skipped, tuple(failed),
                        round(time.perf_counter() - started, 3),
-                       self.settings.min_confidence if self.scored else None, sum(dropped))
+                       self.limits.min_confidence if self.scored else None, sum(dropped))
 
     def _image(self, data: bytes, shown: str) -> OcrText | OcrFailure:
         started = time.perf_counter()
-        frames, skipped = open_image_frames(data, self.settings.max_image_pixels, self.settings.max_pages)
+        frames, skipped = open_image_frames(data, self.limits.max_image_pixels, self.limits.max_pages)
         if skipped:
-            log.warning("%s: %d image frames, only the first %d are OCR'd (INDUSFLOW_OCR_MAX_PAGES)", shown,
+            log.warning("%s: %d image frames, only the first %d are OCR'd (OcrLimits.max_pages)", shown,
                         len(frames) + skipped, len(frames))
         texts: list[str] = []
         pages: list[int] = []
@@ -186,22 +207,22 @@ class DocumentOcr:
 
     def _pdf(self, data: bytes, meta: dict[str, list[str]], text: str, shown: str) -> OcrText | OcrFailure:
         started = time.perf_counter()
-        need = pdf_pages_to_ocr(meta, not text.strip(), self.settings.min_page_chars)
+        need = pdf_pages_to_ocr(meta, not text.strip(), self.limits.min_page_chars)
         layers: dict[int, str] = {}
         if need is None:  # no per-page counts from Tika: ask pdfium which pages have no text
-            for i, layer, _ in pdf_pages(data, (), dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
+            for i, layer, _ in pdf_pages(data, (), dpi=self.limits.dpi, max_pixels=self.limits.max_image_pixels):
                 layers[i] = layer
-            need = [i for i, layer in layers.items() if len(layer.strip()) < self.settings.min_page_chars]
-        todo, skipped = need[: self.settings.max_pages], max(0, len(need) - self.settings.max_pages)
+            need = [i for i, layer in layers.items() if len(layer.strip()) < self.limits.min_page_chars]
+        todo, skipped = need[: self.limits.max_pages], max(0, len(need) - self.limits.max_pages)
         if skipped:
             log.warning("%s: %d pages without a text layer, only the first %d are OCR'd "
-                        "(INDUSFLOW_OCR_MAX_PAGES)", shown, len(need), len(todo))
+                        "(OcrLimits.max_pages)", shown, len(need), len(todo))
         texts: list[str] = []
         pages: list[int] = []
         failed: list[int] = []
         dropped: list[int] = []
         chars = 0
-        for i, layer, image in pdf_pages(data, todo, dpi=self.settings.dpi, max_pixels=self.settings.max_image_pixels):
+        for i, layer, image in pdf_pages(data, todo, dpi=self.limits.dpi, max_pixels=self.limits.max_image_pixels):
             page_text = layer
             if image is not None:
                 read = self._read_page(image, len(pages) + len(failed) + 1, len(todo), shown, started, dropped)
@@ -228,7 +249,7 @@ def document_ocr(settings: OcrSettings | None = None, tika_url: str | None = Non
     if settings.engine == "off":
         return None
     tika = get_tika_settings()
-    engine = ocr_engine(settings, tika_url if tika_url is not None else tika.server_url, tika_timeout_s=tika.timeout_s)
+    engine = ocr_engine(settings, tika_url if tika_url is not None else tika.server_url)
     return DocumentOcr(engine, settings) if engine else None
 
 
@@ -296,7 +317,7 @@ class OcrItem(BaseModel):
     engine: str
     pages_ocr: int = Field(description="Pages (image frames) read by OCR.")
     pages: list[int] = Field(description="Their 1-based numbers.")
-    skipped_pages: int = Field(default=0, description="Pages over INDUSFLOW_OCR_MAX_PAGES, not read.")
+    skipped_pages: int = Field(default=0, description="Pages over OcrLimits.max_pages, not read.")
     failed_pages: list[int] = Field(default_factory=list, description="Pages the OCR engine failed on.")
 
 

@@ -104,7 +104,7 @@ def trainer_differences(lineage: Lineage) -> list[str]:
                      f"(INDUSFLOW_TRAIN_NUM_THREADS={recorded_threads} restores it)")
     if lineage.deterministic is not None and lineage.deterministic != now.deterministic:
         notes.append(f"deterministic {lineage.deterministic} -> {now.deterministic} "
-                     f"(INDUSFLOW_TRAIN_DETERMINISTIC={str(lineage.deterministic).lower()} restores it)")
+                     f"(a run's HardwareRequest(deterministic={lineage.deterministic}) restores it)")
     return notes
 
 

@@ -30,7 +30,6 @@ from infra.determinism import RANDOM_STATE_LOCK
 from infra.hardware import set_cpu_threads
 from infra.home import home_layout
 from infra.resources import TrainerArgs, gpu_slot
-from infra.settings import get_train_settings
 from infra.store import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -265,9 +264,13 @@ def checkpoint_dir(run_key: str) -> Path:
     return home_layout().checkpoints(run_key)
 
 
+#: Lightning's progress bar: None shows it only when stderr is a terminal (in a log file or a pipe it is noise);
+#: the benches set False so a bench run from a terminal times the training, not the bar.
+PROGRESS_BAR: bool | None = None
+
+
 def _show_progress() -> bool:
-    configured = get_train_settings().progress_bar
-    return sys.stderr.isatty() if configured is None else configured
+    return sys.stderr.isatty() if PROGRESS_BAR is None else PROGRESS_BAR
 
 
 @contextmanager

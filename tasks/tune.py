@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infra.errors import IndusflowError
 from infra.home import home_layout
-from infra.settings import TuneSettings, get_tune_settings
+from infra.settings import TuneSettings, get_runner_settings, get_tune_settings
 from infra.store import check_name
 from tasks.evaluate import new_figure, save_figure
 from tasks.tune_config import (
@@ -484,7 +484,8 @@ def optimize(
     """Run trials until the study holds ``config.trials`` complete + pruned trials.
 
     Inside a flow, trials are submitted to the flow's task runner with at most
-    ``max_in_flight`` running; outside one they run one after another.
+    ``config.max_in_flight`` running (default: the runner's workers, INDUSFLOW_RUNNER_WORKERS); outside one
+    they run one after another.
     """
     from prefect.context import FlowRunContext
 
@@ -495,7 +496,7 @@ def optimize(
     if config.enqueue_defaults and defaults is not None and not study.trials:
         study.enqueue_trial({p.name: defaults[p.name] for p in space}, user_attrs={"defaults": True})
     in_flow = FlowRunContext.get() is not None
-    max_in_flight = config.max_in_flight or get_tune_settings().max_in_flight
+    max_in_flight = config.max_in_flight or get_runner_settings().workers
     log.info(
         "study %s: %d of %d trials finished; running the rest, %d at a time",
         ref.name, before, config.trials, max_in_flight if in_flow else 1,

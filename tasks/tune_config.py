@@ -14,8 +14,8 @@ class TuneConfig(BaseModel):
     trials: int = Field(default=20, ge=1, description="Finished trials (complete + pruned) wanted in the study.")
     max_in_flight: int | None = Field(
         default=None, ge=1,
-        description="Trials in flight at once (default: the tuning settings; on the thread runner they train "
-        "one after another).",
+        description="Trials in flight at once (default: the runner's workers, INDUSFLOW_RUNNER_WORKERS; on the "
+        "thread runner they train one after another).",
     )
     study: str | None = Field(default=None, description="Study name; the same name resumes the same study.")
     seed: int = Field(default=0, description="Seed of the TPE sampler.")

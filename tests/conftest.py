@@ -14,7 +14,6 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["INDUSFLOW_HOME"] = home
     # the results of cached tasks (tasks/cache.py) go beside it, not into the user's Prefect home
     os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", os.path.join(home, "prefect-results"))
-    os.environ.setdefault("INDUSFLOW_TRAIN_PROGRESS_BAR", "false")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # CLI tests route project loggers to Prefect's API handler; plain-function tests that
     # run after them log outside any flow run, which is fine: no warning for it.

@@ -30,7 +30,7 @@ from flows.rag.steps import ingest_sources
 from infra.embeddings import Embedder
 from infra.home import HomeLayout, home_layout
 from infra.pii import redact_path, tag_key
-from infra.settings import get_kb_settings, get_tika_settings
+from infra.settings import get_tika_settings
 from infra.store import sha256_file
 from solutions.rag.collections import KbCollection, kb_collection
 from solutions.rag.config import IngestParams
@@ -43,6 +43,9 @@ from tasks.ingest import IngestResult, IngestStages, load_quarantine_cache, sour
 from tasks.ocr import ocr_key
 
 log = logging.getLogger(__name__)
+
+#: CPU niceness an ingest child adds to its own (the API it serves keeps its priority: its requests come first).
+INGEST_NICENESS = 10
 
 
 class JobNotFound(LookupError):
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m flows.rag.job JOB_ID (16 hexadecimal characters)", file=sys.stderr)
         return 2
     job_id = args[0]
-    os.nice(get_kb_settings().ingest_nice)  # the API's requests come first
+    os.nice(INGEST_NICENESS)
     if os.environ.get("INDUSFLOW_MILVUS_URI", "").startswith("unix:"):
         # the API's Milvus Lite store closes with the API: stop with it (the job stays queued and the
         # API's next start runs it again) rather than fail on a store that is gone

@@ -26,7 +26,7 @@ from infra.home import HomeLayout, home_layout
 from infra.registry import ModelRegistry
 from infra.serving.auth import Principal, require_scope
 from infra.serving.middleware import EXCEPTION_HANDLERS, ServingMiddleware
-from infra.serving.runtime import Services, Vertical
+from infra.serving.runtime import ServeTuning, Services, Vertical
 from infra.serving.slot import import_model_libraries
 from infra.settings import ServeSettings, get_serve_settings
 
@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 #: Vertical modules of ``flows.serve`` mounted by default, in order.
 DEFAULT_VERTICALS: tuple[str, ...] = ("fraud", "sensor", "sensor_forecast", "kb", "registry")
 METRICS_SCOPE = "metrics:read"
+#: The server process's cyclic-GC thresholds while it runs (gc.set_threshold). Python's 700,10,10
+#: promoted each in-flight batch's rows to the oldest generation, and full collections over the
+#: online state paused scoring for 100-600 ms, 10-20 times a bench run; garbage without cycles is
+#: freed at once either way. A fixed value: no one had a reason to tune it per deployment.
+GC_THRESHOLDS = (50_000, 20, 20)
 
 
 def default_verticals(services: Services) -> list[Vertical]:
@@ -79,7 +84,8 @@ def mount_docs(app: FastAPI) -> None:
 def create_app(settings: ServeSettings | None = None, *,
                verticals: Sequence[Vertical] | None = None,
                build_verticals: Sequence[object] | None = None,
-               layout: HomeLayout | None = None, registry: ModelRegistry | None = None) -> FastAPI:
+               layout: HomeLayout | None = None, registry: ModelRegistry | None = None,
+               tuning: ServeTuning | None = None) -> FastAPI:
     """The FastAPI app of the REST API.
 
     Args:
@@ -89,10 +95,11 @@ def create_app(settings: ServeSettings | None = None, *,
             the default modules (tests and benches mount their own).
         layout: the home (default: ``INDUSFLOW_HOME``).
         registry: the model registry (default: the home's).
+        tuning: the API's fixed limits and timings (default: :class:`ServeTuning`'s; tests pass faster ones).
     """
     settings = settings if settings is not None else get_serve_settings()
     layout = layout if layout is not None else home_layout()
-    services = Services.from_settings(settings, layout, registry)
+    services = Services.from_settings(settings, layout, registry, tuning)
     mounted: list[Vertical] = list(verticals or [])
     if build_verticals is not None:
         mounted += [v for v in (b(services) for b in build_verticals) if v is not None]  # type: ignore[operator]
@@ -106,7 +113,7 @@ def create_app(settings: ServeSettings | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gc_before = gc.get_threshold()
-        gc.set_threshold(*settings.gc_threshold_values())  # see ServeSettings.gc_thresholds
+        gc.set_threshold(*GC_THRESHOLDS)
         if services.slots:
             import_model_libraries()
         for slot in services.slots:

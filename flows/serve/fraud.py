@@ -37,7 +37,7 @@ from infra.serving.batching import DynamicBatcher
 from infra.serving.breaker import USER_ERRORS
 from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, SCORES_DIR, ScoreRecord
 from infra.serving.quotas import check_rows
-from infra.serving.runtime import Services, Vertical
+from infra.serving.runtime import ServeTuning, Services, Vertical
 from infra.serving.tx_owners import TransactionOwners, open_owners
 from solutions.fraud import schema as S
 
@@ -72,7 +72,7 @@ class FraudScoreRequest(BaseModel):
         "with the scope fraud:label: a known label feeds the delayed terminal risk of later transactions). Ids: "
         "strings, or integers (read as their decimal text: 5 and \"5\" are one account); floats and booleans are "
         "refused. Ids and categories at most 128 characters; amount 0 to INDUSFLOW_SERVE_FRAUD_MAX_AMOUNT; "
-        "timestamps at most INDUSFLOW_SERVE_MAX_CLOCK_SKEW_S ahead of the server clock (naive ones read as UTC). "
+        f"timestamps at most {ServeTuning.max_clock_skew_s:g} s ahead of the server clock (naive ones read as UTC). "
         "A row up to that skew older than its account's latest is accepted (scored right after it); an older one "
         "gets 409.",
     )
@@ -246,7 +246,7 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
-    challenger = services.challenger(name, services.settings.fraud_challenger, services.settings.fraud_challenger_mode,
+    challenger = services.challenger(name, services.settings.fraud_challenger_mode,
                                      lambda ref: load_online_model(ref, services))
     redis_url = services.settings.redis_url.get_secret_value() if services.settings.redis_url else None
     holder: dict[str, OnlineFraudState] = {}
@@ -260,7 +260,7 @@ def build(services: Services) -> Vertical | None:
             # dated up to the skew ahead cannot lock its account's real-time rows out
             holder["state"] = OnlineFraudState.for_model(
                 open_state_store(services.layout.online_state(), redis_url), history_len=HISTORY_LEN,
-                late_tolerance_s=services.settings.max_clock_skew_s)
+                late_tolerance_s=services.tuning.max_clock_skew_s)
         return holder["state"]
 
     owners_holder: dict[str, TransactionOwners] = {}
@@ -296,7 +296,7 @@ def build(services: Services) -> Vertical | None:
                               "id names one transaction (send it under its own account, or give this one its own id)"), []
         return None, new
 
-    max_skew_ns = int(services.settings.max_clock_skew_s * 1e9)
+    max_skew_ns = int(services.tuning.max_clock_skew_s * 1e9)
 
     def latest_time_ns() -> int:
         """The latest timestamp accepted now: the clock plus the skew, read as UTC or as the server's
@@ -407,7 +407,7 @@ def build(services: Services) -> Vertical | None:
 
     def record_scores(ref: ModelRef, out: list[_Result]) -> None:
         served = [r for _, r in out if isinstance(r, Served) and r.scored.versions is None]  # not a retry again
-        if not served or not services.scores.enabled:
+        if not served:
             return
         ids = [str(i) for s in served for i in s.scored.ids]
         decided_ch = np.concatenate([s.by_challenger for s in served])
@@ -423,8 +423,8 @@ def build(services: Services) -> Vertical | None:
                 decided=np.concatenate([s.by_challenger for s in shadowed]).tolist()))
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        score_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="fraud-batcher",
-        weight=lambda item: len(item[0]), max_batch_rows=services.settings.batch_max_rows)
+        score_batch, services.settings.batch_max_size, services.tuning.batch_max_wait_ms, name="fraud-batcher",
+        weight=lambda item: len(item[0]), max_batch_rows=services.tuning.batch_max_rows)
     router = APIRouter(tags=["fraud"])
 
     @router.post("/v1/fraud/score", response_model=FraudScoreResponse, openapi_extra=SCORE_REQUEST_BODY)

@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 PREFIX = "/v1/kb"
 SCOPE_PREFIX = "kb:"
 MULTIPART_OVERHEAD = 64 * 1024
+#: Most archive members in one upload request, all its archives (zip, tar, 7z) together, nested ones counting too
+#: (422 above): the ingest caps each file's members at its own limit (tasks.containers.ArchiveLimits).
+MAX_UPLOAD_MEMBERS = 1000
 _WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
 
 Retriever = Literal["hybrid", "dense", "bm25"]
@@ -223,13 +226,16 @@ class QueueWriter(io.TextIOBase):
         return len(text)
 
 
-def build(services: Services, *, client: Any = None, embedder: Embedder | None = None) -> Vertical | None:
+def build(services: Services, *, client: Any = None, embedder: Embedder | None = None,
+          ingest_in_thread: bool = False) -> Vertical | None:
     """The knowledge-base vertical of the API (its collections from ``INDUSFLOW_KB_COLLECTIONS``).
 
     Args:
         services: the server's shared objects.
         client: a Milvus client (tests); default: the configured one, opened on first use.
         embedder: an embedder (tests); default: the configured one, loaded on first use.
+        ingest_in_thread: run upload ingests on a thread of this process with ``client`` and ``embedder``
+            (tests); default: outside it, as a deployment's flow run or a child process.
     """
     settings = get_kb_settings()
     collections = configured_collections(services.layout)
@@ -246,7 +252,8 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         jobs.labels(collection=job.collection, state=job.state).inc()
         chunks.labels(collection=job.collection).inc(job.counts.get("chunks_written", 0))
 
-    engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished)
+    engine = KbEngine(collections, services.layout, settings, client=client, embedder=embedder, on_job=finished,
+                      ingest_in_thread=ingest_in_thread)
     votes = VoteBudget()  # bytes of votes per key and collection
     engine.recover()  # jobs a crashed or restarted server left queued or running
     services.route_limits[PREFIX] = RouteLimits(timeout_s=settings.request_timeout_s)
@@ -423,7 +430,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
             parser = UploadParser(multipart_boundary(request.headers.get("content-type")),
                                   lambda name: allowed(principal, name, write=True), query_collection=collection,
                                   max_bytes=settings.max_upload_bytes, max_files=settings.max_upload_files,
-                                  max_members=settings.max_upload_members, count_members=archive_members)
+                                  max_members=MAX_UPLOAD_MEMBERS, count_members=archive_members)
             staged = await parser.feed(request.stream())
             if staged.collection is None or not staged.files:
                 raise UploadRefused(f"the form holds no {FILES_FIELD!r}")

@@ -6,16 +6,16 @@ It joins the same solution and task functions as ``python -m flows.rag`` (Tika p
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use.
 
-Ingest jobs run outside the API process (``INDUSFLOW_KB_INGEST_MODE=process``, the default): a
-job is a ``rag-ingest`` flow run, started as the ``INDUSFLOW_KB_INGEST_DEPLOYMENT`` deployment on
+Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the :data:`INGEST_DEPLOYMENT` deployment on
 its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
 lower CPU priority, its own session); it records its progress in the job's file under the home
 (:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
 (one dispatch thread per collection here; the collection's lock file across replicas). A job
 whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
-(ingest is incremental) up to ``INDUSFLOW_KB_INGEST_ATTEMPTS`` times, then fails with the
+(ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
 reason; on start the engine recovers the jobs left queued or running by a process that is gone.
-``thread`` runs jobs on a thread of the API process (the former behaviour, kept for comparison).
+An engine built with ``ingest_in_thread=True`` runs its jobs on a thread of its own process instead, with
+the Milvus client and embedder it was handed (the tests' fakes and fuzzers: a child process cannot use them).
 Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
 home (``INDUSFLOW_HOME``), as for the flows.
 """
@@ -105,6 +105,15 @@ JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB
 #: Jobs of one collection queued or running in this process; an upload beyond answers 429 (each
 #: job ingests the whole folder, so one waiting job already covers every file uploaded before it).
 MAX_ACTIVE_JOBS = 4
+#: Times an ingest job is started when its process dies (a crash, kill -9, a server restart while it
+#: ran) before it fails with the reason; ingest is incremental, so a re-run resumes.
+INGEST_ATTEMPTS = 2
+#: Finished ingest jobs this process remembers for GET /v1/kb/jobs/{id} (every job's file under the
+#: home answers too).
+JOBS_KEPT = 1000
+#: The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when PREFECT_API_URL is set,
+#: it is registered and a worker polls its pool: prefect.yaml's kb-upload-ingest, a fixed name of the project.
+INGEST_DEPLOYMENT = "rag-ingest/kb-upload-ingest"
 #: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
 CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
 CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
@@ -152,8 +161,9 @@ class KbEngine:
 
     def __init__(self, collections: dict[str, KbCollection], layout: HomeLayout, settings: KbSettings, *,
                  client: Any = None, embedder: Embedder | None = None,
-                 on_job: Callable[[IngestJob], None] | None = None) -> None:
+                 on_job: Callable[[IngestJob], None] | None = None, ingest_in_thread: bool = False) -> None:
         self.collections = collections
+        self._how = "thread" if ingest_in_thread else "process"  # a job on a pool's deployment: "deployment"
         self.layout = layout
         self.settings = settings
         self.params = IngestParams()
@@ -363,7 +373,7 @@ class KbEngine:
         if self._closed:
             raise IndusflowError("the server is stopping")
         job = IngestJob(job_id=secrets.token_hex(8), collection=col.name,
-                        files=[{"name": n, "status": "queued"} for n in names], how=self.settings.ingest_mode,
+                        files=[{"name": n, "status": "queued"} for n in names], how=self._how,
                         owner_pid=os.getpid())
         self._record(job)
         self._enqueue(job)
@@ -372,7 +382,7 @@ class KbEngine:
     def _enqueue(self, job: IngestJob) -> None:
         with self._jobs_lock:
             self._jobs[job.job_id] = job
-            while len(self._jobs) > self.settings.jobs_kept:
+            while len(self._jobs) > JOBS_KEPT:
                 oldest = next(iter(self._jobs.values()))
                 if oldest.state in ACTIVE:
                     break
@@ -434,7 +444,7 @@ class KbEngine:
                               tika_settings=get_tika_settings())
 
     def run_job(self, job: IngestJob) -> None:
-        """Run one job on this thread (``INDUSFLOW_KB_INGEST_MODE=thread``): ingest, then read back
+        """Run one job on this thread (an engine built with ``ingest_in_thread``): ingest, then read back
         the status of each of its files."""
         col = self.collections[job.collection]
         job.state, job.started_at, job.pid, job.attempts = "running", now(), os.getpid(), job.attempts + 1
@@ -484,7 +494,7 @@ class KbEngine:
                     break
                 self._last_exit.setdefault(job.job_id, "its process is gone")
                 continue
-            if current.attempts >= self.settings.ingest_attempts:
+            if current.attempts >= INGEST_ATTEMPTS:
                 self._fail(current, f"the ingest stopped before it finished {current.attempts} time(s) "
                            f"({self._last_exit.pop(job.job_id, 'its process is gone')}); upload again or "
                            "run python -m flows.rag ingest")
@@ -616,16 +626,16 @@ class KbEngine:
         from tasks.dispatch import deployment_served
 
         try:
-            return deployment_served(self.settings.ingest_deployment)
+            return deployment_served(INGEST_DEPLOYMENT)
         except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
             log.warning("the Prefect API cannot say whether %s exists (%s): ingest in a child process",
-                        self.settings.ingest_deployment, type(exc).__name__)
+                        INGEST_DEPLOYMENT, type(exc).__name__)
             return False
 
     def deployment_call(self, job: IngestJob) -> dict[str, Any]:
         """The ``run_deployment`` arguments of a job (the job id is its only parameter: no
         document name or personal data reaches Prefect)."""
-        return {"name": self.settings.ingest_deployment, "parameters": {"job": job.job_id},
+        return {"name": INGEST_DEPLOYMENT, "parameters": {"job": job.job_id},
                 "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
                 "tags": ["kb-upload"]}
 
@@ -684,8 +694,8 @@ class KbEngine:
                 log.info("kb ingest job %s: adopting its running process", job.job_id)
             else:
                 self._last_exit[job.job_id] = "the server stopped while it ran"
-                job.how = self.settings.ingest_mode
-                if job.how == "thread" and job.attempts >= self.settings.ingest_attempts:
+                job.how = self._how
+                if job.how == "thread" and job.attempts >= INGEST_ATTEMPTS:
                     self._fail(job, "the server stopped while it ran; upload again")
                     continue
             job.owner_pid = os.getpid()

@@ -200,9 +200,9 @@ def check_request_size(body: SensorPredictRequest, request: Request, services: S
     """Refuse a request over the size limits: its grid rows (``check_rows``) or its readings (413)."""
     if body.grid is not None:
         check_rows(request, len(body.grid))
-    elif len(body.rows) > services.settings.max_readings:
+    elif len(body.rows) > services.tuning.max_readings:
         raise HTTPException(status_code=413, detail=f"{len(body.rows)} readings in one request; the limit is "
-                            f"{services.settings.max_readings}")
+                            f"{services.tuning.max_readings}")
 
 
 def build(services: Services) -> Vertical | None:
@@ -211,8 +211,7 @@ def build(services: Services) -> Vertical | None:
     if not name:
         return None
     slot = services.slot(name, lambda ref: load_online_model(ref, services))
-    challenger = services.challenger(name, services.settings.sensor_challenger,
-                                     services.settings.sensor_challenger_mode,
+    challenger = services.challenger(name, services.settings.sensor_challenger_mode,
                                      lambda ref: load_online_model(ref, services))
 
     def challenger_tables(grids: list[pd.DataFrame | Exception], champion: int,
@@ -286,7 +285,7 @@ def build(services: Services) -> Vertical | None:
 
     def record_predictions(ref: ModelRef, out: list[_Result]) -> None:
         done = [p for _, p in out if isinstance(p, _Predicted) and len(p.table)]
-        if not done or not services.scores.enabled:
+        if not done:
             return
 
         def record(version: int, role: str, tables: list[pd.DataFrame], decided: list[np.ndarray]) -> None:
@@ -309,7 +308,7 @@ def build(services: Services) -> Vertical | None:
                    [_decided_rows(p) for p in shadowed])
 
     batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        predict_batch, services.settings.batch_max_size, services.settings.batch_max_wait_ms, name="sensor-batcher")
+        predict_batch, services.settings.batch_max_size, services.tuning.batch_max_wait_ms, name="sensor-batcher")
     router = APIRouter(tags=["sensor"])
 
     @router.post("/v1/sensor/predict", response_model=SensorPredictResponse)

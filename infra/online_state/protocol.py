@@ -42,7 +42,7 @@ class StateConflict(RuntimeError):
 # Rows in memory are tuples, never lists: the cyclic GC stops tracking a tuple of numbers and
 # strings after its first pass, but walks every list on each full collection. With the rows of
 # ~100k cached transactions as lists, full collections paused a serving process for 320-360 ms
-# (14-25 per bench run; see also ServeSettings.gc_thresholds); a label that arrives replaces its row's tuple.
+# (14-25 per bench run; see also flows.serve.app.GC_THRESHOLDS); a label that arrives replaces its row's tuple.
 #: (t_ns, amount, channel, category, step features, transaction id[, score, version]): the score and
 #: the version that computed it once the row was scored
 AccountRow = tuple[Any, ...]

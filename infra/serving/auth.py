@@ -366,7 +366,7 @@ async def authenticate_request(services: Any, request_scope: dict[str, Any], hea
     except AuthError as exc:
         # requests without a valid credential count against their client address's own limit
         await count_request(services, f"unauthenticated:{client_address(request_scope)}",
-                            services.settings.unauthenticated_rate_limit, "unauthenticated")
+                            services.tuning.unauthenticated_rate_limit, "unauthenticated")
         raise HTTPException(exc.status, str(exc), headers=AUTH_HEADERS) from None
 
 

@@ -128,9 +128,8 @@ class ScoreLog:
     request path, in batches, each batch one ``write`` on a file opened for appending (so
     replicas sharing a home interleave whole lines)."""
 
-    def __init__(self, folder: Path, *, enabled: bool = True, flush_s: float = 0.5) -> None:
+    def __init__(self, folder: Path, *, flush_s: float = 0.5) -> None:
         self.folder = folder
-        self.enabled = enabled
         self.flush_s = flush_s
         self._queue: queue.SimpleQueue[tuple[str, ScoreRecord] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -139,7 +138,7 @@ class ScoreLog:
 
     def record(self, record: ScoreRecord) -> None:
         """Queue ``record`` (stamped now); the writer thread starts on first use."""
-        if not self.enabled or not record.ids:
+        if not record.ids:
             return
         if self._thread is None:
             with self._lock:
@@ -184,7 +183,7 @@ class ScoreLog:
     def record_labels(self, model: str, ids: Sequence[str], labels: Sequence[int], source: str | None = None) -> None:
         """Queue labels that became known (``/v1/fraud/labels``), with the key that sent them (``source``):
         the evidence flows join them to the scores and count them per source."""
-        if self.enabled and ids:
+        if ids:
             self.record(ScoreRecord(model=model, version=0, role=LABEL_ROLE, ids=[str(i) for i in ids],
                                     scores=[float(v) for v in labels], decided=[False] * len(ids),
                                     extra={"source": [source] * len(ids)} if source else None))

@@ -5,10 +5,10 @@ keep-alive connection (5 s), but not the headers themselves: a client that opens
 never finishes its headers holds the socket for ever (a review left 2,000 of 2,000 open after
 27 s), and an unfinished header is buffered however large it grows (20 MB). This protocol adds:
 
-- a deadline for the request line and headers (``INDUSFLOW_SERVE_HEADER_TIMEOUT_S``), counted
+- a deadline for the request line and headers (:data:`HEADER_TIMEOUT_S`), counted
   from the connection (or, on a kept-alive connection, from the next request's first byte) and
   not extended by a trickle of bytes: past it the client gets ``408`` and the connection closes;
-- a cap on their size (``INDUSFLOW_SERVE_MAX_HEADER_BYTES``), counted on the bytes as they
+- a cap on their size (:data:`MAX_HEADER_BYTES`), counted on the bytes as they
   arrive, before the parser sees them: above it ``431`` and close, and nothing over the cap is
   ever buffered.
 
@@ -26,6 +26,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 #: After a 408 or 431, how long the connection may stay half-closed while the client stops sending.
 LINGER_S = 2.0
 
+#: Longest a client may take to send a request's line and headers, from its connection or its first byte
+#: (408 and close after): well above any real client's, and slow or stalled clients hold no socket for long.
+HEADER_TIMEOUT_S = 10.0
+#: Largest request line plus headers (431 and close above): 64 KiB, four times nginx's default large buffer
+#: (4 x 8 KiB), room for long bearer tokens and cookies.
+MAX_HEADER_BYTES = 65_536
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
 
@@ -41,24 +47,14 @@ def _refusal(status: int, message: str) -> bytes:
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, with a deadline and a size cap on each request's headers.
 
-    The limits are class attributes; ``None`` (the default) reads them from the serve settings
-    once, in the server process (so uvicorn's worker processes each read the environment).
+    The limits are class attributes (a subclass sets its own, as the tests do).
     """
 
-    header_timeout_s: float | None = None
-    max_header_bytes: int | None = None
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_header_bytes: int = MAX_HEADER_BYTES
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cls = type(self)
-        if cls.header_timeout_s is None or cls.max_header_bytes is None:
-            from infra.settings import get_serve_settings
-
-            settings = get_serve_settings()
-            if cls.header_timeout_s is None:
-                cls.header_timeout_s = settings.header_timeout_s
-            if cls.max_header_bytes is None:
-                cls.max_header_bytes = settings.max_header_bytes
         self._awaiting_headers = True
         self._header_bytes, self._header_tail = 0, b""
         self._header_deadline: asyncio.TimerHandle | None = None

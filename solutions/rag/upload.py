@@ -7,11 +7,10 @@ folders (Starlette's own form parser would spool large files to the system temp 
 refused or broken upload leaves nothing behind. The collection must therefore be known before
 the first file: as ``?collection=`` or as a ``collection`` field sent before the files.
 
-Caps per upload (each refusal names its setting): the files of one request
-(``INDUSFLOW_KB_MAX_UPLOAD_FILES``, 422), their bytes together (``INDUSFLOW_KB_MAX_UPLOAD_BYTES``,
-413, counted as they arrive) and the archive members of all its archives together
-(``INDUSFLOW_KB_MAX_UPLOAD_MEMBERS``, 422, counted from the archives' directories once the body
-has arrived, before anything is renamed into the folder).
+Caps per upload (each refusal names its limit): the files of one request (``INDUSFLOW_KB_MAX_UPLOAD_FILES``, 422),
+their bytes together (``INDUSFLOW_KB_MAX_UPLOAD_BYTES``, 413, counted as they arrive) and the
+archive members of all its archives together (``max_members``, 422, counted from the archives'
+directories once the body has arrived, before anything is renamed into the folder).
 """
 
 from __future__ import annotations
@@ -139,8 +138,8 @@ class UploadParser:
         for f in self.upload.files:
             total += self.count_members(f.tmp, self.max_members - total)
             if total > self.max_members:
-                raise UploadRefused(f"the archives of this upload hold more than {self.max_members} members together "
-                                    "(INDUSFLOW_KB_MAX_UPLOAD_MEMBERS): send fewer at a time")
+                raise UploadRefused(f"the archives of this upload hold more than {self.max_members} members together"
+                                    ": send fewer at a time")
         return total
 
     # -- callbacks of python-multipart

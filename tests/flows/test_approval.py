@@ -26,6 +26,7 @@ from prefect.flow_runs import resume_flow_run
 
 from infra.errors import ApprovalError
 from infra.registry import ALIAS_HISTORY_FILE, ModelRegistry, current_actor
+from tasks import approval
 from tasks.approval import approval_gate_task, approval_requests, decide, find_request
 from tasks.register import RegistrationResult, register_model_task
 from tests.approvers import Person, enrol, person, statement_for
@@ -97,7 +98,7 @@ def _form(signed: Any) -> dict[str, Any]:
 @pytest.fixture
 def approval_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Callable[[str], dict[str, Person]]]:
     """Enrols alice (this process's OS account: she starts the runs) and bob as the approvers of a model."""
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setattr(approval, "APPROVAL_POLL_S", 1)
 
     def require(name: str) -> dict[str, Person]:
         return enrol(ModelRegistry(), name, tmp_path / "keys")

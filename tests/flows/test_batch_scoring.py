@@ -206,7 +206,7 @@ def test_batch_on_separate_dask_scheduler_and_worker_processes_with_another_home
             _transactions(seed=seed, days=3).to_parquet(inbox / f"part-{seed}.parquet", index=False)
         (inbox / "bad.csv").write_text("account_id,timestamp\nA,not-a-time\n")
         monkeypatch.setenv("INDUSFLOW_RUNNER_KIND", "dask")
-        monkeypatch.setenv("INDUSFLOW_RUNNER_DASK_ADDRESS", address)
+        monkeypatch.setenv("INDUSFLOW_RUNNER_ADDRESS", address)
         result = F.fraud_batch_score(inbox=str(inbox), model=MODEL, settle_seconds=0)
         assert result.scored == 2 and result.quarantined == 1 and result.failed == 0, result
         assert all(Path(p).exists() for p in result.outputs)

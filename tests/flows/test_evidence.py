@@ -20,6 +20,7 @@ from flows.fraud.evidence import fraud_evidence
 from infra.home import home_layout
 from infra.registry import ModelRegistry
 from infra.serving.challenger import SCORES_DIR, ScoreLog, ScoreRecord
+from tasks import approval
 from tasks.approval import approval_requests, decide
 from tasks.champion import set_challenger
 from tests.approvers import enrol, statement_for
@@ -66,7 +67,7 @@ def test_a_better_challenger_is_recommended_and_its_promotion_waits_for_approval
     assert report.label_sources == {"k-chargebacks": 600, "k-fraud-desk": 600}
     assert registry.aliases(NAME)["champion"] == 1
 
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setattr(approval, "APPROVAL_POLL_S", 1)
     people = enrol(registry, NAME, tmp_path / "keys")  # alice (this process: she starts the run) and bob
     out: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: out.update(result=fraud_evidence(model=NAME, promote=True)), daemon=True)

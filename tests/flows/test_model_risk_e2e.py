@@ -46,6 +46,7 @@ from solutions.sensor.config import AlignConfig, SyntheticFleetConfig, WindowCon
 from solutions.sensor.features import make_windows
 from solutions.sensor.model import SensorRULModel
 from solutions.sensor.synthetic import generate_fleet
+from tasks import approval
 from tasks.approval import approval_requests, decide
 from tasks.champion import rollback_champion, set_challenger
 from tests.approvers import Person, enrol, statement_for
@@ -119,7 +120,7 @@ def _check_trail(registry: ModelRegistry, model: str, near: bytes, offset: int, 
 
 def test_shadow_evidence_approval_reload_rollback_and_trail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setattr(approval, "APPROVAL_POLL_S", 1)
     layout = home_layout()
     records, served_from = _register_drift(tmp_path)
     registry = ModelRegistry()
@@ -241,7 +242,7 @@ def _sensor_versions(home: HomeLayout) -> tuple[pd.DataFrame, pd.DataFrame, list
 def test_sensor_shadow_failures_evidence_approval_reload_rollback_and_trail(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("INDUSFLOW_GOVERNANCE_APPROVAL_POLL_S", "1")
+    monkeypatch.setattr(approval, "APPROVAL_POLL_S", 1)
     home = home_layout()
     readings, events, served = _sensor_versions(home)
     registry = ModelRegistry()

@@ -35,7 +35,7 @@ def test_a_deployment_style_training_run_sends_epochs_split_candidates_and_metri
     # the environment a worker gives a deployment's flow run (infra/deploy.py), no command-line set-up
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("INDUSFLOW_LOG")}, **RUN_ENV,
            "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(repo),
-           "INDUSFLOW_HOME": str(tmp_path / "home"), "INDUSFLOW_TRAIN_PROGRESS_BAR": "false"}
+           "INDUSFLOW_HOME": str(tmp_path / "home")}
     done = subprocess.run([sys.executable, "-c", _RUN], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=900, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

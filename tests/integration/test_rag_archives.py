@@ -68,17 +68,15 @@ def test_each_archive_kind_yields_inner_documents(tmp_path: Path) -> None:
             tf.addfile(info, io.BytesIO(data))
     (root / "pack.tgz").write_bytes(buf.getvalue())
     _mbox(root / "mail.mbox", ["Budget planning", "Hiring news"])
-    nested = _zip_bytes([("l3.txt", _text("level three"))])
-    for level in (2, 1):
+    nested = _zip_bytes([("l4.txt", _text("level four"))])
+    for level in (3, 2, 1):
         nested = _zip_bytes([(f"l{level}.zip", nested)])
-    (root / "nested.zip").write_bytes(nested)  # nested.zip -> l1.zip -> l2.zip -> l3.txt: one level too deep
+    (root / "nested.zip").write_bytes(nested)  # nested.zip -> l1.zip -> l2.zip -> l3.zip -> l4.txt: one level too deep
     py7zr = pytest.importorskip("py7zr")
     with py7zr.SevenZipFile(root / "seven.7z", "w") as sz:
         sz.writestr(_text("seven zip"), "notes/seven.txt")
 
-    from infra.settings import TikaSettings
-
-    result = parse_sources(discover([root]), settings=TikaSettings(max_archive_depth=2))
+    result = parse_sources(discover([root]))  # archives nest 3 deep at most (tasks.containers.ArchiveLimits)
     docs = {_rel(d.path, root): d for d in result.documents}
     assert set(docs) == {
         "bundle.zip!/a.txt", "bundle.zip!/sub/b.txt", "pack.tgz!/t/one.txt", "pack.tgz!/t/inner.zip!/deep.txt",
@@ -88,7 +86,7 @@ def test_each_archive_kind_yields_inner_documents(tmp_path: Path) -> None:
     }
     quarantined = {_rel(q.path, root): q.reason for q in result.quarantined}
     assert quarantined == {"bundle.zip!/empty.txt": "empty", "bundle.zip!/../escape.txt": "unsafe_path",
-                           "nested.zip!/l1.zip!/l2.zip": "too_deep"}
+                           "nested.zip!/l1.zip!/l2.zip!/l3.zip": "too_deep"}
     for rel, d in docs.items():
         assert d.doc_id == doc_id_for(str(root / rel)) and d.source == str(root / rel.split("!/")[0])
     assert len({d.content_hash for d in docs.values()}) == len(docs)

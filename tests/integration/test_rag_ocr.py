@@ -13,6 +13,7 @@ import threading
 from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ from solutions.rag.config import ChunkParams, IngestParams
 from solutions.rag.evaluation import cer, lost_word_boundaries
 from tasks.documents import discover, parse_sources
 from tasks.ingest import IngestStages, render_ingest
-from tasks.ocr import DocumentOcr, ocr_records
+from tasks.ocr import DocumentOcr, OcrLimits, ocr_records
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _hash_embedder import HashEmbedder
@@ -221,6 +222,12 @@ def test_ocr_off_keeps_the_old_quarantine(tmp_path: Path, monkeypatch: pytest.Mo
     assert {Path(q.path).name: q.reason for q in result.quarantined} == {"photo.png": "empty", "scan.pdf": "empty"}
 
 
+def _limits(monkeypatch: pytest.MonkeyPatch, **limits: Any) -> None:
+    """The parse's OCR (rapidocr) with these :class:`tasks.ocr.OcrLimits`."""
+    monkeypatch.setattr("tasks.documents.document_ocr",
+                        lambda **_: DocumentOcr(RapidOcr(), OcrSettings(), OcrLimits(**limits)))
+
+
 def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "blank.png").write_bytes(png(Image.new("RGB", (400, 200), "white")))
     frames = [render([f"Frame {n}: pressure log of line {n}."]) for n in (1, 2, 3)]
@@ -228,7 +235,7 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     frames[0].save(buf, "TIFF", save_all=True, append_images=frames[1:])
     (tmp_path / "frames.tiff").write_bytes(buf.getvalue())
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 this is not really a pdf")
-    monkeypatch.setenv("INDUSFLOW_OCR_MAX_PAGES", "1")
+    _limits(monkeypatch, max_pages=1)
     result = parse_sources(discover([tmp_path]))
     quarantined = {Path(q.path).name: (q.reason, q.detail) for q in result.quarantined}
     assert quarantined["broken.pdf"][0] == "corrupt"
@@ -236,7 +243,7 @@ def test_ocr_limits_and_blank_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ">= 0.85 on 1 page" in quarantined["blank.png"][1]
     (doc,) = result.documents
     assert doc.ocr.pages == (1,) and doc.ocr.skipped_pages == 2 and "Frame 1" in doc.text
-    monkeypatch.setenv("INDUSFLOW_OCR_MAX_IMAGE_PIXELS", "10000")
+    _limits(monkeypatch, max_image_pixels=10000)
     (tmp_path / "frames.tiff").unlink()
     (tmp_path / "big.png").write_bytes(png(Image.new("RGB", (200, 100), "white")))
     (tmp_path / "blank.png").unlink()
@@ -256,7 +263,7 @@ class UnscoredRapidOcr:
 
 def test_short_text_read_with_confidence_is_kept_and_noise_is_not(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A stamp or a one-line notice under INDUSFLOW_TIKA_MIN_CHARS (20) is text when the engine
+    """A stamp or a one-line notice under tasks.documents.MIN_CHARS (20) is text when the engine
     is sure of it; a page of low-confidence noise is still ocr_empty."""
     (tmp_path / "stamp.png").write_bytes(png(render(["PAID"], size=60, width=600)))
     (tmp_path / "notice.pdf").write_bytes(image_pdf(render(["NOTICE: CLOSED 3 MAY"])))
@@ -276,13 +283,12 @@ def test_short_text_read_with_confidence_is_kept_and_noise_is_not(tmp_path: Path
     assert Path(noise.path).name == "noise.png" and noise.reason == "ocr_empty"
     assert f"{len(lines)} low-confidence lines dropped as noise" in noise.detail, noise.detail
 
-    # the threshold is a setting: at 0.5 the noise passes for text
-    monkeypatch.setenv("INDUSFLOW_OCR_MIN_CONFIDENCE", "0.5")
+    # the threshold decides: at 0.5 the noise passes for text
+    _limits(monkeypatch, min_confidence=0.5)
     (tmp_path / "stamp.png").unlink()
     (tmp_path / "notice.pdf").unlink()
     (noisy,) = parse_sources(discover([tmp_path])).documents
     assert noisy.text.count("\n") == len(lines) - 1 and "HH" in noisy.text, noisy.text
-    monkeypatch.delenv("INDUSFLOW_OCR_MIN_CONFIDENCE")
 
     # an engine that gives no confidence is judged by length, as before
     (tmp_path / "noise.png").unlink()

@@ -30,7 +30,7 @@ from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
 from infra.serving.protocol import GuardedHttpProtocol
 from infra.serving.quotas import check_rows
-from infra.serving.runtime import Services, Vertical, key_store
+from infra.serving.runtime import ServeTuning, Services, Vertical, key_store
 from infra.settings import ServeSettings
 
 TOY = "toy"
@@ -142,12 +142,14 @@ def live_server(home: HomeLayout) -> Iterator[Callable[..., Live]]:
             registry.set_alias(TOY, "champion", ref.version)
         control = control or ToyControl()
         values = {"reload_poll_s": 0.1, "audit_salt": "test-salt", **overrides}
-        settings = ServeSettings(**values)
-        app = create_app(settings, build_verticals=[toy_builder(control)], layout=home, registry=registry)
-        port = free_port()
+        tuning = ServeTuning(**{k: values.pop(k) for k in list(values) if k in ServeTuning.__dataclass_fields__})
         # the protocol `python -m flows.serve` runs, with this server's header limits
-        protocol = type("TestGuardedHttpProtocol", (GuardedHttpProtocol,), {
-            "header_timeout_s": settings.header_timeout_s, "max_header_bytes": settings.max_header_bytes})
+        header_limits = {k: values.pop(k) for k in ("header_timeout_s", "max_header_bytes") if k in values}
+        settings = ServeSettings(**values)
+        app = create_app(settings, build_verticals=[toy_builder(control)], layout=home, registry=registry,
+                         tuning=tuning)
+        port = free_port()
+        protocol = type("TestGuardedHttpProtocol", (GuardedHttpProtocol,), header_limits)
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error",
                                                access_log=False, lifespan="on", http=protocol))
         thread = threading.Thread(target=server.run, daemon=True)

@@ -21,7 +21,7 @@ from flows.serve import fraud as serve_fraud
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.registry import ModelRef, ModelRegistry
-from infra.serving.runtime import key_store
+from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from infra.tables import assign_periods, time_split, validate_table
 from solutions.fraud import pipeline as P
@@ -119,7 +119,8 @@ class FraudServer:
     def __init__(self, layout: HomeLayout, **settings: Any) -> None:
         values = {"reload_poll_s": 0.2, "audit_salt": "test-salt", "fraud_model": MODEL, "sensor_model": None,
                   **settings}
-        self.app = create_app(ServeSettings(**values), build_verticals=[serve_fraud.build], layout=layout,
+        tuning = ServeTuning(**{k: values.pop(k) for k in list(values) if k in ServeTuning.__dataclass_fields__})
+        self.app = create_app(ServeSettings(**values), build_verticals=[serve_fraud.build], layout=layout, tuning=tuning,
                               registry=ModelRegistry(layout.registry()))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

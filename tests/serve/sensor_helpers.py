@@ -19,7 +19,7 @@ from flows.serve import sensor as serve_sensor
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.registry import ModelRef, ModelRegistry
-from infra.serving.runtime import key_store
+from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from solutions.sensor import data as D
 from solutions.sensor import pipeline as P
@@ -105,7 +105,8 @@ class SensorServer:
         values = {"reload_poll_s": 0.2, "audit_salt": "s", "fraud_model": None, "sensor_model": MODEL,
                   "max_body_bytes": 50_000_000, **settings}
         self.home = home
-        self.app = create_app(ServeSettings(**values), build_verticals=[serve_sensor.build], layout=home,
+        tuning = ServeTuning(**{k: values.pop(k) for k in list(values) if k in ServeTuning.__dataclass_fields__})
+        self.app = create_app(ServeSettings(**values), build_verticals=[serve_sensor.build], layout=home, tuning=tuning,
                               registry=ModelRegistry(home.registry()))
         self.url = f"http://127.0.0.1:{free_port()}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=int(self.url.rsplit(":", 1)[1]),

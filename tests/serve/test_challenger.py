@@ -120,6 +120,28 @@ def test_a_shadow_challenger_is_scored_but_never_answers(kinds, tmp_path: Path) 
     assert np.abs(np.array([want_seq[t] for t in period]) - np.array([want_gbm[t] for t in period])).max() > 1e-3
 
 
+def test_challenger_mode_off_loads_no_challenger(kinds, tmp_path: Path) -> None:
+    src, data = kinds
+    layout = _home(src, tmp_path)
+    set_challenger(f"{MODEL}:{data['baseline'].ref.version}", registry=ModelRegistry(layout.registry()))
+    with FraudServer(layout, fraud_challenger_mode="off") as server:
+        assert MODEL not in server.app.state.serving.challengers
+        assert "challengers" not in httpx.get(f"{server.url}/readyz").json()
+
+
+def test_no_setting_turns_the_score_log_off(kinds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The score log is the evidence the champion rule and validators read: an operator's environment
+    cannot switch it off (INDUSFLOW_SERVE_SCORE_LOG=false did, before it was removed)."""
+    src, data = kinds
+    layout = _home(src, tmp_path)
+    monkeypatch.setenv("INDUSFLOW_SERVE_SCORE_LOG", "false")
+    key = api_key(layout, serve_fraud.SCOPE, serve_fraud.LABEL_SCOPE)
+    with FraudServer(layout) as server, httpx.Client() as client:
+        results = post_scores(client, server.url, key, data["sequence"].records[:CHUNK])
+    logged = _logged(layout, MODEL, "champion")
+    assert {r["transaction_id"] for r in results} <= set(logged.index)
+
+
 def test_a_split_challenger_answers_a_stable_share_of_accounts(kinds, tmp_path: Path) -> None:
     src, data = kinds
     seq, gbm = data["sequence"], data["baseline"]

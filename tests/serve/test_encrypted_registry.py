@@ -45,7 +45,7 @@ def sealed_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home
 def _server(layout: HomeLayout, key_setting: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "INDUSFLOW_HOME": str(layout.root), "PYTHONPATH": str(ROOT),
-           "INDUSFLOW_SERVE_SENSOR_MODEL": "", "INDUSFLOW_SERVE_RELOAD_POLL_S": "0.2",
+           "INDUSFLOW_SERVE_SENSOR_MODEL": "",
            "INDUSFLOW_SERVE_AUDIT_SALT": "test-salt"}
     env.pop("INDUSFLOW_REGISTRY_KEY", None)
     if key_setting:

@@ -114,7 +114,7 @@ def test_a_row_inside_the_skew_window_cannot_lock_an_account(tiny: tuple[HomeLay
     src, _ = tiny
     home = home_with_registry(src, tmp_path / "home")
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-    with FraudServer(home, max_clock_skew_s=300) as server, httpx.Client(timeout=60) as client:
+    with FraudServer(home) as server, httpx.Client(timeout=60) as client:
         key, attacker = api_key(home), api_key(home)
         ahead = (now + dt.timedelta(seconds=295)).isoformat(timespec="seconds")
         assert _post(client, server, attacker, _row("x", "VICTIM", ahead)).status_code == 200

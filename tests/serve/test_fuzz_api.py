@@ -34,7 +34,7 @@ from flows.serve import sensor as serve_sensor
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
-from infra.serving.runtime import key_store
+from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from tests.serve.fraud_helpers import MODEL as FRAUD_MODEL
 from tests.serve.fraud_helpers import free_port, train_tiny_fraud
@@ -79,7 +79,7 @@ def _start_kb(root: Path) -> Any:
 
     embedder = LocalEmbedder()
     client = open_client(uri=str(root / "kb.db"))
-    return lambda services: kb_module.build(services, client=client, embedder=embedder)
+    return lambda services: kb_module.build(services, client=client, embedder=embedder, ingest_in_thread=True)
 
 
 @pytest.fixture(scope="module")
@@ -89,20 +89,20 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     train_tiny_fraud(home)
     train_tiny_sensor(home)
     saved = {k: os.environ.get(k) for k in ("INDUSFLOW_HOME", "INDUSFLOW_KB_COLLECTIONS", "INDUSFLOW_LLM_URL",
-                                            "HF_HUB_OFFLINE", "INDUSFLOW_KB_MAX_UPLOAD_BYTES", "INDUSFLOW_KB_INGEST_MODE")}
+                                            "HF_HUB_OFFLINE", "INDUSFLOW_KB_MAX_UPLOAD_BYTES")}
     # the fuzzer's accepted uploads ingest on a thread: a child process (Prefect + the embedder) per
     # accepted upload would only slow the fuzzing down (tests/serve/test_kb_jobs.py runs the children)
     os.environ.update({"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal",
-                       "HF_HUB_OFFLINE": "1", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000",
-                       "INDUSFLOW_KB_INGEST_MODE": "thread"})
+                       "HF_HUB_OFFLINE": "1", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "100000"})
     os.environ.pop("INDUSFLOW_LLM_URL", None)
     builders: list[Any] = [serve_fraud.build, serve_sensor.build]
     kb = _start_kb(root)
     if kb is not None:
         builders.append(kb)
-    settings_ = ServeSettings(reload_poll_s=0.5, audit_salt="fuzz-salt", fraud_model=FRAUD_MODEL,
+    settings_ = ServeSettings(audit_salt="fuzz-salt", fraud_model=FRAUD_MODEL,
                               sensor_model=SENSOR_MODEL, default_rate_limit="100000/minute", request_timeout_s=60)
-    app = create_app(settings_, build_verticals=builders, layout=home, registry=ModelRegistry(home.registry()))
+    app = create_app(settings_, build_verticals=builders, layout=home, registry=ModelRegistry(home.registry()),
+                     tuning=ServeTuning(reload_poll_s=0.5))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical",
                                            access_log=False))

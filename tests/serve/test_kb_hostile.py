@@ -13,13 +13,13 @@ from infra.home import HomeLayout
 from infra.settings import KbSettings
 
 
-def _engine(home: HomeLayout, **settings):
+def _engine(home: HomeLayout, in_thread: bool = False, **settings):
     from flows.serve.kb_engine import KbEngine
     from solutions.rag.collections import kb_collection
 
     col = kb_collection("legal", home)
     return KbEngine({"legal": col}, home, KbSettings(collections="legal", **settings), client=object(),
-                    embedder=None), col
+                    embedder=None, ingest_in_thread=in_thread), col
 
 
 def test_the_ingest_child_gets_no_serving_secret_and_no_llm_key(tmp_path: Path, monkeypatch) -> None:
@@ -52,7 +52,7 @@ def test_the_job_queue_of_a_collection_is_bounded(tmp_path: Path, monkeypatch) -
     from flows.serve.kb_engine import MAX_ACTIVE_JOBS
 
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "home"))
-    engine, col = _engine(HomeLayout(tmp_path / "home"), ingest_mode="thread")
+    engine, col = _engine(HomeLayout(tmp_path / "home"), in_thread=True)
     release = threading.Event()
 
     def slow_job(job) -> None:  # an ingest that takes its time
@@ -81,7 +81,7 @@ def test_an_ingest_child_past_the_time_limit_is_stopped_and_its_files_quarantine
     monkeypatch.setenv("INDUSFLOW_HOME", str(home.root))
     monkeypatch.setenv("INDUSFLOW_MILVUS_URI", "http://127.0.0.1:9")
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    engine, col = _engine(home, ingest_mode="process", ingest_timeout_s=1.0)
+    engine, col = _engine(home, ingest_timeout_s=1.0)
     stuck = str(col.folder / "nested.zip")  # what a child was parsing when its time ran out
     quarantine_cache_path(col.milvus).parent.mkdir(parents=True, exist_ok=True)
     quarantine_cache_path(col.milvus).write_text(json.dumps({stuck: {"hash": "h", "items": [], "unfinished": 1}}))
@@ -108,7 +108,7 @@ def test_an_adopted_child_past_the_time_limit_is_stopped_too(tmp_path: Path, mon
     home = HomeLayout(tmp_path / "home")
     monkeypatch.setenv("INDUSFLOW_HOME", str(home.root))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    engine, _ = _engine(home, ingest_mode="process", ingest_timeout_s=60.0)
+    engine, _ = _engine(home, ingest_timeout_s=60.0)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "flows.rag.job"],
                              start_new_session=True)
     try:

@@ -55,8 +55,7 @@ class Srv:
 
 
 ENV = {"INDUSFLOW_KB_COLLECTIONS": "legal", "INDUSFLOW_KB_MAX_UPLOAD_BYTES": "20000",
-       "INDUSFLOW_KB_MAX_UPLOAD_FILES": "3", "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS": "5",
-       "INDUSFLOW_KB_INGEST_MODE": "process", "HF_HUB_OFFLINE": "1"}
+       "INDUSFLOW_KB_MAX_UPLOAD_FILES": "3", "HF_HUB_OFFLINE": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +66,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
 
     root = tmp_path_factory.mktemp("kbjobs")
     home = HomeLayout(root / "home")
-    with environment({**ENV, "INDUSFLOW_HOME": str(home.root)}, ("INDUSFLOW_LLM_URL", "PREFECT_API_URL")):
+    with environment({**ENV, "INDUSFLOW_HOME": str(home.root)}, ("INDUSFLOW_LLM_URL", "PREFECT_API_URL")), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kb_module, "MAX_UPLOAD_MEMBERS", 5)
         embedder = LocalEmbedder()
         client = open_client(uri=str(root / "kb.db"))
         app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model=""),
@@ -197,8 +198,8 @@ def _zip_of_zips(outer: int, inner: int) -> bytes:
 @pytest.mark.parametrize(("files", "status", "setting"), [
     ([(f"f{i}.txt", b"text") for i in range(4)], 422, "INDUSFLOW_KB_MAX_UPLOAD_FILES"),
     ([("a.txt", b"a" * 12_000), ("b.txt", b"b" * 12_000)], 413, "INDUSFLOW_KB_MAX_UPLOAD_BYTES"),
-    ([("one.zip", _zip(3)), ("two.zip", _zip(3))], 422, "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS"),
-    ([("nested.zip", _zip_of_zips(2, 3))], 422, "INDUSFLOW_KB_MAX_UPLOAD_MEMBERS"),  # 2 + 6 > 5 (main: 2)
+    ([("one.zip", _zip(3)), ("two.zip", _zip(3))], 422, "more than 5 members together"),
+    ([("nested.zip", _zip_of_zips(2, 3))], 422, "more than 5 members together"),  # 2 + 6 > 5 (main: 2)
 ], ids=["files", "bytes", "members", "nested members"])
 def test_per_upload_caps_refuse_naming_the_setting(srv: Srv, files: list[tuple[str, bytes]], status: int,
                                                    setting: str) -> None:

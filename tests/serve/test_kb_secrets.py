@@ -90,14 +90,15 @@ def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srv]:
     base = f"http://127.0.0.1:{upstream.server_address[1]}/v1"
     root = tmp_path_factory.mktemp("kbsecrets")
     home = HomeLayout(root / "home")
-    env = {"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal", "INDUSFLOW_KB_INGEST_MODE": "thread",
+    env = {"INDUSFLOW_HOME": str(home.root), "INDUSFLOW_KB_COLLECTIONS": "legal",
            "INDUSFLOW_LLM_URL": base, "INDUSFLOW_LLM_MODEL": "m", "INDUSFLOW_LLM_API_KEY": LLM_KEY,
            "HF_HUB_OFFLINE": "1"}
     with environment(env, ("PREFECT_API_URL",)):
         embedder = OpenAIEmbedder(EmbeddingSettings(url=base, model="m", api_key=EMBED_KEY))
         client = open_client(uri=str(root / "kb.db"))
         app = create_app(ServeSettings(audit_salt="test-salt", fraud_model="", sensor_model=""),
-                         build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder)], layout=home)
+                         build_verticals=[lambda s: kb_module.build(s, client=client, embedder=embedder,
+                                                                     ingest_in_thread=True)], layout=home)
         try:
             with serving(app) as url:
                 yield Srv(url=url, key=key_store(home).add("legal", ["kb:legal:read", "kb:legal:write"])[0])

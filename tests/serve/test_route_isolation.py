@@ -36,7 +36,7 @@ from flows.serve.kb import SLOW_ROUTE_CONCURRENCY, SLOW_ROUTE_PER_KEY
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
 from infra.serving.auth import Principal, require_scope
-from infra.serving.runtime import RouteLimits, Services, Vertical, key_store
+from infra.serving.runtime import RouteLimits, ServeTuning, Services, Vertical, key_store
 from infra.settings import ServeSettings
 from tests.serve.conftest import ToyControl, register_toy, toy_builder
 from tests.serve.kb_helpers import serving
@@ -95,9 +95,9 @@ def server(tmp_path) -> Iterator[tuple[str, HomeLayout, StuckUpstream, Any]]:
     registry = ModelRegistry(home.registry())
     registry.set_alias("toy", "champion", register_toy(registry, 1.0).version)
     upstream = StuckUpstream()
-    settings = ServeSettings(audit_salt="test-salt", reload_poll_s=0.1, request_timeout_s=30,
-                             default_rate_limit="5/minute", unauthenticated_rate_limit="3/minute")
+    settings = ServeSettings(audit_salt="test-salt", request_timeout_s=30, default_rate_limit="5/minute")
     app = create_app(settings, layout=home, registry=registry,
+                     tuning=ServeTuning(reload_poll_s=0.1, unauthenticated_rate_limit="3/minute"),
                      build_verticals=[toy_builder(ToyControl()), serve_registry.build, slow_builder(upstream)])
     try:
         with serving(app, lifespan="on") as url:

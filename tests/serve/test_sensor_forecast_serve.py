@@ -17,7 +17,7 @@ from flows.serve import sensor_forecast
 from flows.serve.app import create_app
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
-from infra.serving.runtime import key_store
+from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from solutions.sensor import forecast as F
 from solutions.sensor import schema as S
@@ -46,9 +46,9 @@ def _app(home: HomeLayout, register: bool = True) -> TestClient:
         ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={F.PRIMARY_METRIC: 0.9},
                                 primary_metric=F.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
         registry.set_alias(MODEL, "champion", ref.version)
-    settings = ServeSettings(reload_poll_s=0.2, audit_salt="s", fraud_model="", sensor_model="",
-                             max_body_bytes=50_000_000)
-    app = create_app(settings, build_verticals=[sensor_forecast.build], layout=home, registry=registry)
+    settings = ServeSettings(audit_salt="s", fraud_model="", sensor_model="", max_body_bytes=50_000_000)
+    app = create_app(settings, build_verticals=[sensor_forecast.build], layout=home, registry=registry,
+                     tuning=ServeTuning(reload_poll_s=0.2))
     return TestClient(app)
 
 

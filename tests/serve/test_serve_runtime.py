@@ -153,23 +153,18 @@ def test_breaker_opens_then_recovers(live_server) -> None:
 
 def test_the_server_runs_with_its_gc_thresholds() -> None:
     """Python's default thresholds promoted in-flight batches to the oldest generation; full
-    collections over the online state then paused scoring (ServeSettings.gc_thresholds)."""
+    collections over the online state then paused scoring (flows.serve.app.GC_THRESHOLDS)."""
     import gc
 
-    import pytest
     from fastapi.testclient import TestClient
-    from pydantic import ValidationError
 
-    from flows.serve.app import create_app
+    from flows.serve.app import GC_THRESHOLDS, create_app
     from infra.settings import ServeSettings
 
     before = gc.get_threshold()
-    app = create_app(ServeSettings(gc_thresholds="40000, 15, 12", fraud_model="", sensor_model=""),
-                     build_verticals=[])
+    assert before != GC_THRESHOLDS
+    app = create_app(ServeSettings(fraud_model="", sensor_model=""), build_verticals=[])
     with TestClient(app) as client:
-        assert gc.get_threshold() == (40000, 15, 12)
+        assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 20)
         assert client.get("/healthz").status_code == 200
     assert gc.get_threshold() == before  # given back when the app stops
-    assert ServeSettings().gc_threshold_values() == (50000, 20, 20)
-    with pytest.raises(ValidationError, match="gc_thresholds"):
-        ServeSettings(gc_thresholds="50000,20")

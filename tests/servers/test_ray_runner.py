@@ -76,7 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
 def on_ray(cluster: RayCluster, monkeypatch: pytest.MonkeyPatch) -> RayCluster:
     """The flows' fan-out goes to the cluster."""
     monkeypatch.setenv("INDUSFLOW_RUNNER_KIND", "ray")
-    monkeypatch.setenv("INDUSFLOW_RUNNER_RAY_ADDRESS", cluster.address)
+    monkeypatch.setenv("INDUSFLOW_RUNNER_ADDRESS", cluster.address)
     return cluster
 
 
@@ -212,7 +212,7 @@ def test_a_command_line_run_shares_its_temporary_prefect_api_with_the_workers(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "PYTEST_"))}
     env.update(PYTHONPATH=str(repo), INDUSFLOW_HOME=str(home), PREFECT_HOME=str(tmp_path / "prefect"),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", INDUSFLOW_RUNNER_KIND="ray",
-               INDUSFLOW_RUNNER_RAY_ADDRESS=on_ray.address, INDUSFLOW_TRAIN_NUM_THREADS="1")
+               INDUSFLOW_RUNNER_ADDRESS=on_ray.address, INDUSFLOW_TRAIN_NUM_THREADS="1")
     with TaskWatch(on_ray) as watch:
         done = subprocess.run([sys.executable, "-m", "flows.fraud", "batch", "--inbox", str(inbox), "--model", MODEL,
                                "--settle-seconds", "0", "--json"], check=False, env=env, cwd=tmp_path,

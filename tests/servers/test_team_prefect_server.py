@@ -96,8 +96,6 @@ def test_team_server_on_postgres_runs_deployments_on_a_worker_and_resumes_a_cras
     config.write_text(DEPLOY_CONFIG)
     env = base_env(home, tmp_path / "prefect-home")
     env["INDUSFLOW_DEPLOY_CONFIG"] = str(config)
-    env["INDUSFLOW_TRAIN_PROGRESS_BAR"] = "false"
-    env["INDUSFLOW_DEPLOY_CRASHED_AFTER_S"] = "75"  # heartbeats every 30 s (Prefect's minimum)
     workers: list[Proc] = []
     with postgres() as pg, prefect_server(pg.url, tmp_path, env) as api, \
             temporary_settings({PREFECT_API_URL: api}):

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from infra.ocr import OcrError, OcrLine
 from infra.settings import OcrSettings
-from tasks.ocr import DocumentOcr, OcrFailure, OcrText, pdf_pages_to_ocr
+from tasks.ocr import DocumentOcr, OcrFailure, OcrLimits, OcrText, pdf_pages_to_ocr
 
 
 class CountingEngine:
@@ -54,7 +54,7 @@ def test_pages_to_ocr_follow_the_text_layer_counts() -> None:
 
 def test_long_scans_are_cut_at_max_pages_with_progress(caplog: pytest.LogCaptureFixture) -> None:
     engine = CountingEngine()
-    ocr = DocumentOcr(engine, OcrSettings(max_pages=6, dpi=72))
+    ocr = DocumentOcr(engine, limits=OcrLimits(max_pages=6, dpi=72))
     meta = {"pdf:charsPerPage": ["0"] * 7}
     assert ocr.wants("application/pdf", meta, "")
     with caplog.at_level(logging.INFO, logger="tasks.ocr"):
@@ -69,17 +69,17 @@ def test_long_scans_are_cut_at_max_pages_with_progress(caplog: pytest.LogCapture
 
 
 def test_a_failed_page_is_reported_and_the_others_kept() -> None:
-    ocr = DocumentOcr(CountingEngine(fail=(2,)), OcrSettings(dpi=72))
+    ocr = DocumentOcr(CountingEngine(fail=(2,)), limits=OcrLimits(dpi=72))
     got = ocr.read(scanned_pdf(3), "application/pdf", {}, "", "/inbox/scan.pdf")
     assert isinstance(got, OcrText) and got.info.pages == (1, 3) and got.info.failed_pages == (2,)
-    every = DocumentOcr(CountingEngine(fail=(1, 2)), OcrSettings(dpi=72))
+    every = DocumentOcr(CountingEngine(fail=(1, 2)), limits=OcrLimits(dpi=72))
     failed = every.read(scanned_pdf(2), "application/pdf", {}, "", "/inbox/scan.pdf")
     assert isinstance(failed, OcrFailure) and failed.reason == "ocr_failed"
 
 
 def test_pages_are_rendered_below_the_pixel_limit() -> None:
     engine = CountingEngine()
-    DocumentOcr(engine, OcrSettings(dpi=300, max_image_pixels=30_000)).read(
+    DocumentOcr(engine, limits=OcrLimits(dpi=300, max_image_pixels=30_000)).read(
         scanned_pdf(1), "application/pdf", {}, "", "/inbox/scan.pdf")
     (w, h), = engine.sizes
     assert w * h <= 30_000 * 1.02 and w < 300  # 300 dpi would be 1250x1667: scaled down instead
@@ -105,7 +105,7 @@ def test_scored_lines_are_kept_by_confidence_not_length() -> None:
     buf = io.BytesIO()
     image.save(buf, "PNG")
     lines = [OcrLine("PAID", 0.99), OcrLine("H+H", 0.74), OcrLine("+--+", 0.97), OcrLine("3 MAY", 0.85)]
-    got = DocumentOcr(ScoredEngine(lines), OcrSettings(min_confidence=0.85)).read(
+    got = DocumentOcr(ScoredEngine(lines), limits=OcrLimits(min_confidence=0.85)).read(
         buf.getvalue(), "image/png", {}, "", "/inbox/stamp.png")
     assert isinstance(got, OcrText)
     # under the threshold, or no letter or digit: noise, dropped and counted
@@ -114,4 +114,4 @@ def test_scored_lines_are_kept_by_confidence_not_length() -> None:
     # an engine without confidences keeps every line and says so (its text is judged by length)
     plain = DocumentOcr(CountingEngine(), OcrSettings()).read(buf.getvalue(), "image/png", {}, "", "/inbox/a.png")
     assert isinstance(plain, OcrText) and plain.pages == ("read 1",) and plain.info.min_confidence is None
-    assert DocumentOcr(CountingEngine()).key != DocumentOcr(CountingEngine(), OcrSettings(min_confidence=0.5)).key
+    assert DocumentOcr(CountingEngine()).key != DocumentOcr(CountingEngine(), limits=OcrLimits(min_confidence=0.5)).key

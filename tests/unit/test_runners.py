@@ -42,7 +42,7 @@ def test_ray_kind_makes_a_bounded_local_ray_or_joins_the_address(monkeypatch) ->
     assert isinstance(local, RayTaskRunner) and local.address is None
     assert local.init_kwargs["num_cpus"] == 3 and local.init_kwargs["include_dashboard"] is False
     assert "runtime_env" in local.init_kwargs
-    monkeypatch.setenv("INDUSFLOW_RUNNER_RAY_ADDRESS", "ray://head:10001")
+    monkeypatch.setenv("INDUSFLOW_RUNNER_ADDRESS", "ray://head:10001")
     remote = make_task_runner()
     assert remote.address == "ray://head:10001" and "num_cpus" not in remote.init_kwargs
     assert remote.init_kwargs["runtime_env"]["env_vars"]["INDUSFLOW_RUNNER_KIND"] == "ray"

@@ -33,7 +33,7 @@ def test_documented_table_is_the_generated_one() -> None:
     real = {var for var, _, _ in environment_variables()}
     assert not real - documented, f"undocumented: {sorted(real - documented)}"
     assert not documented - real, f"documented but no such setting: {sorted(documented - real)}"
-    assert _documented_table() == markdown_table(), "regenerate it into docs/configuration.md: python -m infra.settings"
+    assert _documented_table() == markdown_table(), "regenerate it into docs/configuration.md: python -m infra.settings --markdown"
 
 
 def test_no_indusflow_variable_is_read_outside_the_settings_module() -> None:

@@ -214,7 +214,6 @@ def test_cli_like_run_prints_each_lightning_line_once(tmp_path: Path) -> None:
         **os.environ,
         "INDUSFLOW_HOME": str(tmp_path / "home"),
         "PREFECT_HOME": str(tmp_path / "prefect"),
-        "INDUSFLOW_TRAIN_PROGRESS_BAR": "false",
     }
     done = subprocess.run(
         [sys.executable, "-c", _CLI_LIKE_TRAINING],

@@ -115,7 +115,6 @@ def test_ddp_two_cpu_processes_shard_data_and_resume(tmp_path: Path) -> None:
         **os.environ,
         "PYTHONPATH": str(repo),
         "INDUSFLOW_HOME": str(home),
-        "INDUSFLOW_TRAIN_PROGRESS_BAR": "false",
         "OMP_NUM_THREADS": "1",
     }
     _run(script, out, env, repo)  # trains 2 epochs, drops the result file, resumes to 3 epochs

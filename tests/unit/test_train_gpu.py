@@ -121,8 +121,7 @@ def test_ddp_bf16_on_the_gpus_of_this_machine(tmp_path: Path) -> None:
     script.write_text(_DDP_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(repo), "INDUSFLOW_HOME": str(tmp_path / "home"),
-           "INDUSFLOW_TRAIN_PROGRESS_BAR": "false"}
+    env = {**os.environ, "PYTHONPATH": str(repo), "INDUSFLOW_HOME": str(tmp_path / "home")}
     done = subprocess.run([sys.executable, str(script), str(out), str(devices), str(Path(__file__).parent)],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
