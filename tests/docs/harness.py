@@ -425,17 +425,11 @@ class Workspace:
         tries = 0
         while True:
             tries += 1
-            try:
-                proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], check=False, cwd=self.cwd, env=env,
-                                      stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                      timeout=COMMAND_TIMEOUT_S)
-                outcome.rc, outcome.stdout, outcome.stderr = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                outcome.rc = None
-                outcome.stdout = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-                outcome.stderr = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-                outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s")
+            rc, outcome.stdout, outcome.stderr = _run_in_own_group(script, self.cwd, env)
+            if rc is None:
+                outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s (its process group killed)")
                 break
+            outcome.rc = rc
             if not poll:
                 break
             settled, problem = poll[1](outcome.rc, outcome.stdout)
@@ -536,6 +530,22 @@ class Workspace:
             else:
                 outcome.problems += noise_lines(line)
         outcome.status = "FAILED" if outcome.problems else outcome.status
+
+
+def _run_in_own_group(script: str, cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
+    """(status, stdout, stderr) of ``bash -c script``; status None when it outran COMMAND_TIMEOUT_S: then
+    its whole process group is killed, so no command it started goes on writing into the next
+    section's copy of the folder."""
+    proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", script], cwd=cwd, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
 
 
 def _answers(url: str) -> bool:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.docs import blocks as rb
-from tests.docs.harness import Pages
+from tests.docs import harness
+from tests.docs.harness import Pages, Workspace
 
 pytestmark = pytest.mark.docs
 
@@ -76,6 +78,22 @@ def test_needs_form_chains() -> None:
         assert not s.needs or s.needs in rb.SECTION_NAMES[:i], f"{s.name} needs {s.needs!r}: not an earlier section"
     assert rb.chain("serving") == ["fraud_flows", "sensor", "serving"]
     assert rb.chain("kb_api") == ["kb_api"]
+
+
+def test_a_command_past_its_time_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a timed-out command started is killed with it (else it writes into the next section's copy)."""
+    monkeypatch.setattr(harness, "COMMAND_TIMEOUT_S", 2)
+    ws = Workspace(tmp_path)
+    ws.cwd.mkdir()
+    ws.home.mkdir()
+    cmd = rb.Command("sleep 60 >/dev/null 2>&1 & echo $! > child.pid; wait", 1, "", None)
+    outcome = ws._run(cmd, ws.base_env())
+    assert outcome.status == "FAILED" and outcome.problems[0].startswith("still running after 2 s")
+    child = Path(f"/proc/{(ws.cwd / 'child.pid').read_text().strip()}/stat")
+    deadline = time.monotonic() + 5
+    while child.exists() and child.read_text().split()[2] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not child.exists() or child.read_text().split()[2] == "Z", "the command's child still runs"
 
 
 @pytest.fixture(scope="session")
