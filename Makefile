@@ -51,8 +51,8 @@ test-fast: install
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/unit -m "not slow and not gpu"
 
-# Runs every command block of README.md and docs/ as written, section by section, in a fresh home
-# (tests/docs; one section and those before it: make test-docs K=serving).
+# Runs every command block of README.md and docs/ as written, section by section, each in its own home
+# (tests/docs; one section and the sections it needs: make test-docs K=serving).
 K ?=
 test-docs: install
 	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K))

@@ -16,8 +16,8 @@ written; it is allowed only when some page also shows a concrete, runnable line 
 same command.
 
 Which test section runs a command is :data:`SECTIONS`: a page, and optionally a heading of it.
-The sections of one home run in the order listed, in one fresh home (README.md's have their own,
-so the README's three runs work on a fresh machine as a newcomer types them).
+Each section runs in a home of its own: a fresh one, or a copy of the home another section
+left (``needs``: serving starts where the fraud and sensor guides left their champions).
 """
 
 from __future__ import annotations
@@ -46,28 +46,43 @@ class Section:
     name: str
     page: str  #: relative to the repository root
     heading: str = ""  #: a prefix of an enclosing heading; "": the page's commands no other section takes
-    home: str = "docs"  #: the sections of one home run in :data:`SECTIONS` order, sharing that fresh home
+    #: the section whose finished home this one starts from (a copy of it); "": a fresh home
+    needs: str = ""
 
 
-#: Every runnable command belongs to one section; the run order within a home is this list's.
+#: Every runnable command belongs to one section. A section's home is a copy of the home its
+#: ``needs`` left (that section runs first when it has not yet run), so one selected alone runs
+#: exactly its chain of needs and the whole list runs each section once.
 SECTIONS: list[Section] = [
-    Section("readme_fraud", "README.md", "1. Fraud", home="readme"),
-    Section("readme_sensor", "README.md", "2. Sensor", home="readme"),
-    Section("readme_kb", "README.md", "3. Knowledge base", home="readme"),
+    Section("readme_fraud", "README.md", "1. Fraud"),
+    Section("readme_sensor", "README.md", "2. Sensor", needs="readme_fraud"),  # the README's runs, in order
+    Section("readme_kb", "README.md", "3. Knowledge base", needs="readme_sensor"),  # serves both champions
     Section("fraud_flows", "docs/fraud.md", "Train and score"),
-    Section("rag", "docs/rag.md", home="rag"),
-    Section("fraud_tune", "docs/fraud.md", "Tuning"),
-    Section("sensor", "docs/sensor.md"),
-    Section("forecasting", "docs/forecasting.md", "Commands", home="forecasting"),
-    Section("compress", "docs/fraud.md", "Compression"),
-    Section("governance", "docs/governance.md", "Lineage"),
+    Section("rag", "docs/rag.md"),
+    Section("fraud_tune", "docs/fraud.md", "Tuning", needs="fraud_flows"),  # the champion rule meets a champion
+    # after the fraud guide: the homes that start from it hold both verticals' champions
+    Section("sensor", "docs/sensor.md", needs="fraud_flows"),
+    Section("forecasting", "docs/forecasting.md", "Commands"),
+    Section("compress", "docs/fraud.md", "Compression", needs="fraud_flows"),  # --model fraud-seq
+    Section("governance", "docs/governance.md", "Lineage", needs="sensor"),  # fraud-seq:2, sensor-rul:1
     Section("federated", "docs/fraud.md", "Federated training"),
-    Section("model_risk", "docs/governance.md"),
-    Section("deployments", "docs/deployments.md"),
-    Section("serving", "docs/serving.md"),
-    Section("kb_api", "docs/kb.md", home="kb"),
+    Section("model_risk", "docs/governance.md", needs="governance"),  # promotes the version governance trained
+    # the champion model_risk promoted (the GBM, trained on data like incoming/next-days): with the
+    # adapted champion fraud_flows leaves, the Ray batch flags score drift (a WARNING)
+    Section("deployments", "docs/deployments.md", needs="model_risk"),
+    Section("serving", "docs/serving.md", needs="sensor"),  # both champions loaded
+    Section("kb_api", "docs/kb.md"),
 ]
 SECTION_NAMES = [s.name for s in SECTIONS]
+BY_NAME = {s.name: s for s in SECTIONS}
+
+
+def chain(name: str) -> list[str]:
+    """The sections ``name`` starts from, first first, then ``name``."""
+    out = [name]
+    while BY_NAME[out[0]].needs:
+        out.insert(0, BY_NAME[out[0]].needs)
+    return out
 
 
 def pages() -> list[Path]:

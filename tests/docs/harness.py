@@ -1,12 +1,13 @@
-"""Runs the commands of README.md and docs/ as a user types them, section by section, in a fresh home.
+"""Runs the commands of README.md and docs/ as a user types them, section by section, each in its own home.
 
-A home's sections (:data:`blocks.SECTIONS`) run in order in one scratch folder that holds the
-repository (links), a ``.venv`` that is the installed environment, and the files the pages name
-(:mod:`fixtures`). ``HOME`` is
-a fresh folder, so the default ``~/.indusflow`` and ``~/.prefect`` start empty; no ``INDUSFLOW_*``
-or ``PREFECT_*`` variable of the calling shell is passed on, and the venv is not on ``PATH``
-(the pages spell ``.venv/bin/...``). Each section starts with that environment (a new
-terminal); ``export`` lines and the values below carry on to the section's later lines.
+A section (:data:`blocks.SECTIONS`) runs in a scratch folder that holds the repository (links), a
+``.venv`` that is the installed environment, the files the pages name (:mod:`fixtures`) and
+``HOME``: a fresh one (the default ``~/.indusflow`` and ``~/.prefect`` empty) or, for a section that
+``needs`` another, a copy of the folder that one left once its commands ran and its servers
+stopped (:class:`Pages`). No ``INDUSFLOW_*`` or ``PREFECT_*`` variable of the calling shell is
+passed on, and the venv is not on ``PATH`` (the pages spell ``.venv/bin/...``). Each section starts
+with that environment (a new terminal); ``export`` lines and the values below carry on to the
+section's later lines.
 
 A command fails on a non-zero exit status (curl gets ``--fail-with-body`` from a ``.curlrc``, so
 an HTTP 4xx/5xx is one), a traceback, a WARNING/ERROR/CRITICAL log line, a ``warning:``/``error:``
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -202,6 +204,7 @@ class SectionResult:
     name: str
     outcomes: list[Outcome]
     seconds: float
+    start: str = "a fresh home"  #: where its home came from
 
     @property
     def failed(self) -> list[Outcome]:
@@ -210,7 +213,7 @@ class SectionResult:
     def report(self) -> str:
         ran = [o for o in self.outcomes if o.status != "skipped"]
         out = [(f"docs section {self.name}: {len(ran)} commands run, {len(self.failed)} failed, "
-               f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s")]
+               f"{len(self.outcomes) - len(ran)} skipped, {self.seconds:.0f} s; {self.start}")]
         for o in self.outcomes:
             head = f"  [{o.status}] {o.cmd.where}: {o.cmd.first_line.strip()[:110]}"
             if o.status == "skipped":
@@ -248,37 +251,103 @@ def _venv() -> Path:
     return Path(sys.prefix)
 
 
-class Workspace:
-    """The folder one home's commands run in, its fresh home, and the servers it started."""
+def make_fresh(root: Path) -> None:
+    """A fresh page folder at ``root``: the fixtures, the repository's entries as links, a ``.venv``
+    that is the installed one, an empty home (with its ``.curlrc``)."""
+    cwd, home = root / "work", root / "home"
+    cwd.mkdir(parents=True)
+    home.mkdir()
+    page_fixtures.write_all(cwd)
+    for entry in ROOT.iterdir():
+        if entry.name not in (".venv", ".git") and not (cwd / entry.name).exists():
+            (cwd / entry.name).symlink_to(entry)
+    venv = cwd / ".venv"  # the installed venv, entry by entry, with its own install stamp
+    venv.mkdir()
+    for entry in _venv().iterdir():
+        if entry.name != ".installed":
+            (venv / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()  # make ui's `install` prerequisite is met: no pip run
+    (home / ".curlrc").write_text(
+        "fail-with-body\nshow-error\nwrite-out = \"%{stderr}[curl] HTTP %{http_code}\\n\"\n")
 
-    def __init__(self, root: Path, reuse: bool = False, home: str = "docs") -> None:
+
+class Pages:
+    """Every section's home in one folder (``base``), each section run once.
+
+    ``fresh/`` is the fresh page folder (:func:`make_fresh`, made once); ``pages/NAME/`` is the
+    folder section NAME left, servers stopped: its snapshot, copied for the sections that need it;
+    ``run/`` is where the section now running works. Every section runs at that same path, so a
+    copy is valid as it is: the absolute paths tools write into a home (Prefect's database and
+    cached task results, Lightning's checkpoints, the batch ledgers, RocksDB's files) name the
+    running copy, never the section it came from.
+    """
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.run_dir = base / "run"
+        self.blocks = rb.parse_all()
+        self.done: dict[str, SectionResult] = {}
+        _default_sigint()
+
+    def result(self, name: str) -> SectionResult:
+        """Section ``name``'s result, running it (after the sections it needs) the first time."""
+        if name not in self.done:
+            self.done[name] = self.run(name)
+        return self.done[name]
+
+    def snapshot(self, name: str) -> Path:
+        """The folder section ``name`` left (an earlier run's under the same ``base`` counts)."""
+        path = self.base / "pages" / name
+        if not path.exists():
+            self.result(name)
+        return path
+
+    def fresh(self) -> Path:
+        path = self.base / "fresh"
+        if not path.exists():
+            make_fresh(path)
+        return path
+
+    def run(self, name: str) -> SectionResult:
+        """Runs section ``name`` in a copy of the home it needs; keeps what it left as ``pages/NAME``."""
+        needs = rb.BY_NAME[name].needs
+        source = self.snapshot(needs) if needs else self.fresh()
+        start = time.monotonic()
+        if self.run_dir.exists():
+            shutil.rmtree(self.run_dir)
+        shutil.copytree(source, self.run_dir, symlinks=True, ignore=_left_by_the_run(source))
+        copied = time.monotonic() - start
+        result = Workspace(self.run_dir, self.blocks).run_section(name)
+        result.seconds += copied
+        result.start = (f"home: a copy of {needs}'s ({copied:.0f} s)" if needs else "a fresh home") + (
+            f" ({needs} FAILED)" if needs and self.done.get(needs) and self.done[needs].failed else "")
+        kept = self.base / "pages" / name
+        if kept.exists():
+            shutil.rmtree(kept)
+        kept.parent.mkdir(exist_ok=True)
+        self.run_dir.rename(kept)
+        return result
+
+
+def _left_by_the_run(source: Path) -> Callable[[str, list[str]], list[str]]:
+    """Not copied: the earlier section's server logs and environment dump (beside its work and home)."""
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        if Path(folder) != source:
+            return []
+        return [n for n in names if n == "env.out" or (n.startswith("server-") and n.endswith(".log"))]
+    return ignore
+
+
+class Workspace:
+    """The folder one section's commands run in, its home, its ports and the servers it started."""
+
+    def __init__(self, root: Path, blocks: list[rb.Block] | None = None) -> None:
         self.root = root
         self.cwd = root / "work"
         self.home = root / "home"
-        self.sections = [s.name for s in rb.SECTIONS if s.home == home]
-        self.blocks = rb.parse_all()
+        self.blocks = blocks if blocks is not None else rb.parse_all()
         _default_sigint()
-        self.done: dict[str, SectionResult] = {}
-        if reuse:  # a workspace an earlier run left (developing one section): its home and ports
-            self.fixtures = []
-            self.ports = json.loads((root / "ports.json").read_text())
-            return
-        self.cwd.mkdir(parents=True)
-        self.home.mkdir()
-        self.fixtures = page_fixtures.write_all(self.cwd)
-        for entry in ROOT.iterdir():
-            if entry.name not in (".venv", ".git") and not (self.cwd / entry.name).exists():
-                (self.cwd / entry.name).symlink_to(entry)
-        venv = self.cwd / ".venv"  # the installed venv, entry by entry, with its own install stamp
-        venv.mkdir()
-        for entry in _venv().iterdir():
-            if entry.name != ".installed":
-                (venv / entry.name).symlink_to(entry)
-        (venv / ".installed").touch()  # make ui's `install` prerequisite is met: no pip run
         self.ports = {"serve_port": free_port(), "ui_port": free_port()}
-        (root / "ports.json").write_text(json.dumps(self.ports))
-        (self.home / ".curlrc").write_text(
-            "fail-with-body\nshow-error\nwrite-out = \"%{stderr}[curl] HTTP %{http_code}\\n\"\n")
 
     def base_env(self) -> dict[str, str]:
         venv_bin = str(_venv() / "bin")
@@ -295,15 +364,6 @@ class Workspace:
 
     def commands(self, section: str) -> list[rb.Command]:
         return [c for b in self.blocks for c in b.commands if c.section == section]
-
-    def run_through(self, section: str) -> SectionResult:
-        """Runs every section of this home up to and including ``section`` (once each, in order)."""
-        for name in self.sections:
-            if name not in self.done:
-                self.done[name] = self.run_section(name)
-            if name == section:
-                return self.done[name]
-        raise KeyError(section)
 
     def run_section(self, section: str) -> SectionResult:
         start = time.monotonic()
@@ -365,17 +425,11 @@ class Workspace:
         tries = 0
         while True:
             tries += 1
-            try:
-                proc = subprocess.run(["bash", "--noprofile", "--norc", "-c", script], check=False, cwd=self.cwd, env=env,
-                                      stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                      timeout=COMMAND_TIMEOUT_S)
-                outcome.rc, outcome.stdout, outcome.stderr = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                outcome.rc = None
-                outcome.stdout = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-                outcome.stderr = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-                outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s")
+            rc, outcome.stdout, outcome.stderr = _run_in_own_group(script, self.cwd, env)
+            if rc is None:
+                outcome.problems.append(f"still running after {COMMAND_TIMEOUT_S} s (its process group killed)")
                 break
+            outcome.rc = rc
             if not poll:
                 break
             settled, problem = poll[1](outcome.rc, outcome.stdout)
@@ -478,6 +532,22 @@ class Workspace:
         outcome.status = "FAILED" if outcome.problems else outcome.status
 
 
+def _run_in_own_group(script: str, cwd: Path, env: dict[str, str]) -> tuple[int | None, str, str]:
+    """(status, stdout, stderr) of ``bash -c script``; status None when it outran COMMAND_TIMEOUT_S: then
+    its whole process group is killed, so no command it started goes on writing into the next
+    section's copy of the folder."""
+    proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", script], cwd=cwd, env=env, text=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
+
+
 def _answers(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -487,26 +557,23 @@ def _answers(url: str) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """``[--workspace DIR] [SECTION ...]``: with --workspace, reuse DIR's home and run only SECTIONs."""
-    reuse = None
+    """``[--workspace DIR] [SECTION ...]``: runs SECTIONs (default: all) and the sections they need.
+
+    With --workspace DIR, the folder an earlier run printed: a needed section whose home it holds
+    (``DIR/pages/NAME``) is not run again, and each SECTION runs again from there."""
+    base = None
     if argv[:1] == ["--workspace"]:
-        reuse, argv = Path(argv[1]), argv[2:]
+        base, argv = Path(argv[1]), argv[2:]
     sections = argv or rb.SECTION_NAMES
     problems = rb.problems(rb.parse_all())
     for p in problems:
         print(f"docs problem: {p}")
-    homes = {s.name: s.home for s in rb.SECTIONS}
-    workspaces: dict[str, Workspace] = {}
+    pages = Pages(base or Path(tempfile.mkdtemp(prefix="docs-test-")))
+    print(f"workspace {pages.base}", flush=True)
     os.environ.setdefault("DOCS_TEST_VERBOSE", "1")
     failed = 0
     for name in sections:
-        home = homes[name]
-        if home not in workspaces:
-            root = reuse or Path(tempfile.mkdtemp(prefix=f"docs-test-{home}-"))
-            workspaces[home] = Workspace(root, reuse=reuse is not None, home=home)
-            print(f"workspace {root}; fixtures: {', '.join(workspaces[home].fixtures)}")
-        ws = workspaces[home]
-        result = ws.run_section(name) if reuse else ws.run_through(name)
+        result = pages.run(name) if base else pages.result(name)
         print(result.report(), flush=True)
         if result.failed:
             failed += 1

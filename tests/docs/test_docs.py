@@ -3,25 +3,25 @@
 ``test_pages_are_runnable_as_written`` only reads the pages (fast): every code block is a command
 block or not one (marked ``not commands``, or a fence of another language), every skip names its
 reason and matches a line, every synopsis has a concrete example, every runnable command belongs
-to a section. The section tests run the commands in a fresh home per home of
-:data:`blocks.SECTIONS` (README.md's three runs share one, the RAG, forecasting and KB pages have one
-each, the other pages share one), in order: a section selected alone (``pytest -m docs_run -k serving``) runs
-its home's sections before it first (``-k kb_api``: that page alone).
-Each prints its report (commands, substitutions, skipped lines with reasons, seconds) even when it
-passes.
+to a section. The section tests run each section's commands in a home of its own: a fresh one, or
+a copy of the home the section it ``needs`` left (:data:`blocks.SECTIONS`, :class:`harness.Pages`).
+A section selected alone (``pytest -m docs_run -k serving``) runs exactly its chain of needs first
+(fraud_flows, sensor); the whole tier runs each section once. Each prints its report (commands,
+substitutions, skipped lines with reasons, seconds; those of the needs it ran) even when it passes.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.docs import blocks as rb
-from tests.docs.harness import Workspace
+from tests.docs import harness
+from tests.docs.harness import Pages, Workspace
 
 pytestmark = pytest.mark.docs
 
@@ -72,23 +72,44 @@ def test_mkdocs_build_is_strict(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "index.html").exists()
 
 
-@pytest.fixture(scope="session")
-def workspace(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Workspace]:
-    homes: dict[str, Workspace] = {}
+def test_needs_form_chains() -> None:
+    """Every ``needs`` names an earlier section, so the tier's order runs each section once."""
+    for i, s in enumerate(rb.SECTIONS):
+        assert not s.needs or s.needs in rb.SECTION_NAMES[:i], f"{s.name} needs {s.needs!r}: not an earlier section"
+    assert rb.chain("serving") == ["fraud_flows", "sensor", "serving"]
+    assert rb.chain("kb_api") == ["kb_api"]
 
-    def get(home: str) -> Workspace:
-        if home not in homes:
-            homes[home] = Workspace(tmp_path_factory.mktemp(f"docs-{home}"), home=home)
-        return homes[home]
-    return get
+
+def test_a_command_past_its_time_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a timed-out command started is killed with it (else it writes into the next section's copy)."""
+    monkeypatch.setattr(harness, "COMMAND_TIMEOUT_S", 2)
+    ws = Workspace(tmp_path)
+    ws.cwd.mkdir()
+    ws.home.mkdir()
+    cmd = rb.Command("sleep 60 >/dev/null 2>&1 & echo $! > child.pid; wait", 1, "", None)
+    outcome = ws._run(cmd, ws.base_env())
+    assert outcome.status == "FAILED" and outcome.problems[0].startswith("still running after 2 s")
+    child = Path(f"/proc/{(ws.cwd / 'child.pid').read_text().strip()}/stat")
+    deadline = time.monotonic() + 5
+    while child.exists() and child.read_text().split()[2] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not child.exists() or child.read_text().split()[2] == "Z", "the command's child still runs"
+
+
+@pytest.fixture(scope="session")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
+    return Pages(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.mark.slow
 @pytest.mark.docs_run
 @pytest.mark.parametrize("section", rb.SECTIONS, ids=rb.SECTION_NAMES)
-def test_docs_section(section: rb.Section, workspace: Callable[[str], Workspace],
-                      capsys: pytest.CaptureFixture[str]) -> None:
-    result = workspace(section.home).run_through(section.name)
+def test_docs_section(section: rb.Section, pages: Pages, capsys: pytest.CaptureFixture[str]) -> None:
+    ran_before = set(pages.done)
+    result = pages.result(section.name)
     with capsys.disabled():
+        for name in rb.chain(section.name)[:-1]:
+            if name not in ran_before:  # a need this test ran
+                print(f"\n(needed by {section.name}) " + pages.done[name].report())
         print("\n" + result.report())
     assert not result.failed, result.failure_message()
