@@ -72,6 +72,7 @@ SECTIONS: list[Section] = [
     Section("deployments", "docs/deployments.md", needs="model_risk"),
     Section("serving", "docs/serving.md", needs="sensor"),  # both champions loaded
     Section("kb_api", "docs/kb.md"),
+    Section("configuration", "docs/configuration.md"),  # a settings file and a flow's config file: a fresh home
 ]
 SECTION_NAMES = [s.name for s in SECTIONS]
 BY_NAME = {s.name: s for s in SECTIONS}
