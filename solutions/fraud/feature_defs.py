@@ -21,6 +21,7 @@ Features, for ``w`` in the window lengths (days):
   ``max(w)`` days; the cap when there is none), ``cust_nb_tx_{w}d`` / ``cust_mean_amount_{w}d`` over
   ``(t - w, t]``, the row itself included (missing amounts count as 0), and
   ``amount_over_cust_mean_{max(w)}d``;
+* :func:`static_features`: the customer's ``age`` as given and ``log1p`` of the account's age in days;
 * :func:`terminal_windows`: ``term_nb_tx_{w}d`` / ``term_risk_{w}d`` over ``[t - delay - w, t - delay)``
   (fraud labels are known ``delay`` late): the count, and the fraud share among rows with a known
   label (0 when none is known).
@@ -36,7 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AccountSummary", "KeyedRows", "account_windows", "row_features", "step_features", "terminal_windows"]
+__all__ = [
+    "AccountSummary", "KeyedRows", "account_windows", "row_features", "static_features", "step_features",
+    "terminal_windows",
+]
 
 NS_PER_DAY = 86_400 * 10**9
 NS_PER_S = 10**9
