@@ -124,7 +124,7 @@ def _hits(folder: Path, needles: dict[str, bytes]) -> list[str]:
 
 def test_nothing_personal_leaks(tmp_path: Path, monkeypatch, capfd, echo_llm: str) -> None:
     import flows.rag.ingest as ingest_flow
-    from flows.rag import steps
+    from flows.rag import answer, steps
     from flows.rag.cli import main
     from infra.milvus import lite_path, open_client
     from tests.integration._hash_embedder import HashEmbedder
@@ -138,6 +138,7 @@ def test_nothing_personal_leaks(tmp_path: Path, monkeypatch, capfd, echo_llm: st
     embedder = HashEmbedder()
     monkeypatch.setattr(ingest_flow, "embedder_from_settings", lambda *a, **k: embedder)
     monkeypatch.setattr(steps, "embedder_from_settings", lambda *a, **k: embedder)
+    monkeypatch.setattr(answer, "embedder_from_settings", lambda *a, **k: embedder)  # `ask` without a Prefect API
     corpus = tmp_path / "kb"
     _corpus(corpus)
 
