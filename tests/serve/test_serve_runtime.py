@@ -161,10 +161,15 @@ def test_the_server_runs_with_its_gc_thresholds() -> None:
     from flows.serve.app import GC_THRESHOLDS, create_app
     from infra.settings import ServeSettings
 
-    before = gc.get_threshold()
-    assert before != GC_THRESHOLDS
-    app = create_app(ServeSettings(fraud_model="", sensor_model=""), build_verticals=[])
-    with TestClient(app) as client:
-        assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 20)
-        assert client.get("/healthz").status_code == 200
-    assert gc.get_threshold() == before  # given back when the app stops
+    # An earlier test's in-thread server that never ran its shutdown may have left the server's
+    # thresholds on this process (CI saw it): start from Python's defaults, and restore after.
+    outer = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        app = create_app(ServeSettings(fraud_model="", sensor_model=""), build_verticals=[])
+        with TestClient(app) as client:
+            assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 20)
+            assert client.get("/healthz").status_code == 200
+        assert gc.get_threshold() == (700, 10, 10)  # given back when the app stops
+    finally:
+        gc.set_threshold(*outer)
