@@ -10,7 +10,7 @@ keeps for their accounts and terminals. Online equals batch because both run thi
 A chunk's rows must be in time order (ties: arrival order), so "earlier in the chunk" and "earlier in
 time" agree: online scoring cuts a request into such runs and applies them one after another.
 
-Features, for ``w`` in the window lengths (days):
+Features, for ``w`` in the window lengths (days, :data:`WINDOWS_DAYS` unless a caller passes others):
 
 * :func:`step_features`: the sequence model's steps (``STEP_NUMERIC``): ``log_amount``,
   ``log_gap_s`` (to the account's previous row, capped at ``MAX_GAP_S``), hour and weekday on the unit
@@ -38,13 +38,16 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = [
-    "AccountSummary", "KeyedRows", "account_windows", "row_features", "static_features", "step_features",
-    "terminal_windows",
+    "WINDOWS_DAYS", "AccountSummary", "KeyedRows", "account_windows", "row_features", "static_features",
+    "step_features", "terminal_windows",
 ]
 
 NS_PER_DAY = 86_400 * 10**9
 NS_PER_S = 10**9
 NIGHT_HOURS = (22, 6)  # [22:00, 06:00)
+#: The window lengths (days) of the account and terminal windows, batch and online: a window added here
+#: is a feature of every path (its columns are named from the length; online state keeps ``max`` of them).
+WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Window features and the gradient-boosting baseline of the fraud vertical.
 
 The features follow the ULB/Worldline fraud-detection handbook: per transaction,
-customer (account) windows over the last 1/7/30 days *including* the transaction
-itself, and terminal windows over 1/7/30 days shifted back by a label delay (the
+customer (account) windows over the last ``w`` days *including* the transaction
+itself, and terminal windows over ``w`` days shifted back by a label delay (the
 fraud labels of a terminal's transactions are only known ``delay_days`` later).
 Every feature of a transaction uses only that transaction and earlier ones, so a
 later transaction (its amount, its label, its existence) never changes an earlier
@@ -24,7 +24,13 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
-from solutions.fraud.feature_defs import KeyedRows, account_windows, row_features, terminal_windows
+from solutions.fraud.feature_defs import (
+    WINDOWS_DAYS,
+    KeyedRows,
+    account_windows,
+    row_features,
+    terminal_windows,
+)
 from solutions.fraud.schema import (
     ACCOUNT_AGE_DAYS,
     ACCOUNT_ID,
@@ -88,7 +94,7 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
     the capped gap.
 
     Args:
-        windows_days: window lengths in days.
+        windows_days: window lengths in days (default :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`).
         delay_days: label delay for the terminal risk windows.
         use_static: add ``age``, ``account_age_days`` and ``occupation``.
         max_categories: at most this many most frequent values per one-hot column.
@@ -104,7 +110,7 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        windows_days: Sequence[int] = (1, 7, 30),
+        windows_days: Sequence[int] = WINDOWS_DAYS,
         delay_days: int = 7,
         use_static: bool = True,
         max_categories: int = 30,

@@ -137,7 +137,7 @@ class OnlineFraudState:
             than that still get :class:`OrderError` (409). 0: strict order, as the batch path.
     """
 
-    def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = (1, 7, 30),
+    def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = FD.WINDOWS_DAYS,
                  history_len: int = 255, max_recent: int = 4096, cache_accounts: int = 50_000,
                  cache_terminals: int = 10_000, max_terminal_rows: int = 20_000,
                  late_tolerance_s: float = 0.0) -> None:
