@@ -50,7 +50,7 @@ from infra.tables import ColumnSpec, TableSchema, validate_table
 from solutions.fraud import feature_defs as FD
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.online_model import OnlineFraudModel, RowInputs
+from solutions.fraud.online_model import OnlineFraudModel, RowInputs, WindowRow
 from solutions.fraud.request_rows import MAX_ID_CHARS, Rows, check_values, validate_rows
 
 __all__ = [
@@ -190,6 +190,8 @@ class OnlineFraudState:
 
 _row_time = operator.itemgetter(0)  # a stored row's time (bisect's key; C, unlike a def)
 _row_value = operator.itemgetter(1)  # an account row's amount, a terminal row's label
+_row_step = operator.itemgetter(4)  # an account row's step features
+_row_cats = operator.itemgetter(2, 3)  # an account row's (channel, category)
 
 
 def _same_tx(row: AccountRow, tx: str, t: int, late_ns: int) -> bool:
@@ -322,7 +324,7 @@ class _Batch:
         self._applied = []
 
     def _features(self, r: Rows, start: int, end: int,
-                  delay_days: int) -> tuple[list[tuple[float, ...]], list[dict[str, float]]]:
+                  delay_days: int) -> tuple[list[tuple[float, ...]], list[WindowRow]]:
         """The sequence steps and window features of rows ``start:end`` (in time order) from the state
         before them: the one definition (:mod:`solutions.fraud.feature_defs`) over what the state
         keeps for their accounts and terminals."""
@@ -357,8 +359,7 @@ class _Batch:
         steps = FD.step_features(chunk, hours + np.array(r.minutes[start:end]) / 60.0, dows,
                                  np.where(np.array([t is None for t in terminals]), -1, term_codes)
                                  if term_codes is not None else None, summary, known_pair)
-        names = list(feats)
-        wins = [dict(zip(names, row)) for row in np.column_stack(list(feats.values())).tolist()]
+        wins = WindowRow.rows(list(feats), np.column_stack(list(feats.values())))
         return list(map(tuple, steps.tolist())), wins
 
     def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
@@ -387,11 +388,12 @@ class _Batch:
         runs = np.flatnonzero(np.diff(np.array(t_ns, dtype=np.int64)) < 0) + 1  # where time goes back
         run_ends = [*runs.tolist(), len(r)]
         steps: list[tuple[float, ...]] = []
-        wins: list[dict[str, float]] = []
+        wins: list[WindowRow] = []
         run_start = run_end = 0
 
         out: list[RowInputs] = []
-        late_ns = self.state.late_ns
+        late_ns, history_len, max_recent = self.state.late_ns, self.state.history_len, self.state.max_recent
+        account_rows, applied = journal.account_rows, self._applied
         for i, acct_id in enumerate(accounts):
             if i == run_end:
                 run_start, run_end = i, run_ends.pop(0)
@@ -405,10 +407,10 @@ class _Batch:
             # a late row (within the tolerance) joins its account right after the latest row
             t = max(t_own, recent[-1][0]) if recent else t_own
             term = terminals[i]
+            before = recent[-hist:] if hist else ()
             out.append(RowInputs(
-                steps=[r[4] for r in recent[-hist:]] + [step] if hist else [step],
-                step_cats=[(r[2], r[3]) for r in recent[-hist:]] + [(channels[i], categories[i])]
-                if hist else [(channels[i], categories[i])],
+                steps=[*map(_row_step, before), step],
+                step_cats=[*map(_row_cats, before), (channels[i], categories[i])],
                 window=win,
                 static=(ages[i], acc_ages[i]),
                 occupation=occupations[i],
@@ -416,15 +418,15 @@ class _Batch:
             # -- add the row to the state
             row = (t, amount, channels[i], categories[i], step, tx_ids[i])
             recent.append(row)
-            journal.account_rows.append((acct_id, acct["seq"], row))
-            self._applied.append((acct_id, len(journal.account_rows) - 1))
+            account_rows.append((acct_id, acct["seq"], row))
+            applied.append((acct_id, len(account_rows) - 1))
             acct["seq"] += 1
             touched.add(acct_id)
             keep_from = t - wmax * _NS_PER_DAY
             cut = 0
-            while cut < len(recent) - self.state.history_len and recent[cut][0] <= keep_from:
+            while cut < len(recent) - history_len and recent[cut][0] <= keep_from:
                 cut += 1
-            cut = max(cut, len(recent) - self.state.max_recent)
+            cut = max(cut, len(recent) - max_recent)
             if cut:
                 del recent[:cut]
                 journal.account_cut[acct_id] = acct["seq"] - len(recent)
