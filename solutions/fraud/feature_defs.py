@@ -47,7 +47,9 @@ NS_PER_S = 10**9
 NIGHT_HOURS = (22, 6)  # [22:00, 06:00)
 #: The window lengths (days) of the account and terminal windows, batch and online: a window added here
 #: is a feature of every path (its columns are named from the length; online state keeps ``max`` of them).
-WINDOWS_DAYS: tuple[int, ...] = (1, 7, 14, 30)
+#: Read when a transformer is fitted or a state made (a test may set it; a 14-day window is the example of
+#: ``tests/serve/test_fraud_skew.py``).
+WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.utils.validation import check_is_fitted
 from threadpoolctl import threadpool_limits
 
+from solutions.fraud import feature_defs
 from solutions.fraud.feature_defs import (
-    WINDOWS_DAYS,
     KeyedRows,
     account_windows,
     row_features,
@@ -94,12 +94,14 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
     the capped gap.
 
     Args:
-        windows_days: window lengths in days (default :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`).
+        windows_days: window lengths in days (None: :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS` at
+            ``fit``, the list every path reads).
         delay_days: label delay for the terminal risk windows.
         use_static: add ``age``, ``account_age_days`` and ``occupation``.
         max_categories: at most this many most frequent values per one-hot column.
 
     Attributes:
+        windows_: the window lengths used (days).
         feature_names_out_: names of the output columns, in order.
         channels_: channel values one-hot encoded.
         categories_: category values one-hot encoded.
@@ -110,7 +112,7 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
 
     def __init__(
         self,
-        windows_days: Sequence[int] = WINDOWS_DAYS,
+        windows_days: Sequence[int] | None = None,
         delay_days: int = 7,
         use_static: bool = True,
         max_categories: int = 30,
@@ -132,7 +134,8 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
             self.
         """
         self._check_frame(X)
-        if not self.windows_days or min(self.windows_days) <= 0:
+        self.windows_ = tuple(self.windows_days if self.windows_days is not None else feature_defs.WINDOWS_DAYS)
+        if not self.windows_ or min(self.windows_) <= 0:
             raise ValueError(f"windows_days must be positive; got {self.windows_days!r}")
         if self.delay_days < 0:
             raise ValueError(f"delay_days must be >= 0; got {self.delay_days}")
@@ -151,11 +154,11 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
             [c for c in (AGE, ACCOUNT_AGE_DAYS) if c in X.columns] if self.use_static else []
         )
         names = ["amount", "log_amount", "hour", "is_weekend", "is_night", "secs_since_prev"]
-        for w in self.windows_days:
+        for w in self.windows_:
             names += [f"cust_nb_tx_{w}d", f"cust_mean_amount_{w}d"]
-        names.append(f"amount_over_cust_mean_{max(self.windows_days)}d")
+        names.append(f"amount_over_cust_mean_{max(self.windows_)}d")
         if self.has_terminal_:
-            for w in self.windows_days:
+            for w in self.windows_:
                 names += [f"term_nb_tx_{w}d", f"term_risk_{w}d"]
         names += [f"channel={v}" for v in self.channels_]
         names += [f"category={v}" for v in self.categories_]
@@ -200,14 +203,14 @@ class WindowFeatures(TransformerMixin, BaseEstimator):
         ts = pd.DatetimeIndex(local_all[perm].astype("datetime64[ns]"))
         feats = row_features(amount, ts.hour.to_numpy(), ts.dayofweek.to_numpy())
         acc_codes = pd.factorize(X[ACCOUNT_ID].to_numpy()[perm], use_na_sentinel=False)[0]
-        feats.update(account_windows(self.windows_days, KeyedRows(acc_codes, t, (amount,))))
+        feats.update(account_windows(self.windows_, KeyedRows(acc_codes, t, (amount,))))
         if self.has_terminal_:
             term_codes = pd.factorize(X[TERMINAL_ID].to_numpy()[perm], use_na_sentinel=False)[0]
             if LABEL in X.columns:
                 lab = pd.to_numeric(X[LABEL], errors="coerce").to_numpy(dtype=np.float64)[perm]
             else:
                 lab = np.full(n, np.nan)
-            feats.update(terminal_windows(self.windows_days, self.delay_days, KeyedRows(term_codes, t, (lab,))))
+            feats.update(terminal_windows(self.windows_, self.delay_days, KeyedRows(term_codes, t, (lab,))))
 
         def one_hot(col: str, values: list[str]) -> None:
             if not values:

@@ -45,7 +45,6 @@ import pandas as pd
 
 from infra.online_state import ACCOUNT, TERMINAL, AccountRow, Journal, OnlineStateStore
 from solutions.fraud import feature_defs as FD
-from solutions.fraud import pipeline as P
 from solutions.fraud.online_features import NULL_TERMINAL, row_time, run_features
 from solutions.fraud.online_model import RowInputs, WindowRow
 from solutions.fraud.request_rows import Rows
@@ -88,7 +87,8 @@ class OnlineFraudState:
 
     Args:
         store: where the state lives.
-        windows_days: window lengths (the batch path's :class:`WindowFeatures` defaults).
+        windows_days: window lengths (None: :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`, as the batch
+            path's :class:`~solutions.fraud.features.WindowFeatures`).
         history_len: earlier rows kept per account for sequences (a model's ``seq_len - 1``
             must not exceed it).
         max_recent: at most this many rows per account (bounds an account's rows; an account
@@ -109,14 +109,14 @@ class OnlineFraudState:
             than that still get :class:`OrderError` (409). 0: strict order, as the batch path.
     """
 
-    def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] = FD.WINDOWS_DAYS,
+    def __init__(self, store: OnlineStateStore, windows_days: Sequence[int] | None = None,
                  history_len: int = 255, max_recent: int = 4096, cache_accounts: int = 50_000,
                  cache_terminals: int = 10_000, max_terminal_rows: int = 20_000,
                  late_tolerance_s: float = 0.0) -> None:
         self.store = store
         self.max_terminal_rows = int(max_terminal_rows)
         self.late_ns = int(late_tolerance_s * _NS_PER_S)
-        self.windows_days = tuple(int(w) for w in windows_days)
+        self.windows_days = tuple(int(w) for w in (windows_days if windows_days is not None else FD.WINDOWS_DAYS))
         self.history_len = int(history_len)
         self.max_recent = max(int(max_recent), self.history_len)
         self.cache_accounts = int(cache_accounts)
@@ -125,8 +125,8 @@ class OnlineFraudState:
 
     @classmethod
     def for_model(cls, store: OnlineStateStore, **kwargs: Any) -> OnlineFraudState:
-        """A state whose windows are those of the batch path's window transformer."""
-        return cls(store, windows_days=P.window_transformer(7).windows_days, **kwargs)
+        """A state whose windows are those of the batch path's window transformer (``WINDOWS_DAYS``)."""
+        return cls(store, windows_days=None, **kwargs)
 
     def _forget(self) -> None:
         self._cache = _Pending()

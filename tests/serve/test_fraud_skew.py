@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pandas as pd
@@ -150,12 +151,32 @@ def test_one_accounts_rows_in_one_batch_are_scored_in_arrival_order(tiny: tuple[
     account in one model call) give the batch path's scores: the state applies a batch in arrival order.
 
     In-process, so that the arrival order is exact (HTTP connections may reorder concurrent requests)."""
+    _replay_in_arrival_order(*tiny, tmp_path)
+
+
+def test_a_window_added_to_the_one_list_scores_online_as_in_batch(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example feature of issue 47: a 14-day window added to ``feature_defs.WINDOWS_DAYS`` (the one
+    place; opt-in, the default list stays 1/7/30) is trained on, computed online and replayed as the
+    batch path scores it, by the check above, with no parity code of its own."""
+    from solutions.fraud import feature_defs as FD
+
+    monkeypatch.setattr(FD, "WINDOWS_DAYS", (1, 7, 14, 30))
+    layout = HomeLayout(tmp_path / "src")
+    model = _replay_in_arrival_order(layout, train_tiny_fraud(layout), tmp_path)
+    assert model.preprocessor is not None
+    assert {"cust_nb_tx_14d", "cust_mean_amount_14d", "term_nb_tx_14d", "term_risk_14d"} <= set(
+        model.preprocessor.window_feature_names)
+
+
+def _replay_in_arrival_order(src: HomeLayout, data: TinyFraud, tmp_path: Path) -> Any:
+    """Replay ``data``'s history then its period, one row per request through the dynamic batcher, and
+    compare with the batch path's scores; the model that scored."""
     from infra.online_state.rocks import RocksStateStore
     from infra.registry import ModelRegistry
     from infra.serving.batching import DynamicBatcher
     from solutions.fraud.online import OnlineFraudState, score_requests
 
-    src, data = tiny
     layout = HomeLayout(tmp_path / "home")
     shutil.copytree(src.registry(), layout.registry(), dirs_exist_ok=True)
 
@@ -186,6 +207,7 @@ def test_one_accounts_rows_in_one_batch_are_scored_in_arrival_order(tiny: tuple[
     _compare(data, online)
     assert len(batches) - 1 < len(period)  # coalesced
     assert any(pd.Series(b).duplicated().any() for b in batches[1:])  # one account twice in one call
+    return model
 
 
 def _model_calls(server: FraudServer) -> int:
