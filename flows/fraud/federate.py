@@ -314,7 +314,8 @@ def fraud_federate(
     outcome = federate_step(parts, bounds, config, out_dir, faults)
     evaluated = evaluate_step(outcome, parts, bounds, config)
     registration, _ = register_step(ref, evaluated, outcome, config, data, out_dir)
-    publish_report(_report(evaluated, outcome, out_dir, config.federation.recipe_notes()), out_dir, artifact_key("fraud-federate-report"),
+    notes = config.federation.recipe_notes()
+    publish_report(_report(evaluated, outcome, out_dir, notes), out_dir, artifact_key("fraud-federate-report"),
                    "Federated vs pooled, bank-alone and GBM on the test period")
     decision: PromotionDecision = registration.decision
     return FraudFederateResult(
@@ -323,4 +324,4 @@ def fraud_federate(
         rows_per_bank={str(p.bank): p.rows for p in parts}, refused=outcome.refused,
         metrics={k: {m: (None if math.isnan(x) else x) for m, x in v.items()} for k, v in evaluated["metrics"].items()},
         epsilon=_epsilons(outcome.rounds), best_round=outcome.best_round, report_dir=str(out_dir),
-        seconds=time.perf_counter() - started, notes=config.federation.recipe_notes())
+        seconds=time.perf_counter() - started, notes=notes)
