@@ -20,10 +20,6 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 		$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
 	$(PY) -m pip install -q -c constraints.txt -e ".[all,dev,docs]"
-	@# Flower 1.42 pins fastapi/uvicorn/rich/typer/protobuf below the serving stack's: install it and
-	@# Opacus beside them without their pins (python -m flows.fraud federate and its tests run so)
-	$(PY) -m pip install -q -c constraints.txt --no-deps "flwr==1.42.0" "opacus==1.6.0" "grpcio-health-checking==1.85.1" \
-		"iterators<0.0.3" "pycryptodome<4" tomli tomli_w opt_einsum prompt_toolkit
 	@# statsforecast 2.1 (python -m flows.sensor forecast) and fugue pin pandas<3: beside pandas 3 without the pin
 	$(PY) -m pip install -q --no-deps "statsforecast==2.1.1" "coreforecast==0.0.20" "utilsforecast==0.2.17" \
 		"statsmodels==0.15.0" "patsy==1.0.3" "formulaic==1.2.2" "interface_meta==2.0.1" "fugue==0.9.7" \

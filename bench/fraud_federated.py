@@ -2,7 +2,7 @@
 
     nice -n 10 python bench/fraud_federated.py [--data /work/shared/data/fraud/handbook_...parquet
         --columns account_id=CUSTOMER_ID,... --train-days 7 --delay-days 7 --test-days 7]
-        [--clients 3 5] [--eps 1 4 8] [--rounds 3] [--local-epochs 1] [--seeds 0 1 2]
+        [--clients 3 5] [--eps 1 4 8] [--rounds 24] [--local-epochs 1] [--seeds 0 1 2]
 
 Each run's figures also go to stderr as it finishes. The split flags override the flow's defaults.
 With ``--seeds`` every setting runs once per model seed (weights, sampling, shuffling; the data
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--columns", default="")
     ap.add_argument("--clients", type=int, nargs="+", default=[3])
     ap.add_argument("--eps", type=float, nargs="*", default=[])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None, help="default: the flow's")
     ap.add_argument("--local-epochs", type=int, default=1)
     ap.add_argument("--server-lr", type=float, default=None, help="default: the flow's")
     ap.add_argument("--server-momentum", type=float, default=None, help="default: the flow's")
@@ -85,6 +85,7 @@ def main() -> None:
     extra = {"split": FederateConfig().split.model_copy(update=split)} if split else {}
     if args.delay_days is not None:
         extra["delay_days"] = args.delay_days
+    args.rounds = args.rounds or FederationConfig().rounds
     out: dict = {"data": args.data or "synthetic", "rounds": args.rounds, "local_epochs": args.local_epochs,
                  "split": split, "runs": []}
     started = time.perf_counter()

@@ -214,7 +214,10 @@ def measure_latency(
     max_seconds: float = 10.0,
 ) -> Latency:
     """Time ``fn()`` (one batch) ``iters`` times after ``warmup``; p50/p90 and throughput."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
     for _ in range(warmup):
         fn()
     sync()

@@ -497,7 +497,7 @@ def score_inbox(files: list[InboxFile], score: Callable[[InboxFile], ScoredFile]
 
     context = FlowRunContext.get()
     here = len(files) == 1 and (context is None or runs_on_local_threads(context.task_runner))
-    futures = [None] if here else [score_file_task.submit(score, f) for f in files]
+    futures: list[Any] = [None] if here else [score_file_task.submit(score, f) for f in files]
     outcomes: list[FileOutcome] = []
     meter = track(len(files), f"score {ledger.name}", "files",
                   description=f"{ledger.name}: % of the {len(files)} claimed files handled")

@@ -317,6 +317,7 @@ def federate_summary(result: FraudFederateResult) -> str:
     lines.append(f"privacy: epsilon {result.epsilon}" if result.epsilon else "privacy: no differential privacy")
     lines.append(f"registered {result.model} ({'champion' if result.promoted else 'not promoted'}); "
                  f"report {result.report_dir}")
+    lines += [f"note: {note}" for note in result.notes]
     return "\n".join(lines)
 
 

@@ -50,6 +50,7 @@ class FraudFederateResult(BaseModel):
     best_round: int | None = None  # the registered weights' round when chosen on validation (None: the last)
     report_dir: str
     seconds: float
+    notes: list[str] = []  # what to change for the measured recipe (FederationConfig.recipe_notes)
 
 
 # ------------------------------------------------------------------------------------
@@ -251,7 +252,7 @@ def register_step(ref: DatasetRef, evaluated: dict[str, Any], outcome: FA.Federa
     return approval_gate(registration), markdown  # a model that needs approval waits here
 
 
-def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: Path) -> str:
+def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: Path, notes: list[str]) -> str:
     lines = ["# Federated fraud training", "", "| model | test AP | test ROC-AUC |", "|---|---|---|"]
     lines += [f"| {k} | {v['ap']:.4f} | {v['roc_auc']:.4f} |" for k, v in evaluated["metrics"].items()]
     if POOLING_NOTE_KEY in evaluated["metrics"]:
@@ -264,6 +265,8 @@ def _report(evaluated: dict[str, Any], outcome: FA.FederationOutcome, out_dir: P
               if outcome.best_round is not None else "Registered: the global model of the last round."]
     if outcome.refused:
         lines += ["", "Refused banks:"] + [f"- bank {k}: {v}" for k, v in outcome.refused.items()]
+    if notes:
+        lines += ["", "To reach the measured recipe:"] + [f"- {note}" for note in notes]
     try:
         import matplotlib
 
@@ -311,7 +314,8 @@ def fraud_federate(
     outcome = federate_step(parts, bounds, config, out_dir, faults)
     evaluated = evaluate_step(outcome, parts, bounds, config)
     registration, _ = register_step(ref, evaluated, outcome, config, data, out_dir)
-    publish_report(_report(evaluated, outcome, out_dir), out_dir, artifact_key("fraud-federate-report"),
+    notes = config.federation.recipe_notes()
+    publish_report(_report(evaluated, outcome, out_dir, notes), out_dir, artifact_key("fraud-federate-report"),
                    "Federated vs pooled, bank-alone and GBM on the test period")
     decision: PromotionDecision = registration.decision
     return FraudFederateResult(
@@ -320,4 +324,4 @@ def fraud_federate(
         rows_per_bank={str(p.bank): p.rows for p in parts}, refused=outcome.refused,
         metrics={k: {m: (None if math.isnan(x) else x) for m, x in v.items()} for k, v in evaluated["metrics"].items()},
         epsilon=_epsilons(outcome.rounds), best_round=outcome.best_round, report_dir=str(out_dir),
-        seconds=time.perf_counter() - started)
+        seconds=time.perf_counter() - started, notes=notes)

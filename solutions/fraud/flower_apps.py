@@ -1,15 +1,26 @@
 """The fraud federation's Flower server and bank client, each run as its own process:
 ``python -m solutions.fraud.flower_apps server|client SPEC.json``.
 
-Flower 1.42's supported deployment is SuperLink + SuperNodes running a packaged ServerApp /
-ClientApp (``flwr run``); that runtime spawns a further process per app per run and needs a
-built app bundle. Here one server process and one process per bank are started directly with
-the compatibility entry points (``start_server`` / ``start_client`` over gRPC on 127.0.0.1),
-which 1.42 still ships (deprecated since 1.13): each process imports torch once, which matters
-on small machines. Round 1 is the moments round (each bank shares feature moments and
-vocabularies, never rows); rounds 2.. train with FedAvg weighted by train rows. With
-``share_terminal_stats`` a terminals round comes first: each bank shares its terminals' daily
-counts, the server sums them and sends the totals with the moments round.
+Why ``start_server`` / ``start_client`` and not ``ServerApp`` / ``ClientApp`` (checked against
+Flower's docs and 1.32.1's code, 2026-12-06): Flower's current API runs a ``ServerApp`` and a
+``ClientApp`` only inside its own runtimes. The deployment runtime needs a SuperLink, one SuperNode
+per bank and a run submitted with ``flwr run`` as a built app bundle (FAB) installed into Flower's
+home; the SuperLink and each SuperNode then start ``flwr-serverapp`` / ``flwr-clientapp`` processes
+of their own (``--isolation subprocess``), or wait for them to be started against their app I/O APIs
+(``--isolation process``). The older ``flower-server-app APP`` and ``flower-supernode APP``, which
+loaded an app object from a module, are gone (1.32.1 ships neither). The simulation runtime runs the
+banks as virtual nodes of one runtime on Ray (``flwr[simulation]``), without a process per bank. So the Message API would cost three long-lived processes plus
+one per app per run and a bundle per code change, and it is not how a test starts a federation in
+seconds. The compatibility entry points (deprecated since 1.13, still shipped and documented in
+``flwr.server`` / ``flwr.client``) start one gRPC server and one process per bank on 127.0.0.1, each
+importing torch once. When they go, the move is to SuperLink + SuperNodes with this module's
+strategy and client as the ``ServerApp`` / ``ClientApp`` of a FAB. Flower is pinned to 1.32.1 (the
+``federated`` extra): the newest release that resolves with the serving stack (pyproject.toml).
+
+Round 1 is the moments round (each bank shares feature moments and vocabularies, never rows);
+rounds 2.. train with FedAvg weighted by train rows. With ``share_terminal_stats`` a terminals round
+comes first: each bank shares its terminals' daily counts, the server sums them and sends the totals
+with the moments round.
 """
 
 from __future__ import annotations

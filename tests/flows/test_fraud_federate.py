@@ -41,6 +41,8 @@ def test_tiny_federation_end_to_end(capsys: pytest.CaptureFixture) -> None:
                  "pooled (shared features)", "GBM pooled (shared features)"):
         assert 0 <= result["metrics"][name]["ap"] <= 1, name
     assert result["epsilon"] is None
+    # two rounds and each bank's own terminal counts: the summary says what the measured recipe changes
+    assert len(result["notes"]) == 2 and "--rounds 24" in result["notes"][0], result["notes"]
     registry = ModelRegistry()
     ref = registry.resolve("fraud-fed-e2e:1")
     fed = ref.params["federation"]

@@ -188,6 +188,17 @@ def test_dp_training_resumes_its_adamw_moments_without_spending_more(banks: list
     assert second.epsilon is not None and second.epsilon <= 4.0 + 1e-6  # the accountant's budget holds
 
 
+def test_the_summary_says_what_to_change_for_the_measured_recipe() -> None:
+    """Few rounds and unshared terminal counts are named with the flag that changes them; the
+    defaults run the measured rounds, and sharing stays the banks' choice (off by default)."""
+    defaults = FederationConfig()
+    assert defaults.rounds >= 24 and not defaults.share_terminal_stats
+    notes = FederationConfig(rounds=3).recipe_notes()
+    assert len(notes) == 2 and "--rounds 24" in notes[0] and "--share-terminal-stats" in notes[1]
+    assert len(defaults.recipe_notes()) == 1 and "not noised" in defaults.recipe_notes()[0]
+    assert FederationConfig(share_terminal_stats=True).recipe_notes() == []
+
+
 def test_dp_batch_size_and_learning_rate_apply_only_under_dp() -> None:
     base = SMALL_MODEL
     plain = FederationConfig(dp_batch_size=2048, dp_learning_rate=0.01)
