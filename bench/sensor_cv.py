@@ -213,6 +213,10 @@ def main() -> None:
                         help="Cross-fit each fold instead of one split per seed: K CNNs (seeds 0..K-1) and K GBMs, "
                         "member i validating (early stopping, the choice) on its own disjoint block of validation "
                         "engines; the candidates are the members' means (rows xfit_*).")
+    parser.add_argument("--train-seed", type=int, default=0, metavar="S",
+                        help="With --cross-fit, as sensor train's finetune.seed: member k trains from seed S + k, the "
+                        "encoder pre-trains from seed S, the GBMs fit with random state fold + S (0: the runs before "
+                        "this option). One S per --out-dir; seeds S = 0, K, 2K, ... share no member seed.")
     parser.add_argument("--only-folds", type=int, nargs="*", default=None, help="Run only these fold indices.")
     parser.add_argument("--resume", action="store_true", help="Keep the runs already in --out-dir, run the rest.")
     parser.add_argument("--summarize-only", action="store_true", help="Only summarise the runs in --out-dir.")
@@ -246,6 +250,8 @@ def main() -> None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"channels": args.channels})})
     if args.dropout is not None:
         cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"dropout": args.dropout})})
+    if args.train_seed:
+        cfg = cfg.model_copy(update={"pretrain": cfg.pretrain.model_copy(update={"seed": args.train_seed})})
     ft, pcfg = cfg.finetune, cfg.pretrain
     wcfg = window_config(SensorSource(cmapss_dir=args.cmapss_dir, subset=args.subset), cfg)
     if args.stride:
@@ -313,13 +319,14 @@ def main() -> None:
             fd = CV.fold_data(grid, sp, cfg, wcfg, seed=fold)
             if encoder is None and not args.no_pretrained:  # every member's train + validation engines: one encoder
                 encoder = pretrain_encoder(grid, sp, fd.normalizer, arch_cfgs[first], wcfg, f"cv-xfit-pre-{fold}")
-            gbm = E.fit_baseline(fd.data.train, fold)
+            gbm = E.fit_baseline(fd.data.train, fold + args.train_seed)
             g = tuple(gbm.predict_rul(part.x, part.end_step) for part in (fd.data.test_last, fd.data.test_all, fd.data.rul_val))
-            run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, k,
-                            f"cv-xfit-{fold}-{k}", encoder)
+            seed = args.train_seed + k
+            run = train_cnn(fd.data, len(fd.normalizer.channels_), arch_cfgs[first], wcfg, seed,
+                            f"cv-xfit-{fold}-{seed}", encoder)
             members.append({"data": fd.data, "cnn": (run.last, run.every, run.val), "gbm": g})
             # each member's predictions and the truth they are scored on, for post-hoc analysis
-            keep({"fold": fold, "seed": k, "variant": "xfit", "truth_last": fd.data.test_last.rul.tolist(),
+            keep({"fold": fold, "seed": seed, "variant": "xfit", "truth_last": fd.data.test_last.rul.tolist(),
                   "truth_val": fd.data.rul_val.rul.tolist(), "last": np.round(run.last, 3).tolist(),
                   "val": np.round(run.val, 3).tolist(), "gbm_last": np.round(g[0], 3).tolist(),
                   "gbm_val": np.round(g[2], 3).tolist(), "test_units": [str(a) for a in fd.data.test_last.asset],
@@ -329,10 +336,10 @@ def main() -> None:
                   "gbm_every": np.round(g[1], 3).tolist(), "every_asset": [str(a) for a in fd.data.test_all.asset],
                   "every_end_step": fd.data.test_all.end_step.tolist()},
                  preds_file)
-            fresh += [{**base, "seed": k, "model": "xfit_member_cnn", **CV.rul_scores(fd.data, run.last, run.every),
+            fresh += [{**base, "seed": seed, "model": "xfit_member_cnn", **CV.rul_scores(fd.data, run.last, run.every),
                        "epochs": len(run.val_rmse), "best_epoch": run.best_epoch, "seconds": run.seconds},
-                      {**base, "seed": k, "model": "xfit_member_gbm", **CV.rul_scores(fd.data, g[0], g[1])}]
-            curve = {"fold": fold, "seed": k, "model": "xfit_member_cnn", "val_rmse": run.val_rmse,
+                      {**base, "seed": seed, "model": "xfit_member_gbm", **CV.rul_scores(fd.data, g[0], g[1])}]
+            curve = {"fold": fold, "seed": seed, "model": "xfit_member_cnn", "val_rmse": run.val_rmse,
                      "best_epoch": run.best_epoch}
             curves.append(curve)
             keep(curve, curves_file)
@@ -415,7 +422,7 @@ def main() -> None:
         "summary": {r["model"]: {m: round(float(r[f"{m}_mean"]), 3) for m in metrics}
                     | {f"{m}_std": CV.finite(r[f"{m}_std"]) for m in metrics} | {"runs": int(r["rmse_count"])}
                     for _, r in summary.iterrows()},
-        "estimate_check": estimate_check(rows), "cross_fit": args.cross_fit,
+        "estimate_check": estimate_check(rows), "cross_fit": args.cross_fit, "train_seed": args.train_seed,
         "curves_png": str(png) if png else None, "seconds": round(time.perf_counter() - started, 1),
         "runs": rows,
     }
