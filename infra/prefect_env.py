@@ -57,7 +57,15 @@ log = logging.getLogger(__name__)
 
 
 def route_project_logs(level: str | None = None) -> None:
-    """Give the project's loggers Prefect's handlers (as ``PREFECT_LOGGING_EXTRA_LOGGERS`` does)."""
+    """Give the project's loggers Prefect's handlers (as ``PREFECT_LOGGING_EXTRA_LOGGERS`` does).
+
+    Prefect configures its logging when a flow is first imported, often after this runs (a command
+    imports its flow module lazily): ``ensure_logging_setup`` configures it now, or else
+    ``prefect.extra`` has no handler yet and the run's Logs tab gets none of the project's lines.
+    """
+    from prefect.logging.configuration import ensure_logging_setup
+
+    ensure_logging_setup()
     extra = logging.getLogger("prefect.extra")
     level_name = (level or get_core_settings().log_level).upper()
     for name in PROJECT_LOGGERS:
