@@ -12,6 +12,18 @@ Prefect does plus a watchdog thread: when its parent is gone (the parent pid cha
 the server with SIGTERM (uvicorn's normal shutdown) and exits. The watchdog is portable (Linux
 and macOS); ``PR_SET_PDEATHSIG`` is not used because Linux ties it to the thread that forked,
 and Prefect may start the server from a thread that ends before the run does.
+
+Private Prefect names used, and why they stay (checked 2026-12-06 against Prefect 3.9.1):
+``SubprocessASGIServer._instances`` (where the client finds its one server per process) and
+``SubprocessASGIServer._run_uvicorn_command`` (the only place the child's command is built).
+Prefect offers no public way: its ephemeral settings (``PREFECT_SERVER_EPHEMERAL_ENABLED``,
+``..._STARTUP_TIMEOUT_SECONDS``) say nothing of the server's lifetime, and its stop is the
+``atexit`` handler alone. No upstream issue names this case (the nearest is
+https://github.com/PrefectHQ/prefect/issues/20292, a test fixture's uvicorn surviving its
+parent on Windows). Measured: without this, the server of a ``kill -9``'d run lived on
+(``tests/unit/test_ephemeral_api.py``). ``pyproject.toml`` pins Prefect's minor version, and
+``tests/unit/test_prefect_contracts.py`` fails when the wrapped names or Prefect's own command
+change, so an upgrade re-checks this module instead of silently dropping the watchdog.
 """
 
 from __future__ import annotations

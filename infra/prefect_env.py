@@ -16,6 +16,14 @@ writing task-run states when the server is terminated (``Error flushing 1 events
 traceback, and task runs left ``Running`` in the UI). :func:`settle_prefect` waits for both
 while the API is still up, so a normal run ends quietly and completely. The ephemeral server
 itself exits with the command even when the command is killed (:mod:`infra.ephemeral_api`).
+
+Still needed with Prefect 3.9.1 (re-measured 2026-12-06, load ~7 on 2 cores): without the wait, a
+200-task fan-out ended with ``Error flushing 100 events`` (the recorder's shutdown flush cancelled
+by the consumer's cancel scope); ``tests/unit/test_prefect_settle.py`` runs that case. Upstream's
+nearest: https://github.com/PrefectHQ/prefect/issues/21057 (task-run events stranded, fixed for the
+periodic flush by https://github.com/PrefectHQ/prefect/pull/22441, not for shutdown). The wait
+uses only public API: the client's ``request`` on the REST route ``POST /task_runs/count`` and
+``EventsWorker.wait_until_empty``.
 """
 
 from __future__ import annotations
@@ -49,7 +57,15 @@ log = logging.getLogger(__name__)
 
 
 def route_project_logs(level: str | None = None) -> None:
-    """Give the project's loggers Prefect's handlers (as ``PREFECT_LOGGING_EXTRA_LOGGERS`` does)."""
+    """Give the project's loggers Prefect's handlers (as ``PREFECT_LOGGING_EXTRA_LOGGERS`` does).
+
+    Prefect configures its logging when a flow is first imported, often after this runs (a command
+    imports its flow module lazily): ``ensure_logging_setup`` configures it now, or else
+    ``prefect.extra`` has no handler yet and the run's Logs tab gets none of the project's lines.
+    """
+    from prefect.logging.configuration import ensure_logging_setup
+
+    ensure_logging_setup()
     extra = logging.getLogger("prefect.extra")
     level_name = (level or get_core_settings().log_level).upper()
     for name in PROJECT_LOGGERS:

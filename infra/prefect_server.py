@@ -16,8 +16,17 @@ waits its busy timeout instead of failing. :func:`immediate_worker_heartbeats` m
 transaction do that. On PostgreSQL nothing changes (the begin mode is read only by the SQLite
 configuration).
 
-If a later Prefect renames what this wraps, the server starts unpatched (with a one-line
-warning), exactly as ``prefect server start`` would.
+Private Prefect names used (checked 2026-12-06 against Prefect 3.9.1, which has no setting
+or ``prefect server start`` option for it): ``worker_channel._persist_worker_channel_heartbeat``
+and ``configurations.SQLITE_BEGIN_MODE``. Upstream fixed the same race elsewhere the same way:
+https://github.com/PrefectHQ/prefect/issues/23051 (``mark_deployments_ready``, fixed by
+``with_for_update`` in https://github.com/PrefectHQ/prefect/pull/22967); the worker channel
+came with https://github.com/PrefectHQ/prefect/pull/22004 and has no issue of its own yet.
+``tests/unit/test_prefect_server.py`` reproduces the failure on unpatched Prefect (it says so
+when a later Prefect fixes it, and this module can go); ``tests/unit/test_prefect_contracts.py``
+fails when the wrapped names move; ``pyproject.toml`` pins Prefect's minor version. If a later
+Prefect renames what this wraps, the server starts unpatched (with a one-line warning),
+exactly as ``prefect server start`` would.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ source (``INPUTS + TASK_SOURCE``, Prefect's own policies), plus two keys of ours
 
 A :class:`~tasks.data.DatasetRef` input needs nothing more: Prefect hashes it as its JSON, which
 holds its content hash. Results are stored as JSON (``result_serializer="json"``), never pickled.
-Training, exports and writes do not cache: they are idempotent by their run key instead.
-Tasks that take models, frames or clients never cache (hashing them is slow or fails).
+A training caches on its run key alone (:func:`training_run_policy`): the key names the data and
+the configuration (same key = same run), and the models and loaders it takes are never hashed.
+Exports and writes do not cache. Other tasks that take models, frames or clients never cache
+(hashing them is slow or fails).
 """
 
 from __future__ import annotations
@@ -64,3 +66,18 @@ def stored_table_policy(*unhashed: str) -> CachePolicy:
     for name in unhashed:
         inputs = inputs - name
     return TASK_SOURCE + inputs + SourceFiles() + StoreHome()
+
+
+@dataclass
+class RunKey(CachePolicy):
+    """Keys on the ``run_key`` of the ``spec`` input (a training's identity); no spec, no key."""
+
+    def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> str | None:
+        run_key = getattr((inputs or {}).get("spec"), "run_key", None)
+        return hash_objects(run_key, raise_on_failure=True) if run_key else None
+
+
+def training_run_policy() -> CachePolicy:
+    """A training: its run key and the home its checkpoints are in (never its model or data objects)."""
+    return RunKey() + StoreHome()

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from prefect import task
-from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.compute import resolve_training
@@ -31,6 +30,7 @@ from infra.hardware import set_cpu_threads
 from infra.home import home_layout
 from infra.resources import TrainerArgs, gpu_slot
 from infra.store import write_json_atomic
+from tasks.cache import RESULT_SERIALIZER, training_run_policy
 
 log = logging.getLogger(__name__)
 
@@ -435,9 +435,38 @@ def load_checkpoint_weights(module: Any, path: Path) -> None:
     module.load_state_dict(state["state_dict"])
 
 
-train_model_task = task(
+_train_model_cached = task(
     train_model,
     name="train-model",
-    description="Fit a LightningModule with early stopping and resumable checkpoints.",
-    cache_policy=NONE,
+    description="Fit a LightningModule with early stopping and resumable checkpoints; a finished run key is "
+    "Cached.",
+    cache_policy=training_run_policy(),
+    result_serializer=RESULT_SERIALIZER,
 )
+
+
+def train_model_task(
+    module: Any,
+    datamodule: Any,
+    spec: TrainSpec,
+    callbacks: Sequence[Any] = (),
+) -> TrainResult:
+    """:func:`train_model` as the Prefect task ``train-model``, idempotent by its run key.
+
+    A re-run of a finished run key is skipped by Prefect's cache (its task run shows Cached) and
+    ``module`` gets that run's best weights, as a trained one does; ``spec.fresh`` trains again
+    and replaces the cached result. A cached result whose checkpoint is gone trains again.
+    """
+    fit = _train_model_cached.with_options(refresh_cache=True) if spec.fresh else _train_model_cached
+    state = fit(module, datamodule, spec, callbacks, return_state=True)
+    result: TrainResult = state.result()
+    if state.name != "Cached":
+        return result
+    best = Path(result.best_checkpoint) if result.best_checkpoint else None
+    if best is None or not best.exists():
+        log.warning("run %s: the cached training's checkpoint %s is gone; training again", spec.run_key, best)
+        return _train_model_cached.with_options(refresh_cache=True)(module, datamodule, spec, callbacks)
+    load_checkpoint_weights(module, best)
+    log.info("run %s already trained %d epochs (Prefect's cache); loaded %s", spec.run_key,
+             result.epochs_completed, best.name)
+    return result.model_copy(update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0})

@@ -39,8 +39,8 @@ def test_train_cli_json_registers_and_reuses_prepared_data(capsys: pytest.Captur
     # unchanged inputs: the validated table, the features and the training are reused
     assert main(["train", *TINY, "--json", "--model", "fraud-cli"]) == 0
     again = _last_json(capsys.readouterr().out)
-    # Prefect's cache skips the deterministic loaders (the UI shows them Cached)
-    loaders = ("generate-transactions", "load-table", "prepare-features")
+    # Prefect's cache skips the deterministic loaders and the training of the same run key (the UI shows them Cached)
+    loaders = ("generate-transactions", "load-table", "prepare-features", "train-model")
     states = task_states(latest_flow_run_id("fraud-train"), loaders)
     assert [states.get(name) for name in loaders] == ["Cached"] * len(loaders), states
     assert again["train"]["reused_completed"] is True

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefect.utilities.hashing import hash_objects
 
-from tasks.cache import SourceFiles, StoreHome, stored_table_policy
+from tasks.cache import RunKey, SourceFiles, StoreHome, stored_table_policy
 from tasks.data import DatasetRef
 
 
@@ -54,3 +54,19 @@ def test_the_build_callable_is_left_out() -> None:
     key = {"data": "abc", "v": "1"}
     assert _key(policy, name="t", key=key, build=lambda: 1) == _key(policy, name="t", key=key, build=lambda: 2)
     assert _key(policy, name="t", key=key, build=None) != _key(policy, name="t", key={**key, "v": "2"}, build=None)
+
+
+def test_a_training_keys_on_its_run_key_and_home_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tasks.cache import training_run_policy
+    from tasks.train import TrainSpec
+
+    policy = training_run_policy()
+    spec = TrainSpec(run_key="fraud-seq-abc", max_epochs=2)
+    # the model and data objects are never hashed: any object goes, the key stays
+    assert _key(policy, module=object(), datamodule=object(), spec=spec) == _key(policy, spec=spec)
+    assert _key(policy, spec=spec) != _key(policy, spec=spec.model_copy(update={"run_key": "fraud-seq-abd"}))
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "one"))
+    in_one = _key(policy, spec=spec)
+    monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "two"))
+    assert _key(policy, spec=spec) != in_one  # the cached result names checkpoints inside its home
+    assert RunKey().compute_key(task_ctx=None, inputs={"module": object()}, flow_parameters={}) is None
