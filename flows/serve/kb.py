@@ -25,26 +25,32 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.serve.kb_collection_routes import (
+    PREFIX,
+    KbPrincipal,
+    add_evidence_routes,
+    add_glossary_routes,
+)
 from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
-from flows.serve.kb_evidence import chunk_row, chunk_source, original_file, source_scope
+from flows.serve.kb_evidence import source_scope
 from infra.embeddings import Embedder
 from infra.pii import redact_text
 from infra.secrets import UpstreamError
 from infra.serving.audit import annotate_audit
-from infra.serving.auth import ADMIN, Principal, require_any_scope
+from infra.serving.auth import Principal
 from infra.serving.runtime import RouteLimits, Services, Vertical
 from infra.settings import get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
 from solutions.rag.conversation import MAX_TURNS, Turn, standalone_question
 from solutions.rag.evidence import highlight_spans
 from solutions.rag.feedback import CitedPassage, VoteBudget, VoteLimit, feedback_path, feedback_record
-from solutions.rag.glossary import GlossaryError, GlossaryMatch, save_glossary
+from solutions.rag.glossary import GlossaryMatch
 from solutions.rag.library import IngestJob, UploadRefused, error_text
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
 from tasks.documents import archive_members
@@ -52,8 +58,6 @@ from tasks.retrieve import Retrieved
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/v1/kb"
-SCOPE_PREFIX = "kb:"
 MULTIPART_OVERHEAD = 64 * 1024
 #: Most archive members in one upload request, all its archives (zip, tar, 7z) together, nested ones counting too
 #: (422 above): the ingest caps each file's members at its own limit (tasks.containers.ArchiveLimits).
@@ -63,8 +67,6 @@ _WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\
 Retriever = Literal["hybrid", "dense", "bm25"]
 #: A passage's ``chunk_id`` as the index makes them (``<doc id>-<content hash>-<index>``).
 ChunkId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
-#: The caller of a knowledge-base route: authenticated, rate-limited, holding some ``kb:`` scope
-#: (or ``admin``); each route then checks the scope of the collection it is asked about.
 #: The routes that can wait long on an upstream (the LLM, the embedder, Milvus) and their caps: at
 #: most 12 requests of each in flight (24 of the 40 worker threads; the rest stay free for every
 #: other route: fraud labels, approvals, the collections list) and 4 per key (one client cannot
@@ -72,7 +74,6 @@ ChunkId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
 SLOW_ROUTES = ("ask", "search")
 SLOW_ROUTE_CONCURRENCY = 12
 SLOW_ROUTE_PER_KEY = 4
-KbPrincipal = Annotated[Principal, Depends(require_any_scope(SCOPE_PREFIX))]
 
 
 #: The upload form in the OpenAPI document (the route reads the multipart body itself, after the
@@ -492,134 +493,3 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
     add_glossary_routes(router, engine, allowed)
     add_evidence_routes(router, engine, collections)
     return Vertical("kb", router, [], on_stop=engine.close)
-
-
-# ------------------------------------------------------------------------------------
-# glossary: the terms, synonyms and abbreviations a collection's questions are expanded with
-
-
-GLOSSARY_FORMATS = {"application/yaml": "yaml", "application/x-yaml": "yaml", "text/yaml": "yaml",
-                    "text/x-yaml": "yaml", "text/csv": "csv"}
-
-
-def glossary_refused(exc: GlossaryError) -> HTTPException:
-    """422 naming the glossary file and, for each problem, its line and what is wrong."""
-    return HTTPException(422, {"message": str(exc), "file": exc.source,
-                               "problems": [{"line": line, "problem": what} for line, what in exc.problems]})
-
-
-def add_glossary_routes(router: APIRouter, engine: KbEngine,
-                        allowed: Callable[..., KbCollection]) -> None:
-    """``PUT .../collections/{c}/glossary`` (scope ``kb:<c>:write``): a YAML or CSV glossary,
-    checked before it replaces the old one (422 naming each bad line); ``GET`` (``kb:<c>:read``):
-    its entries (:mod:`solutions.rag.glossary`)."""
-
-    @router.put(f"{PREFIX}/collections/{{collection}}/glossary",
-                openapi_extra={"requestBody": {"required": True, "content": {
-                    "application/yaml": {"schema": {"type": "string"}}, "text/csv": {"schema": {"type": "string"}}}}})
-    async def put_glossary(collection: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:
-        """Replace the collection's glossary (body: YAML ``terms: [{term, synonyms, abbreviations}]``
-        with ``Content-Type: application/yaml``, or CSV ``term,synonyms,abbreviations`` with
-        ``text/csv``; several forms in a CSV cell separated by ``|``). Questions are expanded with
-        it from the next one on."""
-        col = allowed(principal, collection, write=True)
-        kind = GLOSSARY_FORMATS.get(request.headers.get("content-type", "").split(";")[0].strip().lower())
-        if kind is None:
-            raise HTTPException(415, "send the glossary as application/yaml or text/csv")
-        try:
-            text = (await request.body()).decode("utf-8")
-        except UnicodeDecodeError:
-            raise HTTPException(422, "the glossary is not UTF-8 text") from None
-        try:
-            glossary = await run_in_threadpool(save_glossary, col.name, text, kind, engine.layout)
-        except GlossaryError as exc:
-            raise glossary_refused(exc) from None
-        annotate_audit(request, collection=col.name, terms=len(glossary.entries))
-        return {"collection": col.name, "terms": len(glossary.entries), "format": kind}
-
-    @router.get(f"{PREFIX}/collections/{{collection}}/glossary")
-    async def get_glossary(collection: str, request: Request, principal: KbPrincipal) -> dict[str, Any]:
-        """The collection's glossary entries (404 when it has none; 422 when its file is bad)."""
-        col = allowed(principal, collection, read=True)
-        try:
-            glossary = await run_in_threadpool(engine.glossary, col)
-        except GlossaryError as exc:
-            raise glossary_refused(exc) from None
-        if glossary is None:
-            raise HTTPException(404, f"collection {col.name!r} has no glossary")
-        annotate_audit(request, collection=col.name, terms=len(glossary.entries))
-        return {"collection": col.name, "file": glossary.source,
-                "terms": [{"term": e.term, "synonyms": list(e.synonyms), "abbreviations": list(e.abbreviations)}
-                          for e in glossary.entries]}
-
-
-# ------------------------------------------------------------------------------------
-# evidence: the stored text around a cited passage, and its original file
-
-
-class SourceTextOut(BaseModel):
-    """The stored (redacted) text around a passage: ``before`` + ``text`` + ``after``."""
-
-    collection: str
-    chunk_id: str
-    document: str = Field(description="The document's name in the collection (as the documents list names it).")
-    title: str
-    page: int | None = Field(description="The passage's first page (paginated sources: PDF pages, OCR'd pages).")
-    pages: list[int] = Field(description="The pages the text shown spans, as far as the store knows them.")
-    chunk_index: int
-    chunks: int = Field(description="Chunks of the document.")
-    before: str
-    text: str
-    after: str
-    original: bool = Field(description="This key may download the original file (scope kb:<collection>:source); "
-                           "whether the file is still in the collection's folder is known on download.")
-
-
-def add_evidence_routes(router: APIRouter, engine: KbEngine, collections: dict[str, KbCollection]) -> None:
-    """``GET .../chunks/{chunk_id}/source`` (scope ``kb:<c>:read``) and ``.../file`` (scope
-    ``kb:<c>:source``); both audited with the collection only (no document name, no text)."""
-
-    def permitted(principal: Principal, name: str, scope_of: Callable[[KbCollection], str], what: str) -> KbCollection:
-        col = collections.get(name)
-        if col is None:
-            if ADMIN in principal.scopes:
-                raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
-            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
-        if not principal.allows(scope_of(col)):
-            raise HTTPException(403, f"this credential may not {what} collection {name!r}")
-        return col
-
-    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/source", response_model=SourceTextOut)
-    async def chunk_text(collection: str, chunk_id: str, request: Request, principal: KbPrincipal,
-                         around: Annotated[int, Query(ge=0, le=3, description="Neighbouring chunks on each side.")] = 1,
-                         ) -> SourceTextOut:
-        """The stored, redacted text of a passage's document around it (its neighbouring chunks)."""
-        col = permitted(principal, collection, lambda c: c.read_scope, "read")
-        got = await run_in_threadpool(chunk_source, engine, col, chunk_id, around)
-        annotate_audit(request, collection=col.name, found=got is not None)
-        if got is None:
-            raise HTTPException(404, "no such passage in this collection")
-        row = got.row
-        name = engine.document_name(col, str(row.get("source", "")), str(row.get("path", "")))
-        return SourceTextOut(
-            collection=col.name, chunk_id=chunk_id, document=redact_text(name), title=redact_text(str(row.get("title") or "")),
-            page=int(row.get("page") or 0) or None, pages=list(got.pages), chunk_index=int(row.get("chunk_index", 0)),
-            chunks=int(row.get("n_chunks", 0)), before=redact_text(got.text.before), text=redact_text(got.text.passage),
-            after=redact_text(got.text.after), original=principal.allows(source_scope(col)))
-
-    @router.get(f"{PREFIX}/collections/{{collection}}/chunks/{{chunk_id}}/file",
-                responses={200: {"content": {"application/octet-stream": {}}, "description": "The original file."}})
-    async def chunk_file(collection: str, chunk_id: str, request: Request, principal: KbPrincipal) -> FileResponse:
-        """The original file a passage comes from (an archive member: its archive), from the
-        collection's watched folder. Needs ``kb:<collection>:source`` (or admin)."""
-        col = permitted(principal, collection, source_scope, "download the original files of")
-        row = await run_in_threadpool(chunk_row, engine, col, chunk_id)
-        found = await run_in_threadpool(original_file, engine, col, row) if row is not None else None
-        if found is None:
-            annotate_audit(request, collection=col.name, found=False)
-            raise HTTPException(404, "no original file of this passage in the collection's folder")
-        doc, path = found
-        size = path.stat().st_size
-        annotate_audit(request, collection=col.name, found=True, bytes=size)
-        return FileResponse(path, filename=doc.name.rsplit("/", 1)[-1], media_type="application/octet-stream",
-                            headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
