@@ -7,7 +7,8 @@ asset_id, timestamp, sensor, value, or source names with ``columns``) or as the 
 (:mod:`solutions.sensor.online`), so an asset scores as ``sensor score`` scores it in a file.
 Readings covering the model's window plus the forward-fill limit and one step (e.g. the last 34
 hours for a 30-step window of hourly steps) give the same answer as the asset's whole history.
-Concurrent requests share one model call (:class:`~infra.serving.batching.DynamicBatcher`).
+:class:`SensorPredictor` is the model in four methods; :class:`~infra.serving.model_route.ModelRoute`
+serves it (concurrent requests share one model call; breaker, reload, challenger, score log, audit).
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from pydantic import BaseModel, Field, model_validator
 
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
-from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
-from infra.serving.batching import DynamicBatcher
-from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
+from infra.serving.model_route import ModelRoute
+from infra.serving.predictor import Answer, Audit, Encoded, Predictor, Rows
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import Services, Vertical
 from solutions.sensor import schema as S
@@ -151,18 +151,19 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
 
 
 @dataclass(frozen=True)
-class _Predicted:
-    """One request's predictions: the champion's table, the challenger's (its version and table,
-    where it predicted), and per champion row whether the challenger answers that asset (split)."""
+class Predicted:
+    """One request's predictions (the latest window of each asset, with ``scored_t``), the grid they were
+    made from (what a challenger predicts from; None for the challenger's own) and each asset's grid
+    origin (long-format readings only)."""
 
     table: pd.DataFrame
-    challenger: ModelRef | None = None
-    challenger_table: pd.DataFrame | None = None
-    by_challenger: np.ndarray | None = None
+    grid: pd.DataFrame | None = None
+    origins: dict[str, float] | None = None
 
 
-_Item = SensorPredictRequest
-_Result = tuple[ModelRef, "_Predicted | Exception"]
+def _tagged(grid: pd.DataFrame, k: int) -> pd.DataFrame:
+    """``grid`` with its asset ids prefixed by the request's number, while requests share one model call."""
+    return grid.assign(**{S.ASSET: f"{k}{_SEP}" + grid[S.ASSET].astype(str)})
 
 
 def _request_of(table: pd.DataFrame) -> pd.Series:
@@ -187,13 +188,15 @@ def _timed(part: pd.DataFrame, origins: dict[str, float] | None) -> pd.DataFrame
     return part.assign(**{SCORED_T: window_end_seconds(part, origins, AlignConfig().step_seconds)})
 
 
-def _decided_rows(p: _Predicted) -> np.ndarray:
-    """Per challenger row, whether it answered (its asset is one the split gives it)."""
-    assert p.challenger_table is not None
-    if p.by_challenger is None:
-        return np.zeros(len(p.challenger_table), dtype=bool)
-    answered = set(p.table.loc[p.by_challenger, S.ASSET])
-    return p.challenger_table[S.ASSET].isin(answered).to_numpy()
+def _predict_grids(model: OnlineSensorModel, grids: dict[int, pd.DataFrame],
+                   origins: list[dict[str, float] | None]) -> dict[int, Predicted]:
+    """One model call over the grids of several requests (by request number); each request's predictions."""
+    from solutions.sensor.online import predict_grid
+
+    table = predict_grid(model, pd.concat([_tagged(g, k) for k, g in grids.items()], ignore_index=True))
+    request_of = _request_of(table)
+    return {k: Predicted(_timed(_part(table, request_of, k), origins[k]), grid, origins[k])
+            for k, grid in grids.items()}
 
 
 def check_request_size(body: SensorPredictRequest, request: Request, services: Services) -> None:
@@ -205,149 +208,117 @@ def check_request_size(body: SensorPredictRequest, request: Request, services: S
                             f"{services.tuning.max_readings}")
 
 
+class SensorPredictor(Predictor[SensorPredictRequest, "OnlineSensorModel", Predicted]):
+    """Predict RUL, failure probability and alert for each asset's latest window."""
+
+    path = "/v1/sensor/predict"
+    route_name = "predict"
+    tag = "sensor"
+    response_model = SensorPredictResponse
+
+    def __init__(self, model_name: str, services: Services) -> None:
+        super().__init__(model_name)
+        self.services = services
+
+    def setup(self, ref: ModelRef) -> OnlineSensorModel:
+        return load_online_model(ref, self.services)
+
+    async def decode_request(self, body: Annotated[SensorPredictRequest, Body(openapi_examples=OPENAPI_EXAMPLES)],
+                             request: Request, principal: Annotated[Principal, Depends(require_scope(SCOPE))],
+                             ) -> SensorPredictRequest:
+        """The body (422 when invalid or empty, 413 over the size limits)."""
+        check_request_size(body, request, self.services)
+        if body.grid is None and not body.rows:
+            raise HTTPException(status_code=422, detail="the request holds no readings")
+        return body
+
+    def predict(self, model: OnlineSensorModel, items: list[SensorPredictRequest],
+                challenger: OnlineSensorModel | None = None) -> list[Predicted | Exception]:
+        """Each request aligned and checked alone (a bad one fails itself, not the model call it
+        shares), then one model call over the good ones."""
+        from solutions.sensor.online import check_grid, grid_from_readings, grid_from_rows
+
+        window = int(model.preprocessing[1].length)
+        errors: dict[int, Exception] = {}
+        grids: dict[int, pd.DataFrame] = {}
+        origins: list[dict[str, float] | None] = []  # per request: each asset's grid origin (readings only)
+        for k, body in enumerate(items):
+            origins.append(None)
+            try:
+                if body.grid is not None:
+                    grids[k] = grid_from_rows(body.grid)
+                else:
+                    grids[k], _, origins[k] = grid_from_readings(body.rows, body.columns, window=window)
+                check_grid(model, grids[k])
+            except (DataValidationError, ValueError) as exc:
+                grids.pop(k, None)
+                errors[k] = exc
+        predicted = _predict_grids(model, grids, origins) if grids else {}
+        return [errors[k] if k in errors else predicted[k] for k in range(len(items))]
+
+    def encode_response(self, decoded: SensorPredictRequest, answer: Answer[Predicted]) -> Encoded:
+        """One prediction per asset, each naming the version that decided it (422 when no asset has a window)."""
+        ref, result = answer.ref, answer.output
+        assert not isinstance(result, Exception)
+        if result.table.empty:
+            raise HTTPException(status_code=422, detail={"error": "no asset has a usable window of readings"})
+        predictions = _predictions(ref, result.table)
+        if answer.by_challenger.any():  # split: the challenger's assets
+            ch, ch_output = answer.challenger, answer.challenger_output
+            assert ch is not None and ch_output is not None
+            ch_rows = {p.asset_id: p for p in _predictions(ch, ch_output.table)}
+            for i in np.flatnonzero(answer.by_challenger).tolist():
+                predictions[i] = ch_rows[predictions[i].asset_id]
+        alerts = sum(p.alert for p in predictions)
+        return Encoded(SensorPredictResponse(model=ref.name, model_version=ref.version, predictions=predictions),
+                       Audit(len(decoded.rows), {"alert": alerts, "ok": len(predictions) - alerts},
+                             [p.asset_id for p in predictions]))
+
+    def rows(self, output: Predicted) -> Rows:
+        table = output.table
+        if not len(table):
+            return Rows(subjects=[], ids=[], scores=np.zeros(0))
+        assets = table[S.ASSET].astype(str).tolist()
+        return Rows(subjects=assets, ids=assets, scores=table["predicted_rul"].to_numpy(float),
+                    extra={"step": table[S.STEP].astype(int).tolist(),
+                           "failure_probability": table["failure_probability"].astype(float).tolist(),
+                           SCORED_T: [None if np.isnan(t) else float(t) for t in table[SCORED_T].to_numpy(float)]})
+
+    def predict_challenger(self, challenger: OnlineSensorModel, items: list[SensorPredictRequest],
+                           outputs: list[Predicted | Exception]) -> list[Predicted | None]:
+        """The challenger's predictions from the grids the champion read (None for a request lacking a
+        feature the challenger reads: the champion alone answers it)."""
+        from solutions.sensor.online import check_grid
+
+        grids: dict[int, pd.DataFrame] = {}
+        for k, out in enumerate(outputs):
+            if isinstance(out, Predicted) and out.grid is not None:
+                try:
+                    check_grid(challenger, out.grid)
+                except DataValidationError:
+                    continue
+                grids[k] = out.grid
+        origins = [o.origins if isinstance(o, Predicted) else None for o in outputs]
+        predicted = _predict_grids(challenger, grids, origins) if grids else {}
+        return [Predicted(predicted[k].table, None, origins[k]) if k in predicted else None
+                for k in range(len(outputs))]
+
+
+def _predictions(ref: ModelRef, table: pd.DataFrame) -> list[AssetPrediction]:
+    """``table``'s rows as the response's predictions of version ``ref``."""
+    threshold = float(ref.params.get("threshold", 0.5))
+    return [AssetPrediction(asset_id=str(r[S.ASSET]), step=int(r[S.STEP]), predicted_rul=float(r["predicted_rul"]),
+                            failure_probability=float(r["failure_probability"]), alert=bool(r["alert"]),
+                            threshold=threshold, model=ref.name, model_version=ref.version)
+            for r in table.to_dict("records")]
+
+
 def build(services: Services) -> Vertical | None:
     """The sensor vertical of the API (None when no sensor model is configured)."""
     name = services.settings.sensor_model
     if not name:
         return None
-    slot = services.slot(name, lambda ref: load_online_model(ref, services))
-    challenger = services.challenger(name, services.settings.sensor_challenger_mode,
-                                     lambda ref: load_online_model(ref, services))
-
-    def challenger_tables(grids: list[pd.DataFrame | Exception], champion: int,
-                          ) -> tuple[ModelRef | None, pd.DataFrame | None]:
-        """The challenger's predictions of the grids it can read (None: no challenger, or its call failed)."""
-        from solutions.sensor.online import check_grid, predict_grid
-
-        current = challenger.current() if challenger is not None else None
-        if current is None or current[0].version == champion:
-            return None, None
-        ch_ref, ch_model = current
-        usable = []
-        for grid in grids:
-            if isinstance(grid, pd.DataFrame):
-                try:
-                    check_grid(ch_model, grid)
-                except DataValidationError:
-                    continue  # the challenger reads a feature this request lacks: the champion alone
-                usable.append(grid)
-        if not usable:
-            return None, None
-        assert challenger is not None
-        table = challenger.call(lambda: predict_grid(ch_model, pd.concat(usable, ignore_index=True)))
-        return (ch_ref, table) if table is not None else (None, None)
-
-    def predict_batch(items: list[_Item]) -> list[_Result]:
-        from solutions.sensor.online import check_grid, grid_from_readings, grid_from_rows, predict_grid
-
-        ref, model = slot.current()
-        window = int(model.preprocessing[1].length)
-        grids: list[pd.DataFrame | Exception] = []
-        origins: list[dict[str, float] | None] = []  # per request: each asset's grid origin (readings only)
-        for k, body in enumerate(items):
-            origins.append(None)
-            try:  # each request checked alone: a bad one fails itself, not the model call it shares
-                if body.grid is not None:
-                    grid = grid_from_rows(body.grid)
-                else:
-                    grid, _, origins[k] = grid_from_readings(body.rows, body.columns, window=window)
-                check_grid(model, grid)
-            except (DataValidationError, ValueError) as exc:
-                grids.append(exc)
-                continue
-            grid[S.ASSET] = f"{k}{_SEP}" + grid[S.ASSET].astype(str)
-            grids.append(grid)
-        good = [g for g in grids if isinstance(g, pd.DataFrame)]
-        table = pd.DataFrame()
-        if good:
-            with slot.breaker.guard():
-                table = predict_grid(model, pd.concat(good, ignore_index=True))
-            services.metrics.observe_batch(name, len(table))
-        ch_ref, ch_table = challenger_tables(grids, ref.version) if good else (None, None)
-        request_of = _request_of(table)
-        ch_request_of = _request_of(ch_table) if ch_table is not None else None
-        out: list[_Result] = []
-        for k, grid in enumerate(grids):
-            if isinstance(grid, Exception):
-                out.append((ref, grid))
-                continue
-            part = _timed(_part(table, request_of, k), origins[k])
-            predicted = _Predicted(part)
-            if ch_table is not None and ch_request_of is not None and challenger is not None:
-                ch_part = _timed(_part(ch_table, ch_request_of, k), origins[k])
-                if len(ch_part):
-                    assets = part[S.ASSET].tolist()
-                    by_ch = challenger.answers(assets) & part[S.ASSET].isin(ch_part[S.ASSET]).to_numpy()
-                    predicted = _Predicted(part, ch_ref, ch_part, by_ch)
-            out.append((ref, predicted))
-        record_predictions(ref, out)
-        return out
-
-    def record_predictions(ref: ModelRef, out: list[_Result]) -> None:
-        done = [p for _, p in out if isinstance(p, _Predicted) and len(p.table)]
-        if not done:
-            return
-
-        def record(version: int, role: str, tables: list[pd.DataFrame], decided: list[np.ndarray]) -> None:
-            frame = pd.concat(tables, ignore_index=True)
-            services.scores.record(ScoreRecord(
-                model=name, version=version, role=role, ids=frame[S.ASSET].astype(str).tolist(),
-                scores=frame["predicted_rul"].astype(float).tolist(), decided=np.concatenate(decided).tolist(),
-                extra={"step": frame[S.STEP].astype(int).tolist(),
-                       "failure_probability": frame["failure_probability"].astype(float).tolist(),
-                       SCORED_T: [None if np.isnan(t) else float(t) for t in frame[SCORED_T].to_numpy(float)]}))
-
-        record(ref.version, CHAMPION_ROLE, [p.table for p in done],
-               [~p.by_challenger if p.by_challenger is not None else np.ones(len(p.table), dtype=bool)
-                for p in done])
-        shadowed = [p for p in done if p.challenger_table is not None and p.challenger is not None]
-        if shadowed:
-            assert shadowed[0].challenger is not None
-            record(shadowed[0].challenger.version, CHALLENGER_ROLE,
-                   [p.challenger_table for p in shadowed if p.challenger_table is not None],
-                   [_decided_rows(p) for p in shadowed])
-
-    batcher: DynamicBatcher[_Item, _Result] = DynamicBatcher(
-        predict_batch, services.settings.batch_max_size, services.tuning.batch_max_wait_ms, name="sensor-batcher")
+    route = ModelRoute(services, SensorPredictor(name, services), challenger_mode=services.settings.sensor_challenger_mode)
     router = APIRouter(tags=["sensor"])
-
-    @router.post("/v1/sensor/predict", response_model=SensorPredictResponse)
-    async def predict(body: Annotated[SensorPredictRequest, Body(openapi_examples=OPENAPI_EXAMPLES)], request: Request,
-                      principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorPredictResponse:
-        """Predict RUL, failure probability and alert for each asset's latest window."""
-        check_request_size(body, request, services)
-        if body.grid is None and not body.rows:
-            raise HTTPException(status_code=422, detail="the request holds no readings")
-        [(ref, result)] = await batcher.submit([body])
-        if isinstance(result, DataValidationError):
-            raise HTTPException(status_code=422, detail={"error": str(result), "column": result.column,
-                                                         "rows": result.rows})
-        if isinstance(result, Exception):  # a ValueError of the request's content (e.g. its column mapping)
-            raise HTTPException(status_code=422, detail={"error": str(result)})
-        if result.table.empty:
-            raise HTTPException(status_code=422, detail={"error": "no asset has a usable window of readings"})
-        threshold = float(ref.params.get("threshold", 0.5))
-        predictions = [
-            AssetPrediction(asset_id=str(r[S.ASSET]), step=int(r[S.STEP]), predicted_rul=float(r["predicted_rul"]),
-                            failure_probability=float(r["failure_probability"]), alert=bool(r["alert"]),
-                            threshold=threshold, model=ref.name, model_version=ref.version)
-            for r in result.table.to_dict("records")
-        ]
-        if result.by_challenger is not None and result.by_challenger.any():  # split: the challenger's assets
-            ch, ch_table = result.challenger, result.challenger_table
-            assert ch is not None and ch_table is not None
-            ch_rows = {str(r[S.ASSET]): r for r in ch_table.to_dict("records")}
-            ch_threshold = float(ch.params.get("threshold", 0.5))
-            for i in np.flatnonzero(result.by_challenger).tolist():
-                r = ch_rows[predictions[i].asset_id]
-                predictions[i] = AssetPrediction(
-                    asset_id=predictions[i].asset_id, step=int(r[S.STEP]), predicted_rul=float(r["predicted_rul"]),
-                    failure_probability=float(r["failure_probability"]), alert=bool(r["alert"]),
-                    threshold=ch_threshold, model=ch.name, model_version=ch.version)
-        alerts = sum(p.alert for p in predictions)
-        record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.rows),
-                     decisions={"alert": alerts, "ok": len(predictions) - alerts},
-                     subjects=[p.asset_id for p in predictions])
-        return SensorPredictResponse(model=ref.name, model_version=ref.version, predictions=predictions)
-
-    return Vertical("sensor", router, [slot], on_stop=batcher.close)
+    route.mount(router)
+    return Vertical("sensor", router, [route.slot], on_stop=route.close)

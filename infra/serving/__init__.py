@@ -1,7 +1,14 @@
 """Generic machinery of the online REST API (no domain code; the app is ``flows/serve``).
 
-The contract with a vertical's routes (``flows/serve/fraud.py``, ``flows/serve/sensor.py``):
-a vertical module exposes ``build(services: Services) -> Vertical`` (:mod:`infra.serving.runtime`).
+A served model is a :class:`~infra.serving.predictor.Predictor` of four methods (``setup``,
+``decode_request``, ``predict`` batched, ``encode_response``: LitServe's ``LitAPI`` shape), and
+:class:`~infra.serving.model_route.ModelRoute` serves any of them: it asks for the slots below, batches,
+guards each model call with the breaker, runs the challenger, writes the score log and the audit
+line (``flows/serve/fraud.py``, ``flows/serve/sensor.py``). What follows is the contract for a route
+written by hand (the knowledge base, the registry).
+
+The contract with a vertical's routes: a vertical module exposes
+``build(services: Services) -> Vertical`` (:mod:`infra.serving.runtime`).
 It asks ``services.slot(model_name, loader)`` for a :class:`~infra.serving.slot.ModelSlot` (the
 registry champion, loaded by ``loader(ref) -> object`` in the background and hot-reloaded when the
 alias moves; ``slot.current()`` returns ``(ModelRef, object)`` — take it once per request or batch
