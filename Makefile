@@ -37,9 +37,16 @@ constraints:
 demo: install
 	$(PY) -m flows.fraud train
 
+# make test TEST_WORKERS=2: pytest-xdist workers (many tests wait on a server or a subprocess, so two
+# workers fill two cores). Each worker has its own home, Prefect test API, ports and core (tests/conftest.py);
+# a file's tests stay on one worker (--dist loadfile), so a module's fixtures are built once. 0 (the
+# default until two whole runs of each tier pass on 2 workers): the tests run in this process.
+TEST_WORKERS ?= 0
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist $(1))
+
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not docs_run"
+	$(PY) -m pytest -q -m "not docs_run" $(call XDIST,loadfile)
 
 # The tier a developer runs often (a few minutes on 2 cores): the import contracts and the unit
 # tests that start no server and train no flow-sized model (`slow` and `gpu` are left out).
@@ -48,10 +55,11 @@ test-fast: install
 	$(PY) -m pytest -q tests/unit -m "not slow and not gpu"
 
 # Runs every command block of README.md and docs/ as written, section by section, each in its own home
-# (tests/docs; one section and the sections it needs: make test-docs K=serving).
+# (tests/docs; one section and the sections it needs: make test-docs K=serving). A section and the sections
+# it needs run on one worker (--dist loadgroup: tests/docs/test_docs.py groups each chain of needs).
 K ?=
 test-docs: install
-	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K))
+	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K)) $(call XDIST,loadgroup)
 
 # The documentation site (MkDocs + Material, mkdocs.yml): served with live reload on 127.0.0.1:8001,
 # or built with every warning an error into site/ (make test runs the same strict build).

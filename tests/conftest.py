@@ -8,12 +8,35 @@ import tempfile
 import pytest
 
 
+def _pin_xdist_worker() -> None:
+    """A pytest-xdist worker keeps to its share of the cores (gw0 the first, gw1 the second, ...).
+
+    torch sizes its thread pool from the cores a process may use (and so does infra.hardware for
+    training): two workers each running two threads on two busy cores made a tiny model's training
+    loop 35x slower (4.8 s alone, 166 s beside the suite). Pinned, each worker and the processes it
+    starts use one thread per core of its own.
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    index, count_n = int(worker.removeprefix("gw")), int(count)
+    if len(cpus) >= count_n > 1:
+        os.sched_setaffinity(0, cpus[index::count_n])
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # Everything the project writes goes to a throwaway home (never the user's).
+    _pin_xdist_worker()
+    # Everything the project writes goes to a throwaway home (never the user's); each pytest-xdist
+    # worker makes its own (it inherits the controller's environment, home included).
+    inherited = os.environ.get("INDUSFLOW_HOME")
     home = tempfile.mkdtemp(prefix="indusflow-test-home-")
     os.environ["INDUSFLOW_HOME"] = home
     # the results of cached tasks (tasks/cache.py) go beside it, not into the user's Prefect home
-    os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", os.path.join(home, "prefect-results"))
+    # (nor into the controller's home: a worker would find another worker's cached results there)
+    results = os.environ.get("PREFECT_RESULTS_LOCAL_STORAGE_PATH")
+    if results is None or (inherited and results == os.path.join(inherited, "prefect-results")):
+        os.environ["PREFECT_RESULTS_LOCAL_STORAGE_PATH"] = os.path.join(home, "prefect-results")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # CLI tests route project loggers to Prefect's API handler; plain-function tests that
     # run after them log outside any flow run, which is fine: no warning for it.

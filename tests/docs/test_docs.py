@@ -101,9 +101,15 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
     return Pages(tmp_path_factory.mktemp("docs"))
 
 
+def _on_the_worker_of_its_chain(section: rb.Section) -> object:
+    """A section with the sections of its chain on one pytest-xdist worker (``--dist loadgroup``):
+    a section's needs run once, on the worker that holds their snapshots."""
+    return pytest.param(section, id=section.name, marks=pytest.mark.xdist_group(rb.chain(section.name)[0]))
+
+
 @pytest.mark.slow
 @pytest.mark.docs_run
-@pytest.mark.parametrize("section", rb.SECTIONS, ids=rb.SECTION_NAMES)
+@pytest.mark.parametrize("section", [_on_the_worker_of_its_chain(s) for s in rb.SECTIONS])
 def test_docs_section(section: rb.Section, pages: Pages, capsys: pytest.CaptureFixture[str]) -> None:
     ran_before = set(pages.done)
     result = pages.result(section.name)
