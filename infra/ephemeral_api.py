@@ -22,7 +22,7 @@ Prefect offers no public way: its ephemeral settings (``PREFECT_SERVER_EPHEMERAL
 https://github.com/PrefectHQ/prefect/issues/20292, a test fixture's uvicorn surviving its
 parent on Windows). Measured: without this, the server of a ``kill -9``'d run lived on
 (``tests/unit/test_ephemeral_api.py``). ``pyproject.toml`` pins Prefect's minor version, and
-``tests/unit/test_prefect_contracts.py`` fails when the wrapped names or Prefect's own command
+``tests/flows/test_prefect_contracts.py`` fails when the wrapped names or Prefect's own command
 change, so an upgrade re-checks this module instead of silently dropping the watchdog.
 """
 

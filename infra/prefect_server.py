@@ -23,7 +23,7 @@ https://github.com/PrefectHQ/prefect/issues/23051 (``mark_deployments_ready``, f
 ``with_for_update`` in https://github.com/PrefectHQ/prefect/pull/22967); the worker channel
 came with https://github.com/PrefectHQ/prefect/pull/22004 and has no issue of its own yet.
 ``tests/unit/test_prefect_server.py`` reproduces the failure on unpatched Prefect (it says so
-when a later Prefect fixes it, and this module can go); ``tests/unit/test_prefect_contracts.py``
+when a later Prefect fixes it, and this module can go); ``tests/flows/test_prefect_contracts.py``
 fails when the wrapped names move; ``pyproject.toml`` pins Prefect's minor version. If a later
 Prefect renames what this wraps, the server starts unpatched (with a one-line warning),
 exactly as ``prefect server start`` would.
