@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from headless import chromium_page
 from loadgen import free_port, spawn_server, stop_server  # bench/ is on the path above
 
 MODEL = "fraud-seq"
@@ -75,45 +76,33 @@ def enrol(env: dict[str, str], keys: Path) -> Path:
 
 
 def drive(ui: str, run_id: str, out_dir: Path, signed: str, approver: str) -> dict[str, str]:
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        raise SystemExit("error: chromium is not installed (apt-get install chromium)")
     shots = {}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60_000)
-            page.goto(f"{ui}/runs/flow-run/{run_id}")
-            page.get_by_text("Paused").first.wait_for()
-            page.get_by_role("button", name="Resume").first.click()
-            page.get_by_text("Approve fraud-seq").first.wait_for()
-            page.wait_for_timeout(1000)
-            shots["form"] = str(out_dir / "approval_form.png")
-            page.screenshot(path=shots["form"], full_page=True)
-            dialog = page.get_by_role("dialog")
-            # the form's first field is the signed decision (the second, "via", is the API's)
-            dialog.locator("textarea, input[type=text]").first.fill(signed)
-            page.wait_for_timeout(500)
-            shots["filled"] = str(out_dir / "approval_form_filled.png")
-            page.screenshot(path=shots["filled"], full_page=True)
-            dialog.get_by_role("button", name="Submit").click()
-            page.get_by_text("Completed").first.wait_for(timeout=180_000)
-            page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first: the approval gate's
-            link = page.locator("a[href*='/artifacts/artifact/']").first
-            link.wait_for()
-            href = link.get_attribute("href") or ""
-            page.goto(ui + href if href.startswith("/") else href)
-            page.get_by_text("promoted to champion").first.wait_for()
-            page.get_by_text(approver).first.wait_for()
-            page.wait_for_timeout(1000)
-            shots["promotion"] = str(out_dir / "approval_promotion.png")
-            page.screenshot(path=shots["promotion"], full_page=True)
-        finally:
-            browser.close()
+    with chromium_page(1400, 1000) as page:
+        page.goto(f"{ui}/runs/flow-run/{run_id}")
+        page.get_by_text("Paused").first.wait_for()
+        page.get_by_role("button", name="Resume").first.click()
+        page.get_by_text("Approve fraud-seq").first.wait_for()
+        page.wait_for_timeout(1000)
+        shots["form"] = str(out_dir / "approval_form.png")
+        page.screenshot(path=shots["form"], full_page=True)
+        dialog = page.get_by_role("dialog")
+        # the form's first field is the signed decision (the second, "via", is the API's)
+        dialog.locator("textarea, input[type=text]").first.fill(signed)
+        page.wait_for_timeout(500)
+        shots["filled"] = str(out_dir / "approval_form_filled.png")
+        page.screenshot(path=shots["filled"], full_page=True)
+        dialog.get_by_role("button", name="Submit").click()
+        page.get_by_text("Completed").first.wait_for(timeout=180_000)
+        page.goto(f"{ui}/artifacts/key/{MODEL}-promotion")  # its versions, newest first: the approval gate's
+        link = page.locator("a[href*='/artifacts/artifact/']").first
+        link.wait_for()
+        href = link.get_attribute("href") or ""
+        page.goto(ui + href if href.startswith("/") else href)
+        page.get_by_text("promoted to champion").first.wait_for()
+        page.get_by_text(approver).first.wait_for()
+        page.wait_for_timeout(1000)
+        shots["promotion"] = str(out_dir / "approval_promotion.png")
+        page.screenshot(path=shots["promotion"], full_page=True)
     return shots
 
 

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from headless import chromium_page
 from loadgen import free_port, spawn_server, stop_server  # bench/ is on the path above
 
 DOCUMENT = """<!doctype html>
@@ -57,59 +58,47 @@ def start_server(home: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def drive(url: str, key: str, document: Path, out: Path) -> dict[str, float | int | str]:
     """The page's whole path in headless Chromium; the screenshot goes to ``out``."""
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        raise SystemExit("error: chromium is not installed (apt-get install chromium)")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 860})
-            page.set_default_timeout(60_000)
-            page.goto(f"{url}/kb")
-            page.fill("#key", key)
-            page.click("#signin-form button[type=submit]")
-            page.locator("#app").wait_for()
-            t0 = time.perf_counter()
-            page.set_input_files("#files", str(document))
-            page.click("#upload-btn")
-            page.locator("#docs tbody tr", has_text=document.name).locator(".st-indexed").wait_for(timeout=180_000)
-            indexed_s = time.perf_counter() - t0
-            page.evaluate("""() => {
-                const answer = document.getElementById("answer");
-                window.changes = [];
-                new MutationObserver(() => window.changes.push([performance.now(), answer.textContent.length]))
-                  .observe(answer, {childList: true, subtree: true, characterData: true});
-            }""")
-            page.fill("#question", QUESTION)
-            asked = page.evaluate("performance.now()")
-            page.click("#ask-btn")
-            page.locator("#answer[data-state=done]").wait_for()
-            done = page.evaluate("performance.now()")
-            changes = [c for c in page.evaluate("window.changes") if c[1] > 0]
-            page.locator("#answer button.cite").first.click()
-            page.locator("#passage").wait_for()
-            page.wait_for_timeout(400)  # the smooth scroll to the passage
-            page.screenshot(path=str(out), full_page=True)
-            answered = page.text_content("#answer") or ""
-            citation = page.text_content("#passage-title") or ""
-            # a question the manual cannot answer: the page says so and lists the passages as related
-            page.fill("#question", UNANSWERABLE)
-            page.click("#ask-btn")
-            page.locator("#answer[data-state=unanswered]").wait_for()
-            page.wait_for_timeout(200)
-            page.screenshot(path=str(out.with_name(out.stem + "_unanswered" + out.suffix)), full_page=True)
-            return {"indexed_s": round(indexed_s, 2),
-                    "first_text_s": round((changes[0][0] - asked) / 1000, 3) if changes else -1.0,
-                    "answer_s": round((done - asked) / 1000, 3),
-                    "answer_updates": len({n for _, n in changes}),
-                    "answer": answered, "citation": citation,
-                    "unanswered": page.text_content("#answer") or "",
-                    "unanswered_status": page.text_content("#ask-status") or ""}
-        finally:
-            browser.close()
+    with chromium_page(1280, 860) as page:
+        page.goto(f"{url}/kb")
+        page.fill("#key", key)
+        page.click("#signin-form button[type=submit]")
+        page.locator("#app").wait_for()
+        t0 = time.perf_counter()
+        page.set_input_files("#files", str(document))
+        page.click("#upload-btn")
+        page.locator("#docs tbody tr", has_text=document.name).locator(".st-indexed").wait_for(timeout=180_000)
+        indexed_s = time.perf_counter() - t0
+        page.evaluate("""() => {
+        const answer = document.getElementById("answer");
+        window.changes = [];
+        new MutationObserver(() => window.changes.push([performance.now(), answer.textContent.length]))
+          .observe(answer, {childList: true, subtree: true, characterData: true});
+        }""")
+        page.fill("#question", QUESTION)
+        asked = page.evaluate("performance.now()")
+        page.click("#ask-btn")
+        page.locator("#answer[data-state=done]").wait_for()
+        done = page.evaluate("performance.now()")
+        changes = [c for c in page.evaluate("window.changes") if c[1] > 0]
+        page.locator("#answer button.cite").first.click()
+        page.locator("#passage").wait_for()
+        page.wait_for_timeout(400)  # the smooth scroll to the passage
+        page.screenshot(path=str(out), full_page=True)
+        answered = page.text_content("#answer") or ""
+        citation = page.text_content("#passage-title") or ""
+        # a question the manual cannot answer: the page says so and lists the passages as related
+        page.fill("#question", UNANSWERABLE)
+        page.click("#ask-btn")
+        page.locator("#answer[data-state=unanswered]").wait_for()
+        page.wait_for_timeout(200)
+        page.screenshot(path=str(out.with_name(out.stem + "_unanswered" + out.suffix)), full_page=True)
+        return {"indexed_s": round(indexed_s, 2),
+            "first_text_s": round((changes[0][0] - asked) / 1000, 3) if changes else -1.0,
+            "answer_s": round((done - asked) / 1000, 3),
+            "answer_updates": len({n for _, n in changes}),
+            "answer": answered, "citation": citation,
+            "unanswered": page.text_content("#answer") or "",
+            "unanswered_status": page.text_content("#ask-status") or ""}
 
 
 def main() -> None:

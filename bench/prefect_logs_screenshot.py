@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from headless import chromium_page
 from loadgen import free_port, spawn_server, stop_server  # bench/ is on the path above
 
 TINY = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "2", "--seq-len", "8"]
@@ -64,28 +65,16 @@ def latest_run_id(api: str) -> str:
 
 def shoot(ui: str, run_id: str, out: Path) -> list[str]:
     """Open the run's Logs tab, wait for its epoch lines, save the screenshot; returns the epoch lines seen."""
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium") or shutil.which("chromium-browser")
-    if executable is None:
-        raise SystemExit("error: chromium is not installed (apt-get install chromium)")
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
-        try:
-            # the log list scrolls inside the page: a tall window shows all of a tiny run's ~45 lines
-            page = browser.new_page(viewport={"width": 1600, "height": 3400})
-            page.set_default_timeout(60_000)
-            page.goto(f"{ui}/runs/flow-run/{run_id}")
-            page.get_by_text("Logs", exact=True).first.click()  # the tab (the default one, clicked all the same)
-            page.get_by_text("epoch 2/2").first.wait_for()
-            page.get_by_text("sequence/test: n=").first.wait_for()
-            page.wait_for_timeout(1500)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(out), full_page=True)
-            return [line.strip() for line in page.get_by_text("s/epoch").all_inner_texts()]
-        finally:
-            browser.close()
+    # the log list scrolls inside the page: a tall window shows all of a tiny run's ~45 lines
+    with chromium_page(1600, 3400) as page:
+        page.goto(f"{ui}/runs/flow-run/{run_id}")
+        page.get_by_text("Logs", exact=True).first.click()  # the tab (the default one, clicked all the same)
+        page.get_by_text("epoch 2/2").first.wait_for()
+        page.get_by_text("sequence/test: n=").first.wait_for()
+        page.wait_for_timeout(1500)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out), full_page=True)
+        return [line.strip() for line in page.get_by_text("s/epoch").all_inner_texts()]
 
 
 def main() -> None:
