@@ -34,14 +34,8 @@ from solutions.sensor import scoring as SC
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.config import ModelConfig, SensorConfig, SensorSource, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
-from solutions.sensor.model import (
-    RULModel,
-    SensorRULEnsemble,
-    SensorRULModel,
-    WindowDataModule,
-    build_module,
-    predict,
-)
+from solutions.sensor.inference import build_module, predict
+from solutions.sensor.model import RULModel, SensorRULEnsemble, SensorRULModel, WindowDataModule
 from solutions.sensor.schema import BadReadingReport
 from tasks.compress import load_variant
 from tasks.data import DatasetRef

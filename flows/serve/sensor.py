@@ -135,7 +135,7 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
     """A registered sensor version (or a compressed variant) kept loaded for online prediction."""
     from infra.registry import KIND_SKLEARN
     from solutions.sensor.candidates import load_baseline
-    from solutions.sensor.model import build_module
+    from solutions.sensor.inference import build_module
     from solutions.sensor.online import OnlineSensorModel
     from solutions.sensor.pipeline import predictor_from_params
     from solutions.sensor.scoring import is_variant
