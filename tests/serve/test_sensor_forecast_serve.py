@@ -20,6 +20,7 @@ from infra.registry import ModelRegistry
 from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from solutions.sensor import forecast as F
+from solutions.sensor import forecast_evaluate as FE
 from solutions.sensor import schema as S
 from solutions.sensor.align import align_readings, clean_readings
 from solutions.sensor.config import AlignConfig, SyntheticFleetConfig
@@ -43,8 +44,8 @@ def _readings() -> pd.DataFrame:
 def _app(home: HomeLayout, register: bool = True) -> TestClient:
     registry = ModelRegistry(home.registry())
     if register:
-        ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={F.PRIMARY_METRIC: 0.9},
-                                primary_metric=F.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
+        ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={FE.PRIMARY_METRIC: 0.9},
+                                primary_metric=FE.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
         registry.set_alias(MODEL, "champion", ref.version)
     settings = ServeSettings(audit_salt="s", fraud_model="", sensor_model="", max_body_bytes=50_000_000)
     app = create_app(settings, build_verticals=[sensor_forecast.build], layout=home, registry=registry,
