@@ -23,7 +23,7 @@ import pandas as pd
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from flows.serve.sensor import SCOPE, SensorPredictRequest, check_request_size
+from flows.serve.sensor import SCOPE, SensorPredictRequest, check_request_size, request_grid
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
 from infra.serving.auth import Principal, require_scope
@@ -124,14 +124,12 @@ class ForecastPredictor(Predictor[SensorForecastRequest, "Forecaster", Forecaste
         """Each request aligned and forecast alone (the models are fitted per series: requests share
         no model call); a request whose readings cannot be forecast gets its error."""
         from solutions.sensor import forecast as F
-        from solutions.sensor.online import grid_from_readings, grid_from_rows
 
         out: list[Forecasted | Exception] = []
         for body in items:
             forecaster = model.with_limits(body.upper_limits, body.lower_limits)
             try:
-                grid = grid_from_rows(body.grid) if body.grid is not None else grid_from_readings(body.rows, body.columns)[0]
-                table = F.forecast_grid(forecaster, grid)
+                table = F.forecast_grid(forecaster, request_grid(body)[0])
             except (DataValidationError, ValueError) as exc:  # the request's content (e.g. its column mapping)
                 out.append(exc)
                 continue
