@@ -7,7 +7,7 @@ forecast the held-out engines' last H cycles from their earlier ones. Reported p
 MASE (scaled by each series' in-sample seasonal-naive error) and the share of truths inside the
 prediction interval (``--level``, 80% by default), for each interval kind asked
 (``--intervals model conformal``). Exactly what ``python -m flows.sensor forecast-train`` runs
-(:func:`solutions.sensor.forecast.evaluate_forecasters`).
+(:func:`solutions.sensor.forecast_evaluate.evaluate_forecasters`).
 
 Usage:
     python bench/sensor_forecast_bench.py --cmapss-dir /work/shared/data/cmapss [--horizon 10]
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from solutions.sensor import forecast as F
+from solutions.sensor import forecast_evaluate as FE
 from solutions.sensor.cmapss import load_cmapss
 from solutions.sensor.config import SplitConfig
 from solutions.sensor.forecast_config import ForecastConfig
@@ -43,12 +43,12 @@ POOLS = {"model": ("naive", "seasonal_naive", "auto_ets", "auto_arima", "auto_th
 
 def run(grid: Any, train: list[str], test: list[str], cfg: ForecastConfig) -> dict[str, Any]:
     started = time.perf_counter()
-    ev = F.evaluate_forecasters(grid, train, test, cfg)
+    ev = FE.evaluate_forecasters(grid, train, test, cfg)
     per_h = ev.horizon_table()
-    overall = F.summary(ev.test).set_index("method")
+    overall = FE.summary(ev.test).set_index("method")
     # the chosen methods' own intervals, before the rescaling fitted on the training engines
     pairs = pd.DataFrame({"sensor": list(ev.forecaster.methods), "method": list(ev.forecaster.methods.values())})
-    raw = F.summary(ev.test.merge(pairs, on=["sensor", "method"]).assign(method="chosen_unscaled"), "h")
+    raw = FE.summary(ev.test.merge(pairs, on=["sensor", "method"]).assign(method="chosen_unscaled"), "h")
     return {
         "intervals": cfg.intervals, "candidates": list(cfg.candidates), "seconds": round(time.perf_counter() - started, 1),
         "series": {"train": ev.series[0], "held_out": ev.series[1], "short": ev.short},

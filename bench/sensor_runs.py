@@ -95,7 +95,8 @@ def train_cnn(data: Any, n_channels: int, config: Any, wcfg: Any, seed: int, run
     import time
 
     from solutions.sensor import pipeline as P
-    from solutions.sensor.model import WindowDataModule, predict
+    from solutions.sensor.inference import predict
+    from solutions.sensor.model import WindowDataModule
     from tasks.finetune import finetune_model
     from tasks.train import TrainSpec, train_model
 

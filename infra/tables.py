@@ -10,8 +10,9 @@ import codecs
 import datetime as dt
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -203,6 +204,24 @@ def check_column_mapping(columns: Mapping[str, str], canonical: Iterable[str]) -
             f"source column(s) {dupes} mapped to more than one canonical column; map each source column once"
         )
     return dict(columns)
+
+
+@dataclass(frozen=True)
+class CanonicalMapping:
+    """Canonical column name -> source column name, checked by :func:`check_column_mapping` against
+    the subclass's :attr:`canonical` names (a vertical's ``schema.ColumnMapping``); a private copy,
+    hashable."""
+
+    columns: Mapping[str, str] = field(default_factory=dict)
+    #: the canonical columns a mapping may target (set by each subclass)
+    canonical: ClassVar[tuple[str, ...]] = ()
+
+    def __post_init__(self) -> None:
+        # a private copy, so later changes to the caller's dict cannot leak in
+        object.__setattr__(self, "columns", check_column_mapping(self.columns, self.canonical))
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.columns.items())))
 
 
 def write_table(frame: pd.DataFrame, target: Path, csv: bool = False) -> Path | None:

@@ -6,7 +6,7 @@ from functools import partial
 
 from prefect import flow
 
-from flows.sensor import steps as st
+from flows.sensor import score_steps as ss
 from flows.sensor.monitoring import drift_step
 from flows.sensor.results import SensorBatchScoreResult
 from infra.home import home_layout
@@ -51,11 +51,11 @@ def sensor_batch_score(
     """
     mapping = ColumnMapping(dict(columns or {})).columns  # a bad mapping fails before any file is read
     location = inbox or str(home_layout().inbox("sensor"))
-    out_dir = st.batch_output_dir(output_dir)
+    out_dir = ss.batch_output_dir(output_dir)
     run = process_inbox(
         "sensor-batch-score", location, model, settle_s=settle_seconds,
-        make_scorer=lambda ref: partial(st.score_readings_file, model=ref, columns=dict(mapping), threshold=threshold,
+        make_scorer=lambda ref: partial(ss.score_readings_file, model=ref, columns=dict(mapping), threshold=threshold,
                                         config=config, out_dir=str(out_dir), csv=csv, encoding=encoding),
     )
     drift = drift_step(run, mapping, config)
-    return SensorBatchScoreResult(**run.model_dump(), bad_readings=st.collect_bad_readings_step(run.outputs), drift=drift)
+    return SensorBatchScoreResult(**run.model_dump(), bad_readings=ss.collect_bad_readings_step(run.outputs), drift=drift)

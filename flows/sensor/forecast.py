@@ -16,6 +16,7 @@ from infra.home import home_layout
 from infra.registry import ModelRef, ModelRegistry, PromotionDecision, parse_model_spec
 from infra.tables import write_table
 from solutions.sensor import forecast as F
+from solutions.sensor import forecast_evaluate as FE
 from solutions.sensor import forecast_report as FR
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorConfig, SensorSource
@@ -77,9 +78,9 @@ def split_step(grid_ref: DatasetRef, config: SensorConfig) -> dict[str, list[str
 
 @task(name="evaluate-forecasters", cache_policy=NONE)
 def evaluate_step(grid_ref: DatasetRef, splits: dict[str, list[str]], forecast: ForecastConfig,
-                  config: SensorConfig) -> F.ForecastEvaluation:
+                  config: SensorConfig) -> FE.ForecastEvaluation:
     """Choose each sensor's method on the training assets; score every candidate on the held-out ones."""
-    return F.evaluate_forecasters(grid_ref.read(), splits["train"], splits["test"], forecast, config.align.op_prefix)
+    return FE.evaluate_forecasters(grid_ref.read(), splits["train"], splits["test"], forecast, config.align.op_prefix)
 
 
 @task(name="rescore-champion", cache_policy=NONE)
@@ -89,7 +90,7 @@ def champion_value_step(name: str, grid_ref: DatasetRef, splits: dict[str, list[
     champion = registry.champion(name) if name in registry.models() else None
     if champion is None or champion.kind != KIND:
         return None
-    return F.rescore(F.Forecaster.from_params(champion.params), grid_ref.read(), splits["test"])
+    return FE.rescore(F.Forecaster.from_params(champion.params), grid_ref.read(), splits["test"])
 
 
 @task(name="forecast-assets", cache_policy=NONE)
@@ -138,7 +139,7 @@ def sensor_forecast_train(
     registration = register_model_task(
         forecast.model_name, None, kind=KIND,
         params={**ev.forecaster.to_params(), "split": config.split.model_dump(), "skipped": ev.skipped},
-        metrics=metrics, primary_metric=F.PRIMARY_METRIC, higher_is_better=False, data_hash=grid_ref.content_hash,
+        metrics=metrics, primary_metric=FE.PRIMARY_METRIC, higher_is_better=False, data_hash=grid_ref.content_hash,
         champion_value=champion, strict=strict,
     )
     out_dir = home_layout().new_report("sensor-forecast-train")

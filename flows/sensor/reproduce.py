@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
+from flows.sensor import score_steps as ss
 from flows.sensor import steps as st
 from flows.sensor.train import sensor_train
 from solutions.sensor.config import SensorConfig, SensorSource
@@ -27,7 +28,7 @@ def sensor_reproduce(model: str = "sensor-rul", tolerance: float = 0.05) -> Repr
         model: the version to reproduce, NAME[:VERSION|@alias] (a bare NAME: its champion).
         tolerance: largest accepted change of the primary metric (test RUL RMSE, in grid steps).
     """
-    original = st.resolve_model_step(model)
+    original = ss.resolve_model_step(model)
     plan = plan_reproduction_task(original)
     params = plan.parameters
     source = SensorSource.model_validate(params.get("source") or {})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from flows.sensor import score_steps as ss
 from flows.sensor import steps as st
 from flows.sensor.results import SensorScoreResult
 from infra.home import home_layout
@@ -34,12 +35,12 @@ def sensor_score(
         threshold: alert when P(failure) >= this (default: the model's).
         config: settings of the sensor vertical (the grid; windows come from the model).
     """
-    ref = st.resolve_model_step(model)
+    ref = ss.resolve_model_step(model)
     cut = SC.alert_threshold(ref, threshold)
     grid_ref, bad = st.obtain_grid(source, config)
-    scores, bad = st.score_step(ref, grid_ref, source, cut, bad)
+    scores, bad = ss.score_step(ref, grid_ref, source, cut, bad)
     target = Path(output).expanduser() if output else SC.default_scores_path(home_layout().scores(), source, ref)
-    csv_path = st.write_scores_step(scores, target, csv)
+    csv_path = ss.write_scores_step(scores, target, csv)
     alerts = int(scores["alert"].sum())
     publish_eval_report_task(
         f"## sensor-score with {ref.spec}\n\n| | |\n|---|---|\n| input | {source.describe()} |\n"

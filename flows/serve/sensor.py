@@ -135,7 +135,7 @@ def load_online_model(ref: ModelRef, services: Services) -> OnlineSensorModel:
     """A registered sensor version (or a compressed variant) kept loaded for online prediction."""
     from infra.registry import KIND_SKLEARN
     from solutions.sensor.candidates import load_baseline
-    from solutions.sensor.model import build_module
+    from solutions.sensor.inference import build_module
     from solutions.sensor.online import OnlineSensorModel
     from solutions.sensor.pipeline import predictor_from_params
     from solutions.sensor.scoring import is_variant
@@ -208,6 +208,18 @@ def check_request_size(body: SensorPredictRequest, request: Request, services: S
                             f"{services.tuning.max_readings}")
 
 
+def request_grid(body: SensorPredictRequest, window: int | None = None,
+                 ) -> tuple[pd.DataFrame, dict[str, float] | None]:
+    """The request's aligned grid and, for long-format readings, each asset's grid origin (None for
+    grid rows); ``window`` (the model's) words the error of a history that is too short."""
+    from solutions.sensor.online import grid_from_readings, grid_from_rows
+
+    if body.grid is not None:
+        return grid_from_rows(body.grid), None
+    grid, _, origins = grid_from_readings(body.rows, body.columns, window=window)
+    return grid, origins
+
+
 class SensorPredictor(Predictor[SensorPredictRequest, "OnlineSensorModel", Predicted]):
     """Predict RUL, failure probability and alert for each asset's latest window."""
 
@@ -236,7 +248,7 @@ class SensorPredictor(Predictor[SensorPredictRequest, "OnlineSensorModel", Predi
                 challenger: OnlineSensorModel | None = None) -> list[Predicted | Exception]:
         """Each request aligned and checked alone (a bad one fails itself, not the model call it
         shares), then one model call over the good ones."""
-        from solutions.sensor.online import check_grid, grid_from_readings, grid_from_rows
+        from solutions.sensor.online import check_grid
 
         window = int(model.preprocessing[1].length)
         errors: dict[int, Exception] = {}
@@ -245,10 +257,7 @@ class SensorPredictor(Predictor[SensorPredictRequest, "OnlineSensorModel", Predi
         for k, body in enumerate(items):
             origins.append(None)
             try:
-                if body.grid is not None:
-                    grids[k] = grid_from_rows(body.grid)
-                else:
-                    grids[k], _, origins[k] = grid_from_readings(body.rows, body.columns, window=window)
+                grids[k], origins[k] = request_grid(body, window)
                 check_grid(model, grids[k])
             except (DataValidationError, ValueError) as exc:
                 grids.pop(k, None)

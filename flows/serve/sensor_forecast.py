@@ -5,7 +5,9 @@ A request carries recent readings in the formats of ``/v1/sensor/predict`` (long
 ``readings`` or aligned ``grid`` rows); they are aligned by the batch path's functions and
 forecast by :func:`solutions.sensor.forecast.forecast_grid`, as ``python -m flows.sensor forecast``
 forecasts a file. The models are fitted on each series when it is forecast (statistical models,
-a few ms to a few hundred ms per series), so the route runs in the server's thread pool.
+a few ms to a few hundred ms per series). :class:`ForecastPredictor` is the forecaster in four
+methods; :class:`~infra.serving.model_route.ModelRoute` serves it as it serves the other models
+(its batcher's thread runs the forecasts, a request that fails fails alone; breaker, reload, audit).
 
 Served when the registry holds ``INDUSFLOW_SERVE_SENSOR_FORECAST_MODEL`` (default
 ``sensor-forecast``) as the server starts; same scope as the sensor predictions.
@@ -14,17 +16,21 @@ Served when the registry holds ``INDUSFLOW_SERVE_SENSOR_FORECAST_MODEL`` (defaul
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+import pandas as pd
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field
 
-from flows.serve.sensor import SCOPE, SensorPredictRequest, check_request_size
+from flows.serve.sensor import SCOPE, SensorPredictRequest, check_request_size, request_grid
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
-from infra.serving.audit import record_audit
 from infra.serving.auth import Principal, require_scope
+from infra.serving.model_route import ModelRoute
+from infra.serving.predictor import Answer, Audit, Encoded, Predictor, Rows
 from infra.serving.runtime import Services, Vertical
+from solutions.sensor import schema as S
 from solutions.sensor.forecast_config import KIND, LimitAlert
 
 if TYPE_CHECKING:
@@ -82,6 +88,82 @@ def load_forecaster(ref: ModelRef) -> Forecaster:
     return Forecaster.from_params(ref.params)
 
 
+@dataclass(frozen=True)
+class Forecasted:
+    """One request's forecasts (:func:`~solutions.sensor.forecast.forecast_grid`'s table), the limit
+    alerts they raise, and the forecaster with the request's limits."""
+
+    table: pd.DataFrame
+    alerts: pd.DataFrame
+    forecaster: Forecaster
+
+
+class ForecastPredictor(Predictor[SensorForecastRequest, "Forecaster", Forecasted]):
+    """Forecast each sensor of each asset H steps ahead, with intervals and limit alerts."""
+
+    path = "/v1/sensor/forecast"
+    route_name = "forecast"
+    tag = "sensor-forecast"
+    response_model = SensorForecastResponse
+
+    def __init__(self, model_name: str, services: Services) -> None:
+        super().__init__(model_name)
+        self.services = services
+
+    def setup(self, ref: ModelRef) -> Forecaster:
+        return load_forecaster(ref)
+
+    async def decode_request(self, body: SensorForecastRequest, request: Request,
+                             principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorForecastRequest:
+        """The body (422 when invalid, 413 over the size limits)."""
+        check_request_size(body, request, self.services)
+        return body
+
+    def predict(self, model: Forecaster, items: list[SensorForecastRequest],
+                challenger: Forecaster | None = None) -> list[Forecasted | Exception]:
+        """Each request aligned and forecast alone (the models are fitted per series: requests share
+        no model call); a request whose readings cannot be forecast gets its error."""
+        from solutions.sensor import forecast as F
+
+        out: list[Forecasted | Exception] = []
+        for body in items:
+            forecaster = model.with_limits(body.upper_limits, body.lower_limits)
+            try:
+                table = F.forecast_grid(forecaster, request_grid(body)[0])
+            except (DataValidationError, ValueError) as exc:  # the request's content (e.g. its column mapping)
+                out.append(exc)
+                continue
+            alerts = F.limit_alerts(table, forecaster.upper_limits, forecaster.lower_limits, forecaster.alert_on)
+            out.append(Forecasted(table, alerts, forecaster))
+        return out
+
+    def encode_response(self, decoded: SensorForecastRequest, answer: Answer[Forecasted]) -> Encoded:
+        """Forecasts per asset and sensor (sorted), and the limits they cross."""
+        from solutions.sensor.forecast import alert_models
+
+        ref, result = answer.ref, answer.output
+        assert not isinstance(result, Exception)
+        alerts = alert_models(result.alerts)
+        forecasts = [
+            SensorForecast(asset_id=str(asset), sensor=str(sensor), method=str(g["method"].iloc[0]),
+                           points=[ForecastPoint(step=int(r[S.STEP]), steps_ahead=int(r["steps_ahead"]),
+                                                 forecast=float(r["forecast"]), lower=float(r["lower"]),
+                                                 upper=float(r["upper"])) for r in g.to_dict("records")])
+            for (asset, sensor), g in result.table.groupby([S.ASSET, "sensor"], sort=True)
+        ]
+        forecaster = result.forecaster
+        return Encoded(SensorForecastResponse(model=ref.name, model_version=ref.version, horizon=forecaster.horizon,
+                                              level=forecaster.level, forecasts=forecasts, alerts=alerts),
+                       Audit(len(decoded.rows), {"alert": len(alerts), "forecast": len(forecasts)},
+                             sorted({f.asset_id for f in forecasts})))
+
+    def rows(self, output: Forecasted) -> Rows:
+        """The forecast points, counted in the batch metrics; a forecast is not a score: kept out of the
+        score log (and there is no challenger)."""
+        assets = output.table[S.ASSET].astype(str).tolist()
+        return Rows(subjects=assets, ids=assets, scores=output.table["forecast"].to_numpy(float), logged=False)
+
+
 def build(services: Services) -> Vertical | None:
     """The forecast route (None: no forecaster configured or registered)."""
     name = services.settings.sensor_forecast_model
@@ -91,41 +173,7 @@ def build(services: Services) -> Vertical | None:
         log.info("serving: no forecaster %s registered, /v1/sensor/forecast is not served (train one with "
                  "`python -m flows.sensor forecast-train` and restart)", name)
         return None
-    slot = services.slot(name, load_forecaster)
+    route = ModelRoute(services, ForecastPredictor(name, services))
     router = APIRouter(tags=["sensor"])
-
-    @router.post("/v1/sensor/forecast", response_model=SensorForecastResponse)
-    def forecast(body: SensorForecastRequest, request: Request,
-                 principal: Annotated[Principal, Depends(require_scope(SCOPE))]) -> SensorForecastResponse:
-        """Forecast each sensor of each asset H steps ahead, with intervals and limit alerts."""
-        from solutions.sensor import forecast as F
-        from solutions.sensor.online import grid_from_readings, grid_from_rows
-
-        check_request_size(body, request, services)
-        ref, forecaster = slot.current()
-        forecaster = forecaster.with_limits(body.upper_limits, body.lower_limits)
-        try:
-            grid = grid_from_rows(body.grid) if body.grid is not None else grid_from_readings(body.rows, body.columns)[0]
-            with slot.breaker.guard():
-                table = F.forecast_grid(forecaster, grid)
-        except DataValidationError as exc:
-            raise HTTPException(status_code=422, detail={"error": str(exc), "column": exc.column,
-                                                         "rows": exc.rows}) from None
-        except ValueError as exc:  # the request's content (e.g. its column mapping)
-            raise HTTPException(status_code=422, detail={"error": str(exc)}) from None
-        alerts = F.alert_models(F.limit_alerts(table, forecaster.upper_limits, forecaster.lower_limits,
-                                               forecaster.alert_on))
-        forecasts = [
-            SensorForecast(asset_id=str(asset), sensor=str(sensor), method=str(g["method"].iloc[0]),
-                           points=[ForecastPoint(step=int(r["step"]), steps_ahead=int(r["steps_ahead"]),
-                                                 forecast=float(r["forecast"]), lower=float(r["lower"]),
-                                                 upper=float(r["upper"])) for r in g.to_dict("records")])
-            for (asset, sensor), g in table.groupby(["asset_id", "sensor"], sort=True)
-        ]
-        record_audit(request, model=ref.name, model_version=ref.version, rows=len(body.rows),
-                     decisions={"alert": len(alerts), "forecast": len(forecasts)},
-                     subjects=sorted({f.asset_id for f in forecasts}))
-        return SensorForecastResponse(model=ref.name, model_version=ref.version, horizon=forecaster.horizon,
-                                      level=forecaster.level, forecasts=forecasts, alerts=alerts)
-
-    return Vertical("sensor-forecast", router, [slot])
+    route.mount(router)
+    return Vertical("sensor-forecast", router, [route.slot], on_stop=route.close)

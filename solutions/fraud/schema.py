@@ -7,12 +7,9 @@ column names. Real-format data is brought to them with a :class:`ColumnMapping`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 import pandas as pd
 
-from infra.tables import ColumnKind, ColumnSpec, TableSchema, check_column_mapping, describe_columns
+from infra.tables import CanonicalMapping, ColumnKind, ColumnSpec, TableSchema, describe_columns
 
 TRANSACTION_ID = "transaction_id"
 ACCOUNT_ID = "account_id"
@@ -42,8 +39,7 @@ OPTIONAL: tuple[str, ...] = (
 CANONICAL: tuple[str, ...] = REQUIRED + OPTIONAL + (SCENARIO,)
 
 
-@dataclass(frozen=True)
-class ColumnMapping:
+class ColumnMapping(CanonicalMapping):
     """Maps canonical column names to the column names of a source table.
 
     Attributes:
@@ -56,14 +52,7 @@ class ColumnMapping:
         'CUSTOMER_ID'
     """
 
-    columns: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # a private copy, so later changes to the caller's dict cannot leak in
-        object.__setattr__(self, "columns", check_column_mapping(self.columns, CANONICAL))
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.columns.items())))
+    canonical = CANONICAL
 
     @classmethod
     def parse(cls, spec: str) -> ColumnMapping:

@@ -1,7 +1,7 @@
 """The sensor 1D-CNN's compression adapter: rebuild, held-out data, metric, losses, prune plan.
 
 Plain torch / numpy / pandas (no Prefect): the compress flow receives :data:`ADAPTER`.
-The model is seen through :class:`~solutions.sensor.model.SensorOutputs` (one output
+The model is seen through :class:`~solutions.sensor.inference.SensorOutputs` (one output
 tensor: RUL / cap and the failure logit). The held-out data follows the ``sensor-train``
 protocol on the same splits: the last window of each cut test unit, scored by test RMSE
 (lower is better); the failure head's PR-AUC is shown beside it.
@@ -35,16 +35,10 @@ from solutions.sensor.config import (
     WindowConfig,
 )
 from solutions.sensor.data import build_grid
+from solutions.sensor.encoder import N_WINDOW_STATS
 from solutions.sensor.features import RegimeNormalizer
-from solutions.sensor.model import (
-    N_WINDOW_STATS,
-    SensorOutputs,
-    SensorRULEnsemble,
-    SensorRULModel,
-    WindowDataModule,
-    build_module,
-    rul_fail_loss,
-)
+from solutions.sensor.inference import SensorOutputs, build_module
+from solutions.sensor.model import SensorRULEnsemble, SensorRULModel, WindowDataModule, rul_fail_loss
 from solutions.sensor.schema import BadReadingReport, ColumnMapping
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ import numpy as np
 from infra.registry import KIND_SKLEARN, ModelRef, ModelRegistry
 from solutions.sensor.baseline import WindowGBM
 from solutions.sensor.features import WindowSet, make_windows
-from solutions.sensor.model import RULModel, predict
+from solutions.sensor.inference import predict
+from solutions.sensor.model import RULModel
 from solutions.sensor.pipeline import SupervisedData, lead_metrics, predictor_from_params, rul_extra
 from solutions.sensor.stack import blend_weights
 

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from solutions.sensor import schema as S
-from solutions.sensor.forecast import CHOSEN, Forecaster, ForecastEvaluation
+from solutions.sensor.forecast import Forecaster
+from solutions.sensor.forecast_evaluate import ForecastEvaluation
+from solutions.sensor.forecast_models import CHOSEN
 
 
 def render_evaluation(ev: ForecastEvaluation, title: str) -> str:

@@ -7,12 +7,9 @@ names with a :class:`ColumnMapping`. Aligned data is a *grid table*: one row per
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.tables import check_column_mapping
+from infra.tables import CanonicalMapping
 
 # long-format readings and events
 ASSET = "asset_id"
@@ -49,8 +46,7 @@ def feature_columns(columns: list[str] | tuple[str, ...], op_prefix: str = "op_"
     return values, ops, gaps
 
 
-@dataclass(frozen=True)
-class ColumnMapping:
+class ColumnMapping(CanonicalMapping):
     """Canonical column name -> source column name (unmapped ones are expected as is).
 
     Example:
@@ -58,14 +54,7 @@ class ColumnMapping:
         'machine'
     """
 
-    columns: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # a private copy, so later changes to the caller's dict cannot leak in
-        object.__setattr__(self, "columns", check_column_mapping(self.columns, CANONICAL))
-
-    def __hash__(self) -> int:
-        return hash(tuple(sorted(self.columns.items())))
+    canonical = CANONICAL
 
 
 class BadReadingReport(BaseModel):

@@ -20,7 +20,8 @@ from infra.store import safe_stem
 from solutions.sensor import schema as S
 from solutions.sensor.config import SensorSource
 from solutions.sensor.features import make_windows
-from solutions.sensor.model import RULModel, predict, predict_outputs
+from solutions.sensor.inference import predict, predict_outputs
+from solutions.sensor.model import RULModel
 from solutions.sensor.pipeline import predictor_from_params, preprocessing_from_params
 from solutions.sensor.schema import BadReadingReport
 from solutions.sensor.stack import blend_weights

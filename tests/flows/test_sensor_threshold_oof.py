@@ -19,7 +19,7 @@ def test_cross_fitted_alert_threshold_is_calibrated_out_of_fold(tmp_path: Path) 
     from solutions.sensor import pipeline as P
     from solutions.sensor.config import SensorSource, SyntheticFleetConfig
     from solutions.sensor.data import build_grid, window_config
-    from solutions.sensor.model import predict
+    from solutions.sensor.inference import predict
     from tasks.evaluate import choose_threshold
 
     config = SensorConfig(fleet=SyntheticFleetConfig(n_assets=24, min_life=45, max_life=70, seed=2),

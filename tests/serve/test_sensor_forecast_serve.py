@@ -15,11 +15,13 @@ from fastapi.testclient import TestClient
 
 from flows.serve import sensor_forecast
 from flows.serve.app import create_app
+from infra.errors import DataValidationError
 from infra.home import HomeLayout
 from infra.registry import ModelRegistry
 from infra.serving.runtime import ServeTuning, key_store
 from infra.settings import ServeSettings
 from solutions.sensor import forecast as F
+from solutions.sensor import forecast_evaluate as FE
 from solutions.sensor import schema as S
 from solutions.sensor.align import align_readings, clean_readings
 from solutions.sensor.config import AlignConfig, SyntheticFleetConfig
@@ -43,8 +45,8 @@ def _readings() -> pd.DataFrame:
 def _app(home: HomeLayout, register: bool = True) -> TestClient:
     registry = ModelRegistry(home.registry())
     if register:
-        ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={F.PRIMARY_METRIC: 0.9},
-                                primary_metric=F.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
+        ref = registry.register(MODEL, {}, params=FORECASTER.to_params(), metrics={FE.PRIMARY_METRIC: 0.9},
+                                primary_metric=FE.PRIMARY_METRIC, higher_is_better=False, kind=KIND)
         registry.set_alias(MODEL, "champion", ref.version)
     settings = ServeSettings(audit_salt="s", fraud_model="", sensor_model="", max_body_bytes=50_000_000)
     app = create_app(settings, build_verticals=[sensor_forecast.build], layout=home, registry=registry,
@@ -129,3 +131,22 @@ def test_readings_too_large_to_model_are_a_422_not_a_server_error(client) -> Non
     grid = [{"asset_id": "m1", "step": i, "temperature": 1.7e308 * (-1) ** i, "current": 1.0} for i in range(20)]
     response = _post(c, key, {"grid": grid})
     assert response.status_code == 422 and "not finite numbers" in response.json()["detail"]["error"]
+
+
+def test_requests_batched_together_are_forecast_alone_and_a_bad_one_fails_alone() -> None:
+    """The forecaster is a Predictor served by ModelRoute: a batch's requests are each forecast as the
+    batch path forecasts their grid, with their own limits, and one that cannot be forecast gets its
+    own error while the others are answered."""
+    predictor = sensor_forecast.ForecastPredictor(MODEL, services=None)  # type: ignore[arg-type]
+    readings = jsonable(_readings())
+    good = sensor_forecast.SensorForecastRequest(readings=readings)
+    limited = sensor_forecast.SensorForecastRequest(readings=readings, upper_limits={"current": -1e6})
+    lacking = sensor_forecast.SensorForecastRequest(
+        grid=[{"asset_id": "m1", "step": i, "temperature": 80.0 + i} for i in range(20)])
+    out = predictor.predict(FORECASTER, [good, lacking, limited])
+    assert isinstance(out[1], DataValidationError) and out[1].column == "current"
+    first, third = out[0], out[2]
+    assert isinstance(first, sensor_forecast.Forecasted) and isinstance(third, sensor_forecast.Forecasted)
+    pd.testing.assert_frame_equal(first.table, third.table)
+    assert first.alerts.empty and set(third.alerts["sensor"]) == {"current"}
+    assert not predictor.rows(first).logged  # forecasts are not scores: no score-log line

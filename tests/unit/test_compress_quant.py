@@ -57,7 +57,8 @@ def test_dynamic_int8_shrinks_quantized_layers_at_least_3x(model: TinySeq, tmp_p
 
 def tiny_sensor() -> nn.Module:
     """The sensor 1D-CNN (convs + BatchNorm + Linear heads) seen as one (batch, 2) output."""
-    from solutions.sensor.model import SensorOutputs, SensorRULModel
+    from solutions.sensor.inference import SensorOutputs
+    from solutions.sensor.model import SensorRULModel
 
     return SensorOutputs(SensorRULModel(n_channels=3, channels=8, embedding_dim=16)).eval()
 

@@ -11,16 +11,9 @@ import tasks.compress as C
 from infra.registry import ModelRegistry
 from solutions.sensor.compress import prune_plan
 from solutions.sensor.config import ModelConfig
-from solutions.sensor.model import (
-    MaskedReconstruction,
-    SensorEncoder,
-    SensorOutputs,
-    SensorRULEnsemble,
-    SensorRULModel,
-    build_module,
-    predict,
-    random_mask,
-)
+from solutions.sensor.encoder import SensorEncoder
+from solutions.sensor.inference import SensorOutputs, build_module, predict
+from solutions.sensor.model import MaskedReconstruction, SensorRULEnsemble, SensorRULModel, random_mask
 from solutions.sensor.pipeline import encoder_fits
 
 ARCHS = ("cnn", "tcn", "transformer")

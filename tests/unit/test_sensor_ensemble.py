@@ -10,13 +10,8 @@ import torch
 
 from solutions.sensor.config import SensorConfig, WindowConfig
 from solutions.sensor.features import RegimeNormalizer
-from solutions.sensor.model import (
-    SensorEnsembleOutputs,
-    SensorRULEnsemble,
-    SensorRULModel,
-    build_module,
-    predict,
-)
+from solutions.sensor.inference import SensorEnsembleOutputs, build_module, predict
+from solutions.sensor.model import SensorRULEnsemble, SensorRULModel
 from solutions.sensor.pipeline import member_config, model_params, predictor_from_params
 
 HP = {"n_channels": 3, "channels": 8, "embedding_dim": 16, "rul_cap": 100.0, "pooling": "mean", "norm": "none",
@@ -72,7 +67,7 @@ def test_members_of_other_shapes_are_refused_and_member_seeds_follow_the_config(
 def test_an_ensemble_prunes_member_by_member_reloads_and_distils_into_one_cnn() -> None:
     import tasks.compress as C
     from solutions.sensor.compress import ENSEMBLE, prune_plan, student_of
-    from solutions.sensor.model import N_WINDOW_STATS
+    from solutions.sensor.encoder import N_WINDOW_STATS
 
     params = {"architecture": ENSEMBLE, "hparams": {"members": 2, "member": HP}}
     module = build_module(params)

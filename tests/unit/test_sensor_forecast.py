@@ -10,6 +10,9 @@ from pydantic import ValidationError
 
 from infra.errors import DataValidationError
 from solutions.sensor import forecast as F
+from solutions.sensor import forecast_data as FD
+from solutions.sensor import forecast_evaluate as FE
+from solutions.sensor import forecast_models as FM
 from solutions.sensor import schema as S
 from solutions.sensor.forecast_config import ForecastConfig
 
@@ -30,45 +33,45 @@ def _grid(assets: int = 6, steps: int = 60, seed: int = 0) -> pd.DataFrame:
 
 
 def test_sensor_channels_leave_out_settings_flags_labels_and_constants() -> None:
-    channels, skipped = F.sensor_channels(_grid())
+    channels, skipped = FD.sensor_channels(_grid())
     assert channels == ["trend", "noisy"]
     assert skipped == {"op_load": "operating setting", "flat": "constant"}
-    assert F.sensor_channels(_grid(), wanted=["noisy"])[0] == ["noisy"]
+    assert FD.sensor_channels(_grid(), wanted=["noisy"])[0] == ["noisy"]
     with pytest.raises(DataValidationError, match=r"no sensor column\(s\) \['pressure'\]"):
-        F.sensor_channels(_grid(), wanted=["pressure"])
+        FD.sensor_channels(_grid(), wanted=["pressure"])
 
 
 def test_series_table_holds_out_the_last_steps_and_fills_gaps_within_the_asset() -> None:
     grid = _grid(assets=2, steps=20)
     grid.loc[(grid[S.ASSET] == "A0") & (grid[S.STEP] == 5), "noisy"] = np.nan
-    table = F.series_table(grid, ["noisy"], history=8, hold_out=3)
-    a0 = table.history.loc[table.history["unique_id"] == F.series_id("A0", "noisy")]
+    table = FD.series_table(grid, ["noisy"], history=8, hold_out=3)
+    a0 = table.history.loc[table.history["unique_id"] == FD.series_id("A0", "noisy")]
     assert a0["ds"].tolist() == list(range(9, 17))  # 8 steps before the 3 held out
-    assert table.truth.loc[table.truth["unique_id"] == F.series_id("A0", "noisy"), "ds"].tolist() == [17, 18, 19]
-    full = F.series_table(grid, ["noisy"], history=100)
-    filled = full.history.set_index(["unique_id", "ds"]).loc[(F.series_id("A0", "noisy"), 5), "y"]
+    assert table.truth.loc[table.truth["unique_id"] == FD.series_id("A0", "noisy"), "ds"].tolist() == [17, 18, 19]
+    full = FD.series_table(grid, ["noisy"], history=100)
+    filled = full.history.set_index(["unique_id", "ds"]).loc[(FD.series_id("A0", "noisy"), 5), "y"]
     assert filled == grid.loc[(grid[S.ASSET] == "A0") & (grid[S.STEP] == 4), "noisy"].item()  # carried forward
-    short = F.series_table(grid, ["noisy"], history=100, hold_out=3, min_steps=18)
+    short = FD.series_table(grid, ["noisy"], history=100, hold_out=3, min_steps=18)
     assert short.history.empty and short.short == 2
 
 
 def test_mase_and_coverage_by_hand() -> None:
-    uid = F.series_id("A", "s")
+    uid = FD.series_id("A", "s")
     history = pd.DataFrame({"unique_id": uid, "ds": [0, 1, 2, 3], "y": [1.0, 3.0, 2.0, 4.0]})  # |diffs| 2, 1, 2
     truth = pd.DataFrame({"unique_id": uid, "ds": [4, 5], "y": [5.0, 2.0]})
     fc = pd.DataFrame({"unique_id": uid, "ds": [4, 5], "m": [4.0, 4.0], "m-lo-80": [3.0, 3.0], "m-hi-80": [6.0, 6.0]})
     cfg = ForecastConfig(horizon=2, level=80)
-    scores = F.score_forecasts(F.SeriesTable(history, truth), fc, ["m"], cfg)
+    scores = FE.score_forecasts(FD.SeriesTable(history, truth), fc, ["m"], cfg)
     scale = 5 / 3
     assert scores["h"].tolist() == [1, 2]
     assert scores["mase"].tolist() == pytest.approx([1 / scale, 2 / scale])
     assert scores["coverage"].tolist() == [1.0, 0.0]  # 5 inside [3, 6], 2 below it
-    assert F.summary(scores).loc[0, "mase"] == pytest.approx(1.5 / scale)
+    assert FE.summary(scores).loc[0, "mase"] == pytest.approx(1.5 / scale)
 
 
 def test_a_series_that_never_changed_has_no_scale_and_is_left_out() -> None:
     history = pd.DataFrame({"unique_id": "x", "ds": [0, 1, 2], "y": [1.0, 1.0, 1.0]})
-    assert np.isnan(F.mase_scale(history, 1).loc["x"])
+    assert np.isnan(FE.mase_scale(history, 1).loc["x"])
 
 
 def test_choose_methods_takes_the_lowest_mase_per_sensor_and_the_first_on_ties() -> None:
@@ -76,13 +79,13 @@ def test_choose_methods_takes_the_lowest_mase_per_sensor_and_the_first_on_ties()
         "method": ["naive", "auto_ets", "naive", "auto_ets"], "sensor": ["a", "a", "b", "b"], "h": 1,
         "mase": [1.0, 0.7, 0.5, 0.5], "coverage": 0.8, "series": 10,
     })
-    assert F.choose_methods(scores, ["naive", "auto_ets"]) == {"a": "auto_ets", "b": "naive"}
+    assert FE.choose_methods(scores, ["naive", "auto_ets"]) == {"a": "auto_ets", "b": "naive"}
 
 
 def test_naive_forecasts_the_last_value_with_a_widening_interval() -> None:
     grid = _grid(assets=1, steps=30)
-    table = F.series_table(grid, ["noisy"], history=100)
-    fc = F.forecast_series(table.history, ["naive"], ForecastConfig(horizon=4))
+    table = FD.series_table(grid, ["noisy"], history=100)
+    fc = FM.forecast_series(table.history, ["naive"], ForecastConfig(horizon=4))
     assert fc["naive"].tolist() == pytest.approx([grid["noisy"].iloc[-1]] * 4)
     width = (fc["naive-hi-80"] - fc["naive-lo-80"]).to_numpy()
     assert (np.diff(width) > 0).all()
@@ -91,7 +94,7 @@ def test_naive_forecasts_the_last_value_with_a_widening_interval() -> None:
 def test_evaluation_chooses_a_model_that_beats_naive_on_held_out_assets() -> None:
     grid = _grid(assets=16, steps=60)
     cfg = ForecastConfig(horizon=5, candidates=("naive", "auto_ets"))
-    ev = F.evaluate_forecasters(grid, [f"A{i}" for i in range(14)], ["A14", "A15"], cfg)
+    ev = FE.evaluate_forecasters(grid, [f"A{i}" for i in range(14)], ["A14", "A15"], cfg)
     assert ev.forecaster.methods == {"trend": "auto_ets", "noisy": "auto_ets"}  # a drift, a level: not the last value
     m = ev.metrics()
     assert m["test/mase"] < m["test/mase_naive"]
@@ -99,7 +102,7 @@ def test_evaluation_chooses_a_model_that_beats_naive_on_held_out_assets() -> Non
     assert 0 <= m["test/coverage"] <= 1 and ev.series == (28, 4)
     assert list(ev.horizon_table()["h"]) == [1, 2, 3, 4, 5]
     # the champion rule re-scores a forecaster on the same held-out assets: the choice scores as measured
-    assert F.rescore(ev.forecaster, grid, ["A14", "A15"]) == pytest.approx(m["test/mase"])
+    assert FE.rescore(ev.forecaster, grid, ["A14", "A15"]) == pytest.approx(m["test/mase"])
 
 
 def test_forecaster_params_round_trip_and_reject_other_models() -> None:
@@ -158,7 +161,7 @@ def test_no_limit_crossed_is_an_empty_table_and_limits_must_be_ordered() -> None
 def test_steps_a_grid_skips_are_filled_and_absurd_readings_are_a_clear_error() -> None:
     f = F.Forecaster({"temp": "naive"}, 2, 80, 1, "model", 100)
     sparse = pd.DataFrame({S.ASSET: "m", S.STEP: [0, 5, 10], "temp": [1.0, 2.0, 3.0]})
-    table = F.series_table(sparse, ["temp"], history=100)
+    table = FD.series_table(sparse, ["temp"], history=100)
     assert table.history["ds"].tolist() == list(range(11))
     assert table.history["y"].tolist() == [1.0] * 5 + [2.0] * 5 + [3.0]
     assert F.forecast_grid(f, sparse)[S.STEP].tolist() == [11, 12]
@@ -168,15 +171,15 @@ def test_steps_a_grid_skips_are_filled_and_absurd_readings_are_a_clear_error() -
 
 
 def test_interval_widths_make_the_training_truths_fall_inside_at_the_level() -> None:
-    uid = [F.series_id(f"A{i}", "s") for i in range(10)]
+    uid = [FD.series_id(f"A{i}", "s") for i in range(10)]
     history = pd.DataFrame({"unique_id": uid, "ds": 0, "y": 0.0})
     # every forecast 0 with the interval [-1, 1]; the truths at 0.1, 0.2, ..., 1.0 (step 1) and twice that (step 2)
     truth = pd.DataFrame({"unique_id": uid * 2, "ds": [1] * 10 + [2] * 10,
                           "y": [0.1 * (i + 1) for i in range(10)] + [0.2 * (i + 1) for i in range(10)]})
     fc = truth[["unique_id", "ds"]].assign(m=0.0, **{"m-lo-80": -1.0, "m-hi-80": 1.0})
-    widths = F.interval_widths(F.SeriesTable(history, truth), fc, "m", ForecastConfig(horizon=2, level=80))
+    widths = FM.interval_widths(FD.SeriesTable(history, truth), fc, "m", ForecastConfig(horizon=2, level=80))
     assert widths["s"] == pytest.approx([np.quantile(np.arange(1, 11) / 10, 0.8), np.quantile(np.arange(1, 11) / 5, 0.8)])
-    lo, hi = F.widen(np.array([-1.0, -1.0, 9.0]), np.array([1.0, 1.0, 11.0]), np.array(["s", "s", "other"]),
+    lo, hi = FM.widen(np.array([-1.0, -1.0, 9.0]), np.array([1.0, 1.0, 11.0]), np.array(["s", "s", "other"]),
                      np.array([1, 2, 1]), {"s": [0.5, 3.0]})
     assert lo.tolist() == [-0.5, -3.0, 9.0] and hi.tolist() == [0.5, 3.0, 11.0]
 

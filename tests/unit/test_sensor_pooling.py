@@ -8,7 +8,8 @@ import torch
 
 import tasks.compress as C
 from solutions.sensor.compress import prune_plan
-from solutions.sensor.model import SensorEncoder, SensorRULModel
+from solutions.sensor.encoder import SensorEncoder
+from solutions.sensor.model import SensorRULModel
 
 
 @pytest.mark.parametrize(("pooling", "proj_in"), [("mean", 16), ("meanmax", 32), ("meanlast", 32)])
@@ -60,7 +61,7 @@ def test_window_stats_are_the_baseline_features() -> None:
     import numpy as np
 
     from solutions.sensor.baseline import window_summary_features
-    from solutions.sensor.model import N_WINDOW_STATS, window_stats
+    from solutions.sensor.encoder import N_WINDOW_STATS, window_stats
 
     x = np.random.default_rng(0).normal(size=(5, 3, 12)).astype("float32")
     ours = window_stats(torch.from_numpy(x)).numpy()
@@ -80,7 +81,8 @@ def test_encoder_with_window_stats_reads_them_prunes_and_exports(tmp_path) -> No
     import onnxruntime as ort
 
     from infra.onnx import export_onnx
-    from solutions.sensor.model import MaskedReconstruction, SensorOutputs
+    from solutions.sensor.inference import SensorOutputs
+    from solutions.sensor.model import MaskedReconstruction
 
     torch.manual_seed(0)
     model = SensorRULModel(3, channels=8, embedding_dim=16, pooling="mean", norm="none", stats=True).eval()
