@@ -9,8 +9,8 @@ goes and what rate the parts allow, on the same machine, model and request bodie
    closed-loop aiohttp clients at concurrency 1 and 16 (``bench/loadgen.py``). Its time per
    request includes the client's, which shares the 2 cores.
 2. **In process**, medians per 256-row request over ``--requests`` new requests (after a warm-up):
-   validation (:func:`validate_rows`), the state update (load and order
-   check, :meth:`apply`, the state store's commit with the scores) and the model (its input tensors and
+   validation (:func:`validate_rows`), the state update (load, transaction-owner and order
+   check, :meth:`apply` and the owners' claims, the state store's commit with the scores and claims) and the model (its input tensors and
    forward pass: :meth:`OnlineFraudModel.predict`). Beside them, for comparison only, the time to
    commit the same changes as one append-only record in a SQLite file with the same settings
    (what a log-structured state store would pay inside the request).
@@ -190,11 +190,14 @@ def in_process(home: Path, model: Any, tx: Any, n: int, warmup: int = 50) -> tup
             t0 = time.perf_counter()
             rows = validate_rows(body)
             t1 = time.perf_counter()
+            owners = [f"owner-{a}" for a in rows.accounts]  # the server: a keyed hash of the account
             with state.update() as batch:
                 batch.load(rows.accounts, [])
+                assert batch.owner_conflict(rows, owners) is None
                 batch.check(rows)
                 t2 = time.perf_counter()
                 inputs = batch.apply(rows, model.delay_days, keep=model.seq_len)
+                batch.claim(rows, owners, model.delay_days)
                 t3 = time.perf_counter()
                 scores = model.predict(inputs)
                 t4 = time.perf_counter()
