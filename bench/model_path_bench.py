@@ -50,13 +50,21 @@ BATCHES = (1, 16, 64, 256)
 
 def served_model(home: Path) -> Any:
     """The served model, registered and loaded back as the server does."""
-    from serve_bench import MODEL, register_model
+    from serve_bench import register_model
+
+    register_model(home)
+    return load_served(home)
+
+
+def load_served(home: Path) -> Any:
+    """The model ``serve_bench.register_model`` registered under ``home``, loaded back as the server
+    loads it (its network on the served runtime: :func:`solutions.fraud.online_model.onnx_runtime`)."""
+    from serve_bench import MODEL
 
     from infra.registry import ModelRegistry
     from solutions.fraud import pipeline as P
     from solutions.fraud.online import OnlineFraudModel
 
-    register_model(home)
     registry = ModelRegistry(home / "registry")
     ref = registry.get(MODEL)
     net, pre, cfg = P.model_from_params(ref.params, registry.load_state_dict(ref))

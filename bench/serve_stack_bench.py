@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import litserve as ls
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -72,34 +73,43 @@ def prepare(home: Path) -> None:
                             metrics={"test/auprc": 0.0}, primary_metric="test/auprc")
     registry.set_alias(MODEL, "champion", ref.version)
     loader = setup.datamodule.test_dataloader() if hasattr(setup.datamodule, "test_dataloader") else None
-    batch = next(iter(loader))
-    rows = [{k: v[i].tolist() for k, v in batch.items() if k != "y"} for i in range(min(256, len(batch["y"])))]
-    dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in batch.items() if k != "y"}
+    write_rows(home, {k: v for k, v in next(iter(loader)).items() if k != "y"})
+
+
+def write_rows(home: Path, batch: dict[str, Any]) -> None:
+    """The network's input tensors of (at most) 256 rows as the request rows both stacks decode
+    (``home/rows.json``: per row, each input as nested lists; the inputs' dtypes)."""
+    n = min(256, len(next(iter(batch.values()))))
+    rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(n)]
+    dtypes = {k: str(v.dtype).removeprefix("torch.") for k, v in batch.items()}
     (home / "rows.json").write_text(json.dumps({"rows": rows, "dtypes": dtypes}))
 
 
 class FraudPredictor:
-    """Decode rows, run the registered champion, encode scores (shared by both stacks)."""
+    """Decode rows, run the registered champion's network on the served runtime (ONNX Runtime where
+    :func:`~solutions.fraud.online_model.onnx_runtime` can, else torch eager), encode scores (shared
+    by both stacks)."""
 
     def __init__(self, home: Path) -> None:
         import torch
 
         from infra.registry import ModelRegistry
         from solutions.fraud import pipeline as P
+        from solutions.fraud.online_model import OnlineFraudModel
 
         torch.set_num_threads(1)
         registry = ModelRegistry(home / "registry")
         ref = registry.get(MODEL)
         self.version = ref.version
-        self.model, _, _ = P.model_from_params(ref.params, registry.load_state_dict(ref))
-        self.dtypes = {k: getattr(torch, v) for k, v in json.loads((home / "rows.json").read_text())["dtypes"].items()}
+        net, pre, cfg = P.model_from_params(ref.params, registry.load_state_dict(ref))
+        self.model = OnlineFraudModel.from_registry(net, pre, cfg.seq_len, ref.name, ref.version, ref.params)
+        self.dtypes = {k: np.dtype(v) for k, v in json.loads((home / "rows.json").read_text())["dtypes"].items()}
         self.torch = torch
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[float]:
-        torch = self.torch
-        batch = {k: torch.tensor([r[k] for r in rows], dtype=dt) for k, dt in self.dtypes.items()}
-        with torch.inference_mode():
-            return torch.sigmoid(self.model(batch).float()).tolist()
+        # through numpy: half the time of torch.tensor on nested lists (2.0 against 3.8 ms for 256 rows)
+        batch = {k: self.torch.from_numpy(np.asarray([r[k] for r in rows], dtype=dt)) for k, dt in self.dtypes.items()}
+        return self.model.network_probabilities(batch).tolist()
 
 
 # ------------------------------------------------------------------------------------

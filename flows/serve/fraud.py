@@ -7,7 +7,7 @@ alias can move from one kind to another while serving.
 Each request carries one or more transactions in the project's transaction schema (the
 batch path's column names, or source names with the same ``columns`` mapping as
 ``fraud score --columns``). Their features come from the online feature state
-(:mod:`solutions.fraud.online`: embedded SQLite under the home, or Redis when
+(:mod:`solutions.fraud.online`: embedded RocksDB under the home, or Redis when
 ``INDUSFLOW_SERVE_REDIS_URL`` is set), so a transaction scores exactly as the batch ``score``
 path scores it in a file holding everything seen before it. :class:`FraudPredictor` is the model in
 four methods; :class:`~infra.serving.model_route.ModelRoute` serves it (batching in arrival order,
@@ -30,7 +30,6 @@ from flows.serve.fraud_labels import LABEL_SCOPE, add_label_route, add_reset_rou
 from infra.registry import KIND_SKLEARN, ModelRef
 from infra.serving.auth import Principal, require_scope
 from infra.serving.breaker import USER_ERRORS
-from infra.serving.challenger import SCORES_DIR
 from infra.serving.model_route import ModelRoute
 from infra.serving.predictor import (
     Answer,
@@ -44,7 +43,6 @@ from infra.serving.predictor import (
 )
 from infra.serving.quotas import check_rows
 from infra.serving.runtime import ServeTuning, Services, Vertical
-from infra.serving.tx_owners import TransactionOwners, open_owners
 from solutions.fraud import schema as S
 
 if TYPE_CHECKING:  # the model code (torch, Lightning) is imported when a model loads, not at startup
@@ -160,6 +158,14 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
     A request sent again after its answer was lost (every transaction already scored, with the
     same id, timestamp and amount; on this replica or another) gets the scores given the first
     time, with ``replayed``, and changes nothing; such a retry is not written to the score log again.
+
+    A transaction id names one transaction: the score log and the evidence flow name transactions
+    by id alone, so an id scored under one account and sent again under another gets 409, and a
+    label counts only when it names the account its id was scored under. The online state keeps,
+    per transaction id, a keyed hash of its account (the audit's :meth:`~infra.serving.audit.AuditLog.hash_id`:
+    no account id is stored for it), claimed in the same commit as the transaction and kept as long
+    as its terminal row (as long as a label for it can count). Replicas must hash with one salt (a
+    shared home, or one ``INDUSFLOW_SERVE_AUDIT_SALT``), as the challenger split already needs.
     """
 
     path = "/v1/fraud/score"
@@ -174,7 +180,6 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
         self.redis_url = services.settings.redis_url.get_secret_value() if services.settings.redis_url else None
         self.max_skew_ns = int(services.tuning.max_clock_skew_s * 1e9)
         self._state: OnlineFraudState | None = None
-        self._owners: TransactionOwners | None = None
 
     # -- the four methods
     def setup(self, ref: ModelRef) -> OnlineFraudModel:
@@ -196,27 +201,15 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
 
     def predict(self, model: OnlineFraudModel, items: list[FraudScoreRequest],
                 challenger: OnlineFraudModel | None = None) -> list[ScoredRequest | Exception]:
-        """Claim each request's transaction ids, then score the requests (one column mapping) in order."""
+        """Score the requests (one column mapping) in order, each claiming its transaction ids for
+        its accounts in the same commit."""
         from solutions.fraud.online import score_requests_with_inputs
 
-        claims = [self.claim_ids(body.transactions, body.columns) for body in items]
-        out: list[Any] = [refused for refused, _ in claims]
-        live = [i for i, (refused, _) in enumerate(claims) if refused is None]
-        if not live:
-            return out
-        try:
-            results = score_requests_with_inputs(
-                model, self.state(), [items[i].transactions for i in live], items[0].columns,
-                max_time_ns=self.latest_time_ns(), keep=challenger.seq_len if challenger is not None else None,
-                max_amount=self.services.settings.fraud_max_amount)
-        except Exception:  # nothing was committed: the ids may be sent again
-            self.owners().release([tx for i in live for tx in claims[i][1]])
-            raise
-        for i, result in zip(live, results, strict=True):
-            out[i] = result
-            if isinstance(result, Exception) and claims[i][1]:  # refused: its ids may be sent again
-                self.owners().release(claims[i][1])
-        return out
+        return score_requests_with_inputs(
+            model, self.state(), [body.transactions for body in items], items[0].columns,
+            max_time_ns=self.latest_time_ns(), keep=challenger.seq_len if challenger is not None else None,
+            max_amount=self.services.settings.fraud_max_amount,
+            owners=[[who for _, who in self.id_pairs(body.transactions, body.columns)] for body in items])
 
     def encode_response(self, decoded: FraudScoreRequest, answer: Answer[ScoredRequest]) -> Encoded:
         """Scores in request order, each row naming the version that decided it; serialised by orjson
@@ -302,7 +295,7 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
         return Refused(HTTPException(status_code=409, detail=str(error)),
                        Audit(n, {"refused": n}, self.accounts(decoded.transactions, decoded.columns)))
 
-    # -- the online state and the transaction owners
+    # -- the online state
     def state(self) -> OnlineFraudState:
         """The online feature state, opened on first use."""
         from infra.online_state import open_state_store
@@ -316,20 +309,11 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
                 late_tolerance_s=self.services.tuning.max_clock_skew_s)
         return self._state
 
-    def owners(self) -> TransactionOwners:
-        """Which account each transaction id was scored under (:mod:`infra.serving.tx_owners`)."""
-        if self._owners is None:
-            self._owners = open_owners(self.services.layout.serving() / SCORES_DIR, self.model_name, self.redis_url)
-        return self._owners
-
     def close(self) -> None:
-        """Close the state and the owners (the app stops)."""
+        """Close the state (the app stops)."""
         state, self._state = self._state, None
         if state is not None:
             state.store.close()
-        owners, self._owners = self._owners, None
-        if owners is not None:
-            owners.close()
 
     @staticmethod
     def accounts(rows: list[dict[str, Any]], columns: dict[str, str] | None) -> list[Any]:
@@ -347,22 +331,6 @@ class FraudPredictor(Predictor["FraudScoreRequest", "OnlineFraudModel", "ScoredR
             acct = _id_text(row.get(acct_col))
             out.append((_id_text(row.get(id_col)), self.services.audit.hash_id(acct) if acct is not None else None))
         return out
-
-    def claim_ids(self, rows: list[dict[str, Any]], columns: dict[str, str] | None,
-                  ) -> tuple[Exception | None, list[str]]:
-        """Claim a request's transaction ids for their accounts: (the error refusing the request when one
-        of them was scored under another account, the ids newly claimed)."""
-        from solutions.fraud.online import OrderError
-
-        pairs = [(i, tx, who) for i, (tx, who) in enumerate(self.id_pairs(rows, columns)) if tx is not None and who]
-        if not pairs:
-            return None, []
-        taken, new = self.owners().claim([tx for _, tx, _ in pairs], [who for _, _, who in pairs])
-        if taken:
-            row, tx, _ = pairs[taken[0]]
-            return OrderError(f"row {row}: transaction {tx!r} was already scored under another account; a transaction "
-                              "id names one transaction (send it under its own account, or give this one its own id)"), []
-        return None, new
 
     def latest_time_ns(self) -> int:
         """The latest timestamp accepted now: the clock plus the skew, read as UTC or as the server's

@@ -114,7 +114,7 @@ async def owned_rows(fraud: FraudPredictor, body: FraudLabelRequest) -> list[boo
             "error": f"{S.ACCOUNT_ID} is required: a label counts only for the transaction scored with that id "
             "under that account", "column": S.ACCOUNT_ID, "rows": no_account[:5]})
     ids = [tx for tx, _ in pairs if tx is not None]
-    owned = iter(await run_in_threadpool(fraud.owners().owned, ids, [who for tx, who in pairs if tx is not None]))
+    owned = iter(await run_in_threadpool(fraud.state().owned, ids, [who for tx, who in pairs if tx is not None]))
     return [tx is None or next(owned) for tx, _ in pairs]
 
 

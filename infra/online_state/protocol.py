@@ -8,6 +8,10 @@ Two kinds of keyed state, both stored one row per event:
 * ``TERMINAL``: the key's rows ``(t_ns, label, id, row id)`` in time order (equal times in arrival
   order); a row's label can be corrected, and rows leave by their row id.
 
+Beside them, per transaction id, its owner (an opaque string: the server keeps a keyed hash of the
+account it was scored under), claimed in the same commit as the transaction's rows and kept for
+a bounded time after the transaction's (``Journal.owners_kept_ns``).
+
 The domain (``solutions.fraud.online``) decides what the rows mean; a store only keeps them.
 """
 
@@ -27,6 +31,7 @@ __all__ = [
     "TerminalRow",
     "account_doc",
     "account_row",
+    "owners_horizon",
     "terminal_doc",
 ]
 
@@ -56,7 +61,9 @@ class Journal:
     Accounts: their summary (``n``, ``sum``, ``terms``, ``seq``) and their new rows, each under its
     sequence number; rows below ``account_cut[a]`` are gone. Terminals: one stored row per
     transaction (terminal, (time, label, id, row id)); new rows, label corrections (the whole row
-    again) and the rows dropped from the windows.
+    again) and the rows dropped from the windows. Owners: the transaction ids claimed, each with its
+    owner and its time; a store keeps an owner ``owners_kept_ns`` after its transaction's time
+    (None: for ever), then forgets it (:func:`owners_horizon`).
     """
 
     accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -65,9 +72,12 @@ class Journal:
     terminal_rows: list[tuple[str, Sequence[Any]]] = field(default_factory=list)
     labels: list[tuple[str, Sequence[Any]]] = field(default_factory=list)
     dropped: list[tuple[str, Sequence[Any]]] = field(default_factory=list)
+    owners: list[tuple[str, str, int]] = field(default_factory=list)  #: (transaction id, owner, t_ns)
+    owners_kept_ns: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.accounts or self.account_rows or self.terminal_rows or self.labels or self.dropped)
+        return bool(self.accounts or self.account_rows or self.terminal_rows or self.labels or self.dropped
+                    or self.owners)
 
 
 class OnlineStateStore(Protocol):
@@ -88,13 +98,24 @@ class OnlineStateStore(Protocol):
         (rows in time order; with ``limit``, at most its newest ``limit``)."""
 
     def commit(self, journal: Journal) -> None:
-        """Persist an update's changes."""
+        """Persist an update's changes (its owners in the same atomic write)."""
+
+    def owners(self, ids: Sequence[str]) -> dict[str, str]:
+        """The owner of each of ``ids`` that one holds (callable outside ``exclusive()`` too)."""
 
     def reset(self, kind: str, key: str) -> bool:
         """Forget one account's or terminal's state; False when there was none."""
 
     def close(self) -> None:
         """Release connections."""
+
+
+def owners_horizon(journal: Journal) -> int | None:
+    """Owners of transactions dated before this (ns) are forgotten on committing ``journal``: its
+    newest claim's time less ``owners_kept_ns`` (None: nothing is forgotten)."""
+    if journal.owners_kept_ns is None or not journal.owners:
+        return None
+    return max(t for _, _, t in journal.owners) - journal.owners_kept_ns
 
 
 def account_row(stored: Sequence[Any]) -> AccountRow:

@@ -1,8 +1,10 @@
 """The shared online state store: Redis, for several server processes or replicas.
 
 Per account a summary string (``<prefix>:a:<id>``) and a list of its recent rows
-(``<prefix>:ar:<id>``); per terminal a hash of its rows by row id (``<prefix>:t:<id>``); a
-generation counter (``<prefix>:generation``). Updates are serialised by one Redis lock that its
+(``<prefix>:ar:<id>``); per terminal a hash of its rows by row id (``<prefix>:t:<id>``); per
+transaction id its owner (``<prefix>:o:<id>``), with the ids in a sorted set by their transaction's
+time (``<prefix>:owner-times``, the order they are forgotten in); a generation counter
+(``<prefix>:generation``). Updates are serialised by one Redis lock that its
 holder renews; an update's writes go in one MULTI/EXEC transaction that watches the generation.
 """
 
@@ -24,6 +26,7 @@ from infra.online_state.protocol import (
     StateConflict,
     account_doc,
     account_row,
+    owners_horizon,
     terminal_doc,
 )
 
@@ -68,6 +71,7 @@ class RedisStateStore:
         self.prefix = prefix
         self.lock_key = f"{prefix}:lock"  #: held by the replica whose update runs
         self.generation_key = f"{prefix}:generation"  #: incremented by every commit
+        self.owner_times_key = f"{prefix}:owner-times"  #: transaction ids by their time (ns)
         self._lock_timeout_s = lock_timeout_s
         self._lock_ttl_s = min(lock_ttl_s, lock_timeout_s)
         self._lock_poll_s = lock_poll_s
@@ -185,6 +189,21 @@ class RedisStateStore:
             dropped.setdefault(k, []).append(str(row[3]))
         for k, rids in dropped.items():
             pipe.hdel(self._key("t", k), *rids)
+        horizon = owners_horizon(journal)
+        if horizon is not None:  # read under the lock: no other writer changes them meanwhile
+            expired: list[Any] = list(self._redis.zrangebyscore(  # type: ignore[arg-type]
+                self.owner_times_key, "-inf", f"({horizon}", start=0, num=4096))
+            if expired:
+                pipe.delete(*[self._key("o", tx.decode()) for tx in expired])
+                pipe.zrem(self.owner_times_key, *expired)
+        if journal.owners:
+            pipe.mset({self._key("o", tx): owner for tx, owner, _ in journal.owners})
+            pipe.zadd(self.owner_times_key, {tx: t for tx, _, t in journal.owners})
+
+    def owners(self, ids: Sequence[str]) -> dict[str, str]:
+        unique = list(dict.fromkeys(ids))
+        held: list[Any] = list(self._redis.mget([self._key("o", tx) for tx in unique])) if unique else []  # type: ignore[arg-type]
+        return {tx: got.decode() for tx, got in zip(unique, held, strict=True) if got is not None}
 
     def reset(self, kind: str, key: str) -> bool:
         with self.exclusive():

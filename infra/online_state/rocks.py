@@ -14,6 +14,8 @@ bytes, so no key's range holds another key's rows):
 * ``t K time rid``: one terminal row ``[label, id]`` under its time (ns + 2**63, 8 bytes) and row id
   (8 bytes): a prefix scan gives a terminal's rows in time order, equal times in arrival order,
   and a scan backwards its newest rows;
+* ``o K``: a transaction id's owner ``[owner, time]``, and ``e time K``: the same id under its
+  transaction's time (ns + 2**63, 8 bytes), the order in which owners are forgotten;
 * ``g``: the generation, which every commit increments in the same write batch.
 
 One update is one ``WriteBatch``: atomic, and written to RocksDB's write-ahead log before it returns,
@@ -42,12 +44,16 @@ from infra.online_state.protocol import (
     TerminalRow,
     account_doc,
     account_row,
+    owners_horizon,
 )
 
 __all__ = ["RocksStateStore"]
 
 _TIME_OFFSET = 2**63  # signed ns since the epoch -> an unsigned, order-preserving 8-byte key
 _GENERATION = b"g"
+_EXPIRY = b"e"
+#: At most this many owners forgotten per commit (the rest at the next ones): a commit's cost stays bounded.
+_EXPIRE_PER_COMMIT = 4096
 
 
 def _prefix(tag: bytes, key: str) -> bytes:
@@ -65,6 +71,14 @@ def _account_row_key(key: str, seq: int) -> bytes:
 
 def _terminal_row_key(key: str, t_ns: int, rid: int) -> bytes:
     return _prefix(b"t", key) + (t_ns + _TIME_OFFSET).to_bytes(8, "big") + rid.to_bytes(8, "big")
+
+
+def _owner_key(tx: str) -> bytes:
+    return _prefix(b"o", tx)
+
+
+def _expiry_key(t_ns: int, tx: str) -> bytes:
+    return _EXPIRY + (t_ns + _TIME_OFFSET).to_bytes(8, "big") + tx.encode("utf-8")
 
 
 @dataclass
@@ -216,7 +230,31 @@ class RocksStateStore:
             batch.put(_terminal_row_key(k, row[0], row[3]), orjson.dumps([row[1], row[2]]))
         for k, row in journal.dropped:
             batch.delete(_terminal_row_key(k, row[0], row[3]))
+        horizon = owners_horizon(journal)
+        if horizon is not None:  # first the owners forgotten, then the claims (a claim older than that stays
+            self._forget_owners(batch, horizon)  # until the next commit forgets it with its expiry key)
+        for tx, owner, t in journal.owners:
+            batch.put(_owner_key(tx), orjson.dumps([owner, t]))
+            batch.put(_expiry_key(t, tx), b"")
         self._own = True
+
+    def _forget_owners(self, batch: Any, horizon: int) -> None:
+        """Delete the owners of transactions dated before ``horizon`` (ns), oldest first."""
+        end = _EXPIRY + (max(horizon, -_TIME_OFFSET) + _TIME_OFFSET).to_bytes(8, "big")
+        it = self._db.iter()
+        it.seek(_EXPIRY)
+        for _ in range(_EXPIRE_PER_COMMIT):
+            if not it.valid() or not (k := it.key()).startswith(_EXPIRY) or k >= end:
+                return
+            batch.delete(k)
+            batch.delete(_owner_key(k[9:].decode("utf-8")))
+            it.next()
+
+    def owners(self, ids: Sequence[str]) -> dict[str, str]:
+        db = self._db
+        unique = list(dict.fromkeys(ids))
+        found = db.get([_owner_key(tx) for tx in unique]) if unique else []
+        return {tx: orjson.loads(v)[0] for tx, v in zip(unique, found, strict=True) if v is not None}
 
     def reset(self, kind: str, key: str) -> bool:
         prefix = _prefix(b"r" if kind == ACCOUNT else b"t", key)

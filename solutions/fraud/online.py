@@ -96,6 +96,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                                columns: Mapping[str, str] | None = None, *,
                                max_time_ns: int | None = None, keep: int | None = None,
                                max_amount: float = P.MAX_AMOUNT,
+                               owners: Sequence[Sequence[str | None]] | None = None,
                                ) -> list[ScoredRequest | Exception]:
     """Score several requests' rows in order with one model call.
 
@@ -111,6 +112,10 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
     committed. An update overtaken by another writer of a shared store (:class:`StateConflict`:
     nothing of it was written) is computed again on the new state.
 
+    With ``owners``, a transaction id names one transaction: a request with an id already scored
+    under another owner gets an :class:`OrderError`, and each applied row's id is claimed for its
+    owner in the same commit as the row (:meth:`~solutions.fraud.online_state._Batch.claim`).
+
     Args:
         model: the version that scores.
         state: the online state.
@@ -123,6 +128,8 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
             challenger with a longer sequence).
         max_amount: the largest amount accepted (a request with a larger one gets a
             :class:`DataValidationError`).
+        owners: per request, per row, who the row's transaction id belongs to (the server passes a
+            keyed hash of its account; None: the row claims nothing). None: nothing is claimed.
 
     Returns:
         Per request: its :class:`ScoredRequest` or the error that refused it.
@@ -161,12 +168,21 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
         inputs: list[RowInputs] = []
         try:
             with state.update() as batch:
-                for frame in frames:
+                for k, frame in enumerate(frames):
                     if isinstance(frame, Exception):
                         results.append(frame)
                         spans.append((0, 0))
                         continue
                     batch.load(frame.accounts, [])
+                    who = owners[k] if owners is not None else None
+                    taken = batch.owner_conflict(frame, who) if who is not None else None
+                    if taken is not None:
+                        results.append(OrderError(
+                            f"row {taken}: transaction {frame.tx_ids[taken]!r} was already scored under another "
+                            "account; a transaction id names one transaction (send it under its own account, or "
+                            "give this one its own id)"))
+                        spans.append((0, 0))
+                        continue
                     stored = batch.replayed(frame)
                     if stored is not None:  # sent again: answered as the first time, nothing applied
                         results.append(ScoredRequest(
@@ -182,6 +198,8 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                         spans.append((0, 0))
                         continue
                     rows = batch.apply(frame, model.delay_days, keep=steps)
+                    if who is not None:
+                        batch.claim(frame, who, model.delay_days)
                     spans.append((len(inputs), len(inputs) + len(rows)))
                     inputs.extend(rows)
                     results.append(frame)

@@ -159,6 +159,17 @@ class OnlineFraudState:
         finally:
             self._forget()
 
+    def kept_ns(self, delay_days: int) -> int:
+        """How long a terminal keeps a transaction's row after the terminal's newest (ns): as long as a
+        delayed terminal window can need it, and so as long as its label can count."""
+        return int(delay_days) * _NS_PER_DAY + (max(self.windows_days) + 1) * _NS_PER_DAY
+
+    def owned(self, ids: Sequence[str], owners: Sequence[str]) -> list[bool]:
+        """Per position, whether transaction ``ids[i]`` was scored under ``owners[i]`` (its claim kept:
+        :meth:`_Batch.claim`)."""
+        held = self.store.owners(ids)
+        return [held.get(tx) == who for tx, who in zip(ids, owners, strict=True)]
+
 
 _row_step = operator.itemgetter(4)  # an account row's step features
 _row_cats = operator.itemgetter(2, 3)  # an account row's (channel, category)
@@ -198,6 +209,7 @@ class _Batch:
         self._touched: set[str] = set()
         self._journal = Journal()
         self._applied: list[tuple[str, int]] = []  # per applied row: its account, its place in the journal
+        self._owners: dict[str, str] = {}  # transaction id -> owner, as stored or claimed in this update
 
     def journal(self) -> Journal:
         """The changes to persist (the touched accounts' summaries taken now)."""
@@ -276,6 +288,30 @@ class _Batch:
             out.append((stored[6], stored[7]))
         return out
 
+    def owner_conflict(self, rows: Rows, owners: Sequence[str | None]) -> int | None:
+        """The first row whose transaction id is held by another owner than the row's (claimed by an
+        earlier commit, or earlier in this update); None when there is none. Rows without an id or
+        an owner claim nothing."""
+        pairs = [(i, tx, who) for i, (tx, who) in enumerate(zip(rows.tx_ids, owners, strict=True))
+                 if tx is not None and who]
+        known = self._owners
+        unseen = [tx for _, tx, _ in pairs if tx not in known]
+        if unseen:
+            known.update(self.state.store.owners(unseen))
+        return next((i for i, tx, who in pairs if known.get(tx, who) != who), None)
+
+    def claim(self, rows: Rows, owners: Sequence[str | None], delay_days: int) -> None:
+        """Claim the transaction ids of ``rows`` (applied, after :meth:`owner_conflict` found none) for
+        their owners, in this update's commit: a claim is stored if and only if its transaction is.
+        A claim is kept as long as the terminal windows keep its transaction (:meth:`OnlineFraudState.kept_ns`,
+        counted from the newest claim's time), as long as a label for it can count."""
+        known, claims = self._owners, self._journal.owners
+        for tx, who, t in zip(rows.tx_ids, owners, rows.t_ns, strict=True):
+            if tx is not None and who and tx not in known:
+                known[tx] = who
+                claims.append((tx, who, t))
+        self._journal.owners_kept_ns = self.state.kept_ns(delay_days)
+
     def record_scores(self, scores: Sequence[float], version: int) -> None:
         """Store each row applied in this update with its score and the version that computed it
         (in the order applied), so a request sent again is answered as it was the first time."""
@@ -307,7 +343,7 @@ class _Batch:
         """
         r = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
         wmax = max(self.state.windows_days)
-        delay_ns = int(delay_days) * _NS_PER_DAY
+        span_ns = self.state.kept_ns(delay_days)
         has_terminal = r.has_terminal
         t_ns = r.t_ns
         accounts, terminals, amounts, labels, tx_ids = r.accounts, r.terminals, r.amounts, r.labels, r.tx_ids
@@ -369,7 +405,7 @@ class _Batch:
                 acct["terms"].append(term)
             if has_terminal:
                 self._add_terminal_row(term if term is not None else NULL_TERMINAL, t_own, labels[i], tx_ids[i],
-                                       delay_ns + (wmax + 1) * _NS_PER_DAY)
+                                       span_ns)
         return out
 
     def record_label(self, terminal: str, tx: str, t: int, label: float) -> bool:

@@ -186,6 +186,51 @@ def test_a_request_sent_again_is_answered_as_the_first_time_and_applied_once(ope
         assert isinstance(refused, OrderError) and "already scored" in str(refused)
 
 
+def test_a_transaction_id_is_claimed_in_its_rows_commit_and_kept_as_long_as_its_label_can_count(
+        open_store: Any) -> None:
+    """Each scored row's id is claimed for its owner in the same commit as the row (two writers see
+    one claim; a refused request, or one whose model call failed, claims nothing), an id held by
+    another owner refuses its request, and a claim is forgotten once the terminal windows no longer
+    keep its transaction (delay + longest window + 1 day after it: 38 days here)."""
+    raw = _frame(300)
+    one, two = (OnlineFraudState.for_model(open_store(), history_len=8) for _ in range(2))
+    model = _StubModel()
+    records = raw.to_dict("records")
+    owner = {r[S.TRANSACTION_ID]: f"h-{r[S.ACCOUNT_ID]}" for r in records}
+
+    def score(state: OnlineFraudState, rows: list[dict[str, Any]], who: list[str] | None = None) -> Any:
+        [result] = score_requests_with_inputs(model, state, [rows],
+                                              owners=[who or [owner[r[S.TRANSACTION_ID]] for r in rows]])
+        return result
+
+    first = score(one, records[:10])
+    assert not isinstance(first, Exception)
+    assert two.owned(["t3", "t3", "t10"], ["h-" + records[3][S.ACCOUNT_ID], "h-other", owner["t10"]]) == [
+        True, False, False]
+    # the same id under another owner is refused, on either writer, and claims nothing of its request
+    stolen = score(two, [{**records[10], S.TRANSACTION_ID: "t3"}, records[11]], who=["h-thief", owner["t11"]])
+    assert isinstance(stolen, OrderError) and "row 0" in str(stolen) and "scored under another account" in str(stolen)
+    assert one.owned(["t11"], [owner["t11"]]) == [False]
+
+    class Failed(RuntimeError):
+        pass
+
+    class Failing(_StubModel):
+        def predict(self, rows: list[Any]) -> np.ndarray:
+            raise Failed("the model failed")
+
+    with pytest.raises(Failed):
+        score_requests_with_inputs(Failing(), one, [records[10:12]], owners=[[owner["t10"], owner["t11"]]])
+    assert two.owned(["t10", "t11"], [owner["t10"], owner["t11"]]) == [False, False]
+    for start in range(10, len(records), 20):
+        assert not isinstance(score([one, two][start % 2], records[start : start + 20]), Exception)
+    times = pd.to_datetime(raw[S.TIMESTAMP])
+    kept = times >= times.iloc[-1] - pd.Timedelta(days=7 + 30 + 1)
+    assert (~kept).sum() > 50 and kept.sum() > 50  # the stream spans more than the horizon
+    ids = raw[S.TRANSACTION_ID].tolist()
+    assert one.owned(ids, [owner[t] for t in ids]) == kept.tolist()
+
+
 def test_the_lock_lives_while_its_holder_renews_it_and_expires_soon_after(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     holder, other = RedisStateStore(redis_url, lock_ttl_s=0.3), RedisStateStore(redis_url, lock_ttl_s=0.3)

@@ -1,5 +1,6 @@
 """The embedded online state store (RocksDB): a process killed with SIGKILL between or inside commits
-loses no committed update and tears none; a second process cannot open a folder in use and is told
+loses no committed update and tears none (a transaction id's owner included: none lost, none
+without its transaction, none kept past its retention); a second process cannot open a folder in use and is told
 to use Redis; several store objects of one process share one database and see each other's commits
 through the generation; a terminal's newest rows come back in time order."""
 
@@ -28,7 +29,8 @@ store = RocksStateStore(Path(sys.argv[1]))
 for i in range(1_000_000):
     journal = Journal(accounts={"a": {"n": i + 1, "sum": float(i + 1), "terms": [], "seq": i + 1}},
                       account_rows=[("a", i, [i, 1.0, None, None, [0.0], f"t{i}"])],
-                      terminal_rows=[("x", [i, None, f"t{i}", i])])
+                      terminal_rows=[("x", [i, None, f"t{i}", i])],
+                      owners=[(f"t{i}", f"h{i % 7}", i)], owners_kept_ns=100)
     with store.exclusive():
         store.commit(journal)
     print(i + 1, flush=True)
@@ -63,6 +65,9 @@ def test_a_killed_writer_loses_no_committed_update_and_a_second_process_is_refus
         assert [r[0] for r in account["recent"]] == list(range(n))  # every committed row, nothing torn
         assert [r[3] for r in terminal["rows"]] == list(range(n))
         assert store._opened is not None and store._opened.generation == n
+        # every committed transaction's owner inside the retention (the newest claim's time - 100), and
+        # no other: none lost, none orphaned (claimed without its rows), none kept past its retention
+        assert store.owners([f"t{j}" for j in range(n + 2)]) == {f"t{j}": f"h{j % 7}" for j in range(n - 101, n)}
     finally:
         store.close()
 
