@@ -23,7 +23,7 @@ from infra.errors import DataValidationError
 from infra.online_state import ACCOUNT, TERMINAL, StateConflict
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.online_labels import apply_labels, label_schema
+from solutions.fraud.online_labels import apply_labels
 from solutions.fraud.online_model import OnlineFraudModel, RowInputs
 from solutions.fraud.online_state import DamagedState, OnlineFraudState, OrderError
 from solutions.fraud.request_rows import MAX_ID_CHARS, Rows, check_values, validate_rows
@@ -42,7 +42,6 @@ __all__ = [
     "apply_labels",
     "challenger_fits",
     "check_values",
-    "label_schema",
     "score_requests",
     "score_requests_with_inputs",
     "validate_rows",
