@@ -82,11 +82,14 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
 
 def challenger_fits(champion: OnlineFraudModel, challenger: OnlineFraudModel) -> str | None:
     """Why ``challenger`` cannot score the inputs computed for ``champion`` (None: it can). Inputs
-    are computed once, with the champion's label delay: a challenger trained with another delay
-    would need its own terminal windows."""
+    are computed once, with the champion's label delay and windows: a challenger trained with another
+    delay or other windows would need its own window features."""
     if challenger.delay_days != champion.delay_days:
         return (f"{challenger.name}:{challenger.version} uses a label delay of {challenger.delay_days} days, the "
                 f"champion {champion.delay_days}: its terminal windows differ, so it is not scored")
+    if challenger.windows_days != champion.windows_days:
+        return (f"{challenger.name}:{challenger.version} was trained with windows {challenger.windows_days} days, the "
+                f"champion {champion.windows_days}: its window features differ, so it is not scored")
     return None
 
 
@@ -180,7 +183,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                         results.append(exc)
                         spans.append((0, 0))
                         continue
-                    rows = batch.apply(frame, model.delay_days, keep=steps)
+                    rows = batch.apply(frame, model.delay_days, keep=steps, windows_days=model.windows_days)
                     spans.append((len(inputs), len(inputs) + len(rows)))
                     inputs.extend(rows)
                     results.append(frame)
