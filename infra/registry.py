@@ -40,6 +40,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import math
 import os
 import pwd
 import shutil
@@ -179,6 +180,19 @@ class PromotionDecision(BaseModel):
     awaiting_approval: bool = Field(
         default=False, description="The champion rule would promote, but the model needs approval first "
         "(a decision made with decide_only; nothing moved).")
+
+
+#: Two metric values this close (relative) are a tie: the same model scored along two paths differs
+#: only in float rounding (0.1 + 0.2 vs 0.3), and a tie never replaces the champion.
+TIE_REL_TOL = 1e-9
+
+
+def beats(value: float, champion_value: float, *, higher_is_better: bool, min_delta: float = 0.0) -> bool:
+    """Whether ``value`` improves on ``champion_value`` by more than ``min_delta``; a tie (equal up
+    to :data:`TIE_REL_TOL`) never does, whatever ``min_delta``."""
+    if math.isclose(value, champion_value, rel_tol=TIE_REL_TOL, abs_tol=1e-12):
+        return False
+    return (value - champion_value if higher_is_better else champion_value - value) > min_delta
 
 
 def current_actor() -> str:
@@ -721,7 +735,7 @@ class ModelRegistry:
             champion_value: the current champion's primary metric on the candidate's data,
                 with no version attached: trusted only when no ``comparison`` is given and
                 no other champion appeared since (the version is checked inside the lock).
-            min_delta: the margin by which the candidate must win.
+            min_delta: the margin by which the candidate must win (a tie never wins: :func:`beats`).
             strict: raise :class:`QualityGateError` when the candidate is not promoted.
             comparison: the candidate compared with a named champion version.
             recompare: compares the candidate with a given champion version (called inside
@@ -757,7 +771,6 @@ class ModelRegistry:
                     champion_value = None
                 if champion_value is None:
                     champion_value = current.metrics.get(metric)
-            sign = 1.0 if candidate.higher_is_better else -1.0
             if force:
                 promoted = True
                 reason = ("candidate is already the champion" if current is not None
@@ -771,7 +784,7 @@ class ModelRegistry:
                 promoted, reason = True, "candidate is already the champion"
             elif champion_value is None:
                 promoted, reason = True, f"champion v{current.version} has no {metric}"
-            elif sign * (value - champion_value) > min_delta:
+            elif beats(value, champion_value, higher_is_better=candidate.higher_is_better, min_delta=min_delta):
                 promoted = True
                 reason = (
                     f"{metric} {value:.4f} beats champion v{current.version} "
@@ -790,7 +803,7 @@ class ModelRegistry:
                 promoted = False
                 reason = (
                     f"{metric} {value:.4f} does not beat champion v{current.version} "
-                    f"{champion_value:.4f} (needs a margin > {min_delta})"
+                    f"{champion_value:.4f} (needs a margin > {min_delta}; a tie keeps the champion)"
                 )
             moves = promoted and aliases.get(CHAMPION) != candidate.version
             awaiting = decide_only and moves

@@ -10,8 +10,9 @@ source (``INPUTS + TASK_SOURCE``, Prefect's own policies), plus two keys of ours
 
 A :class:`~tasks.data.DatasetRef` input needs nothing more: Prefect hashes it as its JSON, which
 holds its content hash. Results are stored as JSON (``result_serializer="json"``), never pickled.
-A training caches on its run key alone (:func:`training_run_policy`): the key names the data and
-the configuration (same key = same run), and the models and loaders it takes are never hashed.
+A training or fine-tuning caches on its run key (:func:`training_run_policy`): the key names the
+data and the configuration (same key = same run), and the models and loaders it takes are never
+hashed; :func:`tasks.train.fit_once` loads a cached run's best weights into the model.
 Exports and writes do not cache. Other tasks that take models, frames or clients never cache
 (hashing them is slow or fails).
 """
@@ -70,12 +71,14 @@ def stored_table_policy(*unhashed: str) -> CachePolicy:
 
 @dataclass
 class RunKey(CachePolicy):
-    """Keys on the ``run_key`` of the ``spec`` input (a training's identity); no spec, no key."""
+    """Keys on the task's name and the ``run_key`` of its ``spec`` input (a training's identity);
+    no spec, no key. The name keeps a fine-tuning and a training of one run key apart (their
+    results differ in shape)."""
 
     def compute_key(self, task_ctx: Any, inputs: dict[str, Any], flow_parameters: dict[str, Any],
                     **kwargs: Any) -> str | None:
         run_key = getattr((inputs or {}).get("spec"), "run_key", None)
-        return hash_objects(run_key, raise_on_failure=True) if run_key else None
+        return hash_objects(task_ctx.task.name, run_key, raise_on_failure=True) if run_key else None
 
 
 def training_run_policy() -> CachePolicy:

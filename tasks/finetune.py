@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from prefect import task
-from prefect.cache_policies import NONE
 from pydantic import BaseModel, ConfigDict
 
-from tasks.train import TrainResult, TrainSpec, train_model
+from tasks.cache import RESULT_SERIALIZER, training_run_policy
+from tasks.train import TrainResult, TrainSpec, fit_once, train_model
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +171,19 @@ def finetune_model(
     return FinetuneResult(train=result, freeze=report, mode=mode)
 
 
-finetune_model_task = task(
+_finetune_model_cached = task(
     finetune_model,
     name="finetune-model",
-    description="Fine-tune the top parameters of a model, or unfreeze it progressively.",
-    cache_policy=NONE,
+    description="Fine-tune the top parameters of a model, or unfreeze it progressively; a finished run key is "
+    "Cached.",
+    cache_policy=training_run_policy(),
+    result_serializer=RESULT_SERIALIZER,
 )
+
+
+def finetune_model_task(module: Any, datamodule: Any, spec: TrainSpec, **options: Any) -> FinetuneResult:
+    """:func:`finetune_model` as the Prefect task ``finetune-model``, idempotent by its run key
+    (:func:`tasks.train.fit_once`): a finished run key shows Cached and ``module`` gets its best
+    weights (its parameters are then left as trainable as they were)."""
+    return fit_once(_finetune_model_cached, module, datamodule, spec, lambda r: r.train,
+                    lambda r, t: r.model_copy(update={"train": t}), **options)

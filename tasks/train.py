@@ -1,7 +1,9 @@
 """Train any LightningModule + LightningDataModule, resumably.
 
 The checkpoint folder is fixed by the run key, so re-running an interrupted training
-resumes from ``last.ckpt`` instead of starting over; a completed one is not retrained.
+resumes from ``last.ckpt`` instead of starting over. A finished one is not retrained: inside a
+flow, Prefect's cache skips a run key that finished (:func:`train_model_task`, its run shows
+Cached); ``train_result.json`` beside the checkpoints records what the run produced, for people.
 Every epoch's loss, validation metric, learning rate and gradient norm go to ``curves.csv``
 beside the checkpoints and, inside a Prefect run, to a table artifact updated while it trains
 (:mod:`tasks.curves`); TensorBoard logs too when ``tensorboard`` is installed. Multi-process
@@ -16,12 +18,12 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from prefect import task
+from prefect import Task, task
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.compute import resolve_training
@@ -35,6 +37,8 @@ from tasks.cache import RESULT_SERIALIZER, training_run_policy
 log = logging.getLogger(__name__)
 
 RESULT_FILE = "train_result.json"
+
+R = TypeVar("R")
 
 
 class TrainSpec(BaseModel):
@@ -78,7 +82,8 @@ class TrainResult(BaseModel):
     epochs_completed: int = Field(description="Epochs finished in total, resumed ones included.")
     epochs_trained_now: list[int] = Field(description="Epoch indices trained by this call.")
     resumed_from_epoch: int | None = Field(description="First epoch of this call if resumed.")
-    reused_completed: bool = Field(default=False, description="Training had already finished.")
+    reused_completed: bool = Field(
+        default=False, description="Training had already finished: Prefect's cache skipped it (the run shows Cached).")
     stopped_early: bool = False
     precision: str
     accelerator: str
@@ -203,6 +208,22 @@ def _make_epoch_recorder():
     return EpochRecorder()
 
 
+def _make_stopper(monitor: str, mode: str, patience: int):
+    from lightning.pytorch.callbacks import EarlyStopping
+
+    class StaysStopped(EarlyStopping):
+        """Lightning's early stopping, kept stopped when a run that stopped early resumes: Lightning
+        restores this callback's state from ``last.ckpt`` but not ``trainer.should_stop``, so without
+        this a re-run of a finished training would train on past the epoch it stopped at."""
+
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if self.stopped_epoch:
+                log.info("the run stopped early at epoch %d: nothing left to train", self.stopped_epoch)
+                trainer.should_stop = True
+
+    return StaysStopped(monitor=monitor, mode=mode, patience=patience)
+
+
 def _global_rank() -> int:
     """This process's rank in a multi-process training (0 before the processes start)."""
     import os
@@ -304,7 +325,7 @@ def train_model(
     import torch
 
     L = _lightning()
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tasks.curves import make_curve_recorder
 
@@ -317,21 +338,6 @@ def train_model(
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     hw = spec.hardware or resolve_training()
     accelerator, devices, precision, strategy = hw.accelerator, hw.devices, hw.precision, hw.strategy
-
-    done = ckpt_dir / RESULT_FILE
-    if done.exists():
-        previous = TrainResult.model_validate_json(done.read_text())
-        if previous.best_checkpoint and Path(previous.best_checkpoint).exists():
-            log.info(
-                "run %s already trained %d epochs; reusing %s",
-                spec.run_key,
-                previous.epochs_completed,
-                Path(previous.best_checkpoint).name,
-            )
-            load_checkpoint_weights(module, Path(previous.best_checkpoint))
-            return previous.model_copy(
-                update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0}
-            )
 
     # torch's random state, thread count and deterministic switch are the process's: a training
     # of another thread (a tuning trial on the thread runner) waits for this one
@@ -353,7 +359,7 @@ def train_model(
         # only beside a new best checkpoint, so a run whose validation stopped improving would resume
         # from its best epoch and train every epoch since again
         latest = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=1, enable_version_counter=False)
-        stopper = EarlyStopping(monitor=monitor, mode=spec.mode, patience=spec.patience)
+        stopper = _make_stopper(monitor, spec.mode, spec.patience)
         recorder = _make_epoch_recorder()
         curves = make_curve_recorder(ckpt_dir, spec.run_key, spec.monitor)
         # GPU runs hold their pool's concurrency slots and claim free cards of this machine, so
@@ -415,7 +421,7 @@ def train_model(
         curves_csv=str(curves.path) if curves.path.exists() else None,
     )
     if trainer.is_global_zero:
-        write_json_atomic(done, json.loads(result.model_dump_json()))
+        write_json_atomic(ckpt_dir / RESULT_FILE, json.loads(result.model_dump_json()))
     log.info(
         "trained %s: epochs %s, best %s=%s, %.1f s",
         spec.run_key,
@@ -445,28 +451,54 @@ _train_model_cached = task(
 )
 
 
+def reused(result: TrainResult) -> TrainResult:
+    """A finished training's result as a re-run that trained nothing reports it."""
+    return result.model_copy(update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0})
+
+
+def fit_once(
+    fit: Task[..., R],
+    module: Any,
+    datamodule: Any,
+    spec: TrainSpec,
+    training_of: Callable[[R], TrainResult],
+    with_training: Callable[[R, TrainResult], R],
+    **options: Any,
+) -> R:
+    """Run the training task ``fit`` (cached on its run key) so that its run key trains once.
+
+    A re-run of a finished run key is skipped by Prefect's cache (its task run shows Cached) and
+    ``module`` gets that run's best weights, as a trained one does; ``spec.fresh`` trains again
+    and replaces the cached result (``refresh_cache``). A cached result whose checkpoint is gone
+    trains again.
+
+    Args:
+        fit: the task, called as ``fit(module, datamodule, spec, **options)``.
+        training_of: the :class:`TrainResult` inside the task's result.
+        with_training: the task's result with another :class:`TrainResult`.
+    """
+    first = fit.with_options(refresh_cache=True) if spec.fresh else fit
+    state = first(module, datamodule, spec, return_state=True, **options)
+    result: R = state.result()
+    if state.name != "Cached":
+        return result
+    trained = training_of(result)
+    best = Path(trained.best_checkpoint) if trained.best_checkpoint else None
+    if best is None or not best.exists():
+        log.warning("run %s: the cached training's checkpoint %s is gone; training again", spec.run_key, best)
+        return fit.with_options(refresh_cache=True)(module, datamodule, spec, **options)
+    load_checkpoint_weights(module, best)
+    log.info("run %s already trained %d epochs (Prefect's cache); loaded %s", spec.run_key,
+             trained.epochs_completed, best.name)
+    return with_training(result, reused(trained))
+
+
 def train_model_task(
     module: Any,
     datamodule: Any,
     spec: TrainSpec,
     callbacks: Sequence[Any] = (),
 ) -> TrainResult:
-    """:func:`train_model` as the Prefect task ``train-model``, idempotent by its run key.
-
-    A re-run of a finished run key is skipped by Prefect's cache (its task run shows Cached) and
-    ``module`` gets that run's best weights, as a trained one does; ``spec.fresh`` trains again
-    and replaces the cached result. A cached result whose checkpoint is gone trains again.
-    """
-    fit = _train_model_cached.with_options(refresh_cache=True) if spec.fresh else _train_model_cached
-    state = fit(module, datamodule, spec, callbacks, return_state=True)
-    result: TrainResult = state.result()
-    if state.name != "Cached":
-        return result
-    best = Path(result.best_checkpoint) if result.best_checkpoint else None
-    if best is None or not best.exists():
-        log.warning("run %s: the cached training's checkpoint %s is gone; training again", spec.run_key, best)
-        return _train_model_cached.with_options(refresh_cache=True)(module, datamodule, spec, callbacks)
-    load_checkpoint_weights(module, best)
-    log.info("run %s already trained %d epochs (Prefect's cache); loaded %s", spec.run_key,
-             result.epochs_completed, best.name)
-    return result.model_copy(update={"reused_completed": True, "epochs_trained_now": [], "train_seconds": 0.0})
+    """:func:`train_model` as the Prefect task ``train-model``, idempotent by its run key
+    (:func:`fit_once`): a finished run key shows Cached and ``module`` gets its best weights."""
+    return fit_once(_train_model_cached, module, datamodule, spec, lambda r: r, lambda _, t: t, callbacks=callbacks)

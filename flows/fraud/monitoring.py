@@ -104,7 +104,7 @@ def ingest_labels_step(location: str, settle_s: float) -> LabelsIngest:
     files, rows, bad, ids = 0, 0, {}, []
     for file in scan_inbox(location, ledger, settle_s=settle_s).pending:
         try:
-            labels = load_table(Path(file.path), M.labels_schema()).read()
+            labels = load_table(Path(file.path), S.labels_schema()).read()
         except DataValidationError as exc:
             bad[file.shown] = quarantine(file, str(exc), ledger).reason or str(exc)
             continue

@@ -41,7 +41,7 @@ from tasks.data import DatasetRef, load_table_task
 from tasks.evaluate import EvalReport, choose_threshold, evaluate_binary, publish_eval_report_task
 from tasks.ledger import InboxFile, ScoredFile, reading_content
 from tasks.prepare import materialize_table_task
-from tasks.train import TrainSpec, train_model
+from tasks.train import TrainSpec, train_model_task
 from tasks.tune import Param, StudyRef, TuneConfig, storage_url, validate_space
 from tasks.worker_models import load_once
 
@@ -463,7 +463,9 @@ def study_for(tune: TuneConfig, prepared: PreparedFeatures, base: SequenceModelC
 @dataclass(frozen=True)
 class SequenceObjective:
     """One tuning trial: train the sequence model with the trial's parameters; return the
-    best validation PR-AUC. Holds references only, so it travels to any worker."""
+    best validation PR-AUC. Holds references only, so it travels to any worker. The trial trains
+    through the task ``train-model`` (cached on its run key), so the final training of the best
+    trial's run key is Cached, not trained again."""
 
     ref: DatasetRef
     prepared: PreparedFeatures
@@ -479,7 +481,7 @@ class SequenceObjective:
         model, setup = self.build(cfg)
         spec = TrainSpec(run_key=run_key, max_epochs=cfg.max_epochs, patience=cfg.patience,
                          monitor=OBJECTIVE, mode="max", seed=cfg.seed, hardware=self.hardware)
-        return train_model(model, setup.datamodule, spec, callbacks=callbacks).best_score
+        return train_model_task(model, setup.datamodule, spec, callbacks=callbacks).best_score
 
     def build(self, cfg: SequenceModelConfig) -> tuple[FraudSequenceModel, P.SequenceSetup]:
         """A fresh model and its data module for ``cfg``; the class weight uses every
@@ -492,8 +494,8 @@ class SequenceObjective:
 @task(name="build-best-model", cache_policy=NONE)
 def build_best_model(objective: SequenceObjective, best_params: Mapping[str, Any],
                      best_run_key: str) -> tuple[FraudSequenceModel, P.SequenceSetup, TrainSpec]:
-    """The best trial's model, data module and train spec (its run key: the finished
-    checkpoint is reused)."""
+    """The best trial's model, data module and train spec (its run key: training it again is
+    Cached by Prefect and loads the trial's best checkpoint)."""
     cfg = objective.config(best_params)
     model, setup = objective.build(cfg)
     spec = TrainSpec(run_key=best_run_key, max_epochs=cfg.max_epochs, patience=cfg.patience,

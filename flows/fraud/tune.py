@@ -71,7 +71,7 @@ def fraud_tune(
     study = study_for(tune, prepared, config.model, space)
     objective = SequenceObjective(ref, prepared, config.model, resolve_training("fraud-tune"))
     summary = optimize(study, space, objective, tune, OBJECTIVE, defaults=config.model.model_dump())
-    # -- final model: the best trial's run key, so its finished checkpoint is reused
+    # -- final model: the best trial's run key, so Prefect's cache skips it (Cached) with the trial's weights
     model, setup, spec = build_best_model(objective, summary.best_params, summary.best_run_key)
     final = train_model_task(model, setup.datamodule, spec)
     out_dir = home_layout().new_report("fraud-tune")

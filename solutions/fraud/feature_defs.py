@@ -32,14 +32,15 @@ Sums are differences of cumulative sums over rows sorted by (key, time), bounds 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
     "WINDOWS_DAYS", "AccountSummary", "KeyedRows", "account_windows", "row_features", "static_features",
-    "step_features", "terminal_windows",
+    "step_features", "terminal_windows", "windows_of",
 ]
 
 NS_PER_DAY = 86_400 * 10**9
@@ -50,6 +51,18 @@ NIGHT_HOURS = (22, 6)  # [22:00, 06:00)
 #: Read when a transformer is fitted or a state made (a test may set it; a 14-day window is the example of
 #: ``tests/serve/test_fraud_skew.py``).
 WINDOWS_DAYS: tuple[int, ...] = (1, 7, 30)
+
+
+#: A window feature's name and its length: ``cust_nb_tx_14d`` -> 14 (the names below are made from the length).
+_WINDOW_FEATURE = re.compile(r"^(?:cust_nb_tx|cust_mean_amount|term_nb_tx|term_risk)_([0-9]+)d$")
+
+
+def windows_of(feature_names: Iterable[str]) -> tuple[int, ...]:
+    """The window lengths (days) a model was trained with, read from the window features it records
+    (its preprocessor's and its GBM's column names), so that batch and online scoring compute the
+    model's windows whatever :data:`WINDOWS_DAYS` is now; :data:`WINDOWS_DAYS` when it names none."""
+    found = {int(m.group(1)) for m in map(_WINDOW_FEATURE.match, feature_names) if m}
+    return tuple(sorted(found)) if found else tuple(WINDOWS_DAYS)
 
 
 @dataclass(frozen=True)

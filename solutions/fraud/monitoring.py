@@ -18,15 +18,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from infra.tables import ColumnSpec, TableSchema
 from solutions.fraud import schema as S
 
 #: The input columns profiled and compared (derived ones included), when present.
 #: (No weekday: a daily batch file holds one weekday, which is not drift.)
 NUMERIC = (S.AMOUNT, "hour", S.AGE, S.ACCOUNT_AGE_DAYS)
 CATEGORICAL = (S.CHANNEL, S.CATEGORY, S.OCCUPATION)
-#: Columns a labels file may have.
-LABELLED_AT = "labelled_at"
 #: The scored day of a joined row.
 DAY = "day"
 
@@ -52,26 +49,13 @@ def features_beside(scores: Path) -> Path:
     return scores.with_name(f"{scores.stem}.monitored.parquet")
 
 
-def labels_schema() -> TableSchema:
-    """A labels file: ``transaction_id,label[,labelled_at]``."""
-    return TableSchema(
-        name="fraud-labels",
-        columns=(
-            ColumnSpec(name=S.TRANSACTION_ID, kind="id"),
-            ColumnSpec(name=S.LABEL, kind="binary"),
-            ColumnSpec(name=LABELLED_AT, kind="datetime", required=False, nullable=True),
-        ),
-        min_rows=1,
-    )
-
-
 def latest_labels(labels: pd.DataFrame) -> pd.DataFrame:
     """One label per transaction: the latest (by ``labelled_at``, then arrival order)."""
     if labels.empty:
         return pd.DataFrame({S.TRANSACTION_ID: pd.Series(dtype="string"), S.LABEL: pd.Series(dtype="Int8")})
     frame = labels.reset_index(drop=True)
-    if LABELLED_AT in frame:
-        frame = frame.sort_values(LABELLED_AT, kind="stable", na_position="first")
+    if S.LABELLED_AT in frame:
+        frame = frame.sort_values(S.LABELLED_AT, kind="stable", na_position="first")
     frame = frame.drop_duplicates(S.TRANSACTION_ID, keep="last")
     return frame[[S.TRANSACTION_ID, S.LABEL]].astype({S.TRANSACTION_ID: "string", S.LABEL: "Int8"})
 

@@ -23,7 +23,7 @@ from infra.errors import DataValidationError
 from infra.online_state import ACCOUNT, TERMINAL, StateConflict
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
-from solutions.fraud.online_labels import apply_labels, label_schema
+from solutions.fraud.online_labels import apply_labels
 from solutions.fraud.online_model import OnlineFraudModel, RowInputs
 from solutions.fraud.online_state import DamagedState, OnlineFraudState, OrderError
 from solutions.fraud.request_rows import MAX_ID_CHARS, Rows, check_values, validate_rows
@@ -42,7 +42,6 @@ __all__ = [
     "apply_labels",
     "challenger_fits",
     "check_values",
-    "label_schema",
     "score_requests",
     "score_requests_with_inputs",
     "validate_rows",
@@ -83,11 +82,14 @@ def score_requests(model: OnlineFraudModel, state: OnlineFraudState,
 
 def challenger_fits(champion: OnlineFraudModel, challenger: OnlineFraudModel) -> str | None:
     """Why ``challenger`` cannot score the inputs computed for ``champion`` (None: it can). Inputs
-    are computed once, with the champion's label delay: a challenger trained with another delay
-    would need its own terminal windows."""
+    are computed once, with the champion's label delay and windows: a challenger trained with another
+    delay or other windows would need its own window features."""
     if challenger.delay_days != champion.delay_days:
         return (f"{challenger.name}:{challenger.version} uses a label delay of {challenger.delay_days} days, the "
                 f"champion {champion.delay_days}: its terminal windows differ, so it is not scored")
+    if challenger.windows_days != champion.windows_days:
+        return (f"{challenger.name}:{challenger.version} was trained with windows {challenger.windows_days} days, the "
+                f"champion {champion.windows_days}: its window features differ, so it is not scored")
     return None
 
 
@@ -197,7 +199,7 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
                         results.append(exc)
                         spans.append((0, 0))
                         continue
-                    rows = batch.apply(frame, model.delay_days, keep=steps)
+                    rows = batch.apply(frame, model.delay_days, keep=steps, windows_days=model.windows_days)
                     if who is not None:
                         batch.claim(frame, who, model.delay_days)
                     spans.append((len(inputs), len(inputs) + len(rows)))

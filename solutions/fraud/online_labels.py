@@ -10,25 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from infra.tables import ColumnSpec, TableSchema, validate_table
+from infra.tables import validate_table
 from solutions.fraud import schema as S
 from solutions.fraud.online_state import OnlineFraudState
 from solutions.fraud.request_rows import check_values
 
-__all__ = ["apply_labels", "label_schema"]
-
-
-def label_schema() -> TableSchema:
-    """Label feedback rows: which transaction (id, terminal, time) turned out fraud or legit."""
-    return TableSchema(
-        name="fraud-labels",
-        columns=(
-            ColumnSpec(name=S.TRANSACTION_ID, kind="id"),
-            ColumnSpec(name=S.TERMINAL_ID, kind="id"),
-            ColumnSpec(name=S.TIMESTAMP, kind="datetime"),
-            ColumnSpec(name=S.LABEL, kind="binary"),
-        ),
-    )
+__all__ = ["apply_labels"]
 
 
 def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
@@ -52,7 +39,7 @@ def apply_labels(state: OnlineFraudState, records: Sequence[Mapping[str, Any]],
     """
     records = check_values(records, columns)
     frame = S.ColumnMapping(dict(columns or {})).apply(pd.DataFrame.from_records(list(records)))
-    table = validate_table(frame, label_schema(), source="request")
+    table = validate_table(frame, S.labels_schema(placed=True), source="request")
     t_ns = table[S.TIMESTAMP].to_numpy().astype("datetime64[ns]").astype(np.int64).tolist()
     terminals = [str(t) for t in table[S.TERMINAL_ID].tolist()]
     missing: list[str] = []

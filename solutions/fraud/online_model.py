@@ -25,7 +25,7 @@ from infra.errors import DataValidationError
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.candidates import StoredBaseline
-from solutions.fraud.feature_defs import static_features
+from solutions.fraud.feature_defs import static_features, windows_of
 from solutions.fraud.sequences import STEP_NUMERIC, FraudPreprocessor, scale_features
 
 __all__ = ["OnlineFraudModel", "RowInputs", "WindowRow", "onnx_runtime"]
@@ -222,11 +222,20 @@ class OnlineFraudModel:
                    baseline=baseline, runtime=runtime)
 
     @property
+    def recorded_features(self) -> list[str]:
+        """The window and GBM feature names it was trained with (its network's, then its GBM's)."""
+        names = list(self.preprocessor.window_feature_names) if self.preprocessor is not None else []
+        return names + (list(self.baseline.feature_names) if self.baseline is not None else [])
+
+    @property
     def needs_terminal(self) -> bool:
         """Whether its inputs include terminal windows (rows then need a ``terminal_id`` column)."""
-        names = list(self.preprocessor.window_feature_names) if self.preprocessor is not None else []
-        names += self.baseline.feature_names if self.baseline is not None else []
-        return any(name.startswith("term_") for name in names)
+        return any(name.startswith("term_") for name in self.recorded_features)
+
+    @property
+    def windows_days(self) -> tuple[int, ...]:
+        """The window lengths it was trained with (read from :attr:`recorded_features`)."""
+        return windows_of(self.recorded_features)
 
     @property
     def kind(self) -> str:

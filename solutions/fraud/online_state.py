@@ -87,8 +87,9 @@ class OnlineFraudState:
 
     Args:
         store: where the state lives.
-        windows_days: window lengths (None: :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`, as the batch
-            path's :class:`~solutions.fraud.features.WindowFeatures`).
+        windows_days: window lengths whose longest bounds the rows kept (None:
+            :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`); a model's own windows are passed to
+            each update (``apply``), read from the model as the batch path reads them.
         history_len: earlier rows kept per account for sequences (a model's ``seq_len - 1``
             must not exceed it).
         max_recent: at most this many rows per account (bounds an account's rows; an account
@@ -125,7 +126,9 @@ class OnlineFraudState:
 
     @classmethod
     def for_model(cls, store: OnlineStateStore, **kwargs: Any) -> OnlineFraudState:
-        """A state whose windows are those of the batch path's window transformer (``WINDOWS_DAYS``)."""
+        """A state that keeps rows for the default windows (``WINDOWS_DAYS``); each update computes
+        the windows of the model that scores (``apply(windows_days=model.windows_days)``), since one
+        state serves the champion, its challengers and the versions a reload brings."""
         return cls(store, windows_days=None, **kwargs)
 
     def _forget(self) -> None:
@@ -329,7 +332,8 @@ class _Batch:
                     break
         self._applied = []
 
-    def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None) -> list[RowInputs]:
+    def apply(self, rows: Rows | pd.DataFrame, delay_days: int, keep: int | None = None,
+              windows_days: Sequence[int] | None = None) -> list[RowInputs]:
         """Compute every row's inputs in order and add the rows to the state.
 
         The features of each run of rows in time order are computed together from the state
@@ -340,9 +344,19 @@ class _Batch:
             delay_days: the model's label delay of the terminal windows.
             keep: steps per row the caller needs (a model's ``seq_len``: the row and its ``keep - 1``
                 predecessors); None: as many as the state keeps.
+            windows_days: the model's window lengths (:attr:`OnlineModel.windows_days
+                <solutions.fraud.online_model.OnlineFraudModel.windows_days>`, as the batch path reads
+                them from the model); None: the state's. The state keeps rows for its own longest window.
+
+        Raises:
+            ValueError: a window of the model is longer than the state keeps rows for.
         """
         r = rows if isinstance(rows, Rows) else Rows.from_frame(rows)
         wmax = max(self.state.windows_days)
+        windows = tuple(windows_days) if windows_days else self.state.windows_days
+        if max(windows) > wmax:
+            raise ValueError(f"the model's {max(windows)}-day window is longer than the online state keeps rows "
+                             f"for ({wmax} days): open the state with windows_days={windows}")
         span_ns = self.state.kept_ns(delay_days)
         has_terminal = r.has_terminal
         t_ns = r.t_ns
@@ -364,7 +378,7 @@ class _Batch:
         for i, acct_id in enumerate(accounts):
             if i == run_end:
                 run_start, run_end = i, run_ends.pop(0)
-                steps, wins = run_features(self.pending.accounts, self.pending.terminals, self.state.windows_days,
+                steps, wins = run_features(self.pending.accounts, self.pending.terminals, windows,
                                            self.state.max_recent, r, run_start, run_end, delay_days)
             step, win = steps[i - run_start], wins[i - run_start]
             t_own, amount = t_ns[i], amounts[i]

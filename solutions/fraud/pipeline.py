@@ -7,6 +7,7 @@ train / evaluate / register tasks.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,14 +84,16 @@ def merge_accounts(transactions: pd.DataFrame, accounts: pd.DataFrame) -> pd.Dat
     return keep.merge(accounts, on=S.ACCOUNT_ID, how="left")
 
 
-def window_transformer(delay_days: float) -> WindowFeatures:
-    """The window-feature transformer used by the baseline and as model context."""
-    return WindowFeatures(delay_days=round(delay_days))
+def window_transformer(delay_days: float, windows_days: Sequence[int] | None = None) -> WindowFeatures:
+    """The window-feature transformer used by the baseline and as model context (``windows_days``
+    None: :data:`~solutions.fraud.feature_defs.WINDOWS_DAYS`; a trained model's: ``windows_of``)."""
+    return WindowFeatures(delay_days=round(delay_days), windows_days=windows_days)
 
 
-def build_features(df: pd.DataFrame, periods: np.ndarray, delay_days: float) -> pd.DataFrame:
+def build_features(df: pd.DataFrame, periods: np.ndarray, delay_days: float,
+                   windows_days: Sequence[int] | None = None) -> pd.DataFrame:
     """Window features of every row plus its period (history/train/val/delay/test)."""
-    wf = window_transformer(delay_days).fit(df)
+    wf = window_transformer(delay_days, windows_days).fit(df)
     feats = wf.transform(df)
     feats[PERIOD] = periods
     return feats.reset_index(drop=True)

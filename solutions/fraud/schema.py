@@ -143,6 +143,29 @@ TRANSACTION_COLUMNS: tuple[tuple[str, ColumnKind, bool, bool], ...] = (
 )
 
 
+#: When a label became known (optional in a labels file; the latest label of a transaction wins).
+LABELLED_AT = "labelled_at"
+
+
+def labels_schema(placed: bool = False) -> TableSchema:
+    """Labels that became known after scoring (chargebacks, investigations): ``transaction_id,
+    label[,labelled_at]``. One definition for the monitor's label files (joined to past scores by
+    transaction id) and the server's label feedback, which is ``placed``: it also says where the
+    transaction sat, its ``terminal_id`` and ``timestamp`` as scored, because the online state files
+    the label in that terminal's delayed windows at that time."""
+    placement = (ColumnSpec(name=TERMINAL_ID, kind="id"), ColumnSpec(name=TIMESTAMP, kind="datetime")) if placed else ()
+    return TableSchema(
+        name="fraud-labels",
+        columns=(
+            ColumnSpec(name=TRANSACTION_ID, kind="id"),
+            *placement,
+            ColumnSpec(name=LABEL, kind="binary"),
+            ColumnSpec(name=LABELLED_AT, kind="datetime", required=False, nullable=True),
+        ),
+        min_rows=1,
+    )
+
+
 def transaction_columns(for_scoring: bool = False) -> tuple[tuple[str, ColumnKind, bool, bool], ...]:
     """:data:`TRANSACTION_COLUMNS`, with the label optional when scoring (unknown then)."""
     if not for_scoring:

@@ -18,6 +18,7 @@ import pandas as pd
 
 from infra.errors import DataValidationError
 from infra.registry import KIND_SKLEARN, ModelRef, ModelRegistry
+from solutions.fraud import feature_defs as FD
 from solutions.fraud import pipeline as P
 from solutions.fraud import schema as S
 from solutions.fraud.config import SequenceModelConfig
@@ -254,7 +255,8 @@ def score_transactions(net: FraudSequenceModel | None, pre: FraudPreprocessor | 
     periods = np.full(len(data), "score", dtype=object)
     if since:
         periods[(data[S.TIMESTAMP] < pd.Timestamp(since)).to_numpy()] = "history"
-    feats = P.build_features(data, periods, delay)
+    recorded = [*(pre.window_feature_names if pre is not None else ()), *(baseline.feature_names if baseline is not None else ())]
+    feats = P.build_features(data, periods, delay, FD.windows_of(recorded))  # the model's windows, as online
     parts = []
     if net is not None:
         missing = [c for c in pre.window_feature_names if c not in feats]

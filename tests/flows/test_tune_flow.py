@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from uuid import UUID
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.fraud import steps
 from flows.fraud.cli import main
 from infra.home import home_layout
 from solutions.fraud.config import FloatParam, SequenceModelConfig
 from tasks.tune import StudyRef, TuneConfig, ask_trial, open_study, storage_url
+from tests.flows.run_states import FINAL, latest_flow_run_id
 
 TINY = ["--n-accounts", "300", "--n-terminals", "150", "--n-days", "40", "--max-epochs", "2", "--seq-len", "8"]
 STUDY = "flow-tune-resume"
@@ -19,6 +24,19 @@ STUDY = "flow-tune-resume"
 
 def _last_json(out: str) -> dict:
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _trainings(flow_run_id: UUID, expected: int, timeout_s: float = 90.0) -> list[str]:
+    """The states of the flow run's ``train-model`` task runs (trials' and final), oldest first,
+    once ``expected`` of them are recorded in a final state (the API records them from events)."""
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            states = [r.state_name for r in sorted(runs, key=lambda r: r.created) if r.name.startswith("train-model-")]
+            if (len(states) >= expected and all(s in FINAL for s in states)) or time.monotonic() > deadline:
+                return states
+            time.sleep(0.5)
 
 
 def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.CaptureFixture) -> None:
@@ -30,7 +48,10 @@ def test_tune_cli_runs_trials_registers_and_resumes_after_a_kill(capsys: pytest.
     assert first["default_value"] is not None  # trial 0 ran the default parameters
     assert s["best_value"] >= first["default_value"]
     assert first["model"]["name"] == "fraud-tuned" and first["promotion"]["promoted"] is True
-    assert first["final"]["reused_completed"] is True  # the best trial's finished checkpoint
+    # the final training is the best trial's run key: Prefect's cache skips it (Cached), with the trial's weights
+    assert first["final"]["reused_completed"] is True and first["final"]["epochs_trained_now"] == []
+    trainings = _trainings(latest_flow_run_id("fraud-tune"), expected=3)  # two trials, then the final one
+    assert trainings[-1] == "Cached" and "Completed" in trainings[:-1], trainings
     report = Path(first["report_dir"], "report.md").read_text()
     assert "optimisation-history" in report and "param-importance" in report and "| 0 " in report
     assert Path(first["report_dir"], "param-importance.png").exists()

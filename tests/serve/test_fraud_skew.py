@@ -169,6 +169,32 @@ def test_a_window_added_to_the_one_list_scores_online_as_in_batch(tmp_path: Path
         model.preprocessor.window_feature_names)
 
 
+def test_a_model_is_scored_with_the_windows_it_was_trained_with(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model trained while ``WINDOWS_DAYS`` was (2, 14) keeps its windows once the default is 1/7/30
+    again: batch and online scoring read them from the features it records, so both score as at
+    training time (a state built with the default windows alone would compute other features)."""
+    from flows.fraud.steps import load_scoring_model
+    from infra.registry import ModelRegistry
+    from infra.tables import validate_table
+    from solutions.fraud import feature_defs as FD
+    from solutions.fraud import pipeline as P
+    from solutions.fraud import scoring as SC
+
+    monkeypatch.setattr(FD, "WINDOWS_DAYS", (2, 14))
+    layout = HomeLayout(tmp_path / "src")
+    data = train_tiny_fraud(layout)  # trained and batch-scored with 2- and 14-day windows
+    monkeypatch.undo()
+    assert FD.WINDOWS_DAYS == (1, 7, 30)
+    scorer = load_scoring_model(data.ref, ModelRegistry(layout.registry()))
+    frame = validate_table(pd.DataFrame.from_records(data.records), P.transaction_schema(for_scoring=True), "tiny")
+    again = SC.score_transactions(scorer.net, scorer.preprocessor, scorer.config, data.ref, frame, source="tiny",
+                                  since=str(data.since), baseline=scorer.baseline).table
+    _compare(data, dict(zip(again[S.TRANSACTION_ID].astype(str), again["score"], strict=True)))
+    model = _replay_in_arrival_order(layout, data, tmp_path)
+    assert model.windows_days == (2, 14)
+
+
 def _replay_in_arrival_order(src: HomeLayout, data: TinyFraud, tmp_path: Path) -> Any:
     """Replay ``data``'s history then its period, one row per request through the dynamic batcher, and
     compare with the batch path's scores; the model that scored."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prefect.utilities.hashing import hash_objects
@@ -56,17 +57,25 @@ def test_the_build_callable_is_left_out() -> None:
     assert _key(policy, name="t", key=key, build=None) != _key(policy, name="t", key={**key, "v": "2"}, build=None)
 
 
-def test_a_training_keys_on_its_run_key_and_home_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _task_key(policy, task: str = "train-model", **inputs: object) -> str | None:
+    """The key as Prefect computes it inside a run of the task named ``task``."""
+    return policy.compute_key(task_ctx=SimpleNamespace(task=SimpleNamespace(name=task)), inputs=inputs,
+                              flow_parameters={})
+
+
+def test_a_training_keys_on_its_task_run_key_and_home_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tasks.cache import training_run_policy
     from tasks.train import TrainSpec
 
     policy = training_run_policy()
     spec = TrainSpec(run_key="fraud-seq-abc", max_epochs=2)
     # the model and data objects are never hashed: any object goes, the key stays
-    assert _key(policy, module=object(), datamodule=object(), spec=spec) == _key(policy, spec=spec)
-    assert _key(policy, spec=spec) != _key(policy, spec=spec.model_copy(update={"run_key": "fraud-seq-abd"}))
+    assert _task_key(policy, module=object(), datamodule=object(), spec=spec) == _task_key(policy, spec=spec)
+    assert _task_key(policy, spec=spec) != _task_key(policy, spec=spec.model_copy(update={"run_key": "fraud-seq-abd"}))
+    # a fine-tuning of the same run key returns another result: another key
+    assert _task_key(policy, spec=spec) != _task_key(policy, "finetune-model", spec=spec)
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "one"))
-    in_one = _key(policy, spec=spec)
+    in_one = _task_key(policy, spec=spec)
     monkeypatch.setenv("INDUSFLOW_HOME", str(tmp_path / "two"))
-    assert _key(policy, spec=spec) != in_one  # the cached result names checkpoints inside its home
-    assert RunKey().compute_key(task_ctx=None, inputs={"module": object()}, flow_parameters={}) is None
+    assert _task_key(policy, spec=spec) != in_one  # the cached result names checkpoints inside its home
+    assert _task_key(RunKey(), module=object()) is None

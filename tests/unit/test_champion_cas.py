@@ -3,6 +3,7 @@ meanwhile is never trusted (no Prefect)."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from infra.errors import QualityGateError
-from infra.registry import ChampionComparison, ModelRef, ModelRegistry
+from infra.registry import ChampionComparison, ModelRef, ModelRegistry, PromotionDecision
 
 METRIC = "test/auprc"
 #: True quality of each version, whatever data it is scored on (keeps the race readable).
@@ -90,3 +91,23 @@ def test_two_processes_promote_at_once(tmp_path: Path) -> None:
     # whichever order the lock gave them, the better model ends as champion
     assert reg.champion("m").version == 2
     assert outcome[2] is True
+
+
+@pytest.mark.parametrize("higher_is_better", [True, False])
+def test_a_tie_keeps_the_champion_even_when_rounding_differs(tmp_path: Path, higher_is_better: bool) -> None:
+    """The same quality scored along two paths differs in the last bits (0.1 + 0.2 != 0.3): not a win."""
+    reg = ModelRegistry(tmp_path)
+
+    def register(value: float) -> ModelRef:
+        return reg.register("m", {"w": torch.zeros(2)}, params={}, metrics={METRIC: value},
+                            primary_metric=METRIC, higher_is_better=higher_is_better)
+
+    def against_v1(value: float) -> PromotionDecision:
+        return reg.promote(register(value), comparison=ChampionComparison(champion_version=1, champion_value=0.3))
+
+    assert reg.promote(register(0.3)).promoted
+    one_ulp_better = math.nextafter(0.3, 1.0 if higher_is_better else 0.0)
+    for tie in (0.3, one_ulp_better):
+        decision = against_v1(tie)
+        assert not decision.promoted and "a tie keeps the champion" in decision.reason
+    assert against_v1(0.31 if higher_is_better else 0.29).promoted

@@ -147,3 +147,24 @@ def test_a_request_out_of_time_order_scores_as_its_rows_one_by_one(tmp_path) -> 
         assert g.window.keys() == w.window.keys()
         np.testing.assert_allclose(list(g.window.values()), list(w.window.values()), rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(g.steps, w.steps, rtol=1e-12, atol=1e-9)
+
+
+def test_a_model_windows_come_from_its_recorded_features_and_pair_challengers() -> None:
+    """Windows are read from the features a version records; inputs computed for a champion's windows
+    are not given to a challenger trained with others."""
+    from types import SimpleNamespace
+
+    from solutions.fraud.feature_defs import WINDOWS_DAYS, windows_of
+    from solutions.fraud.online import challenger_fits
+    from solutions.fraud.online_model import OnlineFraudModel
+
+    def gbm(*names: str, version: int = 1) -> OnlineFraudModel:
+        return OnlineFraudModel(net=None, preprocessor=None, seq_len=1, threshold=0.5, delay_days=7, name="m",
+                                version=version, baseline=SimpleNamespace(feature_names=list(names)))  # type: ignore[arg-type]
+
+    champion = gbm("amount", "cust_nb_tx_1d", "cust_mean_amount_7d", "term_risk_30d", "channel=web")
+    assert champion.windows_days == (1, 7, 30) and windows_of(["amount", "hour"]) == WINDOWS_DAYS
+    assert challenger_fits(champion, gbm("cust_nb_tx_1d", "term_risk_7d", "cust_mean_amount_30d", version=2)) is None
+    other = gbm("cust_nb_tx_2d", "term_nb_tx_14d", version=3)
+    assert other.windows_days == (2, 14)
+    assert "trained with windows (2, 14)" in (challenger_fits(champion, other) or "")

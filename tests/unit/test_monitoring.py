@@ -128,3 +128,19 @@ def test_accumulated_partitions_upsert_and_window(tmp_path: Path, transactions: 
     assert full["label"].notna().sum() == 5
     train = FM.training_rows(full)  # up to the last day with a label; no report = legit
     assert train["timestamp"].max() < pd.Timestamp("2025-01-02") and train["label"].sum() == 1
+
+
+def test_labels_are_one_schema_for_label_files_and_online_feedback() -> None:
+    """A label that became known after scoring is one concept: the monitor's files and the server's
+    feedback share one definition; the feedback only adds where the transaction sat."""
+    from solutions.fraud import schema as S
+
+    files, feedback = S.labels_schema(), S.labels_schema(placed=True)
+    assert files.name == feedback.name == "fraud-labels"
+    by_name = {c.name: c for c in feedback.columns}
+    assert all(by_name[c.name] == c for c in files.columns)  # the same columns, the same kinds
+    assert {c.name for c in feedback.columns if c.required} - {c.name for c in files.columns} == {
+        S.TERMINAL_ID, S.TIMESTAMP}
+    root = Path(__file__).resolve().parents[2]
+    defined = [p for p in (root / "solutions").rglob("*.py") if 'name="fraud-labels"' in p.read_text()]
+    assert [p.relative_to(root).as_posix() for p in defined] == ["solutions/fraud/schema.py"]

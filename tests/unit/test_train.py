@@ -79,9 +79,22 @@ def test_train_returns_result_and_best_weights() -> None:
     assert (checkpoint_dir("tiny-basic") / "last.ckpt").exists()
     assert result.samples_per_s and result.samples_per_s > 0
     assert result.metrics["val/loss"] < 0.69  # learnt something
-    # a completed run with the same key is reused, not retrained
-    again = train_model(Tiny(), Data(), TrainSpec(run_key="tiny-basic", max_epochs=3, patience=5))
-    assert again.reused_completed and again.epochs_trained_now == []
+    # a plain re-run of a finished key resumes from last.ckpt and trains nothing (inside a flow
+    # Prefect's cache skips it altogether: tests/flows/test_cached_training.py)
+    again_model = Tiny()
+    again = train_model(again_model, Data(), TrainSpec(run_key="tiny-basic", max_epochs=3, patience=5))
+    assert again.epochs_trained_now == [] and again.best_checkpoint == result.best_checkpoint
+    assert all(torch.equal(a, b) for a, b in zip(again_model.state_dict().values(), module.state_dict().values()))
+
+
+def test_a_run_that_stopped_early_stays_stopped_when_run_again() -> None:
+    spec = TrainSpec(run_key="tiny-stopped", max_epochs=30, patience=1, monitor="train/loss")
+    first = train_model(Tiny(), Data(), spec)
+    assert first.stopped_early and first.epochs_completed < 30
+    (checkpoint_dir("tiny-stopped") / "train_result.json").unlink()  # the record is for people, not for resuming
+    again = train_model(Tiny(), Data(), spec)
+    assert again.epochs_trained_now == [] and again.stopped_early  # Lightning alone would train on
+    assert again.best_checkpoint == first.best_checkpoint
 
 
 def test_interrupted_training_resumes_from_last_ckpt() -> None:
