@@ -150,6 +150,7 @@ class _StubModel:
     needs_terminal: bool = True
     version: int = 3
     scale: float = 1000.0
+    windows_days: tuple[int, ...] | None = None  # the state's windows
 
     def predict(self, rows: list[Any]) -> np.ndarray:
         return np.array([r.window["amount"] / self.scale for r in rows])
