@@ -17,17 +17,12 @@ The wire format is in ``docs/kb_api.md``.
 
 from __future__ import annotations
 
-import asyncio
-import io
-import json
 import logging
-import re
-from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
 from flows.serve.kb_collection_routes import (
@@ -38,31 +33,19 @@ from flows.serve.kb_collection_routes import (
 )
 from flows.serve.kb_engine import MAX_ACTIVE_JOBS, KbEngine
 from flows.serve.kb_evidence import source_scope
-from flows.serve.kb_models import (
-    AskRequest,
-    AskResponse,
-    FeedbackRequest,
-    PassageOut,
-    SearchRequest,
-    SearchResponse,
-)
+from flows.serve.kb_models import FeedbackRequest
+from flows.serve.kb_predictors import AskRoute, KbAskPredictor, KbSearchPredictor
 from infra.embeddings import Embedder
-from infra.pii import redact_text
-from infra.secrets import UpstreamError
 from infra.serving.audit import annotate_audit
 from infra.serving.auth import Principal
+from infra.serving.model_route import ModelRoute
 from infra.serving.runtime import RouteLimits, Services, Vertical
 from infra.settings import KbSettings, get_kb_settings
 from solutions.rag.collections import KbCollection, configured_collections
-from solutions.rag.conversation import Turn, standalone_question
-from solutions.rag.evidence import highlight_spans
 from solutions.rag.feedback import CitedPassage, VoteBudget, VoteLimit, feedback_path, feedback_record
-from solutions.rag.glossary import GlossaryMatch
-from solutions.rag.library import IngestJob, UploadRefused, error_text
-from solutions.rag.support import Support
+from solutions.rag.library import IngestJob, UploadRefused
 from solutions.rag.upload import FILES_FIELD, UploadParser, multipart_boundary
 from tasks.documents import archive_members
-from tasks.retrieve import Retrieved
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +53,6 @@ MULTIPART_OVERHEAD = 64 * 1024
 #: Most archive members in one upload request, all its archives (zip, tar, 7z) together, nested ones counting too
 #: (422 above): the ingest caps each file's members at its own limit (tasks.containers.ArchiveLimits).
 MAX_UPLOAD_MEMBERS = 1000
-_WORDS = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]|[^\s\u3400-\u4dbf\u4e00-\u9fff\u3000-\u303f\uff00-\uffef]+\s*|\s+")
 
 #: The routes that can wait long on an upstream (the LLM, the embedder, Milvus) and their caps: at
 #: most 12 requests of each in flight (24 of the 40 worker threads; the rest stay free for every
@@ -89,54 +71,9 @@ UPLOAD_OPENAPI: dict[str, Any] = {"requestBody": {"required": True, "content": {
                    "files": {"type": "array", "items": {"type": "string", "format": "binary"}}}}}}}}
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    """One server-sent event."""
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-
-def words(text: str) -> list[str]:
-    """``text`` in the pieces an extractive answer is streamed in: words with their following
-    space, and CJK characters one by one."""
-    return _WORDS.findall(text)
-
-
-def passages_out(hits: Sequence[Retrieved], name_of: Callable[[str, str], str],
-                 cited: Sequence[int] = (), answer: str = "") -> list[PassageOut]:
-    """The hits as numbered passages, every text redacted again (rows of older rule sets too);
-    ``name_of(source, path)`` names a chunk's document as the documents list does. With the
-    ``answer``, each cited passage carries the spans of its text the answer rests on."""
-    texts = {n: redact_text(str(h.fields.get("text", ""))) for n, h in enumerate(hits, 1)}
-    spans = highlight_spans(answer, {n: texts[n] for n in cited}) if answer and cited else {}
-    out = []
-    for n, h in enumerate(hits, 1):
-        f = h.fields
-        out.append(PassageOut(
-            n=n, score=round(float(h.score), 6),
-            document=redact_text(name_of(str(f.get("source", "")), str(f.get("path", "")))),
-            title=redact_text(str(f.get("title") or "")), page=int(f.get("page") or 0) or None,
-            chunk_id=str(h.id), chunk_index=int(f.get("chunk_index", 0)), text=texts[n],
-            cited=n in cited, highlight=spans.get(n, []),
-        ))
-    return out
-
-
-class QueueWriter(io.TextIOBase):
-    """A text stream whose writes land in an asyncio queue (from the answer's worker thread)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, q: asyncio.Queue[tuple[str, Any]]) -> None:
-        self.loop, self.q = loop, q
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if text:
-            self.loop.call_soon_threadsafe(self.q.put_nowait, ("token", text))
-        return len(text)
-
-
 class KbApi:
-    """The knowledge base's routes over one :class:`KbEngine`: each route a method, what they share
+    """The knowledge base's routes over one :class:`KbEngine`: search and ask as predictors on the
+    generic model route (:mod:`flows.serve.kb_predictors`), every other route a method; what they share
     (the collections, the metrics, the vote budget) held here; :meth:`mount` adds them to a router."""
 
     def __init__(self, services: Services, engine: KbEngine, settings: KbSettings, metrics: KbMetrics) -> None:
@@ -146,15 +83,25 @@ class KbApi:
         self.settings = settings
         self.metrics = metrics
         self.votes = VoteBudget()  # bytes of votes per key and collection
+        on_query = self.count_query
+        #: search and ask: predictors served by the generic model route (:mod:`flows.serve.kb_predictors`)
+        self.routes = [ModelRoute(services, KbSearchPredictor(engine, self.allowed, on_query)),
+                       AskRoute(services, KbAskPredictor(engine, self.allowed, on_query))]
+
+    def count_query(self, collection: str, kind: str, retriever: str) -> None:
+        self.metrics.queries.labels(collection=collection, kind=kind, retriever=retriever).inc()
+
+    def close(self) -> None:
+        """Stop the search batcher, then the engine."""
+        for route in self.routes:
+            route.close()
+        self.engine.close()
 
     def mount(self, router: APIRouter) -> None:
         """Add every route of the knowledge base to ``router``."""
         router.add_api_route(f"{PREFIX}/collections", self.list_collections, methods=["GET"])
-        router.add_api_route(f"{PREFIX}/search", self.search, methods=["POST"], response_model=SearchResponse)
-        router.add_api_route(f"{PREFIX}/ask", self.ask, methods=["POST"], response_model=AskResponse, responses={
-            200: {"content": {"text/event-stream": {}},
-                  "description": "JSON, or with stream=true server-sent events: token*, citations, done "
-                  "(with 'answered') (or error)."}})
+        for route in self.routes:
+            route.mount(router)
         router.add_api_route(f"{PREFIX}/feedback", self.feedback, methods=["POST"], status_code=201)
         router.add_api_route(f"{PREFIX}/documents", self.upload, methods=["POST"], status_code=202,
                              openapi_extra=UPLOAD_OPENAPI)
@@ -165,9 +112,6 @@ class KbApi:
         add_evidence_routes(router, self.engine, self.collections)
 
     # -- what the routes share
-    def names_in(self, col: KbCollection) -> Callable[[str, str], str]:
-        return lambda source, path: self.engine.document_name(col, source, path)
-
     def allowed(self, principal: Principal, name: str, *, read: bool = False, write: bool = False) -> KbCollection:
         """The collection ``name`` if the principal may read (``read``) or write (``write``) it
         (either one when both are asked). 403 otherwise, whether it exists or not; only a key
@@ -179,17 +123,6 @@ class KbApi:
         if col is None:
             raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
         return col
-
-    def resolved(self, body: AskRequest) -> str:
-        """The question retrieval uses (redacted): a follow-up resolved against the history."""
-        if not body.history:
-            return redact_text(body.question)
-        return standalone_question(body.question, [Turn(t.question, t.answer) for t in body.history],
-                                   self.engine.chat())
-
-    def matched(self, col: KbCollection, query: str) -> list[GlossaryMatch]:
-        """The glossary entries ``query`` matched (what the engine's search expanded it with)."""
-        return list(self.engine.expansion(col, query).matches)
 
     def queue_room(self, col: KbCollection) -> None:
         """429 while the collection's job queue is full."""
@@ -222,84 +155,6 @@ class KbApi:
                             "documents": len(docs), **by_status})
         annotate_audit(request, collections=len(out))
         return {"collections": out}
-
-    async def search(self, body: SearchRequest, request: Request, principal: KbPrincipal) -> SearchResponse:
-        """Passages of one collection with their scores (retriever: hybrid, dense or bm25)."""
-        col = self.allowed(principal, body.collection, read=True)
-        hits = await run_in_threadpool(self.engine.search, col, body.query, top_k=body.top_k, mode=body.retriever)
-        self.metrics.queries.labels(collection=col.name, kind="search", retriever=body.retriever).inc()
-        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, passages=len(hits))
-        return SearchResponse(collection=col.name, retriever=body.retriever,
-                              passages=passages_out(hits, self.names_in(col)), glossary=self.matched(col, body.query))
-
-    async def ask(self, body: AskRequest, request: Request, principal: KbPrincipal) -> Any:
-        """Answer a question from one collection with numbered citations ([n] = passage n)."""
-        col = self.allowed(principal, body.collection, read=True)
-        self.metrics.queries.labels(collection=col.name, kind="ask", retriever=body.retriever).inc()
-        annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, stream=body.stream,
-                       turns=len(body.history))
-        if body.stream:
-            return StreamingResponse(self.stream_answer(body, col, request), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        # an upstream's failure (UpstreamError) answers 502 with its status only (EXCEPTION_HANDLERS)
-        asked = await run_in_threadpool(self.resolved, body)
-        text, kind, hits, cited, support = await run_in_threadpool(self.engine.answer, col, asked, top_k=body.top_k,
-                                                                   mode=body.retriever)
-        annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=kind, answered=support.answered)
-        return AskResponse(collection=col.name, answer=text, mode=kind, answered=support.answered,
-                           support=support.probability, reason=support.reason,
-                           citations=passages_out(hits, self.names_in(col), cited, text),
-                           retrieval_question=shown(body, asked), glossary=self.matched(col, asked))
-
-    async def stream_answer(self, body: AskRequest, col: KbCollection, request: Request) -> AsyncIterator[bytes]:
-        """The answer as server-sent events: its tokens as they come, then the citations and ``done``."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        worker = loop.run_in_executor(None, self.answer_into, body, col, loop, q)
-        try:
-            while True:
-                kind, data = await q.get()
-                if kind == "token":
-                    yield sse("token", {"text": data})
-                elif kind == "error":
-                    # an upstream's message (scrubbed) names what failed; any other is logged by its type only
-                    log.error("kb ask stream failed: %s", data if isinstance(data, UpstreamError) else type(data).__name__)
-                    annotate_audit(request, failed=type(data).__name__)
-                    yield sse("error", {"message": error_text(data)})
-                    return
-                else:
-                    for event in self.final_events(body, col, request, *data):
-                        yield event
-                    return
-        finally:
-            if not worker.done():
-                worker.cancel()
-
-    def answer_into(self, body: AskRequest, col: KbCollection, loop: asyncio.AbstractEventLoop,
-                    q: asyncio.Queue[tuple[str, Any]]) -> None:
-        """Answer in this (worker) thread, each token, the end or the error put on ``q``."""
-        def extractive(text: str) -> None:
-            for piece in words(text):
-                loop.call_soon_threadsafe(q.put_nowait, ("token", piece))
-
-        try:
-            asked = self.resolved(body)
-            result = self.engine.answer(col, asked, top_k=body.top_k, mode=body.retriever,
-                                        stream_to=QueueWriter(loop, q), on_extractive=extractive)
-            loop.call_soon_threadsafe(q.put_nowait, ("end", (*result, asked)))
-        except Exception as exc:  # noqa: BLE001 - reported to the caller as an error event
-            loop.call_soon_threadsafe(q.put_nowait, ("error", exc))
-
-    def final_events(self, body: AskRequest, col: KbCollection, request: Request, text: str, mode: str,
-                     hits: Sequence[Retrieved], cited: Sequence[int], support: Support, asked: str) -> list[bytes]:
-        """The ``citations`` and ``done`` events of a streamed answer (and its audit)."""
-        annotate_audit(request, passages=len(hits), cited=len(cited), answer_mode=mode, answered=support.answered)
-        citations = passages_out(hits, self.names_in(col), cited, text)
-        return [sse("citations", {"citations": [c.model_dump() for c in citations]}),
-                sse("done", {"mode": mode, "answer": text, "answered": support.answered,
-                             "support": support.probability, "reason": support.reason,
-                             "retrieval_question": shown(body, asked),
-                             "glossary": [m.model_dump() for m in self.matched(col, asked)]})]
 
     async def feedback(self, body: FeedbackRequest, request: Request, principal: KbPrincipal) -> dict[str, Any]:
         """Record a thumbs-up or -down on an answer (redacted, in the home, with the key's id; never
@@ -381,11 +236,6 @@ class KbApi:
         return {"deleted": doc.name, "chunks_removed": removed, "file_removed": doc.in_folder}
 
 
-def shown(body: AskRequest, asked: str) -> str:
-    """``retrieval_question`` of a response: empty when it is the question itself."""
-    return "" if asked.strip() == redact_text(body.question).strip() else asked
-
-
 class KbMetrics:
     """The knowledge base's counters, on the server's metrics registry."""
 
@@ -428,5 +278,6 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         services.route_limits[f"{PREFIX}/{slow}"] = RouteLimits(
             timeout_s=settings.request_timeout_s, concurrency=SLOW_ROUTE_CONCURRENCY, per_key=SLOW_ROUTE_PER_KEY)
     router = APIRouter(tags=["knowledge base"])
-    KbApi(services, engine, settings, metrics).mount(router)
-    return Vertical("kb", router, [], on_stop=engine.close)
+    api = KbApi(services, engine, settings, metrics)
+    api.mount(router)
+    return Vertical("kb", router, [], on_stop=api.close)

@@ -20,9 +20,12 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
+
+import numpy as np
 
 from flows.serve.kb_jobs import MAX_ACTIVE_JOBS, IngestJobs
 from infra.embeddings import Embedder, embedder_from_settings, encode_queries
@@ -95,6 +98,16 @@ class FileHashes:
         with self._lock:
             self._known[key] = (stat.st_size, stat.st_mtime_ns, digest)
         return digest
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search of :meth:`KbEngine.search_many`: a query (not yet redacted) over a collection."""
+
+    col: KbCollection
+    query: str
+    top_k: int
+    mode: Mode
 
 
 # ------------------------------------------------------------------------------------
@@ -194,16 +207,34 @@ class KbEngine(IngestJobs):
     def search(self, col: KbCollection, query: str, *, top_k: int, mode: Mode) -> list[Retrieved]:
         """The ``top_k`` chunks of ``col`` for ``query`` (redacted first, as the stored chunks are;
         expanded with the collection's glossary)."""
-        expansion = self.expansion(col, query)
-        query = expansion.question
+        return self.search_many([Search(col, query, top_k, mode)])[0][0]
+
+    def search_many(self, searches: Sequence[Search]) -> list[tuple[list[Retrieved], Expansion]]:
+        """The hits of each search (as :meth:`search`) and its glossary expansion: every query that
+        needs a vector embedded in one embedder call, the searches of one collection, retriever,
+        depth and fusion weights in one Milvus call."""
+        expansions = [self.expansion(s.col, s.query) for s in searches]
+        out: list[tuple[list[Retrieved], Expansion]] = [([], e) for e in expansions]
         client = self.client()
-        if not client.has_collection(col.milvus):
-            return []
-        client.load_collection(col.milvus)
-        embedder = self.embedder()
-        weights = query_weights(embedder, query, HybridWeights()) if mode == "hybrid" else {}
-        vectors = encode_queries(embedder, [expansion.query]) if mode != "bm25" else None
-        return retrieve(client, col.milvus, [expansion.query], vectors, mode=mode, top_k=top_k, weights=weights)[0]
+        live = [k for k, s in enumerate(searches) if client.has_collection(s.col.milvus)]
+        dense = [k for k in live if searches[k].mode != "bm25"]
+        embedder = self.embedder() if dense else None
+        vectors = dict(zip(dense, encode_queries(embedder, [expansions[k].query for k in dense]), strict=True)) \
+            if embedder is not None else {}
+        groups: dict[tuple[str, Mode, int, tuple[tuple[str, float], ...]], list[int]] = {}
+        for k in live:
+            s = searches[k]
+            weights = query_weights(embedder, expansions[k].question, HybridWeights()) \
+                if embedder is not None and s.mode == "hybrid" else {}
+            groups.setdefault((s.col.milvus, s.mode, s.top_k, tuple(sorted(weights.items()))), []).append(k)
+        for (milvus, mode, top_k, weights), ks in groups.items():
+            client.load_collection(milvus)
+            found = retrieve(client, milvus, [expansions[k].query for k in ks],
+                             np.stack([vectors[k] for k in ks]) if mode != "bm25" else None,
+                             mode=mode, top_k=top_k, weights=dict(weights))
+            for k, hits in zip(ks, found, strict=True):
+                out[k] = (hits, expansions[k])
+        return out
 
     def chat(self) -> ChatClient | None:
         """The configured chat endpoint, or None (extractive answers)."""

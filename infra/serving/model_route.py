@@ -13,28 +13,56 @@ A :class:`ModelRoute` serves one :class:`~infra.serving.predictor.Predictor` at 
   subjects (split), never failing a request (its own breaker; the champion answers);
 * the score log (both roles, the rows each decided) and the batch metrics;
 * the answer: refused requests mapped to 4xx, the response and its audit line from the predictor.
+
+A predictor that is not ``batchable`` has no batcher: each request is its own model call on the
+server's thread pool, still behind the breaker. One that is not ``registered`` has a
+:class:`LocalModel` in place of the slot: no reload, no challenger, no score log.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import threading
+from collections.abc import Callable
 from typing import Annotated, Any, Generic
 
 import numpy as np
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from infra.errors import DataValidationError
 from infra.registry import ModelRef
-from infra.serving.audit import record_audit
+from infra.serving.audit import annotate_audit, record_audit
 from infra.serving.batching import DynamicBatcher
+from infra.serving.breaker import CircuitBreaker
 from infra.serving.challenger import CHALLENGER_ROLE, CHAMPION_ROLE, ScoreRecord
-from infra.serving.predictor import Answer, D, M, O, Predictor, Rows
+from infra.serving.predictor import Answer, Audit, D, M, O, Predictor, Rows
 from infra.serving.runtime import Services
+from infra.serving.slot import ModelSlot
 
 log = logging.getLogger(__name__)
+
+
+class LocalModel(Generic[M]):
+    """The model of a predictor that is no registry version (``registered = False``): built by
+    ``setup(None)`` on the first request that needs it, kept for the server's life, with its own breaker."""
+
+    def __init__(self, name: str, setup: Callable[[ModelRef | None], M], breaker: CircuitBreaker) -> None:
+        self.name = name
+        self.breaker = breaker
+        self._setup = setup
+        self._model: M | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> tuple[ModelRef | None, M]:
+        """``(None, model)``: no version to name."""
+        with self._lock:
+            if self._model is None:
+                self._model = self._setup(None)
+            return None, self._model
 
 
 class ModelRoute(Generic[D, M, O]):
@@ -44,13 +72,20 @@ class ModelRoute(Generic[D, M, O]):
         self.services = services
         self.predictor = predictor
         self.name = predictor.model_name
-        self.slot = services.slot(self.name, predictor.setup)
-        self.challenger = services.challenger(self.name, challenger_mode, predictor.setup)
+        self.slot: ModelSlot[M] | LocalModel[M]
+        if predictor.registered:
+            self.slot = services.slot(self.name, predictor.setup)
+            self.challenger = services.challenger(self.name, challenger_mode, predictor.setup)
+        else:
+            if challenger_mode != "off":
+                raise ValueError(f"{self.name} is not a registered model: it has no challenger; got mode "
+                                 f"{challenger_mode!r}")
+            self.slot, self.challenger = LocalModel(self.name, predictor.setup, services.breaker(self.name)), None
         max_rows = predictor.batch_max_rows()
-        self.batcher: DynamicBatcher[D, Answer[O]] = DynamicBatcher(
+        self.batcher: DynamicBatcher[D, Answer[O]] | None = DynamicBatcher(
             self.run_batch, services.settings.batch_max_size, services.tuning.batch_max_wait_ms,
             name=f"{predictor.tag}-batcher", weight=predictor.size if max_rows is not None else None,
-            max_batch_rows=max_rows)
+            max_batch_rows=max_rows) if predictor.batchable else None
         self._unpaired: set[tuple[int, int]] = set()  # (champion, challenger) versions warned of once
 
     # -- HTTP
@@ -71,25 +106,25 @@ class ModelRoute(Generic[D, M, O]):
                              description=predictor.description or inspect.cleandoc(type(predictor).__doc__ or ""))
 
     async def answer(self, request: Request, decoded: D) -> Response | BaseModel:
-        """Score one decoded request in the next batch; its response (or the HTTP error refusing it)."""
-        [answer] = await self.batcher.submit([decoded])
+        """Score one decoded request in the next batch (alone, on the thread pool, when the predictor is
+        not batchable); its response (or the HTTP error refusing it)."""
+        if self.batcher is not None:
+            [answer] = await self.batcher.submit([decoded])
+        else:
+            [answer] = await run_in_threadpool(self.run_batch, [decoded])
         if isinstance(answer.output, Exception):
             self.refuse(request, decoded, answer.ref, answer.output)
         encoded = self.predictor.encode_response(decoded, answer)
-        a = encoded.audit
-        record_audit(request, model=answer.ref.name, model_version=answer.ref.version, rows=a.rows,
-                     decisions=a.decisions, subjects=a.subjects)
+        audit(request, answer.ref, encoded.audit)
         return encoded.body
 
-    def refuse(self, request: Request, decoded: D, ref: ModelRef, error: Exception) -> None:
+    def refuse(self, request: Request, decoded: D, ref: ModelRef | None, error: Exception) -> None:
         """Raise the HTTP error for a request its batch refused (a model failure is raised as it is:
         the app's 5xx/503 handlers answer it)."""
         refused = self.predictor.refuse(decoded, ref, error)
         if refused is not None:
             if refused.audit is not None:
-                a = refused.audit
-                record_audit(request, model=ref.name, model_version=ref.version, rows=a.rows,
-                             decisions=a.decisions, subjects=a.subjects)
+                audit(request, ref, refused.audit)
             raise refused.error
         if isinstance(error, DataValidationError):
             raise HTTPException(status_code=422, detail={"error": str(error), "column": error.column,
@@ -100,7 +135,8 @@ class ModelRoute(Generic[D, M, O]):
 
     def close(self) -> None:
         """Stop the batcher (the slots are stopped by the app)."""
-        self.batcher.close()
+        if self.batcher is not None:
+            self.batcher.close()
 
     # -- one batch, in the batcher's thread
     def run_batch(self, items: list[D]) -> list[Answer[O]]:
@@ -148,10 +184,10 @@ class ModelRoute(Generic[D, M, O]):
             return self.predictor.predict(model, items, challenger)
 
     # -- the challenger
-    def pick_challenger(self, ref: ModelRef, model: M) -> tuple[ModelRef, M] | None:
+    def pick_challenger(self, ref: ModelRef | None, model: M) -> tuple[ModelRef, M] | None:
         """The challenger to score beside ``model`` now, if one is loaded and pairs with it."""
         current = self.challenger.current() if self.challenger is not None else None
-        if current is None or current[0].version == ref.version:
+        if current is None or ref is None or current[0].version == ref.version:
             return None
         why = self.predictor.pairs(model, current[1])
         if why is not None:
@@ -175,7 +211,7 @@ class ModelRoute(Generic[D, M, O]):
             out.append((o, r) if o is not None and r is not None and len(r.ids) else None)
         return out
 
-    def decide(self, ref: ModelRef, output: O | Exception, rows: Rows | None, challenger: ModelRef | None,
+    def decide(self, ref: ModelRef | None, output: O | Exception, rows: Rows | None, challenger: ModelRef | None,
                shadow: tuple[O, Rows] | None) -> Answer[O]:
         """One request's answer: in split mode the challenger decides its share of subjects."""
         if rows is None or shadow is None or self.challenger is None:
@@ -188,13 +224,13 @@ class ModelRoute(Generic[D, M, O]):
         return Answer(ref, output, challenger, ch_output, by)
 
     # -- the score log
-    def record(self, ref: ModelRef, answers: list[Answer[O]], rows: list[Rows | None],
+    def record(self, ref: ModelRef | None, answers: list[Answer[O]], rows: list[Rows | None],
                shadows: list[tuple[O, Rows] | None]) -> None:
         """One score-log line per role: every row's score, version and whether it decided the answer
         (a challenger's row decided when the split gave its subject to the challenger)."""
         done = [(a, r, s) for a, r, s in zip(answers, rows, shadows, strict=True)
                 if r is not None and r.logged and len(r.ids)]
-        if not done:
+        if not done or ref is None:
             return
         self.services.scores.record(_record(self.name, ref.version, CHAMPION_ROLE, [r for _, r, _ in done],
                                             [~a.by_challenger for a, _, _ in done]))
@@ -209,6 +245,16 @@ class ModelRoute(Generic[D, M, O]):
         version = shadowed[0][0].challenger.version  # type: ignore[union-attr]
         self.services.scores.record(_record(self.name, version, CHALLENGER_ROLE, [ch for _, _, ch in shadowed],
                                             decided))
+
+
+def audit(request: Request, ref: ModelRef | None, a: Audit) -> None:
+    """The request's audit line: the version, rows, decisions and subjects, then ``a.fields``; a model
+    that is no registry version (``ref`` None) adds its fields only."""
+    if ref is not None:
+        record_audit(request, model=ref.name, model_version=ref.version, rows=a.rows, decisions=a.decisions,
+                     subjects=a.subjects)
+    if a.fields:
+        annotate_audit(request, **a.fields)
 
 
 def _record(model: str, version: int, role: str, rows: list[Rows], decided: list[np.ndarray]) -> ScoreRecord:

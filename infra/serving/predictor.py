@@ -16,6 +16,13 @@ the circuit breaker, hot reload, the challenger (shadow or split), the score log
 line and the mapping of refused requests to 4xx. A predictor adds :meth:`Predictor.rows` (what the
 split and the score log read of an output) and :meth:`Predictor.predict_challenger` (the challenger
 scores what the champion's outputs hold: a stateful model's features are computed once).
+
+Two class attributes widen the shape: ``batchable = False`` answers each request in its own
+:meth:`Predictor.predict` call on the server's thread pool (a model that waits seconds on an upstream,
+an LLM, would hold the batch's one thread); ``registered = False`` serves a model that is no registry
+version (the knowledge base: an embedder, a vector store, an LLM endpoint): ``setup(None)`` builds it
+once, on first use, and there is no hot reload, challenger or score log; its audit line holds the
+:attr:`Audit.fields` only.
 """
 
 from __future__ import annotations
@@ -58,10 +65,10 @@ class Rows:
 @dataclass(frozen=True)
 class Answer(Generic[O]):
     """One request as its batch answered it: the champion's version and output (or the error that
-    refused the request); where a challenger scored it, its version and output, and per champion row
+    refused the request; no version for a model that is not registered); where a challenger scored it, its version and output, and per champion row
     whether the challenger answers that row (split mode; all False otherwise)."""
 
-    ref: ModelRef
+    ref: ModelRef | None
     output: O | Exception
     challenger: ModelRef | None = None
     challenger_output: O | None = None
@@ -76,6 +83,8 @@ class Audit:
     rows: int
     decisions: dict[str, int]
     subjects: Sequence[Any] = ()
+    #: more fields of the line (counts, names of configured things; never request text)
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,13 +117,18 @@ class Predictor(Generic[D, M, O]):
     openapi_extra: dict[str, Any] | None = None
     #: the route's description (default: the class docstring)
     description: str | None = None
+    #: False: each request is one :meth:`predict` call on the server's thread pool, never batched
+    batchable: bool = True
+    #: False: the model is no registry version; :meth:`setup` gets None and runs once, on first use
+    registered: bool = True
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
 
     # -- the four methods
-    def setup(self, ref: ModelRef) -> M:
-        """Load ``ref`` for serving (runs in the slot's thread, never on a request)."""
+    def setup(self, ref: ModelRef | None) -> M:
+        """Load ``ref`` for serving (runs in the slot's thread, never on a request); with
+        ``registered = False``, build the model (``ref`` is None; on the first request)."""
         raise NotImplementedError
 
     decode_request: Callable[..., Awaitable[D]]
@@ -161,7 +175,7 @@ class Predictor(Generic[D, M, O]):
         what the champion's outputs hold (a stateful model's inputs are computed once, by the champion)."""
         raise NotImplementedError
 
-    def refuse(self, decoded: D, ref: ModelRef, error: Exception) -> Refused | None:
+    def refuse(self, decoded: D, ref: ModelRef | None, error: Exception) -> Refused | None:
         """A refusal particular to this kind (e.g. a 409 that is audited); None: the router's own mapping."""
         return None
 

@@ -412,7 +412,7 @@ def store_key(kb: Kb, name: str, scopes: list[str]) -> str:
 
 
 def test_names_and_stream_pieces() -> None:
-    from flows.serve.kb import words
+    from flows.serve.kb_predictors import words
     from solutions.rag.library import safe_document_name
 
     assert safe_document_name("C:\\Users\\x\\report.pdf") == "report.pdf"
@@ -783,3 +783,55 @@ def test_with_an_llm_a_follow_up_is_condensed_by_it_first(loaded: Kb, fake_llm: 
     body = r.json()
     assert body["retrieval_question"].startswith("And who keeps the deposit?") and "harbourview" in body["retrieval_question"]
     assert body["retrieval_question"] in answer["messages"][1]["content"] and body["mode"] == "llm"
+
+
+class CountingEmbedder:
+    """An embedder that counts the calls that encode queries (``infra.embeddings.encode_queries``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def encode_queries(self, texts: list[str], **options: Any) -> Any:
+        from infra.embeddings import encode_queries
+
+        self.calls += 1
+        return encode_queries(self.inner, texts, **options)
+
+
+def test_concurrent_searches_share_one_embedder_call_and_answer_as_alone(loaded: Kb) -> None:
+    """Searches batched together (one embedder call, one Milvus call per collection and retriever) find
+    what each finds alone, through the engine and through the route."""
+    from flows.serve.kb_engine import KbEngine, Search
+    from infra.settings import get_kb_settings
+    from solutions.rag.collections import configured_collections
+
+    kb = loaded
+    embedder = CountingEmbedder(kb.embedder)
+    with environment({"INDUSFLOW_HOME": str(kb.home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,records"}):
+        engine = KbEngine(configured_collections(kb.home), kb.home, get_kb_settings(), client=kb.client,
+                          embedder=embedder)  # type: ignore[arg-type]
+        legal, medical = engine.collections["legal"], engine.collections["medical"]
+        searches = [Search(legal, "notice period for termination", 3, "hybrid"), Search(medical, "dosing", 2, "dense"),
+                    Search(legal, "Geneva arbitration", 3, "hybrid"), Search(legal, "Zephyr", 2, "bm25"),
+                    Search(engine.collections["records"], "anything", 2, "dense")]  # an empty collection
+        batched = engine.search_many(searches)
+        assert embedder.calls == 1
+        alone = [engine.search(s.col, s.query, top_k=s.top_k, mode=s.mode) for s in searches]
+    assert [[h.id for h in hits] for hits, _ in batched] == [[h.id for h in hits] for hits in alone]
+    assert all(batched[k][0] for k in range(4)) and batched[4][0] == []
+    body = {"collection": "legal", "query": "notice period for termination", "top_k": 3}
+    with httpx.Client(timeout=120) as c:
+        lone = c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.legal_only), json=body)
+        assert lone.status_code == 200, lone.text
+        got: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: got.append(
+            c.post(f"{kb.url}/v1/kb/search", headers=kb.h(kb.legal_only), json=body))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert [r.status_code for r in got] == [200] * 4
+    assert all(r.json() == lone.json() for r in got)

@@ -1,10 +1,13 @@
 """The generic route (:class:`~infra.serving.model_route.ModelRoute`) with a toy predictor, no HTTP:
 one version per batch, one model call per group of consecutive requests, a failing call made again
 for each request alone, the split challenger deciding its share of subjects (and the score log
-saying which version decided each row), and a failing challenger leaving the champion to answer."""
+saying which version decided each row), a failing challenger leaving the champion to answer, and a
+predictor of no registered model that is not batched (the knowledge base's ask)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from pydantic import BaseModel
+from starlette.requests import Request
 
 from infra.home import HomeLayout
 from infra.registry import CHALLENGER, CHAMPION, ModelRef, ModelRegistry
@@ -143,3 +147,62 @@ def test_a_failing_challenger_leaves_the_champion_to_answer(tmp_path: Path) -> N
     assert answer.challenger is None and not answer.by_challenger.any()
     assert answer.output.scores.tolist() == [1.0] * 4  # type: ignore[union-attr]
     assert set(_logged(services, "champion")) == {"a", "b", "c", "d"} and not _logged(services, "challenger")
+
+
+class Echo(BaseModel):
+    text: str
+
+
+class Local(Predictor[str, str, str]):
+    """No registry version, no batching: each request its own call, two of them in flight at once."""
+
+    path, route_name, tag, response_model = "/v1/toy/local", "local", "toy", Echo
+    batchable = False
+    registered = False
+
+    def __init__(self) -> None:
+        super().__init__("toy-local")
+        self.setups = 0
+        self.together = threading.Barrier(2, timeout=10)  # broken unless two calls run at the same time
+
+    def setup(self, ref: ModelRef | None) -> str:
+        assert ref is None
+        self.setups += 1
+        return "built"
+
+    async def decode_request(self) -> str:
+        raise NotImplementedError
+
+    def predict(self, model: str, items: list[str], challenger: str | None = None) -> list[str | Exception]:
+        assert len(items) == 1
+        self.together.wait()
+        return [f"{model}:{items[0]}"]
+
+    def encode_response(self, decoded: str, answer: Answer[str]) -> Encoded:
+        assert answer.ref is None and isinstance(answer.output, str)
+        return Encoded(Echo(text=answer.output), Audit(1, {}, fields={"asked": len(decoded)}))
+
+    def rows(self, output: str) -> Rows:
+        return Rows(subjects=[], ids=[output], scores=np.zeros(1), logged=False)
+
+
+def test_an_unbatched_unregistered_predictor_answers_each_request_in_its_own_call(tmp_path: Path) -> None:
+    layout = HomeLayout(tmp_path / "home")
+    services = Services.from_settings(ServeSettings(), layout, ModelRegistry(layout.registry()), ServeTuning())
+    local = Local()
+    with pytest.raises(ValueError, match="no challenger"):
+        ModelRoute(services, Local(), challenger_mode="shadow")
+    route = ModelRoute(services, local)
+    assert route.batcher is None and route.challenger is None and route.slot not in services.slots
+    requests = [Request({"type": "http", "headers": []}) for _ in range(2)]
+
+    async def both() -> list[object]:
+        return await asyncio.gather(route.answer(requests[0], "a"), route.answer(requests[1], "bb"))
+
+    # batched, the two would share one call (or wait for each other in the batch's one thread)
+    assert asyncio.run(both()) == [Echo(text="built:a"), Echo(text="built:bb")]
+    assert local.setups == 1
+    # the predictor's fields only: no model version to name
+    assert [r.state.audit for r in requests] == [{"asked": 1}, {"asked": 2}]
+    services.scores.close()
+    assert not read_score_log(layout.serving() / SCORES_DIR, "toy-local")
