@@ -105,6 +105,7 @@ class ForecastPredictor(Predictor[SensorForecastRequest, "Forecaster", Forecaste
     route_name = "forecast"
     tag = "sensor-forecast"
     response_model = SensorForecastResponse
+    batchable = False  # each request fits its own series: side by side on the thread pool, not one batch thread
 
     def __init__(self, model_name: str, services: Services) -> None:
         super().__init__(model_name)
