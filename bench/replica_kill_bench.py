@@ -118,9 +118,11 @@ def transaction_streams(streams: int, requests: int, rows: int) -> list[list[lis
     return out
 
 
-def start_replicas(home: Path, redis_url: str, count: int = 2) -> list[tuple[subprocess.Popen[bytes], str]]:
+def start_replicas(home: Path, redis_url: str, count: int = 2,
+                   extra_env: dict[str, str] | None = None) -> list[tuple[subprocess.Popen[bytes], str]]:
     """``count`` replicas of serve_bench's server (batching at the defaults) on one home and one
-    Redis, started together; each writes its own audit folder, as the Kubernetes manifest does."""
+    Redis, started together; each writes its own audit folder, as the Kubernetes manifest does
+    (``extra_env``: more settings for every replica)."""
     from infra.settings import ServeSettings
 
     defaults = ServeSettings()
@@ -128,7 +130,7 @@ def start_replicas(home: Path, redis_url: str, count: int = 2) -> list[tuple[sub
     def one(i: int) -> tuple[subprocess.Popen[bytes], str]:
         return start_server(home, defaults.batch_max_size, {
             "INDUSFLOW_SERVE_REDIS_URL": redis_url, "INDUSFLOW_SERVE_AUDIT_DIR": str(home / "audit" / f"replica-{i}"),
-            "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "off"})
+            "INDUSFLOW_SERVE_FRAUD_CHALLENGER_MODE": "off", **(extra_env or {})})
 
     with concurrent.futures.ThreadPoolExecutor(count) as pool:
         futures = [pool.submit(one, i) for i in range(count)]

@@ -25,8 +25,22 @@ def _pin_xdist_worker() -> None:
         os.sched_setaffinity(0, cpus[index::count_n])
 
 
+def _one_thread_per_process() -> None:
+    """torch (OpenMP) and training use one thread in the test process and the processes it starts,
+    unless the caller set OMP_NUM_THREADS. The tests' models are tiny, and the tests run servers and
+    child processes beside them: tests/flows/test_compress_flow.py's seed ensemble took 276 s (106.9
+    CPU-s) with torch's default two threads and 31 s (38.8 CPU-s) with one, side by side at load
+    12-17 on 2 cores (bench/results/test_durations_2026-12-06.md). tests/docs runs the pages'
+    commands without these two (a new terminal: the project's own thread choice)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("INDUSFLOW_TRAIN_NUM_THREADS", "1")  # infra.hardware.set_cpu_threads in training
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _pin_xdist_worker()
+    _one_thread_per_process()
     # Everything the project writes goes to a throwaway home (never the user's); each pytest-xdist
     # worker makes its own (it inherits the controller's environment, home included).
     inherited = os.environ.get("INDUSFLOW_HOME")

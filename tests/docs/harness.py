@@ -360,6 +360,8 @@ class Workspace:
         env["INDUSFLOW_SERVE_PORT"] = str(self.ports["serve_port"])
         env["PORT"] = str(self.ports["ui_port"])
         env.pop("PYTHONWARNINGS", None)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the test session's one thread (tests/conftest.py)
+            env.pop(name, None)
         return env
 
     def commands(self, section: str) -> list[rb.Command]:

@@ -15,6 +15,10 @@ from urllib.parse import urlsplit
 import httpx
 
 DEADLINE_S = 1.0
+# How long a test waits for the server to close a stalled connection. The 408 and the close are the
+# events checked; a time far above the deadline keeps a loaded machine from failing them (uvicorn's own
+# protocol never closes these connections: it still fails, after this long).
+CLOSE_WAIT_S = 30 * DEADLINE_S
 
 
 def _connect(url: str) -> socket.socket:
@@ -52,32 +56,32 @@ def test_stalled_headers_get_408_and_the_socket_back(live_server) -> None:
     assert httpx.get(f"{live.url}/healthz", timeout=5).status_code == 200
     started = time.monotonic()
     for sock in stalled:
-        got, _ = _read_until_closed(sock, limit_s=max(0.1, started + DEADLINE_S + 4 - time.monotonic()))
+        got, _ = _read_until_closed(sock, limit_s=max(0.1, started + CLOSE_WAIT_S - time.monotonic()))
         sock.close()
         assert got.startswith(b"HTTP/1.1 408 Request Timeout"), got[:200]
         assert b"connection: close" in got and not got.endswith(b"<still open>")
-    assert time.monotonic() - started < DEADLINE_S + 4
 
 
 def test_a_trickle_of_header_bytes_does_not_extend_the_deadline(live_server) -> None:
     live = live_server(header_timeout_s=DEADLINE_S)
     sock = _connect(live.url)
-    start = time.monotonic()
-    answered_at, got = None, b""
-    for byte in b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200:
+    trickle = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+    sent, got = 0, b""
+    for byte in trickle:
         try:
-            sock.sendall(bytes([byte]))  # one byte every 50 ms, never the end of the headers
+            sock.sendall(bytes([byte]))  # one byte every 50 ms at least (10 s in all), never the end of the headers
         except OSError:
             break
+        sent += 1
         readable, _, _ = select.select([sock], [], [], 0.05)
         if readable:
-            answered_at, got = time.monotonic() - start, sock.recv(65536)
-            break
-        if time.monotonic() - start > DEADLINE_S + 3:
+            got = sock.recv(65536)
             break
     sock.close()
     assert got.startswith(b"HTTP/1.1 408"), got[:200]
-    assert answered_at is not None and answered_at < DEADLINE_S + 1.5, answered_at
+    # answered while the trickle went on (a byte every 50 ms, far inside the deadline): the bytes did
+    # not restart it (had they, the 408 could only come after the last byte, or never)
+    assert sent < len(trickle), (sent, len(trickle))
 
 
 def test_a_kept_alive_connection_gets_the_deadline_for_its_next_request(live_server) -> None:
@@ -88,10 +92,9 @@ def test_a_kept_alive_connection_gets_the_deadline_for_its_next_request(live_ser
     first = sock.recv(65536)
     assert first.startswith(b"HTTP/1.1 200"), first[:200]
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 1")  # the second request stalls in its headers
-    got, waited = _read_until_closed(sock, limit_s=DEADLINE_S + 4)
+    got, _ = _read_until_closed(sock, limit_s=CLOSE_WAIT_S)
     sock.close()
-    assert got.startswith(b"HTTP/1.1 408"), got[:200]
-    assert waited < DEADLINE_S + 3
+    assert got.startswith(b"HTTP/1.1 408"), got[:200]  # the header deadline's answer: a keep-alive close sends none
 
 
 def test_oversized_headers_get_431_and_nothing_is_buffered(live_server) -> None:

@@ -46,6 +46,14 @@ ROWS = 3
 RATE = 30.0  # requests/s at most
 KILL_FROM = 30  # the kill is armed from this request on
 BUDGET_S = 300.0  # a guard against a hang (about 40 s quiet), not a target
+# How long a replica and the client wait for one answer: far above any answer on a loaded machine,
+# so that the only failed attempts are the kill's. At the defaults (the server's 504 after 10 s, the
+# client's 15 s), a first attempt that timed out on a loaded machine (load 11-15, the replicas, Redis
+# and this client pinned to one core) had its update written after the 504: its retry on the other
+# replica was rightly answered from the stored scores ("replayed"), and the check below that only
+# the killed request is replayed failed ([34, 38, 48]) though nothing was applied twice.
+ANSWER_WAIT_S = 120.0
+POLL_S = 0.001  # the kill's watcher reads Redis this often (a busy loop starved the replicas' core)
 
 
 class Replicas:
@@ -53,7 +61,7 @@ class Replicas:
 
     def __init__(self, urls: list[str], key: str) -> None:
         self.urls = urls
-        self.http = httpx.Client(headers={"X-API-Key": key}, timeout=15)
+        self.http = httpx.Client(headers={"X-API-Key": key}, timeout=ANSWER_WAIT_S)
         self.attempts: list[list[tuple[int, int]]] = []  # per request: (replica, status)
         self.answers: list[dict[str, Any] | None] = []  # per request: its 200 answer
 
@@ -101,6 +109,7 @@ def kill_in_flight(client: Replicas, proc: Any, i: int, body: list[dict[str, Any
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed, at = True, time.monotonic()
                 break
+            time.sleep(POLL_S)
         sender.join(timeout=20)
         assert outcome, "the request to replica 0 neither finished nor failed"
         committed = int(redis.get(store.generation_key) or 0) > generation
@@ -122,7 +131,7 @@ def test_a_replica_killed_under_load_loses_no_transaction_and_applies_none_twice
     register_model(home)
     key, _ = KeyStore(home / "serving" / "keys.json").add("replicas", ["fraud:score"])
     [requests] = transaction_streams(1, REQUESTS, ROWS)
-    replicas = start_replicas(home, redis_url)
+    replicas = start_replicas(home, redis_url, extra_env={"INDUSFLOW_SERVE_REQUEST_TIMEOUT_S": str(ANSWER_WAIT_S)})
     (victim, _), (survivor, survivor_url) = replicas
     store = RedisStateStore(redis_url)
     client = Replicas([url for _, url in replicas], key)
@@ -154,6 +163,10 @@ def test_a_replica_killed_under_load_loses_no_transaction_and_applies_none_twice
     assert all(s[-1] == 200 and s.count(200) == 1 for s in statuses), [
         (i, a) for i, a in enumerate(client.attempts) if a[-1][1] != 200]
     committed, retried_s = kill
+    # before the kill every request was answered on its first attempt (a retry there would be the
+    # machine's slowness, not the kill, and its answer may rightly be a replay)
+    assert all(len(a) == 1 for a in client.attempts[:killed_request]), [
+        (i, a) for i, a in enumerate(client.attempts[:killed_request]) if len(a) > 1]
     # the lost request: answered by the survivor on the first retry, within the lock's expiry (2 s)
     # when the dead replica held it; from the stored scores when its update was written (nothing
     # applied again). (Caught after the commit, the kill comes within a Redis round trip of it; the

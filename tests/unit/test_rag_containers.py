@@ -206,7 +206,9 @@ def test_nested_members_count_against_one_cap_at_upload(tmp_path: Path) -> None:
     started = time.perf_counter()
     assert archive_members(path, 1000) == 1001  # refused by a 1,000-member upload cap (main's code counted 5)
     assert archive_members(path, 10_000) == 5 * 999 + 5  # every member, the 5 inner zips included
-    assert time.perf_counter() - started < 20
+    # a guard against a count that unpacks (5.5 s for the whole test at load 11 on 2 cores), generous
+    # so that a loaded machine does not fail it; the counts above are what this test checks
+    assert time.perf_counter() - started < 120
 
 
 def test_nested_members_count_against_one_cap_at_ingest(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 _SCRIPT = r'''
 import json, os, sys
 from pathlib import Path
@@ -100,6 +102,7 @@ def _run(script: Path, out: Path, env: dict[str, str], cwd: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+@pytest.mark.slow  # two training processes and their gloo group (~15 CPU-s): make test, not make test-fast
 def test_ddp_two_cpu_processes_shard_data_and_resume(tmp_path: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     script = tmp_path / "train_ddp.py"
