@@ -810,13 +810,14 @@ def test_concurrent_searches_share_one_embedder_call_and_answer_as_alone(loaded:
 
     kb = loaded
     embedder = CountingEmbedder(kb.embedder)
-    with environment({"INDUSFLOW_HOME": str(kb.home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,records"}):
+    # "unfilled": a collection of this engine only, never ingested (test_cli_ingest fills "records")
+    with environment({"INDUSFLOW_HOME": str(kb.home.root), "INDUSFLOW_KB_COLLECTIONS": "legal,medical,unfilled"}):
         engine = KbEngine(configured_collections(kb.home), kb.home, get_kb_settings(), client=kb.client,
                           embedder=embedder)  # type: ignore[arg-type]
         legal, medical = engine.collections["legal"], engine.collections["medical"]
         searches = [Search(legal, "notice period for termination", 3, "hybrid"), Search(medical, "dosing", 2, "dense"),
                     Search(legal, "Geneva arbitration", 3, "hybrid"), Search(legal, "Zephyr", 2, "bm25"),
-                    Search(engine.collections["records"], "anything", 2, "dense")]  # an empty collection
+                    Search(engine.collections["unfilled"], "anything", 2, "dense")]  # an empty collection
         batched = engine.search_many(searches)
         assert embedder.calls == 1
         alone = [engine.search(s.col, s.query, top_k=s.top_k, mode=s.mode) for s in searches]
