@@ -4,7 +4,8 @@ runs that differ only in ``--train-seed`` (each its own ``--out-dir``), on one f
 Per candidate (the ``xfit_*`` rows) and split: the mean over folds of each seed's run, then the mean
 ± sd of that over seeds (the seed noise of a CV figure); "both" averages a seed's two splits (its
 10-fold mean) first. Beside it the spread over every fold x seed, the paired difference from the GBM
-bag (same fold, same seed: the comparison the default rests on) and the validation estimate's bias
+bag (same fold, same seed: the comparison the default rests on; a second table averages it over the
+seeds per fold and gives its standard error over the folds) and the validation estimate's bias
 (held-out minus validation RMSE of what the flow registers).
 
 Usage::
@@ -95,13 +96,33 @@ def bias(runs: dict[tuple[str, str], list[dict]]) -> str:
     return "\n".join(lines) + "\n\nChosen (folds x seeds): " + ", ".join(f"{k} {v}" for k, v in sorted(chosen.items()))
 
 
+def paired(runs: dict[tuple[str, str], list[dict]]) -> str:
+    """Each candidate minus the GBM bag on the same fold, averaged over the seeds first (the seeds
+    share the folds), then the mean, sd and standard error over the folds of every split, and t."""
+    lines = ["| candidate minus GBM bag | mean over folds | sd over folds (n) | standard error | t |",
+             "|---|---|---|---|---|"]
+    for model in CANDIDATES:
+        if model == GBM:
+            continue
+        per_fold: dict[tuple[str, int], list[float]] = defaultdict(list)
+        for (split, _), rows in runs.items():
+            gbm = {r["fold"]: r["rmse"] for r in rows if r["model"] == GBM}
+            for r in rows:
+                if r["model"] == model:
+                    per_fold[(split, r["fold"])].append(r["rmse"] - gbm[r["fold"]])
+        d = np.array([np.mean(v) for v in per_fold.values()])
+        se = d.std(ddof=1) / np.sqrt(len(d))
+        lines.append(f"| {model} | {d.mean():+.2f} | {d.std(ddof=1):.2f} ({len(d)}) | {se:.2f} | {d.mean() / se:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", nargs="+", required=True, help="<split>/<seed>=DIR, one per sensor_cv.py run.")
     parser.add_argument("--out", default=None, help="Also write the tables to this markdown file.")
     args = parser.parse_args()
     runs = {run: rows for run, rows in load(args.runs).items() if rows}
-    text = table(runs) + "\n\n" + bias(runs) + "\n"
+    text = table(runs) + "\n\n" + paired(runs) + "\n\n" + bias(runs) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
