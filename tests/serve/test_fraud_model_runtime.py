@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,27 @@ from tests.serve.fraud_helpers import TinyFraud, train_tiny_fraud
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[HomeLayout, TinyFraud]:
     layout = HomeLayout(tmp_path_factory.mktemp("runtime") / "home")
     return layout, train_tiny_fraud(layout)
+
+
+@pytest.fixture
+def said() -> Iterator[list[str]]:
+    """The module logger's warnings, each emission once: a handler on the logger itself (pytest's caplog
+    sits on the root and, in the whole suite, received each record twice through the project's handlers)."""
+    lines: list[str] = []
+
+    class _Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger, handler = logging.getLogger(OM.__name__), _Said(logging.WARNING)
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _load(tiny: tuple[HomeLayout, TinyFraud]) -> OM.OnlineFraudModel:
@@ -46,21 +68,18 @@ def test_the_served_network_runs_on_onnx_runtime_with_eagers_scores(tiny: tuple[
 
 def test_without_onnxruntime_the_network_runs_eagerly_said_once(tiny: tuple[HomeLayout, TinyFraud],
                                                                  monkeypatch: pytest.MonkeyPatch,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+                                                                 said: list[str]) -> None:
     monkeypatch.setattr(OM, "_told", set())
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime raises ImportError
-    with caplog.at_level(logging.WARNING, logger=OM.__name__):
-        first, second = _load(tiny), _load(tiny)
+    first, second = _load(tiny), _load(tiny)
     assert first.runtime is None and second.runtime is None
-    said = [r.getMessage() for r in caplog.records if r.name == OM.__name__]
     assert len(said) == 1 and "onnxruntime is not installed" in said[0], said
     assert first.predict([]).shape == (0,)
 
 
 def test_a_failed_export_leaves_the_network_in_eager_said_once(tiny: tuple[HomeLayout, TinyFraud],
                                                                monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture,
-                                                               tmp_path: Path) -> None:
+                                                               said: list[str], tmp_path: Path) -> None:
     import infra.onnx
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -68,9 +87,7 @@ def test_a_failed_export_leaves_the_network_in_eager_said_once(tiny: tuple[HomeL
 
     monkeypatch.setattr(OM, "_told", set())
     monkeypatch.setattr(infra.onnx, "export_onnx", broken)
-    with caplog.at_level(logging.WARNING, logger=OM.__name__):
-        models = [_load(tiny), _load(tiny)]
+    models = [_load(tiny), _load(tiny)]
     assert all(m.runtime is None for m in models)
-    said = [r.getMessage() for r in caplog.records if r.name == OM.__name__]
     assert said == ["the fraud network runs in torch eager: its ONNX export failed (RuntimeError: unsupported "
                     "operator)"], said
