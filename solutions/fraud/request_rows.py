@@ -49,6 +49,13 @@ def _not_utf8(value: str) -> bool:
     return False
 
 
+def _short_ascii_text(values: list[Any]) -> bool:
+    """Whether every value is a string (or None) of at most :data:`MAX_ID_CHARS` ASCII characters."""
+    text = [v for v in values if v is not None]
+    return (all(type(v) is str for v in text) and max(map(len, text), default=0) <= MAX_ID_CHARS
+            and "".join(text).isascii())
+
+
 def check_values(records: Sequence[Mapping[str, Any]],
                  columns: Mapping[str, str] | None = None) -> Sequence[Mapping[str, Any]]:
     """Refuse id and category values that no store can hold or that would grow the state without bound,
@@ -71,6 +78,8 @@ def check_values(records: Sequence[Mapping[str, Any]],
     numeric: list[tuple[int, str]] = []  # (row, source column) of integer ids, made text below
     for canonical in _CHECKED_COLUMNS:
         src = mapping.get(canonical, canonical)
+        if _short_ascii_text([rec.get(src) for rec in records]):
+            continue  # the common case, checked in C: nothing below refuses or changes such a column
         bad: list[int] = []
         problem = ""
         is_id = canonical in _ID_COLUMNS
@@ -211,9 +220,6 @@ def validate_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, st
     return Rows.from_frame(table)
 
 
-_MISSING = object()
-
-
 def _sources(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str] | None,
              schema: TableSchema) -> dict[str, str] | None:
     """Canonical -> source column name, or None when the mapping needs the table validation to sort it
@@ -264,6 +270,15 @@ def _plain_number(values: list[Any], spec: ColumnSpec) -> list[float] | None:
     """Numbers: int/float inside the schema's bounds."""
     low = -math.inf if spec.min_value is None else spec.min_value
     bound = math.inf if spec.max_abs is None else spec.max_abs
+    kinds = set(map(type, values))
+    if kinds <= {float} or (kinds <= {float, int} and bound < 2**53 and  # the rules below, on an array
+                            max(map(abs, values)) < 2**53):
+        numbers = np.array(values, dtype=np.float64)
+        known = ~np.isnan(numbers)
+        if not (spec.nullable or known.all()):
+            return None
+        inside = (low <= numbers) & (-bound <= numbers) & (numbers <= bound)  # an int within the bound is exact
+        return numbers.tolist() if bool(np.all(inside | ~known)) else None
     return _plain_floats(values, spec, lambda v, kind: (kind is float or (kind is int and -(2**53) < v < 2**53))
                          and low <= v and -bound <= v <= bound)
 
@@ -300,10 +315,9 @@ def _plain_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str]
     values: dict[str, Any] = {}
     for spec in schema.columns:
         src = source[spec.name]
-        column = [rec.get(src, _MISSING) for rec in records]
+        column = [rec.get(src) for rec in records]
         if spec.name == S.TERMINAL_ID:
-            values["has_terminal"] = any(v is not _MISSING for v in column)
-        column = [None if v is _MISSING else v for v in column]
+            values["has_terminal"] = any(src in rec for rec in records)
         read = _plain_times(column) if spec.kind == "datetime" else _PLAIN[spec.kind](column, spec)
         if read is None:
             return None
