@@ -151,7 +151,7 @@ def window_matrix(windows: Sequence[Mapping[str, float]], names: Sequence[str]) 
     return np.array(out, dtype="float64").reshape(len(windows), len(names))
 
 
-@dataclass
+@dataclass(slots=True)
 class RowInputs:
     """What one transaction feeds the model, before the model's scaling.
 

@@ -178,10 +178,17 @@ _row_step = operator.itemgetter(4)  # an account row's step features
 _row_cats = operator.itemgetter(2, 3)  # an account row's (channel, category)
 
 
-def _same_tx(row: AccountRow, tx: str, t: int, late_ns: int) -> bool:
-    """Whether stored account ``row`` is transaction ``tx`` dated ``t`` (a late row is stored at its
-    account's latest time then, at most ``late_ns`` after its own)."""
-    return len(row) > 5 and row[5] == tx and 0 <= row[0] - t <= late_ns
+def _stored_row(recent: Sequence[AccountRow], tx: str, t: int, late_ns: int) -> AccountRow | None:
+    """The newest of an account's kept rows (in time order) that is transaction ``tx`` dated ``t`` (a
+    late row is stored at its account's latest time then, at most ``late_ns`` after its own); None.
+    Read from the newest row back to the first older than ``t``: no older row can be it."""
+    for row in reversed(recent):
+        stored_t = row[0]
+        if stored_t < t:
+            return None
+        if stored_t - t <= late_ns and len(row) > 5 and row[5] == tx:
+            return row
+    return None
 
 
 def _new_account() -> dict[str, Any]:
@@ -265,7 +272,7 @@ class _Batch:
         late_ns = self.state.late_ns
         for i, (acct, t, tx) in enumerate(zip(rows.accounts, rows.t_ns, rows.tx_ids, strict=True)):
             recent = self.pending.accounts[acct]["recent"]
-            if tx is not None and any(_same_tx(r, tx, t, late_ns) for r in reversed(recent)):
+            if tx is not None and _stored_row(recent, tx, t, late_ns) is not None:
                 raise OrderError(f"row {i}: transaction {tx!r} was already scored; it is not applied twice")
             if recent and t < recent[-1][0] - late_ns:  # the message names no other transaction or time
                 raise OrderError(
@@ -283,8 +290,7 @@ class _Batch:
             return None
         out: list[tuple[float, int]] = []
         for acct, t, tx, amount in zip(rows.accounts, rows.t_ns, rows.tx_ids, rows.amounts, strict=True):
-            stored = next((r for r in reversed(self.pending.accounts[acct]["recent"])
-                           if _same_tx(r, tx, t, self.state.late_ns)), None)
+            stored = _stored_row(self.pending.accounts[acct]["recent"], tx, t, self.state.late_ns)
             if stored is None or len(stored) < 8 or not (stored[1] == amount or (math.isnan(stored[1])
                                                           and math.isnan(amount))):
                 return None
@@ -374,52 +380,52 @@ class _Batch:
 
         out: list[RowInputs] = []
         late_ns, history_len, max_recent = self.state.late_ns, self.state.history_len, self.state.max_recent
-        account_rows, applied = journal.account_rows, self._applied
+        account_rows, applied, docs = journal.account_rows, self._applied, self.pending.accounts
+        window_ns = wmax * _NS_PER_DAY
         for i, acct_id in enumerate(accounts):
             if i == run_end:
                 run_start, run_end = i, run_ends.pop(0)
-                steps, wins = run_features(self.pending.accounts, self.pending.terminals, windows,
+                steps, wins = run_features(docs, self.pending.terminals, windows,
                                            self.state.max_recent, r, run_start, run_end, delay_days)
-            step, win = steps[i - run_start], wins[i - run_start]
-            t_own, amount = t_ns[i], amounts[i]
-            acct = self.pending.accounts[acct_id]
+            step = steps[i - run_start]
+            t_own, amount, tx, channel, category = t_ns[i], amounts[i], tx_ids[i], channels[i], categories[i]
+            acct = docs[acct_id]
             recent: list[AccountRow] = acct["recent"]
-            if recent and t_own < recent[-1][0] - late_ns:
-                raise OrderError(f"row {i}: older than the latest transaction already scored for its account")
-            # a late row (within the tolerance) joins its account right after the latest row
-            t = max(t_own, recent[-1][0]) if recent else t_own
-            term = terminals[i]
+            t = t_own
+            if recent:
+                latest = recent[-1][0]
+                if t_own < latest - late_ns:
+                    raise OrderError(f"row {i}: older than the latest transaction already scored for its account")
+                if latest > t_own:  # a late row (within the tolerance) joins its account right after the latest row
+                    t = latest
             before = recent[-hist:] if hist else ()
-            out.append(RowInputs(
-                steps=[*map(_row_step, before), step],
-                step_cats=[*map(_row_cats, before), (channels[i], categories[i])],
-                window=win,
-                static=(ages[i], acc_ages[i]),
-                occupation=occupations[i],
-            ))
+            out.append(RowInputs([*map(_row_step, before), step], [*map(_row_cats, before), (channel, category)],
+                                 wins[i - run_start], (ages[i], acc_ages[i]), occupations[i]))
             # -- add the row to the state
-            row = (t, amount, channels[i], categories[i], step, tx_ids[i])
+            row = (t, amount, channel, category, step, tx)
             recent.append(row)
-            account_rows.append((acct_id, acct["seq"], row))
+            seq = acct["seq"]
+            account_rows.append((acct_id, seq, row))
             applied.append((acct_id, len(account_rows) - 1))
-            acct["seq"] += 1
+            acct["seq"] = seq + 1
             touched.add(acct_id)
-            keep_from = t - wmax * _NS_PER_DAY
-            cut = 0
-            while cut < len(recent) - history_len and recent[cut][0] <= keep_from:
-                cut += 1
-            cut = max(cut, len(recent) - max_recent)
-            if cut:
-                del recent[:cut]
-                journal.account_cut[acct_id] = acct["seq"] - len(recent)
-            if not math.isnan(amount):
+            if len(recent) > history_len:  # rows past the history and outside the longest window leave
+                keep_from = t - window_ns
+                cut = 0
+                while cut < len(recent) - history_len and recent[cut][0] <= keep_from:
+                    cut += 1
+                cut = max(cut, len(recent) - max_recent)
+                if cut:
+                    del recent[:cut]
+                    journal.account_cut[acct_id] = acct["seq"] - len(recent)
+            if amount == amount:  # not NaN
                 acct["n"] += 1
                 acct["sum"] += max(amount, 0.0)
             if step[_NEW_TERMINAL]:
-                acct["terms"].append(term)
+                acct["terms"].append(terminals[i])
             if has_terminal:
-                self._add_terminal_row(term if term is not None else NULL_TERMINAL, t_own, labels[i], tx_ids[i],
-                                       span_ns)
+                term = terminals[i]
+                self._add_terminal_row(term if term is not None else NULL_TERMINAL, t_own, labels[i], tx, span_ns)
         return out
 
     def record_label(self, terminal: str, tx: str, t: int, label: float) -> bool:
@@ -441,9 +447,14 @@ class _Batch:
         trows = tdoc["rows"]
         trow = (t, None if math.isnan(label) else float(label), tx, tdoc["next"])
         tdoc["next"] += 1
-        trows.insert(bisect.bisect_right(trows, t, key=row_time), trow)
+        if trows and trows[-1][0] > t:
+            trows.insert(bisect.bisect_right(trows, t, key=row_time), trow)
+        else:  # the common case: the terminal's newest row
+            trows.append(trow)
         self._journal.terminal_rows.append((term_key, trow))
         horizon = trows[-1][0] - span_ns
+        if trows[0][0] >= horizon and len(trows) <= self.state.max_terminal_rows:
+            return  # nothing leaves
         drop = max(bisect.bisect_left(trows, horizon, key=row_time), len(trows) - self.state.max_terminal_rows)
         if drop > 0:
             self._journal.dropped += [(term_key, row) for row in trows[:drop]]
