@@ -301,6 +301,19 @@ def _plain_times(values: list[Any]) -> pd.DatetimeIndex | None:
         return None
 
 
+_NS_PER_MINUTE = 60 * 10**9
+_EPOCH_WEEKDAY = 3  # 1970-01-01 was a Thursday (Monday 0)
+
+
+def _naive_clock(t_ns: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+    """Hour, minute and weekday (Monday 0) of naive timestamps (int64 ns): pandas' ``hour``,
+    ``minute`` and ``day_of_week`` by the same floor arithmetic, without their fixed cost per call
+    (~0.1 ms each: a third of a one-row request's validation)."""
+    minutes = t_ns // _NS_PER_MINUTE
+    days = minutes // (24 * 60)
+    return ((minutes // 60) % 24).tolist(), (minutes % 60).tolist(), ((days + _EPOCH_WEEKDAY) % 7).tolist()
+
+
 _PLAIN = {"id": _plain_text, "category": _plain_text, "str": _plain_text, "float": _plain_number,
           "int": _plain_number, "binary": _plain_label}
 
@@ -323,14 +336,14 @@ def _plain_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str]
             return None
         values[spec.name] = read
     stamps: pd.DatetimeIndex = values[S.TIMESTAMP]
+    hours, minutes, dows = _naive_clock(stamps.asi8)
     t_ns = stamps.asi8.tolist()
     last: dict[str, int] = {}
     for acct, t in zip(values[S.ACCOUNT_ID], t_ns, strict=True):
         if last.get(acct, t) > t:
             return None  # out of time order: the table validation names the rows
         last[acct] = t
-    return Rows(t_ns=t_ns, hours=stamps.hour.tolist(), minutes=stamps.minute.tolist(),
-                dows=stamps.day_of_week.tolist(), accounts=values[S.ACCOUNT_ID], terminals=values[S.TERMINAL_ID],
+    return Rows(t_ns=t_ns, hours=hours, minutes=minutes, dows=dows, accounts=values[S.ACCOUNT_ID], terminals=values[S.TERMINAL_ID],
                 amounts=values[S.AMOUNT], labels=values[S.LABEL], tx_ids=values[S.TRANSACTION_ID],
                 channels=values[S.CHANNEL], categories=values[S.CATEGORY], ages=values[S.AGE],
                 acc_ages=values[S.ACCOUNT_AGE_DAYS], occupations=values[S.OCCUPATION],
