@@ -1,15 +1,18 @@
 """Ingest jobs of the knowledge-base API (:class:`IngestJobs`, a part of :class:`~flows.serve.kb_engine.KbEngine`).
 
-Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the :data:`INGEST_DEPLOYMENT`
-deployment on its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
-lower CPU priority, its own session); it records its progress in the job's file under the home
-(:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
-(one dispatch thread per collection here; the collection's lock file across replicas). A job
-whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
-(ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
-reason; on start the engine recovers the jobs left queued or running by a process that is gone.
+An upload's ingest is a ``rag-ingest`` flow run of a deployment, submitted with ``run_deployment(timeout=0)``
+and executed by Prefect: the :data:`INGEST_DEPLOYMENT` on its work pool when a Prefect server serves it (a
+worker polls the pool), else the deployment that this API's Prefect runner serves against Prefect's
+temporary server (:mod:`flows.serve.kb_runner`; the runner's ``limit`` bounds the runs at once). The run
+records its progress in the job's file under the home (:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}``
+reads (Prefect's run holds no per-file status). A dispatch thread per collection still submits its jobs one
+at a time and waits for each run (not yet replaced by Prefect's own concurrency: issue 48). What Prefect does
+not do, kept here: a run that Prefect marks Crashed (a killed run process: flow retries cover exceptions
+only) or that a dead API left Running (no automations on the temporary server) is submitted again (ingest
+is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the reason; a run past
+``INDUSFLOW_KB_INGEST_TIMEOUT_S`` is cancelled through Prefect and its unfinished files quarantined.
 An engine built with ``ingest_in_thread=True`` runs its jobs on a thread of its own process instead, with
-the Milvus client and embedder it was handed (the tests' fakes and fuzzers: a child process cannot use them).
+the Milvus client and embedder it was handed (the tests' fakes and fuzzers: a run's process cannot use them).
 """
 
 from __future__ import annotations
@@ -24,14 +27,12 @@ import queue
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any
 
 from infra.errors import IndusflowError
@@ -105,8 +106,9 @@ class IngestJobs:
         self._jobs_lock = threading.Lock()
         self._on_job = on_job
         self._closed = False
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._last_exit: dict[str, str] = {}
+        self._runner = None  # the Prefect Runner serving rag-ingest here (the embedded default), started on first use
+        self._runner_lock = threading.Lock()
 
     def submit(self, col: KbCollection, names: list[str]) -> IngestJob:
         """Queue an ingest run of ``col`` for the files just written; returns its job."""
@@ -246,16 +248,15 @@ class IngestJobs:
                     self._start_deployment(current)
                     self._wait_record(current, self._run_finished)
                 else:
-                    proc = self._start_child(current)
+                    self.served_here()
+                    self._start_deployment(current)
                     deadline = time.monotonic() + self.settings.ingest_timeout_s
-                    self._wait_record(current, lambda _job, p=proc, d=deadline: p.poll() is not None
-                                      or time.monotonic() > d)
-                    if proc.poll() is None and time.monotonic() > deadline and not self._closed:
-                        self._time_out(job.job_id, proc.pid, proc)
+                    self._wait_record(current, lambda j, d=deadline: self._run_finished(j) or time.monotonic() > d)
+                    if time.monotonic() > deadline and not self._run_finished(current) and not self._closed:
+                        self._cancel_run(current)
+                        self._time_out(job.job_id, None)
                         break
-                    if proc.poll() is not None:
-                        code = proc.returncode
-                        self._last_exit[job.job_id] = (f"signal {-code}" if code < 0 else f"exit code {code}")
+                    self._last_exit[job.job_id] = self._run_end(current)
             except Exception as exc:  # noqa: BLE001 - a job that cannot be started fails with the reason
                 log.error("kb ingest job %s could not be started: %s", job.job_id, type(exc).__name__)
                 self._fail(current, f"the ingest could not be started: {error_text(exc)}")
@@ -286,14 +287,29 @@ class IngestJobs:
             return self.settings.ingest_timeout_s
         return self.settings.ingest_timeout_s - (dt.datetime.now(dt.UTC) - started).total_seconds()
 
-    def _time_out(self, job_id: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
+    def _cancel_run(self, job: IngestJob, wait_s: float = 60) -> None:
+        """Cancel the job's flow run through Prefect (its runner kills the run's process) and wait for its end."""
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelling
+
+        with self._prefect(), get_client(sync_client=True) as client:
+            client.set_flow_run_state(job.flow_run_id, Cancelling(message="past INDUSFLOW_KB_INGEST_TIMEOUT_S"),
+                                      force=True)
+        ends = time.monotonic() + wait_s
+        while not self._run_finished(job) and time.monotonic() < ends:
+            time.sleep(0.2)
+
+    def _time_out(self, job_id: str, pid: int | None, proc: subprocess.Popen[bytes] | None = None) -> None:
         """Stop a child past the time limit (its whole process group: it runs in a session of its
         own), quarantine the files it was working on until they change, and fail the job (it is not
         started again)."""
         limit = self.settings.ingest_timeout_s
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        if proc is not None:
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        if pid is None:
+            pass  # a flow run: cancelled through Prefect
+        elif proc is not None:
             proc.wait(timeout=60)
         else:  # an adopted child (another process's): wait until it is gone
             ends = time.monotonic() + 60
@@ -336,24 +352,31 @@ class IngestJobs:
             env["INDUSFLOW_EMBED_MODEL"] = model
         return env
 
-    def _start_child(self, job: IngestJob) -> subprocess.Popen[bytes]:
-        """``python -m flows.rag.job JOB_ID`` in its own session (it outlives a crash of this
-        process and is adopted by the next start), its output in ``<id>.log`` beside the record."""
-        job.how, job.pid, job.flow_run_id, job.flow_run_name = "process", None, None, flow_run_name(job)
-        self._record(job)
-        log_path = self.layout.kb_jobs() / f"{job.job_id}.log"
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    def served_here(self) -> None:
+        """Start the Prefect runner serving the ingest deployment for this process (once), against
+        Prefect's temporary server (:mod:`flows.serve.kb_runner`)."""
+        from flows.serve.kb_runner import IngestRunner
+
+        with self._runner_lock:
+            if self._runner is None:
+                runner = IngestRunner(MAX_ACTIVE_JOBS, self.child_env(), self.layout.kb_jobs() / "runner.log",
+                                      self.layout.root)
+                runner.start()
+                self._runner = runner
+
+    def _run_end(self, job: IngestJob) -> str:
+        """How the job's flow run ended, in words (its state's name)."""
+        from prefect.client.orchestration import get_client
+
+        current = load_job(self.layout.kb_jobs(), job.job_id) or job
+        if not current.flow_run_id:
+            return "its flow run is gone"
         try:
-            proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, job.job_id], env=self.child_env(),
-                                    stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                    cwd=str(Path(__file__).resolve().parents[2]))
-        finally:
-            os.close(fd)
-        with self._jobs_lock:
-            self._children[job.job_id] = proc
-        job.pid = proc.pid  # the child records its own pid as it starts (this process never writes after it)
-        log.info("kb ingest job %s of %s: child process %d", job.job_id, job.collection, proc.pid)
-        return proc
+            with self._prefect(), get_client(sync_client=True) as client:
+                state = client.read_flow_run(current.flow_run_id).state
+        except Exception as exc:  # noqa: BLE001
+            return f"its flow run cannot be read ({type(exc).__name__})"
+        return f"its flow run {state.name if state else 'has no state'}"
 
     def deployment_ready(self) -> bool:
         """Whether jobs go to the configured deployment: a Prefect API is configured
@@ -375,7 +398,8 @@ class IngestJobs:
     def deployment_call(self, job: IngestJob) -> dict[str, Any]:
         """The ``run_deployment`` arguments of a job (the job id is its only parameter: no
         document name or personal data reaches Prefect)."""
-        return {"name": INGEST_DEPLOYMENT, "parameters": {"job": job.job_id},
+        name = self._runner.deployment if self._runner is not None else INGEST_DEPLOYMENT
+        return {"name": name, "parameters": {"job": job.job_id},
                 "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
                 "tags": ["kb-upload"]}
 
@@ -384,13 +408,18 @@ class IngestJobs:
 
         job.how, job.pid, job.flow_run_name = "deployment", None, flow_run_name(job)
         self._record(job)
-        run = run_deployment(**self.deployment_call(job))
+        with self._prefect():
+            run = run_deployment(**self.deployment_call(job))
         job.flow_run_id = str(run.id)
         current = load_job(self.layout.kb_jobs(), job.job_id)
         if current is not None and current.active and current.flow_run_id is None:  # else its run recorded it
             current.flow_run_id = job.flow_run_id
             self._record(current)
         log.info("kb ingest job %s of %s: flow run %s", job.job_id, job.collection, run.id)
+
+    def _prefect(self) -> AbstractContextManager[object]:
+        """The Prefect settings of calls about this engine's runs: its runner's server when it serves them."""
+        return self._runner.settings() if self._runner is not None else contextlib.nullcontext()
 
     def _run_finished(self, job: IngestJob) -> bool:
         """Whether the job's deployment run is over (a final state, or unknown to the API)."""
@@ -399,7 +428,7 @@ class IngestJobs:
         if not job.flow_run_id:
             return True
         try:
-            with get_client(sync_client=True) as client:
+            with self._prefect(), get_client(sync_client=True) as client:
                 state = client.read_flow_run(job.flow_run_id).state
         except Exception as exc:  # noqa: BLE001 - the API is away: wait on (the record says when it ends)
             log.debug("cannot read flow run %s: %s", job.flow_run_id, type(exc).__name__)

@@ -117,7 +117,7 @@ def test_an_upload_is_ingested_by_a_child_flow_run_and_searchable(srv: Srv) -> N
     # a rag-ingest flow run of its own, named without any document name, in another process
     assert job["flow_run_id"] and job["flow_run_name"] == f"kb-legal-{job_id}"
     rec = record(srv, job_id)
-    assert rec["how"] == "process" and rec["pid"] != os.getpid() and rec["attempts"] == 1
+    assert rec["how"] == "deployment" and rec["pid"] != os.getpid() and rec["attempts"] == 1
     assert stat.S_IMODE((srv.home.kb_jobs() / f"{job_id}.json").stat().st_mode) == 0o600
     assert "ninety-seven days" in hits["passages"][0]["text"] and hits["passages"][0]["document"] == "lease.txt"
 
@@ -132,7 +132,7 @@ def test_a_child_killed_with_sigkill_is_started_again(srv: Srv) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(3)  # well inside its start (Prefect, the embedder)
-        os.killpg(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         job = wait_job(c, srv, job_id)
     assert job["state"] == "done" and job["files"][0]["status"] == "indexed", job
     rec = record(srv, job_id)
