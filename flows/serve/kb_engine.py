@@ -6,7 +6,7 @@ It joins the same solution and task functions as ``python -m flows.rag`` (Tika p
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use.
 
-Ingest jobs (:mod:`flows.serve.kb_jobs`: a deployment run, a child process or a thread) are the
+Ingest jobs (:mod:`flows.serve.kb_jobs`: a deployment's flow run, or a thread with the tests' fakes) are the
 engine's :class:`~flows.serve.kb_jobs.IngestJobs` part.
 Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
 home (``INDUSFLOW_HOME``), as for the flows.
@@ -163,17 +163,8 @@ class KbEngine(IngestJobs):
         return document_rules(self.params.chunk, self.params.redaction, embedder.name, embedder_window(embedder))
 
     def close(self) -> None:
-        """Stop the job workers and close the client it opened. A job on a thread finishes
-        first; a team server's deployment run goes on (the next start adopts it); this process's
-        runner stops with its runs (their jobs stay active: the next start submits them again)."""
-        self._closed = True
-        for q in self._queues.values():
-            q.put(None)
-        for worker in self._workers.values():
-            worker.join(timeout=60)
-        if self._runner is not None:
-            self._runner.stop()
-            self._runner = None
+        """Stop the ingest jobs (:meth:`~flows.serve.kb_jobs.IngestJobs.close_jobs`) and close the client it opened."""
+        self.close_jobs()
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None
