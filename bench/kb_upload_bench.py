@@ -5,7 +5,9 @@ The real server (``python -m flows.serve`` on 127.0.0.1, kb only) on a throwaway
 and Milvus Lite. When ``/readyz`` answers, the collection's documents are listed (what the KB page does when
 it opens), then ``--wait-s`` later (a user picking a file; 0: the worst case) one small text file is uploaded
 and its job polled until ``done``; then ``--more`` uploads one after the other.
-Each figure is POST to ``done`` (seconds). The server's own account of its Prefect runner's start (the
+Each figure is POST to ``done`` (seconds), with the job's own record split in two (whole seconds): created to
+running (Prefect picks the run up, its process starts, imports and takes the collection's lock) and running to
+done (the ingest, the embedder's load included). The server's own account of its Prefect runner's start (the
 temporary server, then the runner and its deployments) is read from its log when the code logs it. The
 load average before and after is part of the line: the cores may be shared, read the load.
 
@@ -16,6 +18,7 @@ Usage: ``python bench/kb_upload_bench.py [--wait-s 0] [--more 2] [--fresh-prefec
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import re
@@ -49,8 +52,11 @@ def upload_until_done(url: str, key: str, n: int, timeout_s: float) -> dict[str,
         while job["state"] not in ("done", "failed") and time.monotonic() - t0 < timeout_s:
             time.sleep(0.25)
             job = c.get(f"{url}/v1/kb/jobs/{job['job_id']}").json()
+    span = {k: dt.datetime.fromisoformat(job[k]) for k in ("created_at", "started_at", "finished_at") if job.get(k)}
+    phases = {"to_running_s": (span["started_at"] - span["created_at"]).total_seconds(),
+              "running_s": (span["finished_at"] - span["started_at"]).total_seconds()} if len(span) == 3 else {}
     return {"seconds": round(time.monotonic() - t0, 1), "accepted_s": round(accepted_s, 2), "state": job["state"],
-            "error": job.get("error")}
+            "error": job.get("error")} | phases
 
 
 def main() -> None:
@@ -60,6 +66,7 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="the longest an upload is waited for")
     parser.add_argument("--fresh-prefect-home", action="store_true",
                         help="an empty PREFECT_HOME (Prefect's first start on a machine: its database migrations)")
+    parser.add_argument("--keep", action="store_true", help="keep the home (its server.log, kb-jobs/runner.log)")
     args = parser.parse_args()
 
     from infra.serving.auth import KeyStore
@@ -95,7 +102,10 @@ def main() -> None:
         if found:
             out["runner_start"] = {"temporary_server_s": float(found[1]), "runner_s": float(found[2])}
         out["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
-        shutil.rmtree(home, ignore_errors=True)
+        if args.keep:
+            out["home"] = str(home)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
     print(json.dumps(out))
 
 

@@ -122,8 +122,6 @@ class KbApi:
         col = self.collections.get(name)
         if col is None:
             raise HTTPException(404, f"no collection {name!r} is served (INDUSFLOW_KB_COLLECTIONS)")
-        if write and principal.allows(col.write_scope):
-            self.engine.start_runner()  # (once, in the background) an upload may follow: Prefect's runner
         return col
 
     def queue_room(self, col: KbCollection) -> None:
@@ -221,6 +219,8 @@ class KbApi:
         """Each document of a collection: indexed (with its chunk count), quarantined (with the
         reason) or pending (not ingested yet, or being ingested)."""
         col = self.allowed(principal, collection, read=True, write=True)
+        if principal.allows(col.write_scope):
+            self.engine.start_runner()  # (once, in the background) an upload may follow: Prefect's runner
         docs = await run_in_threadpool(self.engine.documents, col)
         annotate_audit(request, collection=col.name, documents=len(docs))
         return {"collection": col.name, "documents": [d.public() for d in docs]}

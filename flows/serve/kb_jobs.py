@@ -228,8 +228,8 @@ class IngestJobs:
 
     def start_runner(self) -> None:
         """Start this API's runner in the background (once) unless jobs run on threads: called when a key that
-        may write a collection first uses it (the page lists its documents before a file is picked), so the
-        upload that follows finds the runner ready. Not at the server's start: every server serves the KB
+        may write a collection lists its documents (the page does as it opens, before a file is picked), so
+        the upload that follows finds the runner ready (else the upload starts it). Not at the server's start: every server serves the KB
         (collection ``default``), and a fraud-only server would pay a temporary Prefect server, a runner
         process and the Milvus Lite store for nothing."""
         with self._jobs_lock:

@@ -70,10 +70,18 @@ class IngestRunner:
         self.timings: dict[str, float] = {}  # seconds of the start: the temporary server, then the runner
 
     def deployment(self, collection: str, timeout_s: float = START_TIMEOUT_S) -> str:
-        """The deployment of ``collection``'s uploads (``flow/deployment``), once the runner serves it."""
+        """The deployment of ``collection``'s uploads (``flow/deployment``), once the runner serves it. A start
+        that failed is tried again by the next call."""
         self.start_soon()
-        if not self._started.wait(timeout_s) or self._error is not None:
-            raise RuntimeError(f"the KB ingest runner did not start (see {self.log_path})") from self._error
+        if not self._started.wait(timeout_s):
+            raise RuntimeError(f"the KB ingest runner did not start in {timeout_s:g} s (see {self.log_path})")
+        error = self._error
+        if error is not None:
+            with self._lock:
+                if self._error is error:  # the next call starts it again
+                    self._thread, self._error = None, None
+                    self._started.clear()
+            raise RuntimeError(f"the KB ingest runner did not start: {error} (see {self.log_path})") from error
         return f"rag-ingest/{deployment_name(self.name, collection)}"
 
     def settings(self) -> AbstractContextManager[object]:
@@ -115,7 +123,9 @@ class IngestRunner:
         # a queued run asks again for its collection's slot after this wait (Prefect's default, 30 s, would
         # be most of a second upload's wait)
         with temporary_settings(set_defaults={"server.deployments.concurrency_slot_wait_seconds": SLOT_WAIT_S}):
-            server.start()
+            # Prefect's own wait (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, 20 s of sleeps) ran out at a
+            # load of 12 on 2 cores while the API loaded its embedder (measured: RuntimeError, no upload ran)
+            server.start(timeout=timeout_s)
         self.api_url = server.api_url
         self.timings["server_s"] = time.monotonic() - t0
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -131,6 +141,7 @@ class IngestRunner:
         names = [f"rag-ingest/{deployment_name(self.name, c)}" for c in self.collections]
         while not self._registered(deployment_exists, names):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()  # the next try starts another
                 raise RuntimeError(f"the KB ingest runner did not start (see {self.log_path})")
             time.sleep(0.25)
         self.timings["runner_s"] = time.monotonic() - t0 - self.timings["server_s"]
@@ -144,7 +155,7 @@ class IngestRunner:
 
     def stop(self) -> None:
         """Stop the runner process (SIGTERM: Prefect's Runner stops its runs)."""
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=START_TIMEOUT_S)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
