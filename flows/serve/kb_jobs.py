@@ -218,11 +218,13 @@ class IngestJobs:
         """This API's Prefect runner (:mod:`flows.serve.kb_runner`), started on a thread on first use."""
         from flows.serve.kb_runner import IngestRunner
 
-        with self._jobs_lock:
-            if self._runner is None:
-                self._runner = IngestRunner(MAX_ACTIVE_JOBS, self.child_env(), self.layout.kb_jobs() / "runner.log",
-                                            self.layout.root, sorted(self.collections))
-            runner = self._runner
+        if self._runner is None:
+            env = self.child_env()  # outside the lock: it may open the Milvus Lite store
+            with self._jobs_lock:
+                if self._runner is None:
+                    self._runner = IngestRunner(MAX_ACTIVE_JOBS, env, self.layout.kb_jobs() / "runner.log",
+                                                self.layout.root, sorted(self.collections))
+        runner = self._runner
         runner.start_soon()
         return runner
 
