@@ -1,9 +1,9 @@
 """An upload's ingest job, run as a ``rag-ingest`` flow run outside the API process.
 
 The knowledge-base API (:mod:`flows.serve.kb`) stages the uploaded files in the collection's
-watched folder, records the job under ``<home>/serving/kb-jobs/<id>.json`` and starts
-``python -m flows.rag.job JOB_ID`` (a child process at lower CPU priority), or the
-``rag-ingest`` deployment with ``job=JOB_ID`` on a work pool. Either way the flow run ingests the
+watched folder, records the job under ``<home>/serving/kb-jobs/<id>.json`` and creates a run of
+a ``rag-ingest`` deployment with ``job=JOB_ID`` (:mod:`flows.serve.kb_jobs`: its own Prefect runner's,
+:mod:`flows.rag.runner`, or a team server's on a work pool). The flow run ingests the
 collection's whole watched folder (incremental: unchanged files cost a hash; files gone from it
 are pruned) while holding the collection's write lock (the file ``<home>/rag/<milvus>.kb.lock``,
 the lock the API's deletions take), and writes the job's progress to its record: ``running``
@@ -17,10 +17,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import signal
-import sys
-import threading
-import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +31,7 @@ from infra.store import sha256_file
 from solutions.rag.collections import KbCollection, kb_collection
 from solutions.rag.config import IngestParams
 from solutions.rag.ingest import document_rules
-from solutions.rag.library import IngestJob, error_text, flow_run_name, load_job, now, save_job, status_of
+from solutions.rag.library import IngestJob, error_text, load_job, now, save_job, status_of
 from tasks.chunk import embedder_window
 from tasks.documents import reason_text
 from tasks.index import load_manifest
@@ -132,58 +128,3 @@ def run_kb_job(job_id: str, *, client: Any, embedder: Embedder, stages: IngestSt
     finally:
         job.finished_at = None if job.active else now()
         save_job(folder, job)
-
-
-def mark_failed(job_id: str, exc: BaseException, layout: HomeLayout | None = None) -> None:
-    """Record a job as failed when its flow run could not even start (it never ran)."""
-    folder = (layout or home_layout()).kb_jobs()
-    job = load_job(folder, job_id)
-    if job is not None and job.active:
-        job.state, job.error, job.finished_at = "failed", error_text(exc), now()
-        for f in job.files:
-            f["status"] = "failed"
-        save_job(folder, job)
-
-
-def _stop_with_parent(parent: int, every_s: float = 0.5) -> None:
-    while os.getppid() == parent:
-        time.sleep(every_s)
-    log.warning("the API process is gone: stopping (its next start runs the job again)")
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m flows.rag.job JOB_ID``: run the job as a ``rag-ingest`` flow run (what the API
-    starts as a child process). Exit code 0 when done, 1 when failed, 2 for a bad job id."""
-    from flows.rag.ingest import rag_ingest
-    from infra.prefect_env import prefect_cli_settings
-    from solutions.rag.library import JOB_ID
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1 or not JOB_ID.fullmatch(args[0]):
-        print("usage: python -m flows.rag.job JOB_ID (16 hexadecimal characters)", file=sys.stderr)
-        return 2
-    job_id = args[0]
-    os.nice(INGEST_NICENESS)
-    if os.environ.get("INDUSFLOW_MILVUS_URI", "").startswith("unix:"):
-        # the API's Milvus Lite store closes with the API: stop with it (the job stays queued and the
-        # API's next start runs it again) rather than fail on a store that is gone
-        threading.Thread(target=_stop_with_parent, args=(os.getppid(),), daemon=True).start()
-    job = load_job(home_layout().kb_jobs(), job_id)
-    if job is None:
-        print(f"error: no ingest job {job_id} is recorded under the home", file=sys.stderr)
-        return 2
-    job.pid = os.getpid()  # before Prefect starts: whoever recovers jobs sees this process working on it
-    save_job(home_layout().kb_jobs(), job)
-    try:
-        with prefect_cli_settings():
-            rag_ingest.with_options(flow_run_name=flow_run_name(job))(job=job_id)
-    except Exception as exc:  # noqa: BLE001 - recorded on the job (the flow may not have started)
-        mark_failed(job_id, exc)
-        print(f"error: the ingest job failed ({type(exc).__name__})", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -198,7 +198,7 @@ class KbApi:
         except UploadRefused as exc:
             raise HTTPException(exc.status, str(exc)) from None
         col, names = staged.collection, [f.name for f in staged.files]
-        job = self.engine.submit(col, names)
+        job = await run_in_threadpool(self.engine.submit, col, names)  # creates its flow run
         self.metrics.uploads.labels(collection=col.name).inc(len(names))
         annotate_audit(request, collection=col.name, files=len(names), bytes=written, members=staged.members,
                        job_id=job.job_id)
@@ -219,6 +219,8 @@ class KbApi:
         """Each document of a collection: indexed (with its chunk count), quarantined (with the
         reason) or pending (not ingested yet, or being ingested)."""
         col = self.allowed(principal, collection, read=True, write=True)
+        if principal.allows(col.write_scope):
+            self.engine.start_runner()  # (once, in the background) an upload may follow: Prefect's runner
         docs = await run_in_threadpool(self.engine.documents, col)
         annotate_audit(request, collection=col.name, documents=len(docs))
         return {"collection": col.name, "documents": [d.public() for d in docs]}
@@ -264,7 +266,7 @@ def build(services: Services, *, client: Any = None, embedder: Embedder | None =
         client: a Milvus client (tests); default: the configured one, opened on first use.
         embedder: an embedder (tests); default: the configured one, loaded on first use.
         ingest_in_thread: run upload ingests on a thread of this process with ``client`` and ``embedder``
-            (tests); default: outside it, as a deployment's flow run or a child process.
+            (tests with fakes); default: outside it, as a deployment's flow run.
     """
     settings = get_kb_settings()
     metrics = KbMetrics(services.metrics.registry)

@@ -6,7 +6,7 @@ It joins the same solution and task functions as ``python -m flows.rag`` (Tika p
 and chunking rules, embeddings, Milvus dense + BM25, weighted fusion, extractive or LLM answers),
 with one Milvus client and one embedder per server, loaded on first use.
 
-Ingest jobs (:mod:`flows.serve.kb_jobs`: a deployment run, a child process or a thread) are the
+Ingest jobs (:mod:`flows.serve.kb_jobs`: a deployment's flow run, or a thread with the tests' fakes) are the
 engine's :class:`~flows.serve.kb_jobs.IngestJobs` part.
 Ingest state (the quarantine caches, the path-tag key of the redactor) lives in the configured
 home (``INDUSFLOW_HOME``), as for the flows.
@@ -14,11 +14,8 @@ home (``INDUSFLOW_HOME``), as for the flows.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
-import os
-import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +28,7 @@ from flows.serve.kb_jobs import MAX_ACTIVE_JOBS, IngestJobs
 from infra.embeddings import Embedder, embedder_from_settings, encode_queries
 from infra.home import HomeLayout
 from infra.llm import ChatClient
-from infra.milvus import open_client, row_count, shared_uri
+from infra.milvus import open_client, row_count
 from infra.pii import redact_path, redact_text, tag_key
 from infra.settings import KbSettings, get_llm_settings, get_milvus_settings
 from infra.store import write_json_atomic
@@ -166,22 +163,8 @@ class KbEngine(IngestJobs):
         return document_rules(self.params.chunk, self.params.redaction, embedder.name, embedder_window(embedder))
 
     def close(self) -> None:
-        """Stop the job workers and close the client it opened. A job on a thread finishes
-        first; a child process or deployment run goes on (the next start adopts it), but a
-        child of this process is stopped (SIGTERM) when this process is itself not being
-        killed: its Milvus Lite store closes with this process."""
-        self._closed = True
-        for q in self._queues.values():
-            q.put(None)
-        for worker in self._workers.values():
-            worker.join(timeout=60)
-        with self._jobs_lock:
-            children = list(self._children.values())
-        lite = self._client is not None and shared_uri(self._client) is not None
-        for proc in children:
-            if proc.poll() is None and lite:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
+        """Stop the ingest jobs (:meth:`~flows.serve.kb_jobs.IngestJobs.close_jobs`) and close the client it opened."""
+        self.close_jobs()
         if self._own_client and self._client is not None:
             self._client.close()
             self._client = None

@@ -1,15 +1,38 @@
 """Ingest jobs of the knowledge-base API (:class:`IngestJobs`, a part of :class:`~flows.serve.kb_engine.KbEngine`).
 
-Ingest jobs run outside the API process: a job is a ``rag-ingest`` flow run, started as the :data:`INGEST_DEPLOYMENT`
-deployment on its work pool when the Prefect API has it, else as a child process (``python -m flows.rag.job``,
-lower CPU priority, its own session); it records its progress in the job's file under the home
-(:mod:`flows.rag.job`), which ``GET /v1/kb/jobs/{id}`` reads. One job at a time per collection
-(one dispatch thread per collection here; the collection's lock file across replicas). A job
-whose process died (a crash, ``kill -9``, the API restarted meanwhile) is started again
-(ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
-reason; on start the engine recovers the jobs left queued or running by a process that is gone.
-An engine built with ``ingest_in_thread=True`` runs its jobs on a thread of its own process instead, with
-the Milvus client and embedder it was handed (the tests' fakes and fuzzers: a child process cannot use them).
+An upload's ingest is a ``rag-ingest`` flow run of a deployment, created by ``submit`` with
+``run_deployment(timeout=0)`` and executed by Prefect: the :data:`INGEST_DEPLOYMENT` on its work pool when a
+Prefect server serves it (a worker polls the pool), else the collection's deployment that this API's Prefect
+runner serves against Prefect's temporary server (:mod:`flows.serve.kb_runner`, started with the server).
+There is no queue here: Prefect orders the runs. On the runner each collection's deployment has a
+concurrency limit of 1 (a second upload's run waits in Prefect as ``AwaitingConcurrencySlot``) and the
+runner's ``limit`` bounds the runs at once; on a team server the runs of one collection wait for the
+collection's write lock inside the run (:func:`flows.rag.job.collection_lock`, the lock that also keeps the
+API's deletions out). The run records its progress in the job's file under the home (:mod:`flows.rag.job`),
+which ``GET /v1/kb/jobs/{id}`` reads (Prefect's run holds no per-file status).
+
+What Prefect does not do on the temporary server, kept here as one watcher thread that reads the states of
+this process's runs (no queue, no ordering):
+
+- a run whose process was killed ends ``Crashed`` and Prefect does not run it again (flow ``retries``
+  cover exceptions only: measured, bench/results/kb_uploads_prefect_probe_2026-12-06.md): its job is
+  submitted once more (ingest is incremental) up to :data:`INGEST_ATTEMPTS` times, then fails with the
+  reason. A Prefect automation (``prefect.flow-run.Crashed`` -> ``run-deployment``) could take this over:
+  Prefect 3.9.1's temporary server does run the triggers and actions services, but that is not measured
+  yet. No flow ``retries``: a bad document is quarantined, not raised, so what fails a whole run (a wrong
+  key, an endpoint down) fails the next try seconds later too;
+- a run past ``INDUSFLOW_KB_INGEST_TIMEOUT_S`` is cancelled through Prefect (the runner kills its process;
+  a flow's own ``timeout_seconds`` cannot stop a parser stuck in native code) and the files it was on are
+  quarantined;
+- a server started after a crash takes over the jobs left active by a dead one (:meth:`IngestJobs.recover`):
+  a run the dead server's runner left unfinished is set ``Crashed`` (a forced state: Prefect's
+  ``ReleaseFlowConcurrencySlots`` frees the collection's slot, which otherwise stays held: the temporary
+  server runs no ``repossessor`` service to revoke expired leases) and submitted again.
+
+An engine built with ``ingest_in_thread=True`` runs each job on a thread of its own process instead, with the
+Milvus client and embedder it was handed: the tests' fakes and fuzzers (an in-memory Milvus client, an
+embedder answering from a local HTTP stub of the test) are objects of the test process that a run's process
+cannot use; one job at a time per collection there comes from :meth:`IngestJobs.writing`.
 """
 
 from __future__ import annotations
@@ -20,18 +43,14 @@ import datetime as dt
 import fcntl
 import logging
 import os
-import queue
 import secrets
 import signal
-import subprocess
-import sys
 import threading
 import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any
 
 from infra.errors import IndusflowError
@@ -44,7 +63,6 @@ from solutions.rag.collections import KbCollection
 from solutions.rag.config import IngestParams
 from solutions.rag.ingest import DocumentRules
 from solutions.rag.library import (
-    ACTIVE,
     JOB_ID,
     DocumentStatus,
     IngestJob,
@@ -63,28 +81,30 @@ from tasks.ingest import (
 
 log = logging.getLogger(__name__)
 
-JOB_MODULE = "flows.rag.job"  # the child's command: python -m flows.rag.job JOB_ID
-#: Jobs of one collection queued or running in this process; an upload beyond answers 429 (each
-#: job ingests the whole folder, so one waiting job already covers every file uploaded before it).
+#: The command line of a flow run's process (Prefect's runner and workers start ``python -m prefect.engine``).
+RUN_MARKER = "prefect.engine"
+#: Jobs of one collection active in this process; an upload beyond answers 429 (each job ingests the
+#: whole folder, so one waiting job already covers every file uploaded before it).
 MAX_ACTIVE_JOBS = 4
-#: Times an ingest job is started when its process dies (a crash, kill -9, a server restart while it
+#: Times an ingest job is started when its run's process dies (a crash, kill -9, a server restart while it
 #: ran) before it fails with the reason; ingest is incremental, so a re-run resumes.
 INGEST_ATTEMPTS = 2
-#: Finished ingest jobs this process remembers for GET /v1/kb/jobs/{id} (every job's file under the
-#: home answers too).
+#: Finished ingest jobs this process remembers (every job's file under the home answers too).
 JOBS_KEPT = 1000
+#: How often the watcher reads the states of this process's runs (seconds).
+WATCH_S = 1.0
 #: The deployment (flow-name/deployment-name) that runs upload ingests on a work pool when PREFECT_API_URL is set,
 #: it is registered and a worker polls its pool: prefect.yaml's kb-upload-ingest, a fixed name of the project.
 INGEST_DEPLOYMENT = "rag-ingest/kb-upload-ingest"
-#: Settings an ingest child never reads (the API's own, the LLM's) and the secrets it needs.
+#: Settings an ingest run never reads (the API's own, the LLM's) and the secrets it needs.
 CHILD_DROPPED = ("INDUSFLOW_SERVE_", "INDUSFLOW_LLM_")
 CHILD_SECRETS = ("INDUSFLOW_EMBED_API_KEY", "INDUSFLOW_MILVUS_TOKEN")
 
 
 class IngestJobs:
-    """The engine's ingest jobs: queued per collection, run on a thread, a child process or a
-    deployment, recorded under the home, recovered after a crash. :class:`~flows.serve.kb_engine.KbEngine`
-    calls :meth:`init_jobs` and provides what they read of it (below)."""
+    """The engine's ingest jobs: flow runs created on upload (or threads of this process), recorded under
+    the home, watched for what Prefect does not do. :class:`~flows.serve.kb_engine.KbEngine` calls
+    :meth:`init_jobs` and provides what they read of it (below)."""
 
     layout: HomeLayout
     settings: KbSettings
@@ -95,47 +115,145 @@ class IngestJobs:
     rules: Callable[[], DocumentRules]
     writing: Callable[[KbCollection], AbstractContextManager[None]]
     documents: Callable[[KbCollection], list[DocumentStatus]]
+    _embedder: Any
+    _col_locks: dict[str, threading.Lock]
 
     def init_jobs(self, *, ingest_in_thread: bool, on_job: Callable[[IngestJob], None] | None) -> None:
-        """The job state: per collection a queue and its worker thread, the jobs of this process, their children."""
-        self._how = "thread" if ingest_in_thread else "process"  # a job on a pool's deployment: "deployment"
-        self._queues: dict[str, queue.Queue[IngestJob | None]] = {}
-        self._workers: dict[str, threading.Thread] = {}
-        self._jobs: OrderedDict[str, IngestJob] = OrderedDict()
+        """The job state: the jobs of this process, the watcher of their runs, this API's Prefect runner."""
+        self._in_thread = ingest_in_thread
+        self._jobs: OrderedDict[str, IngestJob] = OrderedDict()  # this process's, for the 429 and on_job
+        self._orphans: list[IngestJob] = []  # left active by a dead server: the watcher takes them over
+        self._reported: set[str] = set()
         self._jobs_lock = threading.Lock()
         self._on_job = on_job
-        self._closed = False
-        self._children: dict[str, subprocess.Popen[bytes]] = {}
-        self._last_exit: dict[str, str] = {}
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._watcher: threading.Thread | None = None
+        self._runner = None  # the Prefect Runner serving rag-ingest here (the embedded default)
+        self._warming = False
 
+    # -- submitting
     def submit(self, col: KbCollection, names: list[str]) -> IngestJob:
-        """Queue an ingest run of ``col`` for the files just written; returns its job."""
-        if self._closed:
+        """Record an ingest job of ``col`` for the files just written and create its flow run (or
+        start its thread); returns the job. A run that cannot be created fails the job with the reason."""
+        if self._closed.is_set():
             raise IndusflowError("the server is stopping")
         job = IngestJob(job_id=secrets.token_hex(8), collection=col.name,
-                        files=[{"name": n, "status": "queued"} for n in names], how=self._how,
-                        owner_pid=os.getpid())
+                        files=[{"name": n, "status": "queued"} for n in names],
+                        how="thread" if self._in_thread else "deployment", owner_pid=os.getpid())
         self._record(job)
-        self._enqueue(job)
+        self._remember(job)
+        if self._in_thread:
+            self._start_thread(job)
+        else:
+            self._start_run(job)
         return job
 
-    def _enqueue(self, job: IngestJob) -> None:
+    def _remember(self, job: IngestJob) -> None:
         with self._jobs_lock:
             self._jobs[job.job_id] = job
             while len(self._jobs) > JOBS_KEPT:
                 oldest = next(iter(self._jobs.values()))
-                if oldest.state in ACTIVE:
+                if oldest.active:
                     break
                 self._jobs.popitem(last=False)
-            if job.collection not in self._queues:
-                self._queues[job.collection] = queue.Queue()
-                # in the context of the first submit (Prefect's settings live in a context variable)
-                worker = threading.Thread(target=contextvars.copy_context().run, args=(self._work, job.collection),
-                                          name=f"kb-ingest-{job.collection}", daemon=True)
-                self._workers[job.collection] = worker
-                worker.start()
-        self._queues[job.collection].put(job)
 
+    def _start_thread(self, job: IngestJob) -> None:
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(self.run_job, job),
+                                  name=f"kb-ingest-{job.job_id}", daemon=True)
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def _start_run(self, job: IngestJob) -> None:
+        """Create the job's flow run (attempt + 1) on its deployment; a failure fails the job."""
+        from prefect.deployments import run_deployment
+
+        job.attempts += 1
+        job.state, job.error, job.how, job.pid, job.flow_run_name = "queued", None, "deployment", None, flow_run_name(job)
+        job.flow_run_id = job.started_at = None
+        self._record(job)
+        try:
+            call = self.deployment_call(job)
+            with self._prefect():
+                run = run_deployment(**call)
+        except Exception as exc:  # noqa: BLE001 - a job that cannot be started fails with the reason
+            log.error("kb ingest job %s could not be started: %s", job.job_id, type(exc).__name__)
+            self._fail(job, f"the ingest could not be started: {error_text(exc)}")
+            return
+        job.flow_run_id = str(run.id)
+        current = load_job(self.layout.kb_jobs(), job.job_id)
+        if current is not None and current.active and current.flow_run_id is None:  # else its run recorded it
+            current.flow_run_id = job.flow_run_id
+            self._record(current)
+        log.info("kb ingest job %s of %s: flow run %s", job.job_id, job.collection, run.id)
+        self._watch()
+
+    def deployment_call(self, job: IngestJob) -> dict[str, Any]:
+        """The ``run_deployment`` arguments of a job (the job id is its only parameter: no document name or
+        personal data reaches Prefect): the team server's deployment when it is served, else this API's
+        runner's deployment of the job's collection."""
+        name = INGEST_DEPLOYMENT if self.deployment_ready() else self.runner().deployment(job.collection)
+        return {"name": name, "parameters": {"job": job.job_id},
+                "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
+                "tags": ["kb-upload"]}
+
+    def deployment_ready(self) -> bool:
+        """Whether jobs go to the configured deployment: a Prefect API is configured
+        (PREFECT_API_URL), it has the deployment and a worker polls its work pool (else a run
+        sent there would wait for good: this API's runner runs the job instead)."""
+        from prefect.settings import PREFECT_API_URL
+
+        if not PREFECT_API_URL.value():
+            return False
+        from tasks.dispatch import deployment_served
+
+        try:
+            return deployment_served(INGEST_DEPLOYMENT)
+        except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
+            log.warning("the Prefect API cannot say whether %s exists (%s): ingest on this server's runner",
+                        INGEST_DEPLOYMENT, type(exc).__name__)
+            return False
+
+    def runner(self) -> Any:
+        """This API's Prefect runner (:mod:`flows.serve.kb_runner`), started on a thread on first use."""
+        from flows.serve.kb_runner import IngestRunner
+
+        if self._runner is None:
+            env = self.child_env()  # outside the lock: it may open the Milvus Lite store
+            with self._jobs_lock:
+                if self._runner is None:
+                    self._runner = IngestRunner(MAX_ACTIVE_JOBS, env, self.layout.kb_jobs() / "runner.log",
+                                                self.layout.root, sorted(self.collections))
+        runner = self._runner
+        runner.start_soon()
+        return runner
+
+    def start_runner(self) -> None:
+        """Start this API's runner in the background (once) unless jobs run on threads: called when a key that
+        may write a collection lists its documents (the page does as it opens, before a file is picked), so
+        the upload that follows finds the runner ready (else the upload starts it). Not at the server's start: every server serves the KB
+        (collection ``default``), and a fraud-only server would pay a temporary Prefect server, a runner
+        process and the Milvus Lite store for nothing."""
+        with self._jobs_lock:
+            if self._in_thread or self._warming:
+                return
+            self._warming = True
+        threading.Thread(target=contextvars.copy_context().run, args=(self._warm,), name="kb-runner-warm",
+                         daemon=True).start()
+
+    def _warm(self) -> None:
+        try:
+            if not self.deployment_ready():
+                self.runner()
+        except Exception as exc:  # noqa: BLE001 - the upload that needs it says why
+            log.warning("cannot start the kb ingest runner ahead of an upload: %s", type(exc).__name__)
+
+    def _prefect(self) -> AbstractContextManager[object]:
+        """The Prefect settings of calls about this engine's runs: its runner's server when it serves them."""
+        return self._runner.settings() if self._runner is not None and self._runner.api_url else \
+            contextlib.nullcontext()
+
+    # -- reading
     def job(self, job_id: str) -> IngestJob | None:
         """A job as recorded under the home (by whichever process runs it, or another replica);
         a job of this process not recorded (a full disk) from memory; None if unknown."""
@@ -147,6 +265,11 @@ class IngestJobs:
                 job = self._jobs.get(job_id)
         return job if job is not None and job.collection in self.collections else None
 
+    def queue_full(self, col: KbCollection) -> bool:
+        """Whether ``col`` already has :data:`MAX_ACTIVE_JOBS` jobs of this process queued or running."""
+        with self._jobs_lock:
+            return sum(1 for j in self._jobs.values() if j.collection == col.name and j.active) >= MAX_ACTIVE_JOBS
+
     def _record(self, job: IngestJob) -> None:
         """Write the job's state under the home (best effort: a full disk does not fail the job)."""
         try:
@@ -154,20 +277,28 @@ class IngestJobs:
         except OSError as exc:
             log.warning("cannot record kb job %s: %s", job.job_id, type(exc).__name__)
 
-    def _work(self, name: str) -> None:
-        q = self._queues[name]
-        while (job := q.get()) is not None:
-            if self._closed:
-                continue  # left queued: the next start recovers it
-            if job.how == "thread":
-                self.run_job(job)
-            else:
-                self.run_outside(job)
+    def _fail(self, job: IngestJob, reason: str) -> None:
+        job.state, job.error, job.finished_at = "failed", reason, now()
+        for f in job.files:
+            f["status"] = "failed"
+        self._record(job)
+        self._finished(job)
 
+    def _finished(self, job: IngestJob) -> None:
+        """Keep a job's final state and report it (once)."""
+        with self._jobs_lock:
+            if job.job_id in self._jobs:
+                self._jobs[job.job_id] = job
+            first = job.job_id not in self._reported
+            self._reported.add(job.job_id)
+        if first and self._on_job is not None:
+            self._on_job(job)
+
+    # -- jobs on a thread of this process
     @contextmanager
     def writing(self, col: KbCollection) -> Iterator[None]:
         """Exclusive right to change ``col``'s index: one thread of this process, and one process
-        among the replicas and ingest processes sharing the home (a lock file under ``<home>/rag``)."""
+        among the replicas and ingest runs sharing the home (a lock file under ``<home>/rag``)."""
         with self._col_locks[col.name], open(self.layout.rag() / f"{col.milvus}.kb.lock", "w") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
@@ -203,7 +334,7 @@ class IngestJobs:
             job.counts = {"files": result.files, "processed": result.processed, "chunks_written": result.chunks_written,
                           "quarantined": len(result.quarantined), "rows_deleted": result.rows_deleted}
             job.state = "done"
-        except Exception as exc:  # noqa: BLE001 - a failed job is reported on the job, the worker goes on
+        except Exception as exc:  # noqa: BLE001 - a failed job is reported on the job
             # the traceback without the message: a message may quote a document's name or text
             log.error("kb ingest job %s of %s failed: %s\n%s", job.job_id, job.collection, type(exc).__name__,
                       "".join(traceback.format_tb(exc.__traceback__)))
@@ -213,92 +344,98 @@ class IngestJobs:
         finally:
             job.finished_at = now()
             self._record(job)
-            if self._on_job is not None:
-                self._on_job(job)
+            self._finished(job)
 
-    # -- jobs outside the API process
-    def run_outside(self, job: IngestJob) -> None:
-        """Run one job as a ``rag-ingest`` flow run outside this process and wait for its end:
-        a deployment's run on its work pool, else a child process. A run that ends without
-        finishing the job (its process died) is started again, up to the configured attempts."""
-        while not self._closed:
-            current = load_job(self.layout.kb_jobs(), job.job_id) or job
-            if not current.active:
-                break
-            if (current.pid is not None or current.flow_run_id) and self.job_alive(current):
-                # adopted after a restart: its process (or run) still works on it, within the time limit
-                deadline = time.monotonic() + self._time_left(current)
-                self._wait_record(current, lambda j, d=deadline: not self.job_alive(j) or time.monotonic() > d)
-                if current.how == "process" and current.pid and self.job_alive(current) and time.monotonic() > deadline:
-                    self._time_out(job.job_id, current.pid)
-                    break
-                self._last_exit.setdefault(job.job_id, "its process is gone")
-                continue
-            if current.attempts >= INGEST_ATTEMPTS:
-                self._fail(current, f"the ingest stopped before it finished {current.attempts} time(s) "
-                           f"({self._last_exit.pop(job.job_id, 'its process is gone')}); upload again or "
-                           "run python -m flows.rag ingest")
-                break
-            current.attempts += 1
-            current.state, current.error = "queued", None
+    # -- the watcher: what Prefect does not do on its temporary server (the module's docstring)
+    def _watch(self) -> None:
+        with self._jobs_lock:
+            if self._watcher is None and not self._closed.is_set():
+                # in the caller's context (Prefect's settings live in a context variable)
+                self._watcher = threading.Thread(target=contextvars.copy_context().run, args=(self._watch_runs,),
+                                                 name="kb-ingest-watcher", daemon=True)
+                self._watcher.start()
+
+    def _watch_runs(self) -> None:
+        while not self._closed.wait(WATCH_S):
             try:
-                if self.deployment_ready():
-                    self._start_deployment(current)
-                    self._wait_record(current, self._run_finished)
+                self.check_runs()
+            except Exception as exc:  # noqa: BLE001 - the API is away for a moment: look again
+                log.warning("cannot read the kb ingest runs: %s", type(exc).__name__)
+
+    def check_runs(self) -> None:
+        """One look at this process's active runs: take over the orphans, re-run a run that ended without
+        finishing its job, stop one past the time limit, report the jobs that finished."""
+        with self._jobs_lock:
+            orphans, self._orphans = self._orphans, []
+        for job in orphans:
+            self._take_over(job)
+        with self._jobs_lock:
+            waiting = {j.job_id for j in self._orphans}
+            mine = [j for j in self._jobs.values()
+                    if j.active and j.how != "thread" and j.flow_run_id and j.job_id not in waiting]
+        active = []
+        for job in mine:
+            current = load_job(self.layout.kb_jobs(), job.job_id) or job
+            if current.active:
+                active.append(current)
+            else:
+                self._finished(current)
+        if not active:
+            return
+        runs = self._read_runs([j.flow_run_id for j in active if j.flow_run_id])
+        for job in active:
+            run = runs.get(job.flow_run_id or "")
+            state = run.state if run is not None else None
+            if state is None or state.is_final():
+                time.sleep(0.5)  # its last record write may land just after its process exits
+                current = load_job(self.layout.kb_jobs(), job.job_id) or job
+                if current.active:
+                    self._run_again(current, f"its flow run {state.name if state else 'is gone'}")
                 else:
-                    proc = self._start_child(current)
-                    deadline = time.monotonic() + self.settings.ingest_timeout_s
-                    self._wait_record(current, lambda _job, p=proc, d=deadline: p.poll() is not None
-                                      or time.monotonic() > d)
-                    if proc.poll() is None and time.monotonic() > deadline and not self._closed:
-                        self._time_out(job.job_id, proc.pid, proc)
-                        break
-                    if proc.poll() is not None:
-                        code = proc.returncode
-                        self._last_exit[job.job_id] = (f"signal {-code}" if code < 0 else f"exit code {code}")
-            except Exception as exc:  # noqa: BLE001 - a job that cannot be started fails with the reason
-                log.error("kb ingest job %s could not be started: %s", job.job_id, type(exc).__name__)
-                self._fail(current, f"the ingest could not be started: {error_text(exc)}")
-                break
-        final = load_job(self.layout.kb_jobs(), job.job_id)
-        if final is not None and not final.active:
-            with self._jobs_lock:
-                self._jobs[job.job_id] = final
-            if self._on_job is not None:
-                self._on_job(final)
+                    self._finished(current)
+            elif state.is_running() and run.start_time is not None and \
+                    (dt.datetime.now(dt.UTC) - run.start_time).total_seconds() > self.settings.ingest_timeout_s:
+                self._cancel_run(job)
+                self._time_out(job.job_id)
 
-    def _wait_record(self, job: IngestJob, ended: Callable[[IngestJob], bool], every_s: float = 0.5) -> None:
-        """Wait until the job's record says it finished, its run ``ended``, or this engine closes."""
-        while not self._closed:
-            current = load_job(self.layout.kb_jobs(), job.job_id)
-            if current is not None and not current.active:
+    def _read_runs(self, run_ids: list[str]) -> dict[str, Any]:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        with self._prefect(), get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=run_ids)))
+        return {str(r.id): r for r in runs}
+
+    def _run_again(self, job: IngestJob, why: str) -> None:
+        """A run ended without finishing its job: run it again, or fail it after the attempts allowed."""
+        if job.attempts >= INGEST_ATTEMPTS:
+            self._fail(job, f"the ingest stopped before it finished {job.attempts} time(s) ({why}); upload again "
+                       "or run python -m flows.rag ingest")
+            return
+        log.warning("kb ingest job %s of %s: %s before it finished; running it again", job.job_id, job.collection,
+                    why)
+        self._remember(job)
+        self._start_run(job)
+
+    def _cancel_run(self, job: IngestJob, wait_s: float = 60) -> None:
+        """Cancel the job's flow run through Prefect (its runner kills the run's process) and wait for its end."""
+        from prefect.client.orchestration import get_client
+        from prefect.states import Cancelling
+
+        with self._prefect(), get_client(sync_client=True) as client:
+            client.set_flow_run_state(job.flow_run_id, Cancelling(message="past INDUSFLOW_KB_INGEST_TIMEOUT_S"),
+                                      force=True)
+        ends = time.monotonic() + wait_s
+        while time.monotonic() < ends:
+            run = self._read_runs([job.flow_run_id or ""]).get(job.flow_run_id or "")
+            if run is None or run.state is None or run.state.is_final():
                 return
-            if ended(job):
-                time.sleep(every_s)  # its last record write may land just after the exit
-                return
-            time.sleep(every_s)
+            time.sleep(0.2)
 
-    def _time_left(self, job: IngestJob) -> float:
-        """Seconds an adopted job's child has left of the time limit (from its recorded start)."""
-        try:
-            started = dt.datetime.fromisoformat(job.started_at or "")
-        except ValueError:
-            return self.settings.ingest_timeout_s
-        return self.settings.ingest_timeout_s - (dt.datetime.now(dt.UTC) - started).total_seconds()
-
-    def _time_out(self, job_id: str, pid: int, proc: subprocess.Popen[bytes] | None = None) -> None:
-        """Stop a child past the time limit (its whole process group: it runs in a session of its
-        own), quarantine the files it was working on until they change, and fail the job (it is not
-        started again)."""
+    def _time_out(self, job_id: str) -> None:
+        """Fail a job stopped past the time limit and quarantine the files it was working on until they change
+        (it is not started again)."""
         limit = self.settings.ingest_timeout_s
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        if proc is not None:
-            proc.wait(timeout=60)
-        else:  # an adopted child (another process's): wait until it is gone
-            ends = time.monotonic() + 60
-            while process_alive(pid) and time.monotonic() < ends:
-                time.sleep(0.1)
         current = load_job(self.layout.kb_jobs(), job_id)
         if current is None or not current.active:
             return  # it finished as the limit passed
@@ -308,21 +445,91 @@ class IngestJobs:
         self._fail(current, f"the ingest ran past its time limit of {limit:g} s (INDUSFLOW_KB_INGEST_TIMEOUT_S); "
                    f"{files} file(s) it was working on are quarantined until they change")
 
-    def queue_full(self, col: KbCollection) -> bool:
-        """Whether ``col`` already has :data:`MAX_ACTIVE_JOBS` jobs queued or running in this process."""
-        with self._jobs_lock:
-            return sum(1 for j in self._jobs.values() if j.collection == col.name and j.active) >= MAX_ACTIVE_JOBS
+    # -- after a crash
+    def recover(self) -> list[IngestJob]:
+        """Jobs left queued or running by a server process that is gone (a crash, a restart): each is run
+        again (ingest is incremental: a re-run resumes) or, when it was started the most times allowed,
+        marked failed with the reason. Returns the jobs taken over; the watcher (or a thread) runs them."""
+        taken = []
+        for job in recorded_jobs(self.layout.kb_jobs()):
+            if not job.active or job.collection not in self.collections:
+                continue
+            if job.owner_pid not in (None, os.getpid()) and process_alive(job.owner_pid):
+                continue  # a job of another replica that still runs (it watches its runs)
+            job.owner_pid = os.getpid()
+            self._record(job)
+            log.warning("kb ingest job %s of %s: taken over after a restart (%d attempt(s) so far)", job.job_id,
+                        job.collection, job.attempts)
+            taken.append(job)
+            self._remember(job)
+            if self._in_thread and job.attempts >= INGEST_ATTEMPTS:
+                self._fail(job, f"the ingest stopped before it finished {job.attempts} time(s) (the server stopped "
+                           "while it ran); upload again")
+            elif self._in_thread:
+                job.how = "thread"
+                self._start_thread(job)
+            else:
+                with self._jobs_lock:
+                    self._orphans.append(job)
+                self._watch()
+        return taken
 
-    def _fail(self, job: IngestJob, reason: str) -> None:
-        job.state, job.error, job.finished_at = "failed", reason, now()
-        for f in job.files:
-            f["status"] = "failed"
-        self._record(job)
+    def _process_alive(self, job: IngestJob) -> bool:
+        """Whether the job's recorded run process still runs on this machine (it outlived its server)."""
+        return job.pid is not None and job.pid != os.getpid() and process_alive(job.pid, RUN_MARKER)
 
+    def _take_over(self, job: IngestJob) -> None:
+        """An orphan (its server is gone): a run process that outlived it is waited for until the time limit
+        (then killed); a run on a team server's worker is watched; a run the dead server's runner left
+        unfinished is set Crashed (which frees its collection's slot) and the job runs again."""
+        if self._process_alive(job):
+            if self._time_left(job) > 0:
+                with self._jobs_lock:
+                    self._orphans.append(job)  # look again on the next round
+                return
+            pid = job.pid or 0  # _process_alive: a pid
+            with contextlib.suppress(ProcessLookupError):  # its process group when it leads one, else itself
+                os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(pid, signal.SIGKILL)
+            ends = time.monotonic() + 60
+            while process_alive(pid) and time.monotonic() < ends:
+                time.sleep(0.1)
+            self._time_out(job.job_id)
+            return
+        current = load_job(self.layout.kb_jobs(), job.job_id) or job
+        if not current.active:
+            self._finished(current)
+            return
+        if current.flow_run_id:
+            team = self.deployment_ready()
+            if not team:
+                self.runner().deployment(current.collection)  # its temporary server (Prefect's database is shared)
+            run = self._read_runs([current.flow_run_id]).get(current.flow_run_id)
+            if run is not None and run.state is not None and not run.state.is_final():
+                if team:
+                    return  # a worker's run: the watcher follows it (it is among this process's jobs)
+                self._crash_run(current.flow_run_id)
+        self._run_again(current, "the server stopped while it ran")
+
+    def _crash_run(self, run_id: str) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        with self._prefect(), get_client(sync_client=True) as client:
+            client.set_flow_run_state(run_id, Crashed(message="its KB API server stopped while it ran"), force=True)
+
+    def _time_left(self, job: IngestJob) -> float:
+        """Seconds a job's run has left of the time limit (from its recorded start)."""
+        try:
+            started = dt.datetime.fromisoformat(job.started_at or "")
+        except ValueError:
+            return self.settings.ingest_timeout_s
+        return self.settings.ingest_timeout_s - (dt.datetime.now(dt.UTC) - started).total_seconds()
+
+    # -- the run's environment, and the end
     def child_env(self) -> dict[str, str]:
-        """The environment of an ingest child: this process's with this engine's home, plus the
-        address of this process's Milvus Lite store (one process holds the file; the child
-        connects to its socket) and the model of an embedder handed to the engine. The child parses
+        """The environment of an ingest run (the runner hands its runs its own): this process's with this
+        engine's home, plus the address of this process's Milvus Lite store (one process holds the file; a
+        run connects to its socket) and the model of an embedder handed to the engine. A run parses
         untrusted uploads: it gets the settings an ingest reads and the keys it needs (embeddings,
         Milvus) only, never the serving secrets (JWT, audit salt, Redis) or the LLM key
         (:func:`infra.secrets.child_environment`)."""
@@ -336,113 +543,15 @@ class IngestJobs:
             env["INDUSFLOW_EMBED_MODEL"] = model
         return env
 
-    def _start_child(self, job: IngestJob) -> subprocess.Popen[bytes]:
-        """``python -m flows.rag.job JOB_ID`` in its own session (it outlives a crash of this
-        process and is adopted by the next start), its output in ``<id>.log`` beside the record."""
-        job.how, job.pid, job.flow_run_id, job.flow_run_name = "process", None, None, flow_run_name(job)
-        self._record(job)
-        log_path = self.layout.kb_jobs() / f"{job.job_id}.log"
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", JOB_MODULE, job.job_id], env=self.child_env(),
-                                    stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True,
-                                    cwd=str(Path(__file__).resolve().parents[2]))
-        finally:
-            os.close(fd)
-        with self._jobs_lock:
-            self._children[job.job_id] = proc
-        job.pid = proc.pid  # the child records its own pid as it starts (this process never writes after it)
-        log.info("kb ingest job %s of %s: child process %d", job.job_id, job.collection, proc.pid)
-        return proc
-
-    def deployment_ready(self) -> bool:
-        """Whether jobs go to the configured deployment: a Prefect API is configured
-        (PREFECT_API_URL), it has the deployment and a worker polls its work pool (else a run
-        sent there would wait for good: the job runs in a child process instead)."""
-        from prefect.settings import PREFECT_API_URL
-
-        if not PREFECT_API_URL.value():
-            return False
-        from tasks.dispatch import deployment_served
-
-        try:
-            return deployment_served(INGEST_DEPLOYMENT)
-        except Exception as exc:  # noqa: BLE001 - the API is unreachable: run the job here instead
-            log.warning("the Prefect API cannot say whether %s exists (%s): ingest in a child process",
-                        INGEST_DEPLOYMENT, type(exc).__name__)
-            return False
-
-    def deployment_call(self, job: IngestJob) -> dict[str, Any]:
-        """The ``run_deployment`` arguments of a job (the job id is its only parameter: no
-        document name or personal data reaches Prefect)."""
-        return {"name": INGEST_DEPLOYMENT, "parameters": {"job": job.job_id},
-                "flow_run_name": flow_run_name(job), "timeout": 0, "as_subflow": False,
-                "tags": ["kb-upload"]}
-
-    def _start_deployment(self, job: IngestJob) -> None:
-        from prefect.deployments import run_deployment
-
-        job.how, job.pid, job.flow_run_name = "deployment", None, flow_run_name(job)
-        self._record(job)
-        run = run_deployment(**self.deployment_call(job))
-        job.flow_run_id = str(run.id)
-        current = load_job(self.layout.kb_jobs(), job.job_id)
-        if current is not None and current.active and current.flow_run_id is None:  # else its run recorded it
-            current.flow_run_id = job.flow_run_id
-            self._record(current)
-        log.info("kb ingest job %s of %s: flow run %s", job.job_id, job.collection, run.id)
-
-    def _run_finished(self, job: IngestJob) -> bool:
-        """Whether the job's deployment run is over (a final state, or unknown to the API)."""
-        from prefect.client.orchestration import get_client
-
-        if not job.flow_run_id:
-            return True
-        try:
-            with get_client(sync_client=True) as client:
-                state = client.read_flow_run(job.flow_run_id).state
-        except Exception as exc:  # noqa: BLE001 - the API is away: wait on (the record says when it ends)
-            log.debug("cannot read flow run %s: %s", job.flow_run_id, type(exc).__name__)
-            return False
-        return state is not None and state.is_final()
-
-    # -- recovery after a crash
-    def job_alive(self, job: IngestJob) -> bool:
-        """Whether a process still works on ``job``: its child (this machine), its deployment run,
-        or for a job still queued the API process that queued it."""
-        if job.how == "deployment" and job.flow_run_id:
-            return not self._run_finished(job)
-        if job.pid is not None and process_alive(job.pid, JOB_MODULE if job.how == "process" else None):
-            return True
-        if job.pid is None and job.owner_pid not in (None, os.getpid()):
-            return process_alive(job.owner_pid)  # queued by another replica that still runs
-        return False
-
-    def recover(self) -> list[IngestJob]:
-        """Jobs left queued or running by a process that is gone (a crash, a restart): each is
-        started again (ingest is incremental: a re-run resumes) or, when it was started the most
-        times allowed, marked failed with the reason. A job whose child outlived its API is
-        adopted (waited for, restarted if it dies). Returns the jobs taken over."""
-        taken = []
-        for job in recorded_jobs(self.layout.kb_jobs()):
-            if not job.active or job.collection not in self.collections:
-                continue
-            alive = self.job_alive(job)
-            if alive and (job.how == "thread" or (job.pid is None and not job.flow_run_id)):
-                continue  # a job of another replica that still runs
-            if alive:
-                log.info("kb ingest job %s: adopting its running process", job.job_id)
-            else:
-                self._last_exit[job.job_id] = "the server stopped while it ran"
-                job.how = self._how
-                if job.how == "thread" and job.attempts >= INGEST_ATTEMPTS:
-                    self._fail(job, "the server stopped while it ran; upload again")
-                    continue
-            job.owner_pid = os.getpid()
-            self._record(job)
-            log.warning("kb ingest job %s of %s: recovered after a restart (%d attempt(s) so far)", job.job_id,
-                        job.collection, job.attempts)
-            taken.append(job)
-            self._enqueue(job)
-        return taken
-
+    def close_jobs(self) -> None:
+        """Stop watching (a team server's run goes on: the next start takes it over), let the jobs on threads
+        finish, stop this process's runner (its runs end Cancelled; their jobs stay active: the next start
+        runs them again)."""
+        self._closed.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=60)
+        for thread in self._threads:
+            thread.join(timeout=60)
+        if self._runner is not None:
+            self._runner.stop()
+            self._runner = None

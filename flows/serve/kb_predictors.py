@@ -32,7 +32,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import numpy as np
 from fastapi import Request
@@ -113,12 +113,19 @@ def one_request(output: object) -> Rows:
 # search
 
 
+Body = TypeVar("Body", SearchRequest, AskRequest)
+
+
 @dataclass(frozen=True)
-class Query:
-    """A search the key may make: its collection and body."""
+class InCollection(Generic[Body]):
+    """A request the key may make of one collection (its access checked): the collection and the body."""
 
     col: KbCollection
-    body: SearchRequest
+    body: Body
+
+
+Query: TypeAlias = InCollection[SearchRequest]  # a search
+Question: TypeAlias = InCollection[AskRequest]  # a question
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ class KbSearchPredictor(Predictor[Query, KbEngine, Found]):
         """The body, once the key may read its collection (403/404 otherwise)."""
         col = self.allowed(principal, body.collection, read=True)
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k)
-        return Query(col, body)
+        return InCollection(col, body)
 
     def predict(self, model: KbEngine, items: list[Query], challenger: KbEngine | None = None) -> list[Found | Exception]:
         found = model.search_many([Search(q.col, q.body.query, q.body.top_k, q.body.retriever) for q in items])
@@ -168,14 +175,6 @@ class KbSearchPredictor(Predictor[Query, KbEngine, Found]):
 
 # ------------------------------------------------------------------------------------
 # ask
-
-
-@dataclass(frozen=True)
-class Question:
-    """A question the key may ask: its collection and body."""
-
-    col: KbCollection
-    body: AskRequest
 
 
 @dataclass(frozen=True)
@@ -242,7 +241,7 @@ class KbAskPredictor(Predictor[Question, KbEngine, Answered]):
         self.on_query(col.name, "ask", body.retriever)
         annotate_audit(request, collection=col.name, retriever=body.retriever, top_k=body.top_k, stream=body.stream,
                        turns=len(body.history))
-        return Question(col, body)
+        return InCollection(col, body)
 
     def predict(self, model: KbEngine, items: list[Question],
                 challenger: KbEngine | None = None) -> list[Answered | Exception]:

@@ -109,12 +109,13 @@ def test_an_adopted_child_past_the_time_limit_is_stopped_too(tmp_path: Path, mon
     monkeypatch.setenv("INDUSFLOW_HOME", str(home.root))
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     engine, _ = _engine(home, ingest_timeout_s=60.0)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "flows.rag.job"],
+    # a flow run's process (python -m prefect.engine) that outlived its server
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "prefect.engine"],
                              start_new_session=True)
     try:
         started = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).isoformat(timespec="seconds")
         job = IngestJob(job_id="0123456789abcdef", collection="legal", files=[{"name": "big.zip", "status": "running"}],
-                        state="running", how="process", pid=child.pid, started_at=started, attempts=1)
+                        state="running", how="deployment", pid=child.pid, started_at=started, attempts=1)
         home.kb_jobs().mkdir(parents=True, exist_ok=True)
         save_job(home.kb_jobs(), job)
         assert [j.job_id for j in engine.recover()] == [job.job_id]

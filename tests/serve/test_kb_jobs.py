@@ -9,6 +9,7 @@ packaged MiniLM; each child starts its own Prefect run (an ephemeral API), so th
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import os
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import time
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +110,7 @@ def test_an_upload_is_ingested_by_a_child_flow_run_and_searchable(srv: Srv) -> N
         r = upload(c, srv, [("lease.txt", LEASE.encode())])
         assert r.status_code == 202, r.text
         job_id = r.json()["job_id"]
+        assert r.json()["flow_run_id"]  # the upload created its flow run (main's code: a queue of the API did, later)
         job = wait_job(c, srv, job_id)
         hits = c.post(f"{srv.url}/v1/kb/search", headers=srv.h,
                       json={"collection": "legal", "query": "notice period of the Harbourview lease"}).json()
@@ -117,9 +120,53 @@ def test_an_upload_is_ingested_by_a_child_flow_run_and_searchable(srv: Srv) -> N
     # a rag-ingest flow run of its own, named without any document name, in another process
     assert job["flow_run_id"] and job["flow_run_name"] == f"kb-legal-{job_id}"
     rec = record(srv, job_id)
-    assert rec["how"] == "process" and rec["pid"] != os.getpid() and rec["attempts"] == 1
+    assert rec["how"] == "deployment" and rec["pid"] != os.getpid() and rec["attempts"] == 1
     assert stat.S_IMODE((srv.home.kb_jobs() / f"{job_id}.json").stat().st_mode) == 0o600
     assert "ninety-seven days" in hits["passages"][0]["text"] and hits["passages"][0]["document"] == "lease.txt"
+
+
+@contextmanager
+def runner_api(s: Srv) -> Iterator[tuple[Any, str]]:
+    """A client of the server's Prefect runner's API and the ``legal`` deployment's name, once it serves it
+    (a writer's listing of the documents starts the runner, as the KB page's opening does)."""
+    from prefect.client.orchestration import get_client
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.serve.kb_runner import served_name
+    from tasks.dispatch import deployment_exists
+
+    with httpx.Client(timeout=60) as c:
+        assert c.get(f"{s.url}/v1/kb/documents", params={"collection": "legal"}, headers=s.h).status_code == 200
+    name = f"rag-ingest/{served_name(s.home.root)}-legal"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    server = SubprocessASGIServer()  # this process's temporary server, which the runner serves against
+    while not server.running:
+        assert time.monotonic() < deadline, "the runner's server did not start"
+        time.sleep(0.5)
+    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        while not _answers(deployment_exists, name):
+            assert time.monotonic() < deadline, "the runner did not start"
+            time.sleep(0.5)
+        with get_client(sync_client=True) as client:
+            yield client, name
+
+
+def _answers(exists: Any, name: str) -> bool:
+    try:
+        return exists(name)
+    except httpx.HTTPError:  # the server is still starting
+        return False
+
+
+def test_each_collection_is_a_deployment_prefect_runs_one_at_a_time(srv: Srv) -> None:
+    """Prefect, not the API, keeps a collection's runs one at a time: its deployment's concurrency limit."""
+    with runner_api(srv) as (client, name):
+        deployment = client.read_deployment_by_name(name)
+    assert deployment.global_concurrency_limit is not None and deployment.global_concurrency_limit.limit == 1
+    assert deployment.concurrency_options is not None
+    assert deployment.concurrency_options.collision_strategy == "ENQUEUE"
+    assert deployment.parameter_openapi_schema is not None and "job" in deployment.parameter_openapi_schema["properties"]
 
 
 def test_a_child_killed_with_sigkill_is_started_again(srv: Srv) -> None:
@@ -132,7 +179,7 @@ def test_a_child_killed_with_sigkill_is_started_again(srv: Srv) -> None:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(3)  # well inside its start (Prefect, the embedder)
-        os.killpg(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
         job = wait_job(c, srv, job_id)
     assert job["state"] == "done" and job["files"][0]["status"] == "indexed", job
     rec = record(srv, job_id)
@@ -177,6 +224,50 @@ def test_a_restarted_server_recovers_jobs_left_running(srv: Srv) -> None:
     assert failed is not None and failed.state == "failed" and failed.files[0]["status"] == "failed"
     assert "stopped before it finished 2 time(s)" in (failed.error or "")
     assert "server stopped" in (failed.error or "")
+
+
+def test_a_run_left_running_by_a_dead_server_is_crashed_and_its_job_runs_again(srv: Srv) -> None:
+    """A server killed with its runner leaves its run Running in Prefect (a zombie holding the collection's
+    concurrency slot: the temporary server revokes no expired lease). The next server sets it Crashed,
+    which frees the slot, and runs the job again; without that the new run would wait for the slot."""
+    from prefect.states import Pending, Running, Scheduled
+
+    from flows.serve.kb_engine import KbEngine
+    from infra.settings import get_kb_settings
+    from solutions.rag.collections import configured_collections
+    from solutions.rag.library import IngestJob, save_job
+
+    folder = configured_collections(srv.home)["legal"].folder
+    (folder / "depot.txt").write_text("Harbourview depot.\n\nThe depot keeps the spare forklift keys in locker 9.\n")
+    job = IngestJob(job_id="c3" * 8, collection="legal", files=[{"name": "depot.txt", "status": "queued"}],
+                    how="deployment", owner_pid=_dead_pid(), attempts=1)
+    with runner_api(srv) as (client, name):
+        deployment = client.read_deployment_by_name(name)
+        # scheduled an hour ahead (no runner picks it up), then Pending (it takes the collection's one slot)
+        # and Running: as a runner killed with its server leaves its run
+        zombie = client.create_flow_run_from_deployment(
+            deployment.id, parameters={"job": job.job_id}, name=f"kb-legal-{job.job_id}",
+            state=Scheduled(scheduled_time=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)))
+        assert client.set_flow_run_state(zombie.id, Pending()).status.value == "ACCEPT"
+        client.set_flow_run_state(zombie.id, Running(), force=True)
+        assert client.read_deployment(deployment.id).global_concurrency_limit.active_slots == 1
+        job.flow_run_id = str(zombie.id)
+        save_job(srv.home.kb_jobs(), job)
+        engine = KbEngine(configured_collections(srv.home), srv.home, get_kb_settings(), client=srv.client,
+                          embedder=srv.embedder)
+        try:
+            assert [j.job_id for j in engine.recover()] == [job.job_id]
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while (engine.job(job.job_id) or job).active:
+                assert time.monotonic() < deadline, engine.job(job.job_id)
+                time.sleep(0.25)
+            done = engine.job(job.job_id)
+        finally:
+            engine.close()
+        zombie_state = client.read_flow_run(zombie.id).state
+    assert zombie_state is not None and zombie_state.name == "Crashed"
+    assert done is not None and done.state == "done" and done.attempts == 2, done
+    assert done.flow_run_id != str(zombie.id) and done.files[0]["status"] == "indexed"
 
 
 def _zip(n: int) -> bytes:
