@@ -63,18 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
-def _servers_first(items: list[pytest.Item]) -> None:
-    """On pytest-xdist workers, the ``servers`` files are handed out first: most of their minutes are
-    waits (a cron schedule firing, heartbeats stopping, a Ray node), which overlap the other worker's
-    CPU-bound tests instead of ending the run on one worker (the team-server test, 263 s under load,
-    was the last 4 minutes of a two-worker run). Files keep their own order inside; serial runs
-    keep the collection order."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: "servers" not in item.keywords)  # stable: files stay whole
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    _servers_first(items)
     import torch
 
     if torch.cuda.is_available():
