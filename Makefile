@@ -37,16 +37,20 @@ constraints:
 demo: install
 	$(PY) -m flows.fraud train
 
-# make test TEST_WORKERS=2: pytest-xdist workers (many tests wait on a server or a subprocess, so two
-# workers fill two cores). Each worker has its own home, Prefect test API, ports and core (tests/conftest.py);
-# a file's tests stay on one worker (--dist loadfile), so a module's fixtures are built once. 0 (the
-# default until two whole runs of each tier pass on 2 workers): the tests run in this process.
-TEST_WORKERS ?= 0
-XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist $(1))
+# Two pytest-xdist workers by default (many tests wait on a server or a subprocess, so two workers fill
+# two cores). Each worker has its own home, Prefect test API, ports and core (tests/conftest.py); a file's
+# tests stay on one worker (--dist loadfile), so a module's fixtures are built once. Measured (2026-12-07,
+# 2 shared cores, NOT quiet: bench/results/test_durations_2026-12-06.md): 1004 passed in 33:01 at load
+# 0.4-20 (mean 9.6), 1540 CPU-s; serial before: 31:54 at load ~4. TEST_WORKERS=0: the tests run in this process.
+TEST_WORKERS ?= 2
+# The docs tier stays in one process until a whole run of it passes on two workers (make test-docs
+# DOCS_WORKERS=2; 2026-12-07: its first 4 sections passed on 2 workers in 34 min at load 9-18, beside make test).
+DOCS_WORKERS ?= 0
+XDIST = $(if $(filter-out 0,$(2)),-n $(2) --dist $(1))
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not docs_run" $(call XDIST,loadfile)
+	$(PY) -m pytest -q -m "not docs_run" $(call XDIST,loadfile,$(TEST_WORKERS))
 
 # The tier a developer runs often (a few minutes on 2 cores): the import contracts and the unit
 # tests that start no server and train no flow-sized model (`slow` and `gpu` are left out).
@@ -59,7 +63,7 @@ test-fast: install
 # it needs run on one worker (--dist loadgroup: tests/docs/test_docs.py groups each chain of needs).
 K ?=
 test-docs: install
-	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K)) $(call XDIST,loadgroup)
+	$(PY) -m pytest -q -m docs_run $(if $(K),-k $(K)) $(call XDIST,loadgroup,$(DOCS_WORKERS))
 
 # The documentation site (MkDocs + Material, mkdocs.yml): served with live reload on 127.0.0.1:8001,
 # or built with every warning an error into site/ (make test runs the same strict build).

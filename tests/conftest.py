@@ -20,7 +20,10 @@ def _pin_xdist_worker() -> None:
     if not (worker and count and hasattr(os, "sched_setaffinity")):
         return
     cpus = sorted(os.sched_getaffinity(0))
-    index, count_n = int(worker.removeprefix("gw")), int(count)
+    count_n = int(count)
+    # a worker started in place of a crashed one is numbered on (gw2 of two workers): it takes the
+    # share its number modulo the count names (cpus[2::2] was an empty set: an INTERNALERROR ended the run)
+    index = int(worker.removeprefix("gw")) % max(count_n, 1)
     if len(cpus) >= count_n > 1:
         os.sched_setaffinity(0, cpus[index::count_n])
 

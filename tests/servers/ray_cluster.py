@@ -87,11 +87,26 @@ class RayCluster:
         return [pid for node in self.nodes for pid in node.wait_gone()]
 
 
+def _machine_cpus() -> set[int]:
+    """The cores this test run may use: a pytest-xdist worker keeps to its share
+    (tests/conftest.py), while its parent (the controller, or the shell) holds them all."""
+    try:
+        return os.sched_getaffinity(os.getppid()) | os.sched_getaffinity(0)
+    except OSError:
+        return os.sched_getaffinity(0)
+
+
 def _ray(args: list[str], env: dict[str, str], log: Path) -> int:
-    """Run ``ray <args>`` in a new session (its daemons keep it); return the session id."""
+    """Run ``ray <args>`` in a new session (its daemons keep it); return the session id.
+
+    The node gets the machine's cores, not the pinned xdist worker's one: a node of 2 CPUs runs two
+    worker processes side by side, and its GCS, raylet and agents answer each other's health checks
+    and the driver while they run (on one core shared with the test, under load, they starved)."""
     ray = str(Path(sys.executable).with_name("ray"))
+    cpus = _machine_cpus()
     with open(log, "wb") as out:
-        proc = subprocess.Popen([ray, *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([ray, *args], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         try:
             rc = proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -117,7 +132,35 @@ def start_cluster(root: Path, extra_env: dict[str, str] | None = None) -> RayClu
                          f"--dashboard-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
                          f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
                          f"--metrics-export-port={free_port()}"], env, root / "head.log"), head_dir)
-    return RayCluster(address=f"127.0.0.1:{port}", env=env, head=head)
+    cluster = RayCluster(address=f"127.0.0.1:{port}", env=env, head=head)
+    try:
+        _wait_alive(cluster, root / "status.log")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _wait_alive(cluster: RayCluster, log: Path, timeout_s: float = 180.0) -> None:
+    """Until ``ray status`` counts the head node active (its raylet registered with the GCS), so that
+    a driver's ``ray.init`` finds a node at once; a node that never comes up fails here, naming it,
+    instead of in a test's ``ray.init``."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done = subprocess.run([ray, "status", f"--address={cluster.address}"], env=cluster.env,
+                                  capture_output=True, text=True, timeout=60, check=False)
+            out = done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            out = f"ray status timed out: {exc}"
+        log.write_text(out)
+        if "1 node_" in out and "Active:" in out:
+            return
+        if time.monotonic() > deadline or not session_pids(cluster.head.sid):
+            raise RuntimeError(f"the Ray head at {cluster.address} did not become active in {timeout_s:.0f} s "
+                               f"(its logs: {cluster.head.temp_dir}):\n{out[-2000:]}")
+        time.sleep(1.0)
 
 
 def listening_beyond_loopback(sid: int) -> list[str]:

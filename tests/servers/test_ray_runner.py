@@ -32,6 +32,10 @@ from tests.servers.ray_cluster import (
 # found, not imported: Ray reads RAY_AUTH_MODE when it is imported, and the driver's token is set below
 pytestmark = [
     pytest.mark.servers,
+    # a driver that never connects fails the test with every thread's stack (pytest-timeout's thread
+    # method ends the process: under xdist the worker, replaced) instead of holding the run: a loaded
+    # two-worker run once waited 20 min in ray.init. Each test takes 0.5-2 min here under load.
+    pytest.mark.timeout(600, method="thread"),
     pytest.mark.skipif(importlib.util.find_spec("ray") is None or importlib.util.find_spec("prefect_ray") is None,
                        reason="ray is not importable: pip install 'indusflow[ray]'"),
 ]
