@@ -77,12 +77,21 @@ def route_project_logs(level: str | None = None) -> None:
         # the console comes from the root logger's Prefect console handler (propagation)
 
 
+def server_defaults() -> dict:
+    """Settings of every temporary Prefect server the project starts (a command's ephemeral API, the KB
+    ingest runner's server): the analytics off unless the user's environment sets them, since their
+    telemetry insert races the server's own writes on SQLite ('database is locked', an ERROR line with a
+    traceback; seen on a fresh home's migrations and, 2026-12-07, on the KB runner's server)."""
+    from prefect.settings import PREFECT_SERVER_ANALYTICS_ENABLED
+
+    return {} if "PREFECT_SERVER_ANALYTICS_ENABLED" in os.environ else {PREFECT_SERVER_ANALYTICS_ENABLED: False}
+
+
 @contextmanager
 def prefect_cli_settings() -> Iterator[None]:
     """Apply the project's Prefect defaults for the duration of a command-line run."""
     from prefect.settings import (
         PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
-        PREFECT_SERVER_ANALYTICS_ENABLED,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE,
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL,
@@ -90,10 +99,7 @@ def prefect_cli_settings() -> Iterator[None]:
         temporary_settings,
     )
 
-    updates: dict = {}
-    if "PREFECT_SERVER_ANALYTICS_ENABLED" not in os.environ:
-        # its insert races a fresh home's migrations ('database is locked')
-        updates[PREFECT_SERVER_ANALYTICS_ENABLED] = False
+    updates: dict = server_defaults()
     if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" not in os.environ:
         updates[PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS] = EPHEMERAL_STARTUP_TIMEOUT_S
     if not {"PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY"} & set(os.environ):

@@ -115,6 +115,7 @@ class IngestRunner:
         from prefect.settings import temporary_settings
 
         from infra.ephemeral_api import tether_ephemeral_api
+        from infra.prefect_env import server_defaults
         from tasks.dispatch import deployment_exists
 
         t0 = time.monotonic()
@@ -122,7 +123,8 @@ class IngestRunner:
         server = SubprocessASGIServer()
         # a queued run asks again for its collection's slot after this wait (Prefect's default, 30 s, would
         # be most of a second upload's wait)
-        with temporary_settings(set_defaults={"server.deployments.concurrency_slot_wait_seconds": SLOT_WAIT_S}):
+        with temporary_settings(updates=server_defaults(),
+                                set_defaults={"server.deployments.concurrency_slot_wait_seconds": SLOT_WAIT_S}):
             # Prefect's own wait (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, 20 s of sleeps) ran out at a
             # load of 12 on 2 cores while the API loaded its embedder (measured: RuntimeError, no upload ran)
             server.start(timeout=timeout_s)

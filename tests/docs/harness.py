@@ -360,6 +360,10 @@ class Workspace:
         env["INDUSFLOW_SERVE_PORT"] = str(self.ports["serve_port"])
         env["PORT"] = str(self.ports["ui_port"])
         env.pop("PYTHONWARNINGS", None)
+        # the pages' `prefect deploy --all` registers cron schedules; a run they fire depends on the clock,
+        # not on the page (02:00 UTC: nightly-retrain ran on a docs home with one day accumulated and the
+        # section failed, 2026-12-07). Cron runs firing on a worker: tests/servers/test_team_prefect_server.py
+        env["PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED"] = "false"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the test session's one thread (tests/conftest.py)
             env.pop(name, None)
         return env
