@@ -29,24 +29,15 @@ change, so an upgrade re-checks this module instead of silently dropping the wat
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-import time
 from typing import Any
 
-#: How often the server checks that its parent still lives (seconds).
-WATCH_INTERVAL_S = 0.5
+from infra.processes import exit_with_parent
+
 #: After SIGTERM, the longest the server gets to shut down before it exits regardless (seconds).
 SHUTDOWN_GRACE_S = 5.0
 
 
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(WATCH_INTERVAL_S)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(SHUTDOWN_GRACE_S)
-    os._exit(0)
 
 
 def tether_ephemeral_api() -> bool:
@@ -100,10 +91,7 @@ def _tethered_class(base: type) -> type:
 
 def main(argv: list[str]) -> None:
     """``python -m infra.ephemeral_api PARENT_PID <uvicorn arguments>``."""
-    parent = int(argv[0])
-    if os.getppid() != parent:  # the parent died before we got here
-        sys.exit(0)
-    threading.Thread(target=_watch, args=(parent,), name="parent-watchdog", daemon=True).start()
+    exit_with_parent(int(argv[0]), grace_s=SHUTDOWN_GRACE_S)
     import uvicorn.main
 
     uvicorn.main.main(args=argv[1:], prog_name="uvicorn")

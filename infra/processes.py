@@ -11,11 +11,30 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
+
+
+def exit_with_parent(parent: int, *, grace_s: float | None = None, interval_s: float = 0.5) -> None:
+    """Tie this process to ``parent``: exit at once if it is already gone, else a daemon thread sends
+    this process SIGTERM once ``parent`` is no longer its parent (it died, even by SIGKILL), and with
+    ``grace_s`` exits regardless that long after (a server whose shutdown may hang)."""
+    if os.getppid() != parent:  # the parent died before we got here
+        sys.exit(0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        if grace_s is not None:
+            time.sleep(grace_s)
+            os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -11,23 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
-import threading
-import time
 
 from flows.rag.job import INGEST_NICENESS
+from infra.processes import exit_with_parent
 
 #: How often the runner asks the API for runs to start (Prefect's default, 10 s, is most of an upload's wait).
 POLL_S = 1.0
-#: How often the runner process checks that the API process still lives (seconds).
-WATCH_S = 0.5
-
-
-def _watch(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(WATCH_S)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _serve(limit: int, names: list[str]) -> None:
@@ -51,10 +41,8 @@ async def _serve(limit: int, names: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     """``python -m flows.rag.runner PARENT_PID LIMIT NAME...``."""
-    parent, limit = int(argv[0]), int(argv[1])
-    if os.getppid() != parent:
-        sys.exit(0)
-    threading.Thread(target=_watch, args=(parent,), name="parent-watchdog", daemon=True).start()
+    exit_with_parent(int(argv[0]))
+    limit = int(argv[1])
     os.nice(INGEST_NICENESS)  # its runs inherit it: the API's requests come first
     asyncio.run(_serve(limit, argv[2:]))
 
