@@ -49,6 +49,11 @@ def load_or_create_salt(path: Path) -> bytes:
 class AuditLog:
     """Append-only JSONL file, rotated to ``.1 .. .N`` when it exceeds ``max_bytes``.
 
+    Not :class:`logging.handlers.RotatingFileHandler`: the processes of ``serve --workers N`` append to
+    one file, and that handler keeps one open stream per process and rotates it under the others (their
+    lines then go on into the renamed file). Here each line is one ``O_APPEND`` write of a freshly opened
+    file, so a rotation by any process is seen by the next write of every process.
+
     Args:
         path: the live file (``<home>/serving/audit.jsonl``).
         salt: the secret salt of :meth:`hash_id`.
