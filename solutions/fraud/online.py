@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -165,46 +165,24 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
         raise ValueError(f"{steps} steps per row need more history than the state keeps "
                          f"({state.history_len} rows per account)")
     for attempt in range(_CONFLICT_ATTEMPTS):
-        results: list[Rows | ScoredRequest | Exception] = []
-        spans: list[tuple[int, int]] = []
+        results: list[Rows | ScoredRequest | Exception] = list(frames)
+        spans = [(0, 0)] * len(frames)
         inputs: list[RowInputs] = []
         try:
             with state.update() as batch:
+                group = _Group()
                 for k, frame in enumerate(frames):
                     if isinstance(frame, Exception):
-                        results.append(frame)
-                        spans.append((0, 0))
                         continue
-                    batch.load(frame.accounts, [])
+                    if not group.joins(frame):
+                        group.apply(batch, model, steps, inputs, spans)  # its checks read what it changes
                     who = owners[k] if owners is not None else None
-                    taken = batch.owner_conflict(frame, who) if who is not None else None
-                    if taken is not None:
-                        results.append(OrderError(
-                            f"row {taken}: transaction {frame.tx_ids[taken]!r} was already scored under another "
-                            "account; a transaction id names one transaction (send it under its own account, or "
-                            "give this one its own id)"))
-                        spans.append((0, 0))
-                        continue
-                    stored = batch.replayed(frame)
-                    if stored is not None:  # sent again: answered as the first time, nothing applied
-                        results.append(ScoredRequest(
-                            scores=np.array([score for score, _ in stored], dtype=np.float64), inputs=[],
-                            accounts=frame.accounts, ids=frame.tx_ids, has_terminal=frame.has_terminal,
-                            versions=[version for _, version in stored]))
-                        spans.append((0, 0))
-                        continue
-                    try:
-                        batch.check(frame)
-                    except OrderError as exc:
-                        results.append(exc)
-                        spans.append((0, 0))
-                        continue
-                    rows = batch.apply(frame, model.delay_days, keep=steps, windows_days=model.windows_days)
-                    if who is not None:
-                        batch.claim(frame, who, model.delay_days)
-                    spans.append((len(inputs), len(inputs) + len(rows)))
-                    inputs.extend(rows)
-                    results.append(frame)
+                    refused = _refusal(batch, frame, who)
+                    if refused is not None:
+                        results[k] = refused
+                    else:
+                        group.add(k, frame, who)
+                group.apply(batch, model, steps, inputs, spans)
                 scores = model.predict(inputs)
                 batch.record_scores(scores.tolist(), model.version)
             break
@@ -216,3 +194,69 @@ def score_requests_with_inputs(model: OnlineFraudModel, state: OnlineFraudState,
             ScoredRequest(scores=scores[a:b], inputs=inputs[a:b], accounts=r.accounts, ids=r.tx_ids,
                           has_terminal=r.has_terminal)
             for r, (a, b) in zip(results, spans, strict=True)]
+
+
+@dataclass
+class _Group:
+    """Accepted requests of one update not applied yet. They are applied together: one feature
+    computation per run of rows in time order (:meth:`~solutions.fraud.online_state._Batch.apply`)
+    instead of one per request, which costs a single-transaction request most of its time in a batch.
+    Each still gets the inputs it would get applied alone after the ones before it (a run's features
+    are computed from the state before it, its own earlier rows included). A request joins only while
+    its accounts and transaction ids are not the group's: what may refuse it (the order of its
+    accounts' rows, a replay, an id's owner) reads only those, so it is checked as if the group were
+    applied."""
+
+    members: list[tuple[int, Rows, Sequence[str | None] | None]] = field(default_factory=list)
+    accounts: set[str] = field(default_factory=set)
+    tx_ids: set[str | None] = field(default_factory=set)
+
+    def joins(self, frame: Rows) -> bool:
+        if not self.members:
+            return True
+        return (frame.has_terminal == self.members[0][1].has_terminal and self.accounts.isdisjoint(frame.accounts)
+                and self.tx_ids.isdisjoint(frame.tx_ids))
+
+    def add(self, k: int, frame: Rows, who: Sequence[str | None] | None) -> None:
+        self.members.append((k, frame, who))
+        self.accounts.update(frame.accounts)
+        self.tx_ids.update(tx for tx in frame.tx_ids if tx is not None)
+
+    def apply(self, batch: Any, model: OnlineFraudModel, steps: int, inputs: list[RowInputs],
+              spans: list[tuple[int, int]]) -> None:
+        """Apply the members' rows as one, add their inputs to ``inputs`` (each member's span in
+        ``spans``) and claim their ids; the group is then empty."""
+        if not self.members:
+            return
+        start = len(inputs)
+        inputs += batch.apply(Rows.concat([f for _, f, _ in self.members]), model.delay_days, keep=steps,
+                              windows_days=model.windows_days)
+        for k, frame, who in self.members:
+            if who is not None:
+                batch.claim(frame, who, model.delay_days)
+            spans[k] = (start, start + len(frame))
+            start += len(frame)
+        self.members.clear()
+        self.accounts.clear()
+        self.tx_ids.clear()
+
+
+def _refusal(batch: Any, frame: Rows, who: Sequence[str | None] | None) -> OrderError | ScoredRequest | None:
+    """Why ``frame`` is not applied (its accounts loaded): an id already scored under another owner, a
+    replay (answered with the stored scores), or its rows' order; None: it is applied."""
+    batch.load(frame.accounts, [])
+    taken = batch.owner_conflict(frame, who) if who is not None else None
+    if taken is not None:
+        return OrderError(f"row {taken}: transaction {frame.tx_ids[taken]!r} was already scored under another "
+                          "account; a transaction id names one transaction (send it under its own account, or "
+                          "give this one its own id)")
+    stored = batch.replayed(frame)
+    if stored is not None:  # sent again: answered as the first time, nothing applied
+        return ScoredRequest(scores=np.array([score for score, _ in stored], dtype=np.float64), inputs=[],
+                             accounts=frame.accounts, ids=frame.tx_ids, has_terminal=frame.has_terminal,
+                             versions=[version for _, version in stored])
+    try:
+        batch.check(frame)
+    except OrderError as exc:
+        return exc
+    return None

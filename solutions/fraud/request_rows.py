@@ -182,6 +182,17 @@ class Rows:
         values = {name: getattr(self, name)[start:end] for name in self.__dataclass_fields__ if name != "has_terminal"}
         return Rows(**values, has_terminal=self.has_terminal)
 
+    @classmethod
+    def concat(cls, parts: Sequence[Rows]) -> Rows:
+        """The rows of ``parts`` one after the other (all with or all without terminals)."""
+        if len(parts) == 1:
+            return parts[0]
+        if len({p.has_terminal for p in parts}) != 1:
+            raise ValueError("rows with and without terminals cannot be joined")
+        values = {name: [v for p in parts for v in getattr(p, name)]
+                  for name in cls.__dataclass_fields__ if name != "has_terminal"}
+        return cls(**values, has_terminal=parts[0].has_terminal)
+
 
 @functools.lru_cache(maxsize=8)
 def request_schema(max_amount: float = P.MAX_AMOUNT) -> TableSchema:

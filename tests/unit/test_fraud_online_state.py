@@ -168,3 +168,67 @@ def test_a_model_windows_come_from_its_recorded_features_and_pair_challengers() 
     other = gbm("cust_nb_tx_2d", "term_nb_tx_14d", version=3)
     assert other.windows_days == (2, 14)
     assert "trained with windows (2, 14)" in (challenger_fits(champion, other) or "")
+
+
+class _AmountModel:
+    """What score_requests_with_inputs asks of a model; a row scores its 1-day amount mean / 1000."""
+
+    seq_len, delay_days, needs_terminal, version, windows_days = 4, 7, False, 3, None
+
+    def predict(self, rows: list) -> np.ndarray:
+        return np.array([sum(r.window.values()) / 1000.0 for r in rows])
+
+
+def test_the_requests_of_a_batch_score_as_they_would_one_call_each(tmp_path) -> None:
+    """A batch's requests are applied together while their accounts and ids differ (one feature
+    computation for many single-row requests instead of one each); each still gets what it gets
+    applied alone, after the ones before it: the same inputs and scores, the same refusals (a replay,
+    an id sent again with another amount, an id under another owner, a row too old), the same state."""
+    from solutions.fraud.online import ScoredRequest, score_requests_with_inputs
+
+    rng = np.random.default_rng(11)
+    n = 300
+    minutes = np.sort(rng.integers(0, 60 * 24 * 20, n))
+    raw = pd.DataFrame({
+        S.TRANSACTION_ID: [f"t{i}" for i in range(n)],
+        S.ACCOUNT_ID: rng.choice([f"a{i}" for i in range(40)], n),
+        S.TIMESTAMP: (pd.Timestamp("2025-01-01") + pd.to_timedelta(minutes, unit="min")).astype(str),
+        S.AMOUNT: rng.gamma(2.0, 30.0, n).round(2),
+        S.TERMINAL_ID: rng.choice(["x", "y", "z", "w"], n),
+        S.CHANNEL: rng.choice(["pos", "web"], n),
+    })
+    records = raw.to_dict("records")
+    requests = [[r] for r in records]
+    requests[150:152] = [records[150:152]]  # a two-row request among them
+    requests.insert(100, [records[12]])  # sent again (a later batch): answered with its stored score
+    requests.insert(80, [{**records[60], S.AMOUNT: 1.0}])  # its id again, another amount: refused
+    requests.insert(120, [{**records[100], S.TRANSACTION_ID: "old", S.TIMESTAMP: "2024-06-01 00:00:00"}])
+    requests.insert(160, [{**records[130], S.TRANSACTION_ID: "t131"}])  # t131 comes later, under its own account
+    requests.insert(200, [{k: v for k, v in records[190].items() if k != S.TERMINAL_ID} | {S.TRANSACTION_ID: "nt"}])
+    owners = [[f"h-{r[S.ACCOUNT_ID]}" for r in req] for req in requests]
+    model = _AmountModel()
+    together = OnlineFraudState.for_model(RocksStateStore(tmp_path / "together"), history_len=8)
+    alone = OnlineFraudState.for_model(RocksStateStore(tmp_path / "alone"), history_len=8)
+    got = []
+    for start in range(0, len(requests), 64):
+        got += score_requests_with_inputs(model, together, requests[start : start + 64],
+                                          owners=owners[start : start + 64])
+    want = [score_requests_with_inputs(model, alone, [req], owners=[own])[0] for req, own in zip(requests, owners)]
+    kinds = [type(w).__name__ for w in want]
+    assert kinds.count("OrderError") == 3 and sum(isinstance(w, ScoredRequest) and w.versions is not None for w in want) == 1
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is type(w)
+        if not isinstance(w, ScoredRequest):
+            assert str(g) == str(w)
+            continue
+        # a run's windows are sums over more rows at once: equal to rounding (as the runs of one request)
+        np.testing.assert_allclose(g.scores, w.scores, rtol=1e-12)
+        assert g.versions == w.versions
+        for gi, wi in zip(g.inputs, w.inputs, strict=True):
+            assert list(gi.window) == list(wi.window) and gi.step_cats == wi.step_cats
+            np.testing.assert_allclose(list(gi.window.values()), list(wi.window.values()), rtol=1e-12, atol=1e-9)
+            np.testing.assert_allclose(gi.steps, wi.steps, rtol=1e-12, atol=1e-9)
+    accounts, terminals = sorted(raw[S.ACCOUNT_ID].unique()), ["x", "y", "z", "w", "\x00null"]
+    with together.store.exclusive(), alone.store.exclusive():
+        assert together.store.read(ACCOUNT, accounts) == alone.store.read(ACCOUNT, accounts)
+        assert together.store.read(TERMINAL, terminals) == alone.store.read(TERMINAL, terminals)
