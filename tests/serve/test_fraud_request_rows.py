@@ -12,6 +12,7 @@ import math
 import random
 from typing import Any
 
+import pandas as pd
 import pytest
 
 from infra.errors import DataValidationError
@@ -97,6 +98,26 @@ def test_valid_requests_are_read_as_plain_values_with_the_table_validations_valu
     assert weekdays == [5, 6, 0, 1, 2, 3, 4]  # 2025-03-01 was a Saturday
 
 
+def test_timestamps_numpy_reads_are_pandas_readings() -> None:
+    """The plain timestamps read by numpy (the cheap path of one-row requests) are pandas' ISO 8601
+    readings to the nanosecond, over random times of 1700-2199 written each way the pattern admits;
+    text numpy cannot read goes to pandas, which refuses it too."""
+    rng = random.Random(3)
+    texts = []
+    for _ in range(20_000):
+        t = dt.datetime(1700, 1, 1) + dt.timedelta(days=rng.randrange(500 * 365), seconds=rng.randrange(86_400))
+        text = t.strftime(rng.choice(["%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M"]))
+        if rng.random() < 0.3 and text.count(":") == 2:
+            text += "." + str(rng.randrange(10**9)).zfill(9)[: rng.randint(1, 9)]
+        texts.append(text)
+    assert all(map(request_rows._NUMPY_TIME.fullmatch, texts))
+    ours = request_rows._plain_times(texts)
+    theirs = pd.to_datetime(pd.Index(texts, dtype=object), format="ISO8601").as_unit("ns").asi8
+    assert ours is not None and ours.tolist() == theirs.tolist()
+    for impossible in ("2025-02-29T00:00", "2025-03-01T24:00:00", "2025-03-01T10:60", "2025-13-01 00:00"):
+        assert request_rows._NUMPY_TIME.fullmatch(impossible) and request_rows._plain_times([impossible]) is None
+
+
 def test_requests_the_table_validation_refuses_are_refused_with_its_error() -> None:
     bad: list[tuple[list[dict[str, Any]], dict[str, str] | None]] = [
         ([{k: v for k, v in GOOD.items() if k != "amount"}], None),
@@ -129,7 +150,8 @@ def test_random_requests_agree_with_the_table_validation() -> None:
         "account_id": ["A", "B", 3, None, True],
         "timestamp": ["2025-03-01T10:00:00", "2025-03-01 11:30", "2025-03-02T00:00:00.5", "2025-03-01T10:00:00Z",
                       "2025-03-01T10:00:00+02:00", "2025-03-01", 1_700_000_000, "yesterday", None,
-                      "2025-03-01T25:00:00"],
+                      "2025-03-01T25:00:00", "2024-02-29 23:59:59.999999999", "2025-02-29T00:00", "2025-03-01T24:00",
+                      "1650-01-01T00:00:00", "2025-03-01T10:00:00.1234567891", " 2025-03-01T10:00"],
         "amount": [0, 1, 12.5, -0.0, -2, "3", None, float("nan"), float("inf"), True, 1e18],
         "label": [0, 1, True, False, None, 0.0, 2, "1", "yes", float("nan")],
         "terminal_id": ["T1", "T2", None, 5, 5.0, float("nan")],
