@@ -37,20 +37,22 @@ constraints:
 demo: install
 	$(PY) -m flows.fraud train
 
-# Two pytest-xdist workers by default (many tests wait on a server or a subprocess, so two workers fill
-# two cores). Each worker has its own home, Prefect test API, ports and core (tests/conftest.py); a file's
-# tests stay on one worker (--dist loadfile), so a module's fixtures are built once. Measured (2026-12-07,
-# 2 shared cores, NOT quiet: bench/results/test_durations_2026-12-06.md): 1004 passed in 33:01 at load
-# 0.4-20 (mean 9.6), 1540 CPU-s; serial before: 31:54 at load ~4. TEST_WORKERS=0: the tests run in this process.
-TEST_WORKERS ?= 2
-# The docs tier stays in one process until a whole run of it passes on two workers (make test-docs
-# DOCS_WORKERS=2; 2026-12-07: its first 4 sections passed on 2 workers in 34 min at load 9-18, beside make test).
-DOCS_WORKERS ?= 0
+# Three pytest-xdist workers by default: many tests wait on a server or a subprocess, so three workers
+# keep two cores busy (each worker has its own home, Prefect test API and ports: tests/conftest.py; one
+# thread per test process). A file's tests stay on one worker (--dist loadfile), so a module's fixtures
+# are built once; the files run tier by tier, the long waiting tiers first (tests/conftest.py TIER_ORDER,
+# --no-loadscope-reorder). Measured on a clean clone (2 cores, load 1-8, bench/results/test_durations_2026-12-07.md):
+# 2 workers 20:47, 3 workers 16:51 (both in xdist's default order). TEST_WORKERS=0: the tests run in this process.
+TEST_WORKERS ?= 3
+# The docs tier on two workers (a section and the sections it needs on one): 16 sections passed in 16:53 on
+# a clean clone (2026-12-07; ~21 min in one process). DOCS_WORKERS=0: in this process.
+DOCS_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(2)),-n $(2) --dist $(1))
 
 test: install
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not docs_run" $(call XDIST,loadfile,$(TEST_WORKERS))
+	$(PY) -m pytest -q -m "not docs_run" --durations=25 $(call XDIST,loadfile,$(TEST_WORKERS)) \
+		$(if $(filter-out 0,$(TEST_WORKERS)),--no-loadscope-reorder)
 
 # The tier a developer runs often (a few minutes on 2 cores): the import contracts and the unit
 # tests that start no server and train no flow-sized model (`slow` and `gpu` are left out).

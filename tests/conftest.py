@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 
 
 def _pin_xdist_worker() -> None:
-    """A pytest-xdist worker keeps to its share of the cores (gw0 the first, gw1 the second, ...).
+    """A pytest-xdist worker keeps to its share of the cores (gw0 the first, gw1 the second, ...) when
+    there are at least as many cores as workers (more workers than cores share them all: make test's
+    three on two cores; each test process runs one thread, :func:`_one_thread_per_process`).
 
     torch sizes its thread pool from the cores a process may use (and so does infra.hardware for
     training): two workers each running two threads on two busy cores made a tiny model's training
@@ -63,9 +66,22 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+#: The tiers in the order a run starts them: the ones whose files wait longest on servers and processes
+#: first, the many short unit files last, where they even out the workers' ends (make test runs the files
+#: in this order: --no-loadscope-reorder; xdist's default puts the files with most tests first, which left
+#: the servers tier's one long test to run alone on one worker at the end of the run).
+TIER_ORDER = ("servers", "flows", "serve", "integration", "docs", "unit")
+
+
+def _tier_rank(item: pytest.Item) -> int:
+    parts = Path(str(item.path)).relative_to(Path(__file__).parent).parts
+    return TIER_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in TIER_ORDER else len(TIER_ORDER)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    items.sort(key=_tier_rank)  # stable: each tier's files and tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
