@@ -42,10 +42,11 @@ demo: install
 # thread per test process). A file's tests stay on one worker (--dist loadfile), so a module's fixtures
 # are built once; the files run tier by tier, the long waiting tiers first (tests/conftest.py TIER_ORDER,
 # --no-loadscope-reorder). Measured on a clean clone (2 cores, load 1-8, bench/results/test_durations_2026-12-07.md):
-# 2 workers 20:47, 3 workers 16:51 (both in xdist's default order). TEST_WORKERS=0: the tests run in this process.
+# 2 workers 20:47, 3 workers 16:51 (both in xdist's default order), 3 workers tier by tier 13:58.
+# TEST_WORKERS=0: the tests run in this process.
 TEST_WORKERS ?= 3
-# The docs tier on two workers (a section and the sections it needs on one): 16 sections passed in 16:53 on
-# a clean clone (2026-12-07; ~21 min in one process). DOCS_WORKERS=0: in this process.
+# The docs tier on two workers (a section and the sections it needs on one): 16 sections passed in 16:53 and
+# 17:31 on clean clones (2026-12-07; ~21 min in one process). DOCS_WORKERS=0: in this process.
 DOCS_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(2)),-n $(2) --dist $(1))
 

@@ -143,7 +143,7 @@ class HomeLayout:
         return self._area("serving", "kb-jobs")
 
     def online_state(self) -> Path:
-        """The embedded online feature state of the REST API (per-account/terminal history, SQLite)."""
+        """The embedded online feature state of the REST API (per-account/terminal history, RocksDB)."""
         return self._area("serving", "online-state")
 
 
