@@ -38,8 +38,6 @@ from infra.processes import exit_with_parent
 SHUTDOWN_GRACE_S = 5.0
 
 
-
-
 def tether_ephemeral_api() -> bool:
     """Have Prefect's ephemeral API server (when this process starts one) exit with this process.
 

@@ -209,13 +209,13 @@ class _Group:
 
     members: list[tuple[int, Rows, Sequence[str | None] | None]] = field(default_factory=list)
     accounts: set[str] = field(default_factory=set)
-    tx_ids: set[str | None] = field(default_factory=set)
+    tx_ids: set[str] = field(default_factory=set)
 
     def joins(self, frame: Rows) -> bool:
         if not self.members:
             return True
         return (frame.has_terminal == self.members[0][1].has_terminal and self.accounts.isdisjoint(frame.accounts)
-                and self.tx_ids.isdisjoint(frame.tx_ids))
+                and self.tx_ids.isdisjoint(tx for tx in frame.tx_ids if tx is not None))
 
     def add(self, k: int, frame: Rows, who: Sequence[str | None] | None) -> None:
         self.members.append((k, frame, who))
