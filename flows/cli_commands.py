@@ -80,6 +80,10 @@ def champion_commands(promote: str, rollback: str) -> tuple[Command, Command]:
 
 APPROVE = "flows.registry.approve:registry_approve"
 APPROVALS = "flows.registry.approve:registry_approvals"
+#: ``approvals`` and ``verify`` only read the registry's files: without a Prefect API they call the
+#: flow's function directly (no flow run to record, so no temporary Prefect server: ~8 CPU-s and
+#: ~10 s per call on 2 cores, 2026-12-07)
+APPROVALS_LOCAL = "flows.registry.approve:list_approvals"
 
 
 def approval_commands() -> tuple[Command, Command]:
@@ -90,12 +94,6 @@ def approval_commands() -> tuple[Command, Command]:
         from tasks.approval import find_request
 
         return find_request(kwargs["run"]).api_url  # ApprovalError names the waiting runs
-
-    def waiting_api(kwargs: dict[str, Any]) -> str | None:
-        from tasks.approval import approval_requests
-
-        waiting = approval_requests("waiting")
-        return waiting[-1].api_url if waiting else None  # not a second ephemeral API beside the waiting run's
 
     def approve_summary(request: Any) -> str:
         outcome = {"waiting": "sent; the run has not recorded it yet (it resumes at its next check)"}.get(
@@ -112,7 +110,7 @@ def approval_commands() -> tuple[Command, Command]:
     return (
         Command("approve", APPROVE, approve_summary, positional="run", api_url=run_api,
                 help="approve (or --reject) the champion move a paused run waits for; four eyes"),
-        Command("approvals", APPROVALS, approvals_summary, api_url=waiting_api,
+        Command("approvals", APPROVALS, approvals_summary, local=APPROVALS_LOCAL,
                 help="list the champion moves waiting for approval"),
     )
 

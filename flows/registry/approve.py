@@ -53,12 +53,21 @@ def registry_sign(run: str, reason: str, key: str, reject: bool = False) -> Sign
     return sign_for_request(run, approve=not reject, reason=reason, key_path=Path(key).expanduser())
 
 
+ListStatus = Literal["waiting", "approved", "rejected", "expired", "all"]
+
+
+def list_approvals(status: ListStatus = "waiting") -> ApprovalList:
+    """The approval requests with ``status`` (read from the registry's files): what the
+    ``registry-approvals`` flow returns, and what ``approvals`` prints without a Prefect API."""
+    return ApprovalList(requests=approval_requests(None if status == "all" else status))
+
+
 @flow(name="registry-approvals", log_prints=True)
-def registry_approvals(status: Literal["waiting", "approved", "rejected", "expired", "all"] = "waiting") -> ApprovalList:
+def registry_approvals(status: ListStatus = "waiting") -> ApprovalList:
     """List the alias moves that wait for approval (or, with --status, those approved, rejected
     or expired): run id, model, version, who asked and until when.
 
     Args:
         status: which requests to list (default: those waiting; all: every one).
     """
-    return ApprovalList(requests=approval_requests(None if status == "all" else status))
+    return list_approvals(status)

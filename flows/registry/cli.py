@@ -8,6 +8,7 @@ from typing import Any
 from flows.cli import Command, approval_commands, make_main
 
 VERIFY = "flows.registry.verify:registry_verify"
+VERIFY_LOCAL = "tasks.champion:verify_trails"  # reads only: see flows.cli_commands.APPROVALS_LOCAL
 CHALLENGER = "flows.registry.challenger:registry_challenger"
 ROTATE_KEY = "flows.registry.rotate_key:registry_rotate_key"
 KEYGEN = "flows.registry.policy:registry_keygen"
@@ -73,7 +74,7 @@ def sign_summary(result: Any) -> str:
 
 COMMANDS = (
     Command("verify", VERIFY, verify_summary, help="check the hash-chained registry trail; exit 1 if it was altered",
-            check=check_verify, exit_code=lambda result: 0 if result.ok else 1),
+            check=check_verify, exit_code=lambda result: 0 if result.ok else 1, local=VERIFY_LOCAL),
     Command("challenger", CHALLENGER, challenger_summary, positional="model",
             help="point the challenger alias at NAME:VERSION (serving scores it in shadow or split), or --clear it"),
     Command("rotate-key", ROTATE_KEY, lambda r: f"rewrapped {r.rewrapped} data keys under {r.new_key} "

@@ -270,6 +270,24 @@ def test_ask_without_a_prefect_api_runs_no_flow_and_starts_no_prefect_server(tmp
     assert not (tmp_path / "prefect").exists() or not any((tmp_path / "prefect").rglob("*.db"))
 
 
+@pytest.mark.parametrize("argv", [["flows.registry", "verify", "--json"], ["flows.fraud", "approvals", "--json"],
+                                  ["flows.registry", "approvals", "--status", "all", "--json"]])
+def test_registry_reads_without_a_prefect_api_start_no_prefect_server(tmp_path: Path, argv: list[str]) -> None:
+    """``verify`` and ``approvals`` only read the registry's files: with no PREFECT_API_URL they answer
+    without a flow run, so no temporary Prefect server starts (it left its database in PREFECT_HOME);
+    ``--json`` prints the flow's typed result."""
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, "-m", *argv], cwd=REPO, env=env, text=True, capture_output=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result in ({"ok": True, "reports": []}, {"requests": []})
+    assert "temporary server" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "prefect").exists() or not any((tmp_path / "prefect").rglob("*.db"))
+
+
 HOLDER = """
 import sys, time
 from infra.milvus import open_client
