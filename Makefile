@@ -46,7 +46,8 @@ demo: install
 # TEST_WORKERS=0: the tests run in this process.
 TEST_WORKERS ?= 3
 # The docs tier on two workers (a section and the sections it needs on one): 16 sections passed in 16:53 and
-# 17:31 on clean clones (2026-12-07; ~21 min in one process). DOCS_WORKERS=0: in this process.
+# 17:31 on clean clones, 15:31 once tuning and compression left the fraud guide's chain (2026-12-07;
+# ~21 min in one process). DOCS_WORKERS=0: in this process.
 DOCS_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(2)),-n $(2) --dist $(1))
 
