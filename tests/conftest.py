@@ -74,10 +74,9 @@ TIER_ORDER = ("servers", "flows", "serve", "integration", "docs", "unit")
 
 
 def _tier_rank(item: pytest.Item) -> int:
-    parts = Path(str(item.path)).parts
-    here = Path(__file__).parent.parts
-    tier = parts[len(here)] if parts[: len(here)] == here and len(parts) > len(here) + 1 else ""
-    return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+    path, here = Path(str(item.path)), Path(__file__).parent
+    parts = path.relative_to(here).parts if path.is_relative_to(here) else ()
+    return TIER_ORDER.index(parts[0]) if len(parts) > 1 and parts[0] in TIER_ORDER else len(TIER_ORDER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
