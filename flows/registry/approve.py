@@ -39,6 +39,12 @@ def registry_approve(run: str, reason: str, key: str, reject: bool = False) -> A
     return decide_task(run, signed=signed, via="cli")
 
 
+def sign_decision_for(run: str, reason: str, key: str, reject: bool = False) -> SignedDecision:
+    """The signed decision ``registry-sign`` prints: what the command calls without a Prefect API,
+    since it only reads the registry's request and policy files."""
+    return sign_for_request(run, approve=not reject, reason=reason, key_path=Path(key).expanduser())
+
+
 @flow(name="registry-sign", log_prints=True)
 def registry_sign(run: str, reason: str, key: str, reject: bool = False) -> SignedDecision:
     """Sign a decision on the alias move a paused run waits for, without sending it: paste the JSON
@@ -50,7 +56,7 @@ def registry_sign(run: str, reason: str, key: str, reject: bool = False) -> Sign
         key: path of your ed25519 private key (python -m flows.registry keygen).
         reject: sign a rejection instead.
     """
-    return sign_for_request(run, approve=not reject, reason=reason, key_path=Path(key).expanduser())
+    return sign_decision_for(run, reason, key, reject)
 
 
 ListStatus = Literal["waiting", "approved", "rejected", "expired", "all"]

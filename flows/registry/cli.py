@@ -14,6 +14,10 @@ ROTATE_KEY = "flows.registry.rotate_key:registry_rotate_key"
 KEYGEN = "flows.registry.policy:registry_keygen"
 POLICY = "flows.registry.policy:registry_policy"
 SIGN = "flows.registry.approve:registry_sign"
+#: keygen writes only the key file it is given, sign only reads the registry: without a Prefect API
+#: they run as plain functions (no temporary Prefect server: ~8 CPU-s a call)
+KEYGEN_LOCAL = "flows.registry.policy:make_signing_key"
+SIGN_LOCAL = "flows.registry.approve:sign_decision_for"
 
 
 def check_verify(kwargs: dict[str, Any]) -> None:
@@ -82,9 +86,9 @@ COMMANDS = (
             help="rewrap the encrypted registry's data keys under the key INDUSFLOW_REGISTRY_KEY names now",
             check=check_rotate_key),
     *approval_commands(),
-    Command("sign", SIGN, sign_summary, positional="run",
+    Command("sign", SIGN, sign_summary, positional="run", local=SIGN_LOCAL,
             help="sign a decision on a waiting run with your key and print it (for the Prefect form or the API)"),
-    Command("keygen", KEYGEN, keygen_summary, positional="person",
+    Command("keygen", KEYGEN, keygen_summary, positional="person", local=KEYGEN_LOCAL,
             help="make your approver signing key (ed25519) and print the public key to enrol"),
     Command("policy", POLICY, policy_summary,
             help="set who may approve a model's alias moves (signed by an approver; on the trail)"),

@@ -21,6 +21,15 @@ class SigningKey(BaseModel):
     public_key: str
 
 
+def make_signing_key(person: str, out: str) -> SigningKey:
+    """The key pair ``registry-keygen`` makes (its private key written to ``out``): what the command
+    calls without a Prefect API, since it touches no registry file."""
+    from infra.registry_policy import generate_signing_key
+
+    path = Path(out).expanduser()
+    return SigningKey(person=person, path=str(path), public_key=generate_signing_key(path))
+
+
 @flow(name="registry-keygen", log_prints=True)
 def registry_keygen(person: str, out: str) -> SigningKey:
     """Make an approver's ed25519 signing key: the private key is written to --out (mode 0600, in
@@ -31,10 +40,7 @@ def registry_keygen(person: str, out: str) -> SigningKey:
         person: your name as the policy will list it.
         out: where to write the private key (an existing file is never overwritten).
     """
-    from infra.registry_policy import generate_signing_key
-
-    path = Path(out).expanduser()
-    return SigningKey(person=person, path=str(path), public_key=generate_signing_key(path))
+    return make_signing_key(person, out)
 
 
 @flow(name="registry-policy", log_prints=True)

@@ -288,6 +288,29 @@ def test_registry_reads_without_a_prefect_api_start_no_prefect_server(tmp_path: 
     assert not (tmp_path / "prefect").exists() or not any((tmp_path / "prefect").rglob("*.db"))
 
 
+def test_keygen_and_sign_without_a_prefect_api_start_no_prefect_server(tmp_path: Path) -> None:
+    """``keygen`` writes only the key file it is given and ``sign`` only reads the registry: with no
+    PREFECT_API_URL neither starts a temporary Prefect server; a sign for a run nobody asked about
+    says so (exit 2)."""
+    env = {**os.environ, "INDUSFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)
+    key = tmp_path / "keys" / "alice.pem"
+
+    def registry(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "flows.registry", *argv], cwd=REPO, env=env, text=True,
+                              capture_output=True, timeout=120, check=False)
+
+    made = registry("keygen", "alice", "--out", str(key), "--json")
+    assert made.returncode == 0, made.stdout + made.stderr
+    result = json.loads(made.stdout.strip().splitlines()[-1])
+    assert result["person"] == "alice" and result["path"] == str(key) and result["public_key"]
+    assert key.stat().st_mode & 0o777 == 0o600
+    signed = registry("sign", "0123456789abcdef", "--key", str(key), "--reason", "reviewed")
+    assert signed.returncode == 2 and "0123456789abcdef" in signed.stderr, signed.stdout + signed.stderr
+    assert not (tmp_path / "prefect").exists() or not any((tmp_path / "prefect").rglob("*.db"))
+
+
 HOLDER = """
 import sys, time
 from infra.milvus import open_client
