@@ -52,6 +52,14 @@ except ImportError:  # run as a file
 
 ROOT = rb.ROOT
 COMMAND_TIMEOUT_S = 1200
+
+#: Sections side by side (the docs tier's pytest-xdist workers): every process of a command runs one
+#: torch/OpenMP thread, on any core. A worker pinned to one core (tests/conftest.py) kept a section's
+#: command and its temporary Prefect server on that core, and the fraud guide's chain ran its last
+#: minutes beside an idle core; unpinned with the project's default threads, two trainings ran four
+#: threads on two cores (a default fraud training 413 s instead of 55 s, 2026-12-07). Alone (one
+#: section, or DOCS_WORKERS=0) a command runs as in a new terminal: the project's own thread choice.
+SIDE_BY_SIDE_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "INDUSFLOW_TRAIN_NUM_THREADS": "1"}
 TAIL_LINES = 25
 
 #: (text on a page, what runs instead, why). Applied to every line that holds the text.
@@ -285,6 +293,8 @@ class Pages:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.run_dir = base / "run"
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the commands on any core: SIDE_BY_SIDE_THREADS
         self.blocks = rb.parse_all()
         self.done: dict[str, SectionResult] = {}
         _default_sigint()
@@ -366,6 +376,8 @@ class Workspace:
         env["PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED"] = "false"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the test session's one thread (tests/conftest.py)
             env.pop(name, None)
+        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+            env.update(SIDE_BY_SIDE_THREADS)
         return env
 
     def commands(self, section: str) -> list[rb.Command]:
