@@ -74,48 +74,55 @@ def _groups(s: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     return order, ends
 
 
-def _ranked(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per resample and per group of tied scores (best first): the cumulated weight of
-    positives ``tp`` and of all rows ``seen``.
+def _positive_groups(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per resample and per group of tied scores that holds a positive (best first): the weight of
+    its positives ``p``, and the weight of all rows ranked above it (``before``) and up to its end
+    (``through``).
 
-    Positives are few, so their running sum is taken over their own columns only and read
-    at each group end; the only pass over the whole weight matrix is the running total.
+    Only those groups move recall or the ROC curve, and positives are few: the weight matrix is
+    summed once per stretch between their boundaries (``np.add.reduceat``), never cumulated column
+    by column (a fraud card's bootstrap: 44k rows x 1000 resamples in 6.0 s before, 2026-12-07).
+    Weights are counts, so every sum is exact and the metrics are those of the full running sums.
     """
     order, ends = _groups(s)
     if order is not None:
         w, y = w[:, order], y[order]
-    seen = np.cumsum(w, axis=1)[:, ends]
     pos = np.flatnonzero(y)
-    tp_pos = np.cumsum(w[:, pos] * y[pos], axis=1)
-    up_to = np.searchsorted(pos, ends, side="right")  # positives ranked at or above each end
-    tp = np.concatenate([np.zeros((len(w), 1)), tp_pos], axis=1)[:, up_to]
-    return tp, seen
+    if pos.size == 0:
+        empty = np.zeros((len(w), 0))
+        return empty, empty, empty
+    groups, first = np.unique(np.searchsorted(ends, pos), return_index=True)  # the tie groups of the positives
+    starts = np.r_[0, ends[:-1] + 1][groups]  # first row of each group holding a positive
+    stops = ends[groups] + 1  # one past its last row
+    cuts = np.unique(np.r_[0, starts, stops])  # stretches between boundaries; the last cut may be n
+    inner = cuts[cuts < w.shape[1]]
+    running = np.zeros((len(w), cuts.size))  # weight of the rows before each cut
+    running[:, 1:] = np.cumsum(np.add.reduceat(w, inner, axis=1), axis=1)[:, : cuts.size - 1]
+    before, through = running[:, np.searchsorted(cuts, starts)], running[:, np.searchsorted(cuts, stops)]
+    return np.add.reduceat(w[:, pos] * y[pos], first, axis=1), before, through
 
 
 def weighted_pr_auc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Average precision per row of ``w`` (NaN where a resample holds no positive)."""
-    tp, seen = _ranked(y, s, w)
-    total = tp[:, -1:]
+    p, _, through = _positive_groups(y, s, w)
+    tp = np.cumsum(p, axis=1)
+    total = p.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        precision = np.where(seen > 0, tp / seen, 1.0)
-        recall = tp / total
-    gain = np.diff(np.concatenate([np.zeros((len(w), 1)), recall], axis=1), axis=1)
-    out = np.sum(gain * precision, axis=1)
-    return np.where(total[:, 0] > 0, out, np.nan)
+        precision = np.where(through > 0, tp / through, 1.0)
+        return np.where(total > 0, np.sum(p * precision, axis=1) / total, np.nan)
 
 
 def weighted_roc_auc(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
     """ROC-AUC per row of ``w`` (ties count one half; NaN without both classes)."""
-    pos, seen = _ranked(y, s, w)
-    neg = seen - pos
-    tpr_steps = np.diff(np.concatenate([np.zeros((len(w), 1)), pos], axis=1), axis=1)
-    fpr_steps = np.diff(np.concatenate([np.zeros((len(w), 1)), neg], axis=1), axis=1)
-    neg_before = neg - fpr_steps
+    p, before, through = _positive_groups(y, s, w)
+    neg_before = before - (np.cumsum(p, axis=1) - p)
+    neg_tied = through - before - p
+    positives = p.sum(axis=1)
+    negatives = w.sum(axis=1) - positives
     # each positive group scores above the negatives ranked below it, half the tied ones
-    area = np.sum(tpr_steps * (neg[:, -1:] - neg_before - 0.5 * fpr_steps), axis=1)
-    denom = pos[:, -1] * neg[:, -1]
+    area = np.sum(p * (negatives[:, None] - neg_before - 0.5 * neg_tied), axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denom > 0, area / denom, np.nan)
+        return np.where(positives * negatives > 0, area / (positives * negatives), np.nan)
 
 
 def weighted_rmse(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:

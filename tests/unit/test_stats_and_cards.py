@@ -42,6 +42,27 @@ def test_weighted_metrics_match_sklearn_with_ties() -> None:
         assert stats.weighted_roc_auc(y, s, w)[i] == pytest.approx(roc_auc_score(y, s, sample_weight=w[i]))
 
 
+@pytest.mark.parametrize("rate", [0.01, 0.5, 0.97])
+def test_weighted_metrics_match_sklearn_where_only_a_few_groups_hold_positives(rate: float) -> None:
+    """Few positives, most, or nearly all; the last row tied with the best; resamples that drop
+    every positive (NaN) or every negative (ROC NaN)."""
+    rng = np.random.default_rng(int(rate * 100))
+    y = (rng.random(300) < rate).astype(float)
+    y[:2] = [1.0, 0.0]
+    s = np.round(rng.random(300) + 0.3 * y, 2)
+    s[-1] = s.max()
+    w = rng.integers(0, 3, size=(6, 300)).astype(float)
+    w[:4, 0] = 1.0  # the first four hold a positive and a negative
+    w[:4, 1] = 1.0
+    w[4, y == 1] = 0.0
+    w[5, y == 0] = 0.0
+    pr, roc = stats.weighted_pr_auc(y, s, w), stats.weighted_roc_auc(y, s, w)
+    for i in range(4):
+        assert pr[i] == pytest.approx(average_precision_score(y, s, sample_weight=w[i]))
+        assert roc[i] == pytest.approx(roc_auc_score(y, s, sample_weight=w[i]))
+    assert np.isnan(pr[4]) and np.isnan(roc[4]) and np.isnan(roc[5]) and pr[5] == pytest.approx(1.0)
+
+
 def test_intervals_contain_the_estimate_and_are_seeded() -> None:
     y, s = _scores()
     for metric in ("pr_auc", "roc_auc"):
