@@ -62,6 +62,11 @@ COMMAND_TIMEOUT_S = 1200
 SIDE_BY_SIDE_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "INDUSFLOW_TRAIN_NUM_THREADS": "1"}
 TAIL_LINES = 25
 
+
+def side_by_side() -> bool:
+    """Whether this process is one of several docs-tier workers (see :data:`SIDE_BY_SIDE_THREADS`)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
+
 #: (text on a page, what runs instead, why). Applied to every line that holds the text.
 SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("localhost:8000", "localhost:{serve_port}",
@@ -293,7 +298,7 @@ class Pages:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.run_dir = base / "run"
-        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and hasattr(os, "sched_setaffinity"):
+        if side_by_side() and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, range(os.cpu_count() or 1))  # the commands on any core: SIDE_BY_SIDE_THREADS
         self.blocks = rb.parse_all()
         self.done: dict[str, SectionResult] = {}
@@ -376,7 +381,7 @@ class Workspace:
         env["PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED"] = "false"
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # the test session's one thread (tests/conftest.py)
             env.pop(name, None)
-        if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        if side_by_side():
             env.update(SIDE_BY_SIDE_THREADS)
         return env
 
