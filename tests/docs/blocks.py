@@ -17,7 +17,7 @@ same command.
 
 Which test section runs a command is :data:`SECTIONS`: a page, and optionally a heading of it.
 Each section runs in a home of its own: a fresh one, or a copy of the home another section
-left (``needs``: serving starts where the README left its fraud and sensor champions).
+left (``needs``: serving starts where the fraud and sensor guides left their champions).
 """
 
 from __future__ import annotations
@@ -70,10 +70,9 @@ SECTIONS: list[Section] = [
     Section("federated", "docs/fraud.md", "Federated training"),
     Section("model_risk", "docs/governance.md", needs="governance"),  # promotes the version governance trained
     # the champion model_risk promoted (the GBM, trained on data like incoming/next-days): with the
-    # adapted champion fraud_flows leaves, the Ray batch flags score drift (a WARNING); with the README's
-    # GRU too (score PSI 0.93, 2026-12-07)
+    # adapted champion fraud_flows leaves, the Ray batch flags score drift (a WARNING)
     Section("deployments", "docs/deployments.md", needs="model_risk"),
-    Section("serving", "docs/serving.md", needs="readme_sensor"),  # both champions: the README's, beside the long chain
+    Section("serving", "docs/serving.md", needs="sensor"),  # both champions loaded
     Section("kb_api", "docs/kb.md"),
     Section("configuration", "docs/configuration.md"),  # a settings file and a flow's config file: a fresh home
 ]

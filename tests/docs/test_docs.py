@@ -6,7 +6,7 @@ reason and matches a line, every synopsis has a concrete example, every runnable
 to a section. The section tests run each section's commands in a home of its own: a fresh one, or
 a copy of the home the section it ``needs`` left (:data:`blocks.SECTIONS`, :class:`harness.Pages`).
 A section selected alone (``pytest -m docs_run -k serving``) runs exactly its chain of needs first
-(readme_fraud, readme_sensor); the whole tier runs each section once. Each prints its report (commands,
+(fraud_flows, sensor); the whole tier runs each section once. Each prints its report (commands,
 substitutions, skipped lines with reasons, seconds; those of the needs it ran) even when it passes.
 """
 
@@ -76,7 +76,7 @@ def test_needs_form_chains() -> None:
     """Every ``needs`` names an earlier section, so the tier's order runs each section once."""
     for i, s in enumerate(rb.SECTIONS):
         assert not s.needs or s.needs in rb.SECTION_NAMES[:i], f"{s.name} needs {s.needs!r}: not an earlier section"
-    assert rb.chain("serving") == ["readme_fraud", "readme_sensor", "serving"]
+    assert rb.chain("serving") == ["fraud_flows", "sensor", "serving"]
     assert rb.chain("kb_api") == ["kb_api"]
 
 
