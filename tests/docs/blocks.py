@@ -70,7 +70,8 @@ SECTIONS: list[Section] = [
     Section("federated", "docs/fraud.md", "Federated training"),
     Section("model_risk", "docs/governance.md", needs="governance"),  # promotes the version governance trained
     # the champion model_risk promoted (the GBM, trained on data like incoming/next-days): with the
-    # adapted champion fraud_flows leaves, the Ray batch flags score drift (a WARNING)
+    # adapted champion fraud_flows leaves, the Ray batch flags score drift (a WARNING); with the README's
+    # GRU too (score PSI 0.93, 2026-12-07)
     Section("deployments", "docs/deployments.md", needs="model_risk"),
     Section("serving", "docs/serving.md", needs="sensor"),  # both champions loaded
     Section("kb_api", "docs/kb.md"),
