@@ -67,6 +67,7 @@ def side_by_side() -> bool:
     """Whether this process is one of several docs-tier workers (see :data:`SIDE_BY_SIDE_THREADS`)."""
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
 
+
 #: (text on a page, what runs instead, why). Applied to every line that holds the text.
 SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("localhost:8000", "localhost:{serve_port}",
