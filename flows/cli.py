@@ -300,15 +300,17 @@ def prefect_api_configured() -> bool:
     return bool(os.environ.get("PREFECT_API_URL"))
 
 
-def run_flow(fn: Callable[[], BaseModel], *, as_json: bool, summary: Callable[[Any], str],
-             exit_code: Callable[[Any], int] | None = None, api_url: str | None = None, prefect: bool = True) -> int:
-    """Run a flow under the project's Prefect defaults (against ``api_url`` when given and no
-    PREFECT_API_URL is set); print a summary and the JSON result. ``prefect=False``: ``fn``
-    calls a plain function (a command's ``local``), outside Prefect."""
+def run_flow(load: Callable[[], Callable[..., BaseModel]], kwargs: Mapping[str, Any], *, as_json: bool,
+             summary: Callable[[Any], str], exit_code: Callable[[Any], int] | None = None,
+             api_url: str | None = None, prefect: bool = True) -> int:
+    """Call ``load()(**kwargs)`` (the flow: ``load`` imports it) under the project's Prefect defaults, against
+    ``api_url`` when given and no PREFECT_API_URL is set (else a temporary API server that starts while
+    ``load`` imports); print a summary and the JSON result. ``prefect=False``: ``load`` gives a plain
+    function (a command's ``local``), called outside Prefect."""
     try:
         with _prefect_api(api_url) if prefect else contextlib.nullcontext(), \
-                prefect_cli_settings() if prefect else contextlib.nullcontext():
-            result = fn()
+                prefect_cli_settings(prepare=load) if prefect else contextlib.nullcontext(load()) as fn:
+            result = fn(**kwargs)
     except IndusflowError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
@@ -373,10 +375,9 @@ def make_main(prog: str, description: str, commands: Sequence[Command]) -> Calla
             return 2
         command = chosen.command
         if command.local is not None and api_url is None and not prefect_api_configured():
-            local_kwargs = with_defaults(command.flow, kwargs)
-            return run_flow(lambda: load_flow(command.local)(**local_kwargs), as_json=args.json, summary=command.summary,
-                            exit_code=command.exit_code, prefect=False)
-        return run_flow(lambda: load_flow(command.flow)(**kwargs), as_json=args.json, summary=command.summary,
+            return run_flow(lambda: load_flow(command.local), with_defaults(command.flow, kwargs), as_json=args.json,
+                            summary=command.summary, exit_code=command.exit_code, prefect=False)
+        return run_flow(lambda: load_flow(command.flow), kwargs, as_json=args.json, summary=command.summary,
                         exit_code=command.exit_code, api_url=api_url)
 
     return main

@@ -1,6 +1,6 @@
 """Prefect set-up for runs started from the command line.
 
-On a fresh Prefect home the ephemeral API runs its database migrations while the
+On a fresh Prefect home the temporary API runs its database migrations while the
 server's telemetry writes a session row, and SQLite answers ``database is locked``
 (an ERROR line with a traceback). Turning the server analytics off removes that insert;
 a longer start-up timeout covers a slow first migration on 2 cores. Flow-run heartbeats
@@ -11,11 +11,12 @@ environment variables always win over these defaults, which is why none of them 
 
 A command-line run ends while Prefect still has work in flight: the client's events
 worker may hold unsent events (drained at interpreter exit, with an ``EventsWorker -
-Still processing items`` warning) and the ephemeral server's task-run recorder may still be
-writing task-run states when the server is terminated (``Error flushing 1 events`` with a
+Still processing items`` warning) and the temporary server's task-run recorder may still be
+writing task-run states when the server is stopped (``Error flushing 1 events`` with a
 traceback, and task runs left ``Running`` in the UI). :func:`settle_prefect` waits for both
-while the API is still up, so a normal run ends quietly and completely. The ephemeral server
-itself exits with the command even when the command is killed (:mod:`infra.ephemeral_api`).
+while the API is still up, so a normal run ends quietly and completely. The temporary server
+starts while the command imports its flow and exits with the command, even when the command is
+killed (:mod:`infra.ephemeral_api`).
 
 Still needed with Prefect 3.9.1 (re-measured 2026-12-06, load ~7 on 2 cores): without the wait, a
 200-task fan-out ended with ``Error flushing 100 events`` (the recorder's shutdown flush cancelled
@@ -33,27 +34,32 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, TypeVar
 
 from infra import PROJECT_LOGGERS
 from infra.settings import get_core_settings
 
-#: How long to wait for Prefect's ephemeral API to start (the first start on a new home runs the
+#: How long to wait for the temporary API to start (the first start on a new home runs the
 #: database migrations: 20-40 s on 2 cores). Prefect's PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS wins.
 EPHEMERAL_STARTUP_TIMEOUT_S = 120
 #: Longest wait for Prefect's in-flight events at the end of a command-line run (seconds).
 SETTLE_TIMEOUT_S = 15.0
-#: Pause between two looks at the ephemeral server's task-run records (seconds).
+#: Pause between two looks at the temporary server's task-run records (seconds).
 SETTLE_POLL_S = 0.25
-#: The ephemeral server's task-run recorder writes events in batches (Prefect writes them
+#: The temporary server's task-run recorder writes events in batches (Prefect writes them
 #: one by one by default: a fan-out of 200 tasks left it ~20 s behind on 2 cores) and
 #: flushes a partial batch after this many seconds (whole seconds: Prefect truncates).
 RECORDER_BATCH_SIZE = 100
 RECORDER_FLUSH_INTERVAL_S = 1
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from infra.ephemeral_api import TemporaryAPI
 
 
 def route_project_logs(level: str | None = None) -> None:
@@ -88,9 +94,15 @@ def server_defaults() -> dict:
 
 
 @contextmanager
-def prefect_cli_settings() -> Iterator[None]:
-    """Apply the project's Prefect defaults for the duration of a command-line run."""
+def prefect_cli_settings(prepare: Callable[[], T] | None = None) -> Iterator[T | None]:
+    """Apply the project's Prefect defaults for the duration of a command-line run.
+
+    Without ``PREFECT_API_URL`` the run gets a temporary API server of its own
+    (:class:`~infra.ephemeral_api.TemporaryAPI`, stopped at the end); ``prepare`` (the command's
+    imports of its flow) runs while that server starts, and its result is what the block receives.
+    """
     from prefect.settings import (
+        PREFECT_API_URL,
         PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE,
@@ -110,7 +122,7 @@ def prefect_cli_settings() -> Iterator[None]:
     if "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW" not in os.environ:
         # project loggers also log outside flow runs (plain functions): no API, no warning
         updates[PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW] = "ignore"
-    recorder = {  # read by the ephemeral server, which inherits the settings when it starts
+    recorder = {  # read by the temporary server, which gets the settings when it starts
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE: RECORDER_BATCH_SIZE,
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_READ_BATCH_SIZE: RECORDER_BATCH_SIZE,
         PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL: RECORDER_FLUSH_INTERVAL_S,
@@ -119,22 +131,38 @@ def prefect_cli_settings() -> Iterator[None]:
     route_project_logs()
     started = datetime.now(UTC)
     with temporary_settings(updates=updates):
-        from prefect.settings import PREFECT_API_URL
-
-        if PREFECT_API_URL.value() is None:  # Prefect will start an ephemeral API for this run
-            from infra.ephemeral_api import tether_ephemeral_api
-
-            tether_ephemeral_api()  # it exits with this process, even one killed with SIGKILL
+        api = start_temporary_api()
         try:
-            yield
-        except Exception:
-            settle_prefect(since=started)  # a failed run's states belong in the UI too
-            raise
-        settle_prefect(since=started)
+            prepared = prepare() if prepare is not None else None
+            url = api.wait_ready(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()) if api else None
+            with temporary_settings(updates={PREFECT_API_URL: url}) if url else nullcontext():
+                try:
+                    yield prepared
+                except Exception:
+                    settle_prefect(since=started, temporary=api is not None)  # a failed run's states belong in the UI too
+                    raise
+                settle_prefect(since=started, temporary=api is not None)
+        finally:
+            if api is not None:
+                api.stop()
+
+
+def start_temporary_api() -> TemporaryAPI | None:
+    """Start a temporary API server for this process's runs when they have none (no ``PREFECT_API_URL``,
+    and Prefect's ephemeral mode allowed), with the current Prefect settings; it exits with this process,
+    even one killed with SIGKILL (:mod:`infra.ephemeral_api`)."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE, get_current_settings
+
+    from infra.ephemeral_api import TemporaryAPI
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return None
+    return TemporaryAPI(get_current_settings().to_environment_variables(exclude_unset=True)).start()
 
 
 def _ephemeral_server_running() -> bool:
-    """Whether this process started Prefect's ephemeral API server (and still runs it)."""
+    """Whether Prefect's client started its own ephemeral API server in this process (a flow called
+    outside :func:`prefect_cli_settings`, as the tests do) and still runs it."""
     module = sys.modules.get("prefect.server.api.server")
     if module is None:  # never imported: no run asked for an ephemeral API
         return False
@@ -149,6 +177,17 @@ def _wait_for_events_worker(timeout_s: float) -> None:
     waiter = threading.Thread(target=worker.wait_until_empty, name="settle-events", daemon=True)
     waiter.start()
     waiter.join(timeout_s)
+
+
+def _flush_run_logs() -> None:
+    """Send the run's log lines Prefect's API handler still holds (``logging.Handler.flush``: it waits at
+    most 5 s)."""
+    from prefect.logging.handlers import APILogHandler
+
+    handlers = {h for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.extra")
+                for h in logging.getLogger(name).handlers if isinstance(h, APILogHandler)}
+    for handler in list(handlers)[:1]:  # one flush sends every handler's lines (one worker for all)
+        handler.flush()
 
 
 def _task_run_counts(client, since: datetime) -> tuple[int, int]:
@@ -199,23 +238,27 @@ def _wait_for_task_run_records(since: datetime, deadline: float) -> None:
     log.debug("Prefect's task-run records had not caught up after %.0f s", SETTLE_TIMEOUT_S)
 
 
-def settle_prefect(since: datetime | None = None, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+def settle_prefect(since: datetime | None = None, timeout_s: float = SETTLE_TIMEOUT_S, *,
+                   temporary: bool = False) -> None:
     """Let Prefect finish the run's background work while its API is still up.
 
     Waits (at most ``timeout_s`` in all) for the client's events worker to send its
-    queue and, when this process runs the ephemeral server (stopped at exit), for the
-    server to record the task runs of the flow runs started since ``since``. Without an
-    API in use there is nothing to wait for; a failure to look is logged, never raised.
+    queue and, when the API is a temporary server this process stops (``temporary``: its
+    :func:`start_temporary_api`, or Prefect's own ephemeral server), for the server to record
+    the task runs of the flow runs started since ``since``. Without an API in use there is
+    nothing to wait for; a failure to look is logged, never raised.
     """
     from prefect.settings import PREFECT_API_URL
 
-    # the ephemeral server serves runs only while no API URL is set, and stops at exit
-    ephemeral = PREFECT_API_URL.value() is None and _ephemeral_server_running()
+    # Prefect's own ephemeral server serves runs only while no API URL is set, and stops at exit
+    ephemeral = temporary or (PREFECT_API_URL.value() is None and _ephemeral_server_running())
     if PREFECT_API_URL.value() is None and not ephemeral:
         return  # no flow run talked to an API
     deadline = time.monotonic() + timeout_s
     try:
         _wait_for_events_worker(timeout_s)
+        if ephemeral:
+            _flush_run_logs()  # before the server stops, not at interpreter exit after it
         if ephemeral and since is not None:
             _wait_for_task_run_records(since - timedelta(seconds=1), deadline)
     except Exception as exc:  # noqa: BLE001 - settling is a courtesy: the run itself has finished

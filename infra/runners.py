@@ -148,8 +148,9 @@ class ConfiguredTaskRunner(TaskRunner):
     def _api_for_workers(self) -> AbstractContextManager[Any]:
         """Tasks that run in other processes (Dask, Ray) report to this run's API.
 
-        A task carries the run's Prefect settings to its worker. A run on Prefect's ephemeral API
-        (no ``PREFECT_API_URL``: a command-line run) has no URL in them, so each worker process
+        A task carries the run's Prefect settings to its worker. A command-line run names its API
+        there (its temporary server's URL, :func:`infra.prefect_env.prefect_cli_settings`); a flow called
+        on Prefect's own ephemeral API (no ``PREFECT_API_URL``) has no URL in them, and each worker process
         started an ephemeral server of its own (15 s on 2 cores, every one writing the same SQLite
         database). While a task is handed over, the settings name this process's server instead;
         it listens on 127.0.0.1, so workers on other machines need ``PREFECT_API_URL`` set to a

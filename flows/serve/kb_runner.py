@@ -4,7 +4,7 @@ without a Prefect server to configure.
 
 Without ``PREFECT_API_URL`` Prefect refuses workers and task workers (they need a real API:
 PrefectHQ/prefect#13942), but a Runner works against the temporary API server Prefect starts for the
-API process (tethered to it: :mod:`infra.ephemeral_api`). :class:`IngestRunner` starts that server and
+API process (a :class:`~infra.ephemeral_api.TemporaryAPI`, tied to it). :class:`IngestRunner` starts that server and
 ``python -m flows.rag.runner PARENT_PID LIMIT NAME...``: a process of its own, with the environment of
 an ingest child (:meth:`~flows.serve.kb_jobs.IngestJobs.child_env`: no serving secret, no LLM key; a Runner
 hands its runs this process's whole environment) plus the server's URL as ``PREFECT_API_URL`` (else each
@@ -27,6 +27,10 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.ephemeral_api import TemporaryAPI
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ class IngestRunner:
         self.limit, self.env, self.log_path, self.collections = limit, env, log_path, collections
         self.name = served_name(home)
         self.proc: subprocess.Popen[bytes] | None = None
+        self.server: TemporaryAPI | None = None  #: the temporary API server the runner serves against
         self.api_url: str | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
@@ -111,31 +116,30 @@ class IngestRunner:
     def start(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start the temporary API server (if this process has none yet) and the runner process;
         returns once every collection's deployment is registered."""
-        from prefect.server.api.server import SubprocessASGIServer
-        from prefect.settings import temporary_settings
+        from prefect.settings import get_current_settings, temporary_settings
 
-        from infra.ephemeral_api import tether_ephemeral_api
+        from infra.ephemeral_api import TemporaryAPI
         from infra.prefect_env import server_defaults
         from tasks.dispatch import deployment_exists
 
         t0 = time.monotonic()
-        tether_ephemeral_api()
-        server = SubprocessASGIServer()
         # a queued run asks again for its collection's slot after this wait (Prefect's default, 30 s, would
         # be most of a second upload's wait)
-        with temporary_settings(updates=server_defaults(),
-                                set_defaults={"server.deployments.concurrency_slot_wait_seconds": SLOT_WAIT_S}):
-            # Prefect's own wait (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, 20 s of sleeps) ran out at a
-            # load of 12 on 2 cores while the API loaded its embedder (measured: RuntimeError, no upload ran)
-            server.start(timeout=timeout_s)
-        self.api_url = server.api_url
+        if self.server is None or not self.server.running:  # a runner started again keeps a running server
+            with temporary_settings(updates=server_defaults(),
+                                    set_defaults={"server.deployments.concurrency_slot_wait_seconds": SLOT_WAIT_S}):
+                self.server = TemporaryAPI(get_current_settings().to_environment_variables(exclude_unset=True)).start()
+        server = self.server
+        # Prefect's own wait (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, 20 s of sleeps) ran out at a
+        # load of 12 on 2 cores while the API loaded its embedder (measured: RuntimeError, no upload ran)
+        self.api_url = server.wait_ready(timeout_s)
         self.timings["server_s"] = time.monotonic() - t0
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", RUNNER_MODULE, str(os.getpid()), str(self.limit),
                  *(deployment_name(self.name, c) for c in self.collections)],
-                env={**self.env, "PREFECT_API_URL": server.api_url}, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
+                env={**self.env, "PREFECT_API_URL": server.url}, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
                 start_new_session=True, cwd=str(Path(__file__).resolve().parents[2]))
         finally:
             os.close(fd)
@@ -148,7 +152,7 @@ class IngestRunner:
             time.sleep(0.25)
         self.timings["runner_s"] = time.monotonic() - t0 - self.timings["server_s"]
         log.info("kb ingest runner %d serving %d collection(s) as %s-* on %s (limit %d): temporary server %.1f s, "
-                 "runner and deployments %.1f s", self.proc.pid, len(self.collections), self.name, server.api_url,
+                 "runner and deployments %.1f s", self.proc.pid, len(self.collections), self.name, server.url,
                  self.limit, self.timings["server_s"], self.timings["runner_s"])
 
     def _registered(self, deployment_exists: Callable[[str], bool], names: list[str]) -> bool:

@@ -1,9 +1,10 @@
-"""The private Prefect names our two patches wrap, pinned: an upgrade that moves them fails here.
+"""What our code copies from Prefect or wraps, pinned: an upgrade that changes it fails here.
 
-``infra/ephemeral_api.py`` (the ephemeral API exits with its run) and ``infra/prefect_server.py``
-(worker heartbeats take SQLite's write lock first) reach into Prefect 3.9's internals because
-Prefect offers no public way (each module's docstring links the upstream issue). ``pyproject.toml``
-pins Prefect's minor version; these tests say what to re-check when that pin moves.
+``infra/ephemeral_api.py`` starts Prefect's ephemeral server with Prefect's own command (copied: the
+class that builds it is not public), and ``infra/prefect_server.py`` (worker heartbeats take SQLite's
+write lock first) reaches into Prefect 3.9's internals because Prefect offers no public way (its
+docstring links the upstream issue). ``pyproject.toml`` pins Prefect's minor version; these tests say
+what to re-check when that pin moves.
 """
 
 from __future__ import annotations
@@ -41,45 +42,22 @@ def _command_of(server: Any) -> _Captured:
     return caught.value
 
 
-def test_prefect_keeps_one_ephemeral_server_per_process_in_instances(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_temporary_api_runs_prefects_own_ephemeral_server_command() -> None:
+    """``infra.ephemeral_api.TemporaryAPI`` starts the server Prefect's client would start itself
+    (``SubprocessASGIServer``): the same uvicorn arguments and the same variables on top of the
+    settings. An upgrade that changes Prefect's command fails here: copy it into infra/ephemeral_api.py."""
     from prefect.server.api import server
+    from prefect.settings import get_current_settings
 
-    from infra.ephemeral_api import tether_ephemeral_api
+    from infra.ephemeral_api import SERVER_ENV, uvicorn_args
 
-    base = server.SubprocessASGIServer
-    assert isinstance(base.__dict__.get("_instances"), dict), \
-        "SubprocessASGIServer._instances is gone: re-check infra/ephemeral_api.py against this Prefect"
-    monkeypatch.setattr(base, "_instances", {})  # this test's registry, restored after it
-    assert tether_ephemeral_api()
-    client_side = base()  # what Prefect's client asks for when no PREFECT_API_URL is set
-    assert type(client_side).__name__ == "TetheredASGIServer", \
-        "Prefect's SubprocessASGIServer() no longer returns the instance registered under port None"
-    assert not client_side.running  # built, never started
-    assert tether_ephemeral_api() and base() is client_side  # already installed: nothing changes
-    monkeypatch.setattr(base, "_instances", {None: object.__new__(base)})  # Prefect's own came first
-    assert not tether_ephemeral_api()
-
-
-def test_the_tethered_server_runs_prefects_own_uvicorn_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Our override copies Prefect's command: it must stay Prefect's, behind the watchdog."""
-    from prefect.server.api import server
-
-    from infra.ephemeral_api import tether_ephemeral_api
-
-    base = server.SubprocessASGIServer
-    assert callable(base.__dict__.get("_run_uvicorn_command")), \
-        "SubprocessASGIServer._run_uvicorn_command is gone: re-check infra/ephemeral_api.py"
-    monkeypatch.setattr(base, "_instances", {})
-    prefects = _command_of(base(port=8123))
-    monkeypatch.setattr(base, "_instances", {})
-    assert tether_ephemeral_api()
-    ours = _command_of(base())  # the tethered server Prefect's client will start
-
+    prefects = _command_of(server.SubprocessASGIServer(port=8123))
     assert prefects.args_[:3] == [sys.executable, "-m", "uvicorn"], prefects.args_
-    assert ours.args_[:4] == [sys.executable, "-m", "infra.ephemeral_api", str(os.getpid())], ours.args_
-    assert ours.args_[4:] == prefects.args_[3:], \
+    assert prefects.args_[3:] == uvicorn_args(8123), \
         "Prefect changed the ephemeral server's uvicorn arguments: copy them into infra/ephemeral_api.py"
-    assert ours.env == prefects.env, \
+    settings = get_current_settings().to_environment_variables(exclude_unset=True)
+    added = {k: v for k, v in prefects.env.items() if k not in settings and os.environ.get(k) != v}
+    assert added == SERVER_ENV, \
         "Prefect changed the ephemeral server's environment: copy it into infra/ephemeral_api.py"
 
 

@@ -129,22 +129,26 @@ def test_an_upload_is_ingested_by_a_child_flow_run_and_searchable(srv: Srv) -> N
 def runner_api(s: Srv) -> Iterator[tuple[Any, str]]:
     """A client of the server's Prefect runner's API and the ``legal`` deployment's name, once it serves it
     (a writer's listing of the documents starts the runner, as the KB page's opening does)."""
+    import gc
+
     from prefect.client.orchestration import get_client
-    from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.serve.kb_runner import served_name
+    from flows.serve.kb_runner import IngestRunner, served_name
     from tasks.dispatch import deployment_exists
 
     with httpx.Client(timeout=60) as c:
         assert c.get(f"{s.url}/v1/kb/documents", params={"collection": "legal"}, headers=s.h).status_code == 200
     name = f"rag-ingest/{served_name(s.home.root)}-legal"
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    server = SubprocessASGIServer()  # this process's temporary server, which the runner serves against
-    while not server.running:
+    while True:  # the server's runner (in this process) and its temporary API server, once that answers
+        runner = next((o for o in gc.get_objects() if isinstance(o, IngestRunner)
+                       and o.name == served_name(s.home.root) and o.api_url), None)
+        if runner is not None:
+            break
         assert time.monotonic() < deadline, "the runner's server did not start"
         time.sleep(0.5)
-    with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+    with temporary_settings(updates={PREFECT_API_URL: runner.api_url}):
         while not _answers(deployment_exists, name):
             assert time.monotonic() < deadline, "the runner did not start"
             time.sleep(0.5)

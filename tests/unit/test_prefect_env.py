@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from prefect.settings import get_current_settings
 
+from infra import prefect_env
 from infra.prefect_env import prefect_cli_settings
 
 
 @pytest.fixture(autouse=True)
 def _no_user_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prefect_env, "start_temporary_api", lambda: None)  # settings only: no server
     for name in ("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", "PREFECT_RUNNER_HEARTBEAT_FREQUENCY"):
         monkeypatch.delenv(name, raising=False)
 
