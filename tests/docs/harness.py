@@ -61,6 +61,8 @@ COMMAND_TIMEOUT_S = 1200
 #: section, or DOCS_WORKERS=0) a command runs as in a new terminal: the project's own thread choice.
 SIDE_BY_SIDE_THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "INDUSFLOW_TRAIN_NUM_THREADS": "1"}
 TAIL_LINES = 25
+#: A section's report (commands, seconds, CPU seconds) beside the folder it left (``pages/NAME/``).
+REPORT = "report.txt"
 
 
 def side_by_side() -> bool:
@@ -203,6 +205,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)  #: substitutions, captures, polls
     rc: int | None = None
     seconds: float = 0.0
+    cpu_s: float = 0.0  #: CPU seconds of its processes (those that ended: a command waits for what it starts)
     stdout: str = ""
     stderr: str = ""
     problems: list[str] = field(default_factory=list)
@@ -233,7 +236,7 @@ class SectionResult:
             if o.status == "skipped":
                 out.append(f"{head}\n      skipped: {o.reason}")
                 continue
-            out.append(f"{head}  ({o.seconds:.0f} s, rc {o.rc})")
+            out.append(f"{head}  ({o.seconds:.0f} s, {o.cpu_s:.0f} CPU-s, rc {o.rc})")
             out += [f"      {n}" for n in o.notes]
             out += [f"      problem: {p}" for p in o.problems]
         return "\n".join(out)
@@ -342,15 +345,16 @@ class Pages:
             shutil.rmtree(kept)
         kept.parent.mkdir(exist_ok=True)
         self.run_dir.rename(kept)
+        (kept / REPORT).write_text(result.report() + "\n")  # a worker's output is not shown: read it here
         return result
 
 
 def _left_by_the_run(source: Path) -> Callable[[str, list[str]], list[str]]:
-    """Not copied: the earlier section's server logs and environment dump (beside its work and home)."""
+    """Not copied: the earlier section's report, server logs and environment dump (beside its work and home)."""
     def ignore(folder: str, names: list[str]) -> list[str]:
         if Path(folder) != source:
             return []
-        return [n for n in names if n == "env.out" or (n.startswith("server-") and n.endswith(".log"))]
+        return [n for n in names if n in ("env.out", REPORT) or (n.startswith("server-") and n.endswith(".log"))]
     return ignore
 
 
@@ -424,7 +428,7 @@ class Workspace:
     @staticmethod
     def _print_progress(section: str, o: Outcome) -> None:
         if os.environ.get("DOCS_TEST_VERBOSE"):
-            print(f"[{section}] {o.status} {o.cmd.where} ({o.seconds:.0f} s): {o.cmd.first_line[:90]}"
+            print(f"[{section}] {o.status} {o.cmd.where} ({o.seconds:.0f} s, {o.cpu_s:.0f} CPU-s): {o.cmd.first_line[:90]}"
                   + "".join(f"\n    {p[:200]}" for p in o.problems[:3]), file=sys.__stderr__, flush=True)
 
     def _prepare(self, cmd: rb.Command) -> tuple[str, list[str]]:
@@ -444,7 +448,7 @@ class Workspace:
         envfile = self.root / "env.out"
         script = f"{text}\n__docs_rc=$?\nenv -0 > {envfile}\nexit $__docs_rc\n"
         outcome = Outcome(cmd, "ok", ran=text, notes=notes)
-        start = time.monotonic()
+        start, cpu = time.monotonic(), _children_cpu_s()
         deadline = start + (poll[2] if poll else 0)
         tries = 0
         while True:
@@ -466,7 +470,7 @@ class Workspace:
                     outcome.notes.append(f"re-run {tries} times until it settled (see POLLS)")
                 break
             time.sleep(3)
-        outcome.seconds = time.monotonic() - start
+        outcome.seconds, outcome.cpu_s = time.monotonic() - start, _children_cpu_s() - cpu
         if outcome.rc not in (0, None):
             outcome.problems.insert(0, f"exit status {outcome.rc}")
         outcome.problems += noise_lines(outcome.stdout + "\n" + outcome.stderr)
@@ -521,6 +525,7 @@ class Workspace:
 
     @staticmethod
     def _stop(outcome: Outcome, proc: subprocess.Popen, log: Path, ends: bool = False) -> None:
+        cpu = _children_cpu_s()  # it is reaped below: its whole life counts
         if ends:
             try:
                 proc.wait(ENDS_TIMEOUT_S)
@@ -545,6 +550,7 @@ class Workspace:
                     outcome.problems.append("Ctrl-C did not stop it within 60 s")
         if outcome.rc is None:
             outcome.rc = proc.returncode
+        outcome.cpu_s += _children_cpu_s() - cpu
         outcome.stdout = log.read_text(errors="replace")
         outcome.problems += noise_lines(outcome.stdout[:before_ctrl_c])
         for line in outcome.stdout[before_ctrl_c:].splitlines():
@@ -570,6 +576,14 @@ def _run_in_own_group(script: str, cwd: Path, env: dict[str, str]) -> tuple[int 
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         return None, out, err
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's ended children so far (and of what they waited for)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _answers(url: str) -> bool:
