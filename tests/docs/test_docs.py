@@ -12,6 +12,7 @@ substitutions, skipped lines with reasons, seconds; those of the needs it ran) e
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -79,6 +80,32 @@ def test_needs_form_chains() -> None:
     assert rb.chain("serving") == ["fraud_flows", "sensor", "serving"]
     assert rb.chain("kb_api") == ["kb_api"]
 
+
+GROUPED = '''
+import os, pytest
+CHAINS = {"a": ["a"], "b": ["a", "b"], "c": ["d", "c"], "d": ["d"], "e": ["a", "e"], "f": ["d", "f"], "g": ["a", "g"],
+          "h": ["d", "h"]}
+@pytest.mark.parametrize("s", [pytest.param(k, id=k, marks=pytest.mark.xdist_group(v[0])) for k, v in CHAINS.items()])
+def test_section(s):
+    with open(os.path.join(os.environ["OUT"], s), "w") as fh:
+        fh.write(os.environ["PYTEST_XDIST_WORKER"])
+'''
+
+
+def test_xdist_runs_each_chain_of_sections_on_one_worker(tmp_path: Path) -> None:
+    """make test-docs relies on ``--dist loadgroup`` to keep a chain of sections on one worker (which then
+    runs each needed section once): on pytest 9.2 with pytest-xdist 3.8 it silently stopped grouping
+    (pytest-dev/pytest-xdist#1386), and two workers each ran the fraud guide's and the README's chains."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    (tmp_path / "out").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"OUT": str(tmp_path / "out")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                           "test_grouped.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    worker = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
+    assert len(worker) == 8
+    assert len({worker[s] for s in "abeg"}) == 1 and len({worker[s] for s in "dcfh"}) == 1, worker
 
 def test_a_command_past_its_time_leaves_nothing_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a timed-out command started is killed with it (else it writes into the next section's copy)."""
