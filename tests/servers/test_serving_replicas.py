@@ -174,9 +174,12 @@ def test_a_replica_killed_under_load_loses_no_transaction_and_applies_none_twice
     # At the moment "answer" the SIGKILL is sent from outside once the generation moved: now and
     # then the answer is already on its way (seen in 1 of 2 runs of this module at load ~3). That
     # request is then answered once by the dead replica and replayed by nobody; what this test
-    # guards (nothing lost, nothing applied twice, the scores) is checked below either way.
+    # guards (nothing lost, nothing applied twice, the scores) is checked below either way. So at the
+    # moment "update" when the update was written after all (the poller's two reads, generation then
+    # lock, are not one atomic look: at load ~4.6 the replica wrote and answered between them, CI
+    # 2026-12-07): that kill came at the moment "answer".
     lost = client.attempts[killed_request]
-    beaten = moment == "answer" and committed and lost == [(0, 200)]
+    beaten = committed and lost == [(0, 200)]
     assert beaten or lost == [(0, 599), (1, 200)], lost
     assert [i for i, a in enumerate(client.answers) if a and a.get("replayed")] == (
         [killed_request] if committed and not beaten else [])
