@@ -51,10 +51,10 @@ demo: install
 # 2 workers 20:47, 3 workers 16:51 (both in xdist's default order), 3 workers tier by tier 13:58.
 # TEST_WORKERS=0: the tests run in this process.
 TEST_WORKERS ?= 3
-# The docs tier on two workers (a section and the sections it needs on one; their commands unpinned, one
-# thread each: tests/docs/harness.py): 16 sections passed in 14:41 on a clean clone (was 15:31 pinned;
-# three workers: 2 sections still left at 18:20, the fraud guide's chain starved), bench/results/
-# test_durations_2026-12-07.md. DOCS_WORKERS=0: in this process.
+# The docs tier on two workers (a chain of sections that need one another on one, each section run once;
+# their commands unpinned, one thread each: tests/docs/harness.py): 16 sections passed in 9:49 on a clean
+# clone (bench/results/test_durations_2026-12-07.md, session 10; 14:38-15:54 while pytest 9.2 broke
+# --dist loadgroup and both workers ran the long chains). DOCS_WORKERS=0: in this process.
 DOCS_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(2)),-n $(2) --dist $(1))
 
