@@ -17,7 +17,10 @@ Lightning, pandas); the run is pointed at it with the public ``PREFECT_API_URL``
 through this module (``python -m infra.ephemeral_api PARENT_PID <uvicorn arguments>``): uvicorn
 exactly as Prefect runs it, plus a watchdog thread that stops the server (SIGTERM, uvicorn's normal
 shutdown) once its parent is gone. The watchdog is portable (Linux and macOS); ``PR_SET_PDEATHSIG``
-is not used because Linux ties it to the thread that forked. No private Prefect name is used.
+is not used because Linux ties it to the thread that forked (tests/unit/test_ephemeral_api.py kills a
+run with SIGKILL). No private Prefect name is imported or patched; the server's two internal variables
+(``PREFECT__SERVER_EPHEMERAL``, ``PREFECT__SERVER_FINAL``) are copied from Prefect's own class, pinned by
+the contract test.
 """
 
 from __future__ import annotations
