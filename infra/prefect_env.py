@@ -184,9 +184,9 @@ def _flush_run_logs() -> None:
     most 5 s)."""
     from prefect.logging.handlers import APILogHandler
 
-    handlers = {h for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.extra")
-                for h in logging.getLogger(name).handlers if isinstance(h, APILogHandler)}
-    for handler in list(handlers)[:1]:  # one flush sends every handler's lines (one worker for all)
+    handler = next((h for name in ("prefect.flow_runs", "prefect.task_runs", "prefect.extra")
+                    for h in logging.getLogger(name).handlers if isinstance(h, APILogHandler)), None)
+    if handler is not None:  # one flush sends every handler's lines (one worker for all)
         handler.flush()
 
 
