@@ -24,6 +24,11 @@ goes and what rate the parts allow, on the same machine, model and request bodie
    ``batch_max_rows``. Same client, concurrency 1 and 16. Needs ``litserve`` (the
    ``serve-bench`` extra); skipped with a note without it.
 
+The bare route's and the served phases alternate in ``--rounds`` rounds (both servers up at once),
+each round with the model's time measured again, so that each round's served / floor ratio compares
+phases a minute apart (the machine's speed drifts more than that between sequential phases);
+medians over the rounds are reported, each round beside them.
+
 From these it prints the rate the parts allow at concurrency 1 (256 rows over the HTTP floor plus
 the in-process parts; nothing else counted, so a ceiling), the time per row the validation and
 state update would have to fit in for 20,000 rows/s once the HTTP floor and the model are paid,
@@ -31,7 +36,8 @@ and the ratios at concurrency 1 and 16: served / LitServe, and served / floor, w
 the bare route plus the model (its input tensors and forward pass, ``in_process_ms_per_request.model``):
 256 rows / (1 / the bare route's requests/s + the model's time).
 
-Usage: ``OMP_NUM_THREADS=1 python bench/serve_floor.py [--seconds 5] [--requests 250] [--no-served] [--no-litserve]``
+Usage: ``OMP_NUM_THREADS=1 python bench/serve_floor.py [--seconds 5] [--requests 250] [--rounds 3] [--no-served]
+[--no-litserve]``
 """
 
 from __future__ import annotations
@@ -94,40 +100,71 @@ def serve_floor(port: int) -> None:
                 http=GuardedHttpProtocol, app_dir=str(Path(__file__).resolve().parent))
 
 
-def http_floor(tx: Any, seconds: float) -> dict[str, Any]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    log = Path(tempfile.mkdtemp(prefix="serve-floor-")) / "server.log"
-    proc = spawn_server([sys.executable, str(Path(__file__).resolve()), "--serve-floor", str(port)], env=env,
-                        cwd=ROOT, log=log, ready_url=f"{url}/readyz")
-    try:
-        return {f"c{conc}": asyncio.run(closed_loop(f"{url}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5),
-                                                    concurrency=conc, seconds=seconds, rows_per_request=ROWS))
-                for conc in CONCURRENCY}
-    finally:
-        stop_server(proc)
-        shutil.rmtree(log.parent, ignore_errors=True)
+class Servers:
+    """The bare route (:func:`floor_app`) and ``python -m flows.serve`` (batching on, as
+    ``serve_bench.py`` runs it), both up at once, so that their phases alternate (:func:`rounds`)."""
+
+    def __init__(self, home: Path, served: bool) -> None:
+        from serve_bench import start_server
+
+        from infra.serving.auth import KeyStore
+        from infra.settings import ServeSettings
+
+        port = free_port()
+        self.floor_url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        self.procs = [spawn_server([sys.executable, str(Path(__file__).resolve()), "--serve-floor", str(port)],
+                                   env=env, cwd=ROOT, log=home / "floor-server.log",
+                                   ready_url=f"{self.floor_url}/readyz")]
+        self.served_url: str | None = None
+        self.key: str | None = None
+        if served:
+            self.key, _ = KeyStore(home / "serving" / "keys.json").add("bench", ["admin"])
+            proc, self.served_url = start_server(home, ServeSettings().batch_max_size)
+            self.procs.append(proc)
+
+    def phase(self, tx: Any, served: bool, conc: int, seconds: float) -> dict[str, Any]:
+        """One closed-loop phase of 256-row requests of new transactions on one of the servers."""
+        url, headers = (self.served_url, {"X-API-Key": self.key}) if served else (self.floor_url, None)
+        return asyncio.run(closed_loop(f"{url}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5), concurrency=conc,
+                                       seconds=seconds, rows_per_request=ROWS, headers=headers))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_server(proc)
 
 
-def served(home: Path, seconds: float) -> dict[str, Any]:
-    """``python -m flows.serve`` (batching on, as ``serve_bench.py`` runs it), 256-row requests of new
-    transactions at each concurrency."""
-    from serve_bench import Transactions, start_server
+def model_ms(model: Any, inputs: Any, calls: int = 25) -> float:
+    """Median ms of the model's part (input tensors and forward pass) on one request's inputs, now."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        model.predict(inputs)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
 
-    from infra.serving.auth import KeyStore
-    from infra.settings import ServeSettings
 
-    key, _ = KeyStore(home / "serving" / "keys.json").add("bench", ["admin"])
-    proc, url = start_server(home, ServeSettings().batch_max_size)
-    try:
-        tx = Transactions()
-        return {f"c{conc}": asyncio.run(closed_loop(f"{url}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5),
-                                                    concurrency=conc, seconds=seconds, rows_per_request=ROWS,
-                                                    headers={"X-API-Key": key}))
-                for conc in CONCURRENCY}
-    finally:
-        stop_server(proc)
+def rounds(servers: Servers, model: Any, inputs: Any, n_rounds: int, seconds: float) -> list[dict[str, Any]]:
+    """``n_rounds`` rounds; in each, the model's time, then per concurrency the bare route's phase and
+    the served one right after it: each round's served / floor ratio is measured within a minute. On
+    a shared machine one process ran up to 40% slower from one minute to the next (2026-12-07:
+    13.0-18.5 ms for the same in-process request), so phases compared minutes apart moved the ratio."""
+    from serve_bench import Transactions
+
+    tx = Transactions()
+    out = []
+    for _ in range(n_rounds):
+        one: dict[str, Any] = {"model_ms": round(model_ms(model, inputs), 3)}
+        for conc in CONCURRENCY:
+            floor = servers.phase(tx, False, conc, seconds)
+            served = servers.phase(tx, True, conc, seconds) if servers.served_url else None
+            floor_rows = (round(ROWS / (1.0 / floor["req_per_s"] + one["model_ms"] / 1000.0))
+                          if floor["req_per_s"] else None)
+            one[f"c{conc}"] = {"http_floor": floor, "served": served, "floor_route_plus_model_rows_per_s": floor_rows,
+                               "served/floor": round(served["rows_per_s"] / floor_rows, 3)
+                               if served and floor_rows else None}
+        out.append(one)
+    return out
 
 
 def litserve(home: Path, model: Any, seconds: float) -> dict[str, Any]:
@@ -154,27 +191,35 @@ def litserve(home: Path, model: Any, seconds: float) -> dict[str, Any]:
         stop_server(proc)
 
 
-def ratios(served_phases: dict[str, Any] | None, peer: dict[str, Any] | None, floor_rows_per_s: dict[str, float],
-           ) -> dict[str, dict[str, float | None]]:
-    """served / LitServe and served / floor rows/s at each concurrency (None: a side not measured)."""
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 3) if a and b else None
+def medians(done: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per concurrency, the medians over the rounds: the bare route's requests/s, the served rows/s and
+    latencies, the floor's rows/s, and the served / floor ratio (the median of each round's own)."""
+    def med(values: list[Any]) -> float | None:
+        kept = [v for v in values if v is not None]
+        return round(statistics.median(kept), 3) if kept else None
 
-    out: dict[str, dict[str, float | None]] = {"served/litserve": {}, "served/floor": {}}
+    out: dict[str, Any] = {}
     for conc in CONCURRENCY:
         c = f"c{conc}"
-        ours = served_phases[c]["rows_per_s"] if served_phases else None
-        out["served/litserve"][c] = ratio(ours, peer[c]["rows_per_s"] if peer else None)
-        out["served/floor"][c] = ratio(ours, floor_rows_per_s.get(c))
+        phases = [r[c] for r in done]
+        served = [p["served"] for p in phases if p["served"]]
+        out[c] = {"http_floor_req_per_s": med([p["http_floor"]["req_per_s"] for p in phases]),
+                  "floor_route_plus_model_rows_per_s": med([p["floor_route_plus_model_rows_per_s"] for p in phases]),
+                  "served_rows_per_s": med([p["rows_per_s"] for p in served]),
+                  "served_p50_ms": med([p["p50_ms"] for p in served]),
+                  "served_p99_ms": med([p["p99_ms"] for p in served]),
+                  "served/floor": med([p["served/floor"] for p in phases]),
+                  "served/floor_by_round": [p["served/floor"] for p in phases]}
     return out
 
 
 def in_process(home: Path, model: Any, tx: Any, n: int, warmup: int = 50,
-               ) -> tuple[dict[str, float], dict[str, float], float]:
+               ) -> tuple[dict[str, float], dict[str, float], float, Any]:
     """Median milliseconds per 256-row request of each part, as the server runs them (wall, and the
     thread's CPU: less sensitive to a loaded machine), and of committing the same changes as one
     append-only record (not part of the server's path). The server's GC thresholds are set meanwhile
-    (a collection's pause lands in whichever part allocates)."""
+    (a collection's pause lands in whichever part allocates). Last, the inputs of the last request (what
+    :func:`model_ms` times again in each round)."""
     import orjson
 
     from flows.serve.app import GC_THRESHOLDS
@@ -231,14 +276,17 @@ def in_process(home: Path, model: Any, tx: Any, n: int, warmup: int = 50,
         state.store.close()
         side.close()
     return ({k: round(statistics.median(v), 3) for k, v in parts.items()},
-            {k: round(statistics.median(v), 3) for k, v in cpu.items()}, round(statistics.median(append_only), 3))
+            {k: round(statistics.median(v), 3) for k, v in cpu.items()}, round(statistics.median(append_only), 3),
+            inputs)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per closed-loop phase")
     parser.add_argument("--requests", type=int, default=250, help="in-process requests measured (after 50 warm-up)")
-    parser.add_argument("--no-served", action="store_true", help="skip the served flows.serve phase")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the bare route's and the served phases, alternated (medians reported)")
+    parser.add_argument("--no-served", action="store_true", help="skip the served flows.serve phases")
     parser.add_argument("--no-litserve", action="store_true", help="skip the LitServe (stateless) phase")
     parser.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the bare server itself
     args = parser.parse_args()
@@ -253,16 +301,18 @@ def main() -> None:
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     tmp = Path(tempfile.mkdtemp(prefix="serve-floor-"))
-    served_phases = peer = None
+    peer = None
     try:
         register_model(tmp)
         model = load_served(tmp)
         gc.collect()
         gc.freeze()  # the client's heap holds torch and the training run (see serve_bench.GcPauses)
-        floor = http_floor(Transactions(), args.seconds)
-        parts, cpu_parts, append_only_ms = in_process(tmp, model, Transactions(), args.requests)
-        if not args.no_served:
-            served_phases = served(tmp, args.seconds)
+        parts, cpu_parts, append_only_ms, inputs = in_process(tmp, model, Transactions(), args.requests)
+        servers = Servers(tmp, served=not args.no_served)
+        try:
+            done = rounds(servers, model, inputs, args.rounds, args.seconds)
+        finally:
+            servers.stop()
         if not args.no_litserve:
             try:
                 peer = litserve(tmp, model, args.seconds)
@@ -270,25 +320,28 @@ def main() -> None:
                 peer = {"skipped": f"{exc} (pip install litserve: the serve-bench extra)"}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    http_ms = 1000.0 / floor["c1"]["req_per_s"] if floor["c1"]["req_per_s"] else float("nan")
-    floor_rows_per_s = {f"c{conc}": round(ROWS / (1.0 / floor[f"c{conc}"]["req_per_s"] + parts["model"] / 1000.0))
-                        for conc in CONCURRENCY if floor[f"c{conc}"]["req_per_s"]}
+    summary = medians(done)
+    if peer and "skipped" not in peer:
+        for conc in CONCURRENCY:
+            c = f"c{conc}"
+            ours, theirs = summary[c]["served_rows_per_s"], peer[c]["rows_per_s"]
+            summary[c]["served/litserve"] = round(ours / theirs, 3) if ours and theirs else None
+    floor_req_s = summary["c1"]["http_floor_req_per_s"]
+    http_ms = 1000.0 / floor_req_s if floor_req_s else float("nan")
     in_ms = sum(parts.values())
     budget_ms = 1000.0 * ROWS / TARGET_ROWS_PER_S
     left_ms = budget_ms - http_ms - parts["model"]
     state_ms = parts["validate"] + parts["load_check"] + parts["apply"] + parts["commit"]
     print(json.dumps({
-        "bench": "serve_floor", "cores": os.cpu_count(), "rows_per_request": ROWS,
+        "bench": "serve_floor", "cores": os.cpu_count(), "rows_per_request": ROWS, "rounds": args.rounds,
         "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
-        "http_floor": floor,
+        "medians": summary,
         "in_process_ms_per_request": {**parts, "total": round(in_ms, 3)},
         "in_process_cpu_ms_per_request": {**cpu_parts, "total": round(sum(cpu_parts.values()), 3)},
         "commit_as_one_append_only_record_ms": append_only_ms,
         "model_runtime": "onnxruntime" if model.runtime is not None else "eager",
-        "served": served_phases,
+        "by_round": done,
         "litserve_stateless": peer,
-        "floor_route_plus_model_rows_per_s": floor_rows_per_s,
-        "ratios": ratios(served_phases, peer if peer and "skipped" not in peer else None, floor_rows_per_s),
         "ceiling_c1_rows_per_s": round(ROWS / ((http_ms + in_ms) / 1000.0)),
         "target": {"rows_per_s": TARGET_ROWS_PER_S, "ms_per_request": budget_ms,
                    "http_floor_ms": round(http_ms, 3), "model_ms": parts["model"],
