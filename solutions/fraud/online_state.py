@@ -434,9 +434,12 @@ class _Batch:
         rows = self.pending.terminals[terminal]["rows"]
         lo, hi = bisect.bisect_left(rows, t, key=row_time), bisect.bisect_right(rows, t, key=row_time)
         hits = [j for j in range(lo, hi) if rows[j][2] == tx]
+        cols = self.pending.terminals[terminal].get("cols")
         for j in hits:
             t_j, _, tx_j, rid = rows[j]
             rows[j] = (t_j, float(label), tx_j, rid)
+            if cols is not None:
+                cols.set_label(j, float(label))
             self._journal.labels.append((terminal, rows[j]))
         return bool(hits)
 
@@ -447,10 +450,14 @@ class _Batch:
         trows = tdoc["rows"]
         trow = (t, None if math.isnan(label) else float(label), tx, tdoc["next"])
         tdoc["next"] += 1
+        cols = tdoc.get("cols")
         if trows and trows[-1][0] > t:
             trows.insert(bisect.bisect_right(trows, t, key=row_time), trow)
+            tdoc.pop("cols", None)  # built again when next read
         else:  # the common case: the terminal's newest row
             trows.append(trow)
+            if cols is not None:
+                cols.append(t, trow[1])
         self._journal.terminal_rows.append((term_key, trow))
         horizon = trows[-1][0] - span_ns
         if trows[0][0] >= horizon and len(trows) <= self.state.max_terminal_rows:
@@ -459,3 +466,5 @@ class _Batch:
         if drop > 0:
             self._journal.dropped += [(term_key, row) for row in trows[:drop]]
             del trows[:drop]
+            if (cols := tdoc.get("cols")) is not None:
+                cols.drop(drop)

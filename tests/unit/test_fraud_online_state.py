@@ -232,3 +232,37 @@ def test_the_requests_of_a_batch_score_as_they_would_one_call_each(tmp_path) -> 
     with together.store.exclusive(), alone.store.exclusive():
         assert together.store.read(ACCOUNT, accounts) == alone.store.read(ACCOUNT, accounts)
         assert together.store.read(TERMINAL, terminals) == alone.store.read(TERMINAL, terminals)
+
+
+def test_terminal_columns_mirror_the_rows_through_inserts_drops_and_labels(tmp_path) -> None:
+    """The numpy columns the terminal windows read (TerminalColumns) equal the kept rows after rows
+    appended, a row inserted before its terminal's newest, rows dropped past the windows and the
+    bound, and labels recorded later."""
+    from solutions.fraud.online import apply_labels
+    from solutions.fraud.online_features import TerminalColumns, row_time, row_value
+
+    raw = _frame(600, seed=3).drop(columns=[S.LABEL])
+    raw[S.ACCOUNT_ID] = [f"acct{i % 40}" for i in range(len(raw))]  # accounts in order; terminals interleave
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8, max_terminal_rows=50)
+    for start in range(0, len(raw), 50):
+        part = raw.iloc[start : start + 50].to_dict("records")
+        if start == 300:  # a new account's row dated before its terminal's newest row: inserted there
+            newest = [r for r in part if r[S.TERMINAL_ID] == "x"][-1]
+            part.append(dict(newest, **{S.TRANSACTION_ID: "late", S.ACCOUNT_ID: "late-acct",
+                                        S.TIMESTAMP: str(pd.Timestamp(newest[S.TIMESTAMP]) - pd.Timedelta(minutes=1))}))
+        with state.update() as batch:
+            batch.apply(validate_rows(part), delay_days=7)
+        labelled = raw.iloc[start : start + 50 : 3]
+        apply_labels(state, [{S.TRANSACTION_ID: r[S.TRANSACTION_ID], S.TERMINAL_ID: r[S.TERMINAL_ID],
+                              S.TIMESTAMP: r[S.TIMESTAMP], S.LABEL: 1} for r in labelled.to_dict("records")])
+        checked = 0
+        for doc in state._cache.terminals.values():
+            if doc.get("cols") is None:
+                continue
+            cols = TerminalColumns.of(doc)
+            np.testing.assert_array_equal(cols.t[cols.start:cols.end], [row_time(r) for r in doc["rows"]])
+            np.testing.assert_array_equal(cols.label[cols.start:cols.end],
+                                          [np.nan if row_value(r) is None else row_value(r) for r in doc["rows"]])
+            checked += 1
+        assert checked or start == 0
+    assert any(doc.get("cols") is not None and len(doc["rows"]) == 50 for doc in state._cache.terminals.values())
