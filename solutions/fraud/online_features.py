@@ -58,9 +58,9 @@ class TerminalColumns:
     Every request slices its terminals' rows inside their delayed windows; materialising those rows
     from tuples cost ~0.3 us each, and a terminal keeps up to ``max_terminal_rows`` of them: once the
     bench's state held a week of rows, 256-row requests spent 55% of the server's time there and
-    served 2.6k rows/s (py-spy, 2026-12-07). The columns grow at the end (a row newer than the
-    terminal's newest, the common case) and drop from the front in O(1); a row inserted in the
-    middle makes the owner drop them (:meth:`of` builds them again on the next read).
+    served 2.6k rows/s (py-spy, 2026-12-07). The columns change with the rows: a row is inserted
+    in place (at the end in O(1), the common case), rows drop from the front in O(1) and a label is
+    set in place; :meth:`of` builds them from the rows of a terminal read from the store.
     """
 
     __slots__ = ("end", "label", "start", "t")
@@ -81,15 +81,20 @@ class TerminalColumns:
             cols = doc["cols"] = cls(doc["rows"])
         return cols  # type: ignore[no-any-return]
 
-    def append(self, t: int, label: float | None) -> None:
-        if self.end == len(self.t):
+    def insert(self, j: int, t: int, label: float | None) -> None:
+        """A row at place ``j`` (``j`` = the row count: after the newest, the common case)."""
+        if self.end == len(self.t):  # full: the kept rows move to the front of a buffer twice their size
             n = self.end - self.start
             size = max(64, 2 * n)
             t_new, label_new = np.empty(size, np.int64), np.empty(size, np.float64)
             t_new[:n], label_new[:n] = self.t[self.start:self.end], self.label[self.start:self.end]
             self.t, self.label, self.start, self.end = t_new, label_new, 0, n
-        self.t[self.end] = t
-        self.label[self.end] = np.nan if label is None else label
+        at = self.start + j
+        if at < self.end:  # an older row than the newest: the later ones move up one (numpy copies overlaps)
+            self.t[at + 1:self.end + 1] = self.t[at:self.end]
+            self.label[at + 1:self.end + 1] = self.label[at:self.end]
+        self.t[at] = t
+        self.label[at] = np.nan if label is None else label
         self.end += 1
 
     def drop(self, k: int) -> None:

@@ -450,14 +450,12 @@ class _Batch:
         trows = tdoc["rows"]
         trow = (t, None if math.isnan(label) else float(label), tx, tdoc["next"])
         tdoc["next"] += 1
-        cols = tdoc.get("cols")
+        at = len(trows)  # the common case: the terminal's newest row
         if trows and trows[-1][0] > t:
-            trows.insert(bisect.bisect_right(trows, t, key=row_time), trow)
-            tdoc.pop("cols", None)  # built again when next read
-        else:  # the common case: the terminal's newest row
-            trows.append(trow)
-            if cols is not None:
-                cols.append(t, trow[1])
+            at = bisect.bisect_right(trows, t, key=row_time)
+        trows.insert(at, trow)
+        if (cols := tdoc.get("cols")) is not None:
+            cols.insert(at, t, trow[1])
         self._journal.terminal_rows.append((term_key, trow))
         horizon = trows[-1][0] - span_ns
         if trows[0][0] >= horizon and len(trows) <= self.state.max_terminal_rows:
