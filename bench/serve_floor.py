@@ -27,7 +27,10 @@ goes and what rate the parts allow, on the same machine, model and request bodie
 The bare route's and the served phases alternate in ``--rounds`` rounds (both servers up at once),
 each round with the model's time measured again, so that each round's served / floor ratio compares
 phases a minute apart (the machine's speed drifts more than that between sequential phases);
-medians over the rounds are reported, each round beside them.
+medians over the rounds are reported, each round beside them. The served server starts from an
+empty state; ``--warm-seconds 60`` first fills it as a server running for a while has it (~450k
+transactions: past the label delay, the terminal windows have rows to count, and each account
+holds a full sequence), where 256-row requests ran at a third of the fresh state's rate (2026-12-07).
 
 From these it prints the rate the parts allow at concurrency 1 (256 rows over the HTTP floor plus
 the in-process parts; nothing else counted, so a ceiling), the time per row the validation and
@@ -36,8 +39,8 @@ and the ratios at concurrency 1 and 16: served / LitServe, and served / floor, w
 the bare route plus the model (its input tensors and forward pass, ``in_process_ms_per_request.model``):
 256 rows / (1 / the bare route's requests/s + the model's time).
 
-Usage: ``OMP_NUM_THREADS=1 python bench/serve_floor.py [--seconds 5] [--requests 250] [--rounds 3] [--no-served]
-[--no-litserve]``
+Usage: ``OMP_NUM_THREADS=1 python bench/serve_floor.py [--seconds 5] [--requests 250] [--rounds 3]
+[--warm-seconds 0] [--no-served] [--no-litserve]``
 """
 
 from __future__ import annotations
@@ -144,19 +147,20 @@ def model_ms(model: Any, inputs: Any, calls: int = 25) -> float:
     return statistics.median(times)
 
 
-def rounds(servers: Servers, model: Any, inputs: Any, n_rounds: int, seconds: float) -> list[dict[str, Any]]:
+def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, seconds: float) -> list[dict[str, Any]]:
     """``n_rounds`` rounds; in each, the model's time, then per concurrency the bare route's phase and
-    the served one right after it: each round's served / floor ratio is measured within a minute. On
+    the served one right after it (``tx``: the served phases' transactions, one stream with the warm-up's),
+    so each round's served / floor ratio is measured within a minute. On
     a shared machine one process ran up to 40% slower from one minute to the next (2026-12-07:
     13.0-18.5 ms for the same in-process request), so phases compared minutes apart moved the ratio."""
     from serve_bench import Transactions
 
-    tx = Transactions()
+    floor_tx = Transactions()  # its own stream: the served state's clock moves only with what it scores
     out = []
     for _ in range(n_rounds):
         one: dict[str, Any] = {"model_ms": round(model_ms(model, inputs), 3)}
         for conc in CONCURRENCY:
-            floor = servers.phase(tx, False, conc, seconds)
+            floor = servers.phase(floor_tx, False, conc, seconds)
             served = servers.phase(tx, True, conc, seconds) if servers.served_url else None
             floor_rows = (round(ROWS / (1.0 / floor["req_per_s"] + one["model_ms"] / 1000.0))
                           if floor["req_per_s"] else None)
@@ -286,6 +290,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=250, help="in-process requests measured (after 50 warm-up)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of the bare route's and the served phases, alternated (medians reported)")
+    parser.add_argument("--warm-seconds", type=float, default=0.0,
+                        help="256-row load at concurrency 16 sent to the served server before the rounds (not "
+                             "measured): its state then holds what a server running for a while holds")
     parser.add_argument("--no-served", action="store_true", help="skip the served flows.serve phases")
     parser.add_argument("--no-litserve", action="store_true", help="skip the LitServe (stateless) phase")
     parser.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the bare server itself
@@ -310,7 +317,10 @@ def main() -> None:
         parts, cpu_parts, append_only_ms, inputs = in_process(tmp, model, Transactions(), args.requests)
         servers = Servers(tmp, served=not args.no_served)
         try:
-            done = rounds(servers, model, inputs, args.rounds, args.seconds)
+            tx = Transactions()  # one stream of new transactions for the warm-up and the rounds
+            warm_rows = (servers.phase(tx, True, 16, args.warm_seconds)["requests"] * ROWS
+                         if args.warm_seconds > 0 and servers.served_url else 0)
+            done = rounds(servers, tx, model, inputs, args.rounds, args.seconds)
         finally:
             servers.stop()
         if not args.no_litserve:
@@ -334,6 +344,7 @@ def main() -> None:
     state_ms = parts["validate"] + parts["load_check"] + parts["apply"] + parts["commit"]
     print(json.dumps({
         "bench": "serve_floor", "cores": os.cpu_count(), "rows_per_request": ROWS, "rounds": args.rounds,
+        "served_state_warmed_with_rows": warm_rows,
         "load_avg_1m": {"before": round(load_before, 1), "after": round(os.getloadavg()[0], 1)},
         "medians": summary,
         "in_process_ms_per_request": {**parts, "total": round(in_ms, 3)},
