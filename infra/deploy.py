@@ -129,9 +129,21 @@ def ensure_crash_detection() -> str:
     with get_client(sync_client=True) as client:
         existing = client.read_automations_by_name(CRASH_AUTOMATION)
         if existing:
-            client.update_automation(existing[0].id, automation)
+            # written only when it changed: each write makes the server reload its triggers, and a
+            # proactive evaluation running meanwhile logged "Trigger._automation has been garbage
+            # collected" (Prefect 3.9.1, evaluate_proactive_triggers; seen in the docs tier)
+            if _automation_fields(existing[0]) != _automation_fields(automation):
+                client.update_automation(existing[0].id, automation)
             return str(existing[0].id)
         return str(client.create_automation(automation))
+
+
+def _automation_fields(automation: Any) -> dict[str, Any]:
+    """What an automation says (its trigger's generated id aside), to compare a stored one with ours."""
+    from prefect.events.schemas.automations import AutomationCore
+
+    core = AutomationCore.model_validate(automation.model_dump(include=set(AutomationCore.model_fields)))
+    return core.model_dump(exclude={"trigger": {"id"}})
 
 
 def run_env() -> dict[str, str]:

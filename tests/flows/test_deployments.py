@@ -207,3 +207,22 @@ def test_two_trainings_never_share_one_gpu_slot() -> None:
         thread.join(60)
     assert seen["first"] == [0]
     assert second_training(30.0) == "ran" and seen["second"] == [0]  # free again once the first ended
+
+
+def test_the_crash_automation_is_written_again_only_when_it_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each write makes the server reload its triggers (a proactive evaluation running meanwhile logged
+    an error): a second `apply` with the same automation writes nothing; a changed one is updated."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    from infra import deploy
+
+    first = deploy.ensure_crash_detection()
+    writes: list[object] = []
+    update = SyncPrefectClient.update_automation
+    monkeypatch.setattr(SyncPrefectClient, "update_automation",
+                        lambda self, *args, **kwargs: writes.append(args) or update(self, *args, **kwargs))
+    assert deploy.ensure_crash_detection() == first
+    assert writes == []
+    monkeypatch.setattr(deploy, "CRASHED_AFTER_S", deploy.CRASHED_AFTER_S + 60)
+    assert deploy.ensure_crash_detection() == first
+    assert len(writes) == 1
