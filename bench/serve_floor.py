@@ -28,9 +28,10 @@ The bare route's and the served phases alternate in ``--rounds`` rounds (both se
 each round with the model's time measured again, so that each round's served / floor ratio compares
 phases a minute apart (the machine's speed drifts more than that between sequential phases);
 medians over the rounds are reported, each round beside them. The served server starts from an
-empty state; ``--warm-seconds 60`` first fills it as a server running for a while has it (~450k
+empty state; ``--warm-seconds 60`` first fills it as a server running for a while has it (0.5-0.65M
 transactions: past the label delay, the terminal windows have rows to count, and each account
-holds a full sequence), where 256-row requests ran at a third of the fresh state's rate (2026-12-07).
+holds a full sequence). There 256-row requests ran at a third of the fresh state's rate, and at about
+half once the terminal windows read numpy columns (2026-12-07).
 
 From these it prints the rate the parts allow at concurrency 1 (256 rows over the HTTP floor plus
 the in-process parts; nothing else counted, so a ceiling), the time per row the validation and
@@ -123,7 +124,11 @@ class Servers:
         self.key: str | None = None
         if served:
             self.key, _ = KeyStore(home / "serving" / "keys.json").add("bench", ["admin"])
-            proc, self.served_url = start_server(home, ServeSettings().batch_max_size)
+            try:
+                proc, self.served_url = start_server(home, ServeSettings().batch_max_size)
+            except BaseException:
+                self.stop()  # the bare route's server does not outlive a failed start
+                raise
             self.procs.append(proc)
 
     def phase(self, tx: Any, served: bool, conc: int, seconds: float) -> dict[str, Any]:
