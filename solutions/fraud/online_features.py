@@ -22,11 +22,12 @@ from solutions.fraud import feature_defs as FD
 from solutions.fraud.online_model import WindowRow
 from solutions.fraud.request_rows import Rows
 
-__all__ = ["NULL_TERMINAL", "TerminalColumns", "codes", "history", "row_time", "run_features", "terminal_history"]
+__all__ = ["NULL_TERMINAL", "KeptColumns", "codes", "kept_rows", "row_time", "run_features"]
 
 NULL_TERMINAL = "\x00null"  # the batch path groups missing terminal ids together
 row_time = operator.itemgetter(0)  # a kept row's time (bisect's key; C, unlike a def)
 row_value = operator.itemgetter(1)  # an account row's amount, a terminal row's label
+row_step = operator.itemgetter(4)  # an account row's step features
 
 
 def codes(keys: Sequence[Any]) -> np.ndarray:
@@ -35,95 +36,110 @@ def codes(keys: Sequence[Any]) -> np.ndarray:
     return np.fromiter((seen.setdefault(k, len(seen)) for k in keys), np.int64, len(keys))
 
 
-def history(spans: Sequence[tuple[Sequence[Any], int, int | None]], side: str = "left") -> FD.KeyedRows:
-    """Per key (its code: its place in ``spans``), its kept rows ``(time, value, ...)`` (in time order)
-    with times in ``[lo, hi)`` (``side="right"``: ``(lo, hi)``; hi None: no bound); a None value reads as NaN."""
-    cut = bisect.bisect_left if side == "left" else bisect.bisect_right
-    kept: list[Any] = []
-    counts: list[int] = []
-    for rows, lo, hi in spans:
-        part = rows[cut(rows, lo, key=row_time):None if hi is None else bisect.bisect_left(rows, hi, key=row_time)]
-        kept += part
-        counts.append(len(part))
-    return FD.KeyedRows(np.repeat(np.arange(len(spans), dtype=np.int64), counts),
-                        np.fromiter(map(row_time, kept), np.int64, len(kept)),
-                        (np.array(list(map(row_value, kept)), np.float64),))
+class KeptColumns:
+    """A key's kept rows as numpy columns beside the rows (the rows stay what is stored and journaled;
+    the columns mirror them for the windows and the model's inputs): times (int64 ns), values (float64,
+    NaN for none: an account row's amount, a terminal row's label) and, for an account, its rows' step
+    features (float64 ``[rows, len(STEP_NUMERIC)]``).
 
+    Every request slices its keys' rows inside their windows; materialising those rows from tuples cost
+    ~0.3 us each, and a terminal keeps up to ``max_terminal_rows`` of them: once the bench's state held
+    a week of rows, 256-row requests spent 55% of the server's time there (py-spy, 2026-12-07), and
+    gathering a request's 4,096 account steps from tuples for the model cost ~1.3 ms.
 
-class TerminalColumns:
-    """A terminal's kept rows' times (int64 ns) and labels (float64, NaN unknown) as numpy columns,
-    beside its rows (the rows stay what is stored and journaled; these mirror them for
-    :func:`terminal_history`).
-
-    Every request slices its terminals' rows inside their delayed windows; materialising those rows
-    from tuples cost ~0.3 us each, and a terminal keeps up to ``max_terminal_rows`` of them: once the
-    bench's state held a week of rows, 256-row requests spent 55% of the server's time there and
-    served 2.6k rows/s (py-spy, 2026-12-07). The columns change with the rows: a row is inserted
-    in place (at the end in O(1), the common case), rows drop from the front in O(1) and a label is
-    set in place; :meth:`of` builds them from the rows of a terminal read from the store.
+    The columns change with the rows: a row is inserted in place (at the end in O(1), the common case
+    and an account's only one), rows drop from the front in O(1) and a value is set in place. A slice
+    of the rows handed out stays valid: rows are only ever written past the end or, for a terminal,
+    shifted up by an insert before its newest row (whose slices no caller keeps), and a full buffer
+    moves to a new one. :meth:`of` builds the columns from the rows of a key read from the store.
     """
 
-    __slots__ = ("end", "label", "start", "t")
+    __slots__ = ("end", "start", "step", "t", "value")
 
-    def __init__(self, rows: Sequence[tuple[Any, ...]]) -> None:
+    def __init__(self, rows: Sequence[tuple[Any, ...]], steps: bool) -> None:
         n = len(rows)
-        size = max(64, 2 * n)
-        self.t, self.label = np.empty(size, np.int64), np.empty(size, np.float64)
-        self.t[:n] = np.fromiter(map(row_time, rows), np.int64, n)
-        self.label[:n] = np.array([np.nan if v is None else v for v in map(row_value, rows)], np.float64)
+        self.t = np.fromiter(map(row_time, rows), np.int64, n)
+        self.value = np.array(list(map(row_value, rows)), np.float64).reshape(n)  # None reads as NaN
+        self.step = np.array(list(map(row_step, rows)), np.float64).reshape(n, len(FD.STEP_NUMERIC)) if steps else None
         self.start, self.end = 0, n
 
     @classmethod
-    def of(cls, doc: dict[str, Any]) -> TerminalColumns:
-        """The columns of a terminal's document (built from its rows when it has none)."""
+    def of(cls, doc: dict[str, Any], rows: str = "rows") -> KeptColumns:
+        """The columns of a key's document, built from its ``rows`` when it has none (an account's rows
+        are ``recent``, with their steps)."""
         cols = doc.get("cols")
         if cols is None:
-            cols = doc["cols"] = cls(doc["rows"])
+            cols = doc["cols"] = cls(doc[rows], steps=rows == "recent")
         return cols  # type: ignore[no-any-return]
 
-    def insert(self, j: int, t: int, label: float | None) -> None:
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def insert(self, j: int, t: int, value: float | None, step: Sequence[float] | None = None) -> None:
         """A row at place ``j`` (``j`` = the row count: after the newest, the common case)."""
-        if self.end == len(self.t):  # full: the kept rows move to the front of a buffer twice their size
-            n = self.end - self.start
-            size = max(64, 2 * n)
-            t_new, label_new = np.empty(size, np.int64), np.empty(size, np.float64)
-            t_new[:n], label_new[:n] = self.t[self.start:self.end], self.label[self.start:self.end]
-            self.t, self.label, self.start, self.end = t_new, label_new, 0, n
+        if self.end == len(self.t):
+            self._move()
         at = self.start + j
         if at < self.end:  # an older row than the newest: the later ones move up one (numpy copies overlaps)
-            self.t[at + 1:self.end + 1] = self.t[at:self.end]
-            self.label[at + 1:self.end + 1] = self.label[at:self.end]
-        self.t[at] = t
-        self.label[at] = np.nan if label is None else label
+            for col in (self.t, self.value, self.step):
+                if col is not None:
+                    col[at + 1:self.end + 1] = col[at:self.end]
+        self.t[at], self.value[at] = t, value
+        if self.step is not None:
+            self.step[at] = step
         self.end += 1
+
+    def _move(self) -> None:
+        """The kept rows to the front of new buffers twice their count (the old ones stay as they are:
+        slices handed out keep reading them)."""
+        n = self.end - self.start
+
+        def moved(col: np.ndarray) -> np.ndarray:
+            out = np.empty((max(16, 2 * n), *col.shape[1:]), col.dtype)
+            out[:n] = col[self.start:self.end]
+            return out
+
+        self.t, self.value = moved(self.t), moved(self.value)
+        if self.step is not None:
+            self.step = moved(self.step)
+        self.start, self.end = 0, n
 
     def drop(self, k: int) -> None:
         """Forget the first ``k`` rows."""
         self.start += k
 
-    def set_label(self, j: int, label: float | None) -> None:
-        """Row ``j``'s label."""
-        self.label[self.start + j] = np.nan if label is None else label
+    def set_value(self, j: int, value: float | None) -> None:
+        """Row ``j``'s value."""
+        self.value[self.start + j] = value
+
+    def steps(self, k: int) -> np.ndarray:
+        """The step features of the newest ``k`` rows (fewer when it keeps fewer): a view."""
+        assert self.step is not None, "a terminal keeps no steps"
+        return self.step[max(self.start, self.end - k):self.end]
 
 
-def terminal_history(docs: Sequence[dict[str, Any]], lo: int, hi: int) -> FD.KeyedRows:
-    """Per terminal (its code: its place in ``docs``), its kept rows with times in ``[lo, hi)``, read
-    from its :class:`TerminalColumns` (what :func:`history` gives from the rows)."""
+def kept_rows(docs: Sequence[dict[str, Any]], lo: Sequence[int], hi: int | None = None, *,
+              rows: str = "rows", side: str = "left") -> FD.KeyedRows:
+    """Per key (its code: its place in ``docs``), its kept rows' times and values with times in
+    ``[lo, hi)`` (``side="right"``: ``(lo, hi)``; ``hi`` None: no bound), read from its
+    :class:`KeptColumns` (``rows``: where its document keeps its rows, found by bisection)."""
+    cut = bisect.bisect_left if side == "left" else bisect.bisect_right
     ts: list[np.ndarray] = []
-    labels: list[np.ndarray] = []
+    values: list[np.ndarray] = []
     counts: list[int] = []
-    for doc in docs:
-        rows = doc["rows"]
-        a, b = bisect.bisect_left(rows, lo, key=row_time), bisect.bisect_left(rows, hi, key=row_time)
-        counts.append(b - a)
+    for doc, low in zip(docs, lo, strict=True):
+        kept = doc[rows]
+        a = cut(kept, low, key=row_time)
+        b = len(kept) if hi is None else bisect.bisect_left(kept, hi, key=row_time)
+        counts.append(max(b - a, 0))
         if b > a:
-            cols = TerminalColumns.of(doc)
+            cols = KeptColumns.of(doc, rows)
             ts.append(cols.t[cols.start + a:cols.start + b])
-            labels.append(cols.label[cols.start + a:cols.start + b])
+            values.append(cols.value[cols.start + a:cols.start + b])
     empty = not ts
     return FD.KeyedRows(np.repeat(np.arange(len(docs), dtype=np.int64), counts),
                         np.zeros(0, np.int64) if empty else np.concatenate(ts),
-                        (np.zeros(0) if empty else np.concatenate(labels),))
+                        (np.zeros(0) if empty else np.concatenate(values),))
 
 
 def run_features(account_docs: Mapping[str, dict[str, Any]], terminal_docs: Mapping[str, dict[str, Any]],
@@ -156,8 +172,9 @@ def run_features(account_docs: Mapping[str, dict[str, Any]], terminal_docs: Mapp
                                 np.array([d["recent"][-1][0] if d["recent"] else late for d in docs], np.int64))
     chunk = FD.KeyedRows(key, np.maximum(t_own, summary.latest[key]), (amounts,))  # a late row joins after
     # only rows inside the longest window of an account's first row can count
-    past = history([(d["recent"], max(first[a], latest) - span_ns, None)
-                    for a, d, latest in zip(first, docs, summary.latest.tolist(), strict=True)], side="right")
+    past = kept_rows(docs, [max(first[a], latest) - span_ns for a, latest in zip(first, summary.latest.tolist(),
+                                                                                  strict=True)],
+                     rows="recent", side="right")
     hours, dows = np.array(r.hours[start:end]), np.array(r.dows[start:end])
     feats = {**FD.row_features(amounts, hours, dows),
              **FD.account_windows(windows, chunk, past, max_rows=max_recent)}
@@ -171,7 +188,7 @@ def run_features(account_docs: Mapping[str, dict[str, Any]], terminal_docs: Mapp
         lo, hi = int(t_own.min()) - delay_ns - span_ns, int(t_own.max()) - delay_ns
         feats.update(FD.terminal_windows(
             windows, delay_days, FD.KeyedRows(codes(term_keys), t_own, (np.array(r.labels[start:end]),)),
-            terminal_history([terminal_docs[t] for t in dict.fromkeys(term_keys)], lo, hi)))
+            kept_rows(kept := [terminal_docs[t] for t in dict.fromkeys(term_keys)], [lo] * len(kept), hi)))
     steps = FD.step_features(chunk, hours + np.array(r.minutes[start:end]) / 60.0, dows,
                              np.where(np.array([t is None for t in terminals]), -1, term_codes)
                              if term_codes is not None else None, summary, known_pair)

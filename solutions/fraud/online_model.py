@@ -156,15 +156,15 @@ class RowInputs:
     """What one transaction feeds the model, before the model's scaling.
 
     Attributes:
-        steps: raw step features of the account's earlier rows and this one (oldest first;
-            at most ``history_len + 1``).
+        steps: raw step features (float64 ``[rows, len(STEP_NUMERIC)]``) of the account's earlier rows
+            and this one (oldest first; at most ``history_len + 1``).
         step_cats: (channel, category) strings of the same rows.
         window: window features by name (a :class:`WindowRow` from the online state).
         static: ``(age, account_age_days)`` raw (NaN when unknown).
         occupation: occupation string or None.
     """
 
-    steps: list[tuple[float, ...]]
+    steps: np.ndarray
     step_cats: list[tuple[str | None, str | None]]
     window: Mapping[str, float]
     static: tuple[float, float]
@@ -260,8 +260,8 @@ class OnlineFraudModel:
         chan_of, cat_of, occ = lookups[S.CHANNEL], lookups[S.CATEGORY], lookups[S.OCCUPATION]
         names = list(pre.window_feature_names)
         kept = [row.steps[-L:] for row in rows]
-        lengths = np.fromiter((len(k) for k in kept), dtype="int64", count=n)
-        steps = np.asarray([s for k in kept for s in k], dtype="float64").reshape(-1, n_num)
+        lengths = np.fromiter(map(len, kept), dtype="int64", count=n)
+        steps = np.concatenate(kept, dtype="float64") if kept else np.zeros((0, n_num))
         row_idx = np.repeat(np.arange(n), lengths)
         ends = np.cumsum(lengths)
         col_idx = np.arange(len(row_idx)) - np.repeat(ends - lengths, lengths) + np.repeat(L - lengths, lengths)

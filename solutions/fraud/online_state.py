@@ -45,7 +45,7 @@ import pandas as pd
 
 from infra.online_state import ACCOUNT, TERMINAL, AccountRow, Journal, OnlineStateStore
 from solutions.fraud import feature_defs as FD
-from solutions.fraud.online_features import NULL_TERMINAL, row_time, run_features
+from solutions.fraud.online_features import NULL_TERMINAL, KeptColumns, row_time, run_features
 from solutions.fraud.online_model import RowInputs, WindowRow
 from solutions.fraud.request_rows import Rows
 
@@ -174,7 +174,6 @@ class OnlineFraudState:
         return [held.get(tx) == who for tx, who in zip(ids, owners, strict=True)]
 
 
-_row_step = operator.itemgetter(4)  # an account row's step features
 _row_cats = operator.itemgetter(2, 3)  # an account row's (channel, category)
 
 
@@ -399,9 +398,10 @@ class _Batch:
                 if latest > t_own:  # a late row (within the tolerance) joins its account right after the latest row
                     t = latest
             before = recent[-hist:] if hist else ()
-            out.append(RowInputs([*map(_row_step, before), step], [*map(_row_cats, before), (channel, category)],
+            cols = KeptColumns.of(acct, "recent")
+            cols.insert(len(recent), t, amount, step)  # -- the row joins the state
+            out.append(RowInputs(cols.steps(hist + 1), [*map(_row_cats, before), (channel, category)],
                                  wins[i - run_start], (ages[i], acc_ages[i]), occupations[i]))
-            # -- add the row to the state
             row = (t, amount, channel, category, step, tx)
             recent.append(row)
             seq = acct["seq"]
@@ -417,6 +417,7 @@ class _Batch:
                 cut = max(cut, len(recent) - max_recent)
                 if cut:
                     del recent[:cut]
+                    cols.drop(cut)
                     journal.account_cut[acct_id] = acct["seq"] - len(recent)
             if amount == amount:  # not NaN
                 acct["n"] += 1
@@ -439,7 +440,7 @@ class _Batch:
             t_j, _, tx_j, rid = rows[j]
             rows[j] = (t_j, float(label), tx_j, rid)
             if cols is not None:
-                cols.set_label(j, float(label))
+                cols.set_value(j, float(label))
             self._journal.labels.append((terminal, rows[j]))
         return bool(hits)
 

@@ -234,16 +234,18 @@ def test_the_requests_of_a_batch_score_as_they_would_one_call_each(tmp_path) -> 
         assert together.store.read(TERMINAL, terminals) == alone.store.read(TERMINAL, terminals)
 
 
-def test_terminal_columns_mirror_the_rows_through_inserts_drops_and_labels(tmp_path) -> None:
-    """The numpy columns the terminal windows read (TerminalColumns) equal the kept rows after rows
-    appended, a row inserted before its terminal's newest, rows dropped past the windows and the
-    bound, and labels recorded later."""
+def test_kept_columns_mirror_the_rows_through_inserts_drops_and_labels(tmp_path) -> None:
+    """The numpy columns the windows and the model's steps read (KeptColumns) equal the kept rows:
+    a terminal's after rows appended, a row inserted before its terminal's newest, rows dropped past
+    the windows and the bound, and labels recorded later; an account's after rows appended and its
+    oldest dropped past its bound."""
     from solutions.fraud.online import apply_labels
-    from solutions.fraud.online_features import TerminalColumns, row_time, row_value
+    from solutions.fraud.online_features import KeptColumns, row_time, row_value
 
     raw = _frame(600, seed=3).drop(columns=[S.LABEL])
     raw[S.ACCOUNT_ID] = [f"acct{i % 40}" for i in range(len(raw))]  # accounts in order; terminals interleave
-    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8, max_terminal_rows=50)
+    state = OnlineFraudState.for_model(RocksStateStore(tmp_path / "s"), history_len=8, max_recent=10,
+                                       max_terminal_rows=50)
     for start in range(0, len(raw), 50):
         part = raw.iloc[start : start + 50].to_dict("records")
         if start == 300:  # a new account's row dated before its terminal's newest row: inserted there
@@ -259,10 +261,17 @@ def test_terminal_columns_mirror_the_rows_through_inserts_drops_and_labels(tmp_p
         for doc in state._cache.terminals.values():
             if doc.get("cols") is None:
                 continue
-            cols = TerminalColumns.of(doc)
+            cols = KeptColumns.of(doc)
             np.testing.assert_array_equal(cols.t[cols.start:cols.end], [row_time(r) for r in doc["rows"]])
-            np.testing.assert_array_equal(cols.label[cols.start:cols.end],
+            np.testing.assert_array_equal(cols.value[cols.start:cols.end],
                                           [np.nan if row_value(r) is None else row_value(r) for r in doc["rows"]])
             checked += 1
         assert checked or start == 0
+        for doc in state._cache.accounts.values():
+            cols = KeptColumns.of(doc, "recent")
+            assert len(cols) == len(doc["recent"])
+            np.testing.assert_array_equal(cols.t[cols.start:cols.end], [row_time(r) for r in doc["recent"]])
+            np.testing.assert_array_equal(cols.value[cols.start:cols.end], [row_value(r) for r in doc["recent"]])
+            np.testing.assert_array_equal(cols.steps(len(cols)), [r[4] for r in doc["recent"]])
     assert any(doc.get("cols") is not None and len(doc["rows"]) == 50 for doc in state._cache.terminals.values())
+    assert any(doc["seq"] > len(doc["recent"]) == 10 for doc in state._cache.accounts.values())  # some dropped
