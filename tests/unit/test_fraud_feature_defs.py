@@ -18,7 +18,7 @@ DAY = FD.NS_PER_DAY
 
 def _rows(n: int = 600, seed: int = 0) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(seed)
-    t = np.sort(rng.integers(0, 60 * DAY, n)).astype(np.int64)
+    t = np.sort(rng.integers(0, 60 * 24, n)).astype(np.int64) * (DAY // 24)  # whole hours: rows on window bounds
     t[5:9] = t[5]  # equal times keep arrival order
     account = rng.integers(0, 9, n).astype(np.int64)
     terminal = rng.integers(-1, 5, n).astype(np.int64)  # -1: no terminal
@@ -44,12 +44,15 @@ def test_time_ordered_chunks_with_history_equal_one_chunk(cut: int) -> None:
     whole_acct = FD.account_windows(windows, FD.KeyedRows(account, t, (amount,)))
     whole_term = FD.terminal_windows(windows, 3, FD.KeyedRows(terminal, t, (label,)))
     whole_steps = FD.step_features(FD.KeyedRows(account, t, (amount,)), hour, dow, terminal)
+    searched = 0  # chunks whose terminal windows were searched in the history alone (shorter than the delay)
     for start in range(0, len(t), cut):
         h, c = slice(0, start), slice(start, start + cut)
         acct = FD.account_windows(windows, FD.KeyedRows(account[c], t[c], (amount[c],)),
                                   FD.KeyedRows(account[h], t[h], (amount[h],)))
-        term = FD.terminal_windows(windows, 3, FD.KeyedRows(terminal[c], t[c], (label[c],)),
-                                   FD.KeyedRows(terminal[h], t[h], (label[h],)))
+        by_key = np.lexsort((t[h], terminal[h]))  # a terminal's rows after another's, as online state reads them
+        past = FD.KeyedRows(terminal[h][by_key], t[h][by_key], (label[h][by_key],))
+        term = FD.terminal_windows(windows, 3, FD.KeyedRows(terminal[c], t[c], (label[c],)), past)
+        searched += FD._windows_of_history(windows, 3, FD.KeyedRows(terminal[c], t[c], (label[c],)), past) is not None
         pairs = set(zip(account[h].tolist(), terminal[h].tolist(), strict=True))
         known = np.array([(a, x) in pairs for a, x in zip(account[c].tolist(), terminal[c].tolist(), strict=True)])
         steps = FD.step_features(FD.KeyedRows(account[c], t[c], (amount[c],)), hour[c], dow[c], terminal[c],
@@ -58,6 +61,7 @@ def test_time_ordered_chunks_with_history_equal_one_chunk(cut: int) -> None:
             whole = {**whole_acct, **whole_term}[name][c]
             np.testing.assert_allclose(values, whole, rtol=1e-12, atol=1e-9, err_msg=f"{name} from row {start}")
         np.testing.assert_allclose(steps, whole_steps[c], rtol=1e-12, atol=1e-9, err_msg=f"steps from row {start}")
+    assert (searched > 0) == (cut == 1)
 
 
 def test_a_row_sees_only_rows_before_it() -> None:
