@@ -188,12 +188,17 @@ def terminal_windows(windows_days: Sequence[int], delay_days: int, chunk: KeyedR
         delay_days: the label delay.
         chunk: the new rows, in time order.
         history: the terminals' earlier rows (at least those inside ``delay + max(windows_days)``
-            days before the chunk's rows), any times.
+            days before the chunk's rows), any times, any order (sorted by (key, time), with a chunk
+            shorter than the delay, the windows are searched in it without sorting).
     """
     history = history if history is not None else KeyedRows.empty(1)
-    fast = _windows_of_history(windows_days, delay_days, chunk, history)
-    if fast is not None:
-        return fast
+    searched = _windows_of_history(windows_days, delay_days, chunk, history)
+    return searched if searched is not None else _windows_of_timeline(windows_days, delay_days, chunk, history)
+
+
+def _windows_of_timeline(windows_days: Sequence[int], delay_days: int, chunk: KeyedRows,
+                         history: KeyedRows) -> dict[str, np.ndarray]:
+    """:func:`terminal_windows` over the history and the chunk sorted together (any chunk, any order)."""
     label = [history.values[0], chunk.values[0]]
     known = [~np.isnan(v) for v in label]
     fraud = [k & (v > 0) for k, v in zip(known, label, strict=True)]
@@ -234,14 +239,17 @@ def _windows_of_history(windows_days: Sequence[int], delay_days: int, chunk: Key
     keys = (int(history.key.min()), int(history.key.max()), int(chunk.key.min()), int(chunk.key.max()))
     if (max(map(abs, keys)) + 1) * stride >= 2**62:
         return None  # too many keys over too long a span for one int64 composite key
-    line = history.key.astype(np.int64) * stride + (history.t - lowest)  # (key, time) as one int64
+    line = np.asarray(history.key, np.int64) * stride  # (key, time) as one int64
+    line += history.t
+    line -= lowest
     if len(line) > 1 and not bool(np.all(line[1:] >= line[:-1])):
         return None
     label = history.values[0]
     known = ~np.isnan(label)
-    cs_known = np.concatenate([[0], np.cumsum(known)])
-    cs_fraud = np.concatenate([[0], np.cumsum(known & (label > 0))])
-    base = chunk.key.astype(np.int64) * stride - lowest
+    cs_known, cs_fraud = np.zeros(len(line) + 1, np.int64), np.zeros(len(line) + 1, np.int64)
+    np.cumsum(known, out=cs_known[1:])
+    np.cumsum(label > 0, out=cs_fraud[1:])  # NaN > 0 is False: an unknown label is no fraud
+    base = np.asarray(chunk.key, np.int64) * stride - lowest
     hi = np.searchsorted(line, base + hi_t, side="left")
     feats: dict[str, np.ndarray] = {}
     for w in windows_days:
