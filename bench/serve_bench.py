@@ -151,20 +151,30 @@ BAD_KINDS = ("no_terminal", "lone_surrogate", "future_timestamp", "long_id", "li
              "bad_amount", "broken_json")
 
 
-def start_server(home: Path, batch_size: int, extra_env: dict[str, str] | None = None,
-                 workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
-    """``python -m flows.serve`` on a free loopback port, fraud only, limits out of the bench's way
-    (``extra_env``: more settings, e.g. a challenger's, or the Redis URL of replicas sharing one
-    state); returns the process and its URL."""
-    port = free_port()
+def served_env(home: Path, batch_size: int | None = None, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the benches serve with: fraud only, under ``home``, limits out of the bench's way
+    (``extra_env``: more settings, e.g. a challenger's, or the Redis URL of replicas sharing one state)."""
     # a Redis URL of the caller's own environment is not inherited: only extra_env gives one
     env = {k: v for k, v in os.environ.items() if k != "INDUSFLOW_SERVE_REDIS_URL"}
+    if batch_size is None:
+        from infra.settings import ServeSettings
+
+        batch_size = ServeSettings().batch_max_size
     env.update({"INDUSFLOW_HOME": str(home), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                 "INDUSFLOW_SERVE_BATCH_MAX_SIZE": str(batch_size),
                 "INDUSFLOW_SERVE_DEFAULT_RATE_LIMIT": "10000000/minute", "INDUSFLOW_SERVE_SENSOR_MODEL": "",
                 "INDUSFLOW_SERVE_MAX_ROWS": "4096", **(extra_env or {})})
+    return env
+
+
+def start_server(home: Path, batch_size: int, extra_env: dict[str, str] | None = None,
+                 workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+    """``python -m flows.serve`` on a free loopback port with :func:`served_env`; returns the process
+    and its URL."""
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port), "--workers", str(workers)], env=env, cwd=ROOT,
+    proc = spawn_server([sys.executable, "-m", "flows.serve", "--port", str(port), "--workers", str(workers)],
+                        env=served_env(home, batch_size, extra_env), cwd=ROOT,
                         log=home / f"server-{port}.log", ready_url=f"{url}/readyz")
     return proc, url
 

@@ -16,7 +16,14 @@ goes and what rate the parts allow, on the same machine, model and request bodie
    (what a log-structured state store would pay inside the request).
 3. **Served**: ``python -m flows.serve`` (batching on, as ``serve_bench.py`` runs it) at
    concurrency 1 and 16 with 256-row requests, for the side-by-side figure.
-4. **The peer, stateless** (issue 47): LitServe serving the same registered GRU, on the same
+4. **Features free** (``bench/serve_bound.py``): the same app (keys, quotas, body checks, audit,
+   batcher, score log, response) serving a fraud predictor that keeps only what a stateful scorer
+   pays whatever its features: validation, the ids' owners, the model on real inputs computed once,
+   and each row and claim written to RocksDB. Its rate bounds what any feature design can reach with
+   this app, model and store (``features_free/floor``). Its phases follow the served ones in each
+   round; after the rounds, single-transaction requests at 200/s on the served and the features-free
+   server in turn (p99, the issue's other target).
+5. **The peer, stateless** (issue 47): LitServe serving the same registered GRU, on the same
    runtime (:class:`serve_stack_bench.FraudPredictor`: ONNX Runtime where the server uses it), on
    precomputed input tensors: each request carries the network's inputs of 256 new transactions
    (computed once by the online state, as JSON lists), so LitServe decodes and runs the network and
@@ -24,7 +31,7 @@ goes and what rate the parts allow, on the same machine, model and request bodie
    ``batch_max_rows``. Same client, concurrency 1 and 16. Needs ``litserve`` (the
    ``serve-bench`` extra); skipped with a note without it.
 
-The bare route's and the served phases alternate in ``--rounds`` rounds (both servers up at once),
+The bare route's, the served and the features-free phases alternate in ``--rounds`` rounds (all up at once),
 each round with the model's time measured again, so that each round's served / floor ratio compares
 phases a minute apart (the machine's speed drifts more than that between sequential phases);
 medians over the rounds are reported, each round beside them. The served server starts from an
@@ -66,11 +73,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from loadgen import closed_loop, free_port, spawn_server, stop_server
+from loadgen import closed_loop, fixed_rate, free_port, spawn_server, stop_server
 
 ROWS = 256
 TARGET_ROWS_PER_S = 20_000
 CONCURRENCY = (1, 16)
+SINGLE_RATE = 200  # single-transaction requests/s of the p99 phase (issue 47: p99 <= 5 ms there)
 
 
 def floor_app() -> Any:
@@ -105,37 +113,47 @@ def serve_floor(port: int) -> None:
 
 
 class Servers:
-    """The bare route (:func:`floor_app`) and ``python -m flows.serve`` (batching on, as
-    ``serve_bench.py`` runs it), both up at once, so that their phases alternate (:func:`rounds`)."""
+    """The bare route (:func:`floor_app`), ``python -m flows.serve`` (batching on, as ``serve_bench.py``
+    runs it) and the same app with its features free (``serve_bound.py``, in a home of its own with the
+    same registered model), all up at once, so that their phases alternate (:func:`rounds`)."""
 
     def __init__(self, home: Path, served: bool) -> None:
-        from serve_bench import start_server
+        from serve_bench import served_env, start_server
 
         from infra.serving.auth import KeyStore
         from infra.settings import ServeSettings
 
-        port = free_port()
-        self.floor_url = f"http://127.0.0.1:{port}"
+        self.urls: dict[str, str] = {}
+        self.keys: dict[str, str] = {}
+        self.procs: list[Any] = []
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-        self.procs = [spawn_server([sys.executable, str(Path(__file__).resolve()), "--serve-floor", str(port)],
-                                   env=env, cwd=ROOT, log=home / "floor-server.log",
-                                   ready_url=f"{self.floor_url}/readyz")]
-        self.served_url: str | None = None
-        self.key: str | None = None
-        if served:
-            self.key, _ = KeyStore(home / "serving" / "keys.json").add("bench", ["admin"])
-            try:
-                proc, self.served_url = start_server(home, ServeSettings().batch_max_size)
-            except BaseException:
-                self.stop()  # the bare route's server does not outlive a failed start
-                raise
-            self.procs.append(proc)
+        try:
+            self._spawn("floor", "--serve-floor", env, home)
+            if served:
+                self.keys["served"], _ = KeyStore(home / "serving" / "keys.json").add("bench", ["admin"])
+                proc, self.urls["served"] = start_server(home, ServeSettings().batch_max_size)
+                self.procs.append(proc)
+                bound = home / "bound"
+                shutil.copytree(home / "registry", bound / "registry")
+                self.keys["bound"], _ = KeyStore(bound / "serving" / "keys.json").add("bench", ["admin"])
+                self._spawn("bound", "--serve-bound", served_env(bound), bound)
+        except BaseException:
+            self.stop()  # no server outlives a failed start
+            raise
 
-    def phase(self, tx: Any, served: bool, conc: int, seconds: float) -> dict[str, Any]:
-        """One closed-loop phase of 256-row requests of new transactions on one of the servers."""
-        url, headers = (self.served_url, {"X-API-Key": self.key}) if served else (self.floor_url, None)
-        return asyncio.run(closed_loop(f"{url}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5), concurrency=conc,
-                                       seconds=seconds, rows_per_request=ROWS, headers=headers))
+    def _spawn(self, name: str, flag: str, env: dict[str, str], home: Path) -> None:
+        port = free_port()
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        self.procs.append(spawn_server([sys.executable, str(Path(__file__).resolve()), flag, str(port)],
+                                       env=env, cwd=ROOT, log=home / f"{name}-server.log",
+                                       ready_url=f"{self.urls[name]}/readyz"))
+
+    def phase(self, tx: Any, name: str, conc: int, seconds: float) -> dict[str, Any]:
+        """One closed-loop phase of 256-row requests of new transactions on server ``name``."""
+        key = self.keys.get(name)
+        return asyncio.run(closed_loop(f"{self.urls[name]}/v1/fraud/score", tx.feed(ROWS, seconds + 0.5),
+                                       concurrency=conc, seconds=seconds, rows_per_request=ROWS,
+                                       headers={"X-API-Key": key} if key else None))
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -160,20 +178,45 @@ def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, se
     13.0-18.5 ms for the same in-process request), so phases compared minutes apart moved the ratio."""
     from serve_bench import Transactions
 
-    floor_tx = Transactions()  # its own stream: the served state's clock moves only with what it scores
-    out = []
+    floor_tx, bound_tx = Transactions(), Transactions()  # their own streams: the served state's clock
+    out = []  # moves only with what it scores
     for _ in range(n_rounds):
         one: dict[str, Any] = {"model_ms": round(model_ms(model, inputs), 3)}
         for conc in CONCURRENCY:
-            floor = servers.phase(floor_tx, False, conc, seconds)
-            served = servers.phase(tx, True, conc, seconds) if servers.served_url else None
+            floor = servers.phase(floor_tx, "floor", conc, seconds)
+            served = servers.phase(tx, "served", conc, seconds) if "served" in servers.urls else None
+            bound = servers.phase(bound_tx, "bound", conc, seconds) if "bound" in servers.urls else None
             floor_rows = (round(ROWS / (1.0 / floor["req_per_s"] + one["model_ms"] / 1000.0))
                           if floor["req_per_s"] else None)
-            one[f"c{conc}"] = {"http_floor": floor, "served": served, "floor_route_plus_model_rows_per_s": floor_rows,
-                               "served/floor": round(served["rows_per_s"] / floor_rows, 3)
-                               if served and floor_rows else None}
+
+            def ratio(a: dict[str, Any] | None, b: float | None) -> float | None:
+                return round(a["rows_per_s"] / b, 3) if a and b else None
+
+            one[f"c{conc}"] = {"http_floor": floor, "served": served, "features_free": bound,
+                               "floor_route_plus_model_rows_per_s": floor_rows,
+                               "served/floor": ratio(served, floor_rows),
+                               "features_free/floor": ratio(bound, floor_rows)}
         out.append(one)
     return out
+
+
+def single_rows(servers: Servers, tx: Any, n_rounds: int, seconds: float) -> dict[str, Any]:
+    """Single-transaction requests at :data:`SINGLE_RATE` per second (open loop), on the served server
+    and the features-free one in turn, ``n_rounds`` times: p50/p99 per round and their medians."""
+    from serve_bench import Transactions
+
+    streams = {"served": tx, "features_free": Transactions()}
+    names = {"served": "served", "features_free": "bound"}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in streams}
+    for _ in range(n_rounds):
+        for key, stream in streams.items():
+            name = names[key]
+            r = asyncio.run(fixed_rate(f"{servers.urls[name]}/v1/fraud/score", stream.feed(1, seconds + 1),
+                                       rate=SINGLE_RATE, seconds=seconds, rows_per_request=1,
+                                       headers={"X-API-Key": servers.keys[name]}))
+            runs[key].append({k: r[k] for k in ("p50_ms", "p99_ms", "status")})
+    return {"rate": SINGLE_RATE, **{f"{k}_p99_ms": round(statistics.median(p["p99_ms"] or 0.0 for p in v), 2)
+                                    for k, v in runs.items()}, "by_round": runs}
 
 
 def litserve(home: Path, model: Any, seconds: float) -> dict[str, Any]:
@@ -212,13 +255,18 @@ def medians(done: list[dict[str, Any]]) -> dict[str, Any]:
         c = f"c{conc}"
         phases = [r[c] for r in done]
         served = [p["served"] for p in phases if p["served"]]
+        bound = [p["features_free"] for p in phases if p.get("features_free")]
         out[c] = {"http_floor_req_per_s": med([p["http_floor"]["req_per_s"] for p in phases]),
                   "floor_route_plus_model_rows_per_s": med([p["floor_route_plus_model_rows_per_s"] for p in phases]),
                   "served_rows_per_s": med([p["rows_per_s"] for p in served]),
                   "served_p50_ms": med([p["p50_ms"] for p in served]),
                   "served_p99_ms": med([p["p99_ms"] for p in served]),
                   "served/floor": med([p["served/floor"] for p in phases]),
-                  "served/floor_by_round": [p["served/floor"] for p in phases]}
+                  "served/floor_by_round": [p["served/floor"] for p in phases],
+                  "features_free_rows_per_s": med([p["rows_per_s"] for p in bound]),
+                  "features_free_p50_ms": med([p["p50_ms"] for p in bound]),
+                  "features_free/floor": med([p.get("features_free/floor") for p in phases]),
+                  "features_free/floor_by_round": [p.get("features_free/floor") for p in phases]}
     return out
 
 
@@ -301,9 +349,15 @@ def main() -> None:
     parser.add_argument("--no-served", action="store_true", help="skip the served flows.serve phases")
     parser.add_argument("--no-litserve", action="store_true", help="skip the LitServe (stateless) phase")
     parser.add_argument("--serve-floor", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the bare server itself
+    parser.add_argument("--serve-bound", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the features-free one
     args = parser.parse_args()
     if args.serve_floor:
         serve_floor(args.serve_floor)
+        return
+    if args.serve_bound:
+        from serve_bound import serve_bound
+
+        serve_bound(args.serve_bound)
         return
 
     import torch
@@ -323,9 +377,10 @@ def main() -> None:
         servers = Servers(tmp, served=not args.no_served)
         try:
             tx = Transactions()  # one stream of new transactions for the warm-up and the rounds
-            warm_rows = (servers.phase(tx, True, 16, args.warm_seconds)["requests"] * ROWS
-                         if args.warm_seconds > 0 and servers.served_url else 0)
+            warm_rows = (servers.phase(tx, "served", 16, args.warm_seconds)["requests"] * ROWS
+                         if args.warm_seconds > 0 and "served" in servers.urls else 0)
             done = rounds(servers, tx, model, inputs, args.rounds, args.seconds)
+            single = single_rows(servers, tx, args.rounds, 2 * args.seconds) if "served" in servers.urls else None
         finally:
             servers.stop()
         if not args.no_litserve:
@@ -357,6 +412,7 @@ def main() -> None:
         "commit_as_one_append_only_record_ms": append_only_ms,
         "model_runtime": "onnxruntime" if model.runtime is not None else "eager",
         "by_round": done,
+        "single_transaction": single,
         "litserve_stateless": peer,
         "ceiling_c1_rows_per_s": round(ROWS / ((http_ms + in_ms) / 1000.0)),
         "target": {"rows_per_s": TARGET_ROWS_PER_S, "ms_per_request": budget_ms,
