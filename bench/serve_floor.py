@@ -170,6 +170,11 @@ def model_ms(model: Any, inputs: Any, calls: int = 25) -> float:
     return statistics.median(times)
 
 
+def _ratio(phase: dict[str, Any] | None, floor_rows: float | None) -> float | None:
+    """A phase's rows/s over the floor's."""
+    return round(phase["rows_per_s"] / floor_rows, 3) if phase and floor_rows else None
+
+
 def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, seconds: float) -> list[dict[str, Any]]:
     """``n_rounds`` rounds; in each, the model's time, then per concurrency the bare route's phase and
     the served one right after it (``tx``: the served phases' transactions, one stream with the warm-up's),
@@ -178,8 +183,9 @@ def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, se
     13.0-18.5 ms for the same in-process request), so phases compared minutes apart moved the ratio."""
     from serve_bench import Transactions
 
-    floor_tx, bound_tx = Transactions(), Transactions()  # their own streams: the served state's clock
-    out = []  # moves only with what it scores
+    # their own streams: the served state's clock moves only with what it scores
+    floor_tx, bound_tx = Transactions(), Transactions()
+    out = []
     for _ in range(n_rounds):
         one: dict[str, Any] = {"model_ms": round(model_ms(model, inputs), 3)}
         for conc in CONCURRENCY:
@@ -188,14 +194,10 @@ def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, se
             bound = servers.phase(bound_tx, "bound", conc, seconds) if "bound" in servers.urls else None
             floor_rows = (round(ROWS / (1.0 / floor["req_per_s"] + one["model_ms"] / 1000.0))
                           if floor["req_per_s"] else None)
-
-            def ratio(a: dict[str, Any] | None, b: float | None) -> float | None:
-                return round(a["rows_per_s"] / b, 3) if a and b else None
-
             one[f"c{conc}"] = {"http_floor": floor, "served": served, "features_free": bound,
                                "floor_route_plus_model_rows_per_s": floor_rows,
-                               "served/floor": ratio(served, floor_rows),
-                               "features_free/floor": ratio(bound, floor_rows)}
+                               "served/floor": _ratio(served, floor_rows),
+                               "features_free/floor": _ratio(bound, floor_rows)}
         out.append(one)
     return out
 
