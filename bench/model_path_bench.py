@@ -72,9 +72,9 @@ def load_served(home: Path) -> Any:
     return OnlineFraudModel.from_registry(net, pre, cfg.seq_len, ref.name, ref.version, ref.params)
 
 
-def real_inputs(model: Any, home: Path, warm_requests: int = 40) -> dict[str, Any]:
-    """The model's tensors for one 256-row request of new transactions, after ``warm_requests``
-    earlier ones filled the accounts' histories."""
+def real_row_inputs(model: Any, home: Path, warm_requests: int = 40) -> list[Any]:
+    """The model's inputs (:class:`~solutions.fraud.online_model.RowInputs`) of one 256-row request of
+    new transactions, after ``warm_requests`` earlier ones filled the accounts' histories."""
     from serve_bench import Transactions
 
     from infra.online_state import open_state_store
@@ -91,7 +91,12 @@ def real_inputs(model: Any, home: Path, warm_requests: int = 40) -> dict[str, An
                 inputs = batch.apply(rows, model.delay_days, keep=model.seq_len)
     finally:
         state.store.close()
-    return model.tensors(inputs)
+    return list(inputs)
+
+
+def real_inputs(model: Any, home: Path, warm_requests: int = 40) -> dict[str, Any]:
+    """The model's tensors of :func:`real_row_inputs`."""
+    return model.tensors(real_row_inputs(model, home, warm_requests))
 
 
 def _time(fn: Callable[[], Any], calls: int) -> tuple[list[float], list[float]]:

@@ -29,31 +29,12 @@ from fastapi import APIRouter
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from model_path_bench import real_row_inputs
+
 from flows.serve.fraud import FraudPredictor, FraudScoreRequest
 from infra.registry import ModelRef
 from infra.serving.model_route import ModelRoute
 from infra.serving.runtime import Services, Vertical
-
-
-def fixed_inputs(model: Any, home: Path, warm_requests: int = 40) -> list[Any]:
-    """The model's inputs (:class:`~solutions.fraud.online_model.RowInputs`) of one 256-row request of new
-    transactions, after ``warm_requests`` earlier ones filled their accounts' histories."""
-    from serve_bench import Transactions
-
-    from infra.online_state import open_state_store
-    from solutions.fraud.online import OnlineFraudState, validate_rows
-
-    tx = Transactions()  # a stream of its own, in its own store folder
-    state = OnlineFraudState.for_model(open_state_store(home), history_len=255)
-    try:
-        for _ in range(warm_requests + 1):
-            rows = validate_rows(tx.body(256)["transactions"])
-            with state.update() as batch:
-                batch.load(rows.accounts, [])
-                inputs = batch.apply(rows, model.delay_days, keep=model.seq_len)
-    finally:
-        state.store.close()
-    return list(inputs)
 
 
 class BoundPredictor(FraudPredictor):
@@ -68,7 +49,7 @@ class BoundPredictor(FraudPredictor):
         import rocksdict
 
         model = super().setup(ref)
-        self._inputs = fixed_inputs(model, self.services.layout.root / "bound-inputs")
+        self._inputs = real_row_inputs(model, self.services.layout.root / "bound-inputs")
         if self._db is None:  # the store's engine and write options (unsynced WAL: RocksStateStore's default)
             options = rocksdict.Options(raw_mode=True)
             options.create_if_missing(True)

@@ -135,8 +135,8 @@ class Servers:
                 self.procs.append(proc)
                 bound = home / "bound"
                 shutil.copytree(home / "registry", bound / "registry")
-                self.keys["bound"], _ = KeyStore(bound / "serving" / "keys.json").add("bench", ["admin"])
-                self._spawn("bound", "--serve-bound", served_env(bound), bound)
+                self.keys["features_free"], _ = KeyStore(bound / "serving" / "keys.json").add("bench", ["admin"])
+                self._spawn("features_free", "--serve-bound", served_env(bound), bound)
         except BaseException:
             self.stop()  # no server outlives a failed start
             raise
@@ -191,7 +191,8 @@ def rounds(servers: Servers, tx: Any, model: Any, inputs: Any, n_rounds: int, se
         for conc in CONCURRENCY:
             floor = servers.phase(floor_tx, "floor", conc, seconds)
             served = servers.phase(tx, "served", conc, seconds) if "served" in servers.urls else None
-            bound = servers.phase(bound_tx, "bound", conc, seconds) if "bound" in servers.urls else None
+            bound = (servers.phase(bound_tx, "features_free", conc, seconds) if "features_free" in servers.urls
+                     else None)
             floor_rows = (round(ROWS / (1.0 / floor["req_per_s"] + one["model_ms"] / 1000.0))
                           if floor["req_per_s"] else None)
             one[f"c{conc}"] = {"http_floor": floor, "served": served, "features_free": bound,
@@ -208,15 +209,13 @@ def single_rows(servers: Servers, tx: Any, n_rounds: int, seconds: float) -> dic
     from serve_bench import Transactions
 
     streams = {"served": tx, "features_free": Transactions()}
-    names = {"served": "served", "features_free": "bound"}
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in streams}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in streams}
     for _ in range(n_rounds):
-        for key, stream in streams.items():
-            name = names[key]
+        for name, stream in streams.items():
             r = asyncio.run(fixed_rate(f"{servers.urls[name]}/v1/fraud/score", stream.feed(1, seconds + 1),
                                        rate=SINGLE_RATE, seconds=seconds, rows_per_request=1,
                                        headers={"X-API-Key": servers.keys[name]}))
-            runs[key].append({k: r[k] for k in ("p50_ms", "p99_ms", "status")})
+            runs[name].append({k: r[k] for k in ("p50_ms", "p99_ms", "status")})
     return {"rate": SINGLE_RATE, **{f"{k}_p99_ms": round(statistics.median(p["p99_ms"] or 0.0 for p in v), 2)
                                     for k, v in runs.items()}, "by_round": runs}
 
